@@ -1,0 +1,1 @@
+"""The local test bed: real Kubernetes control-plane binaries and an emulated kubelet."""
