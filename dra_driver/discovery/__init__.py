@@ -1,0 +1,1 @@
+"""GPU discovery: backends behind one interface (see ``backend.Backend``)."""
