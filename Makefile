@@ -1,0 +1,63 @@
+# One entry point for people and CI. `make demo` sets everything up and shows GPUs reaching pods;
+# `make test` runs every check CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NODES ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: all venv proto proto-check lint unit e2e test bench binaries cluster-up cluster-down demo demo-down deploy-checks clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) scripts/gen_proto.py --check
+
+lint: $(STAMP)
+	$(PY) -m ruff check dra_driver e2e unit_tests scripts bench deploy
+	$(PY) -m mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest unit_tests -q $(PYTEST_ARGS)
+
+binaries: $(STAMP)
+	$(PY) -m e2e.testbed.binaries
+
+e2e: $(STAMP) binaries
+	$(PY) -m pytest e2e -q $(PYTEST_ARGS)
+
+deploy-checks: $(STAMP)
+	$(PY) deploy/checks/helm.py
+
+test: proto-check lint unit e2e
+
+bench: $(STAMP) binaries
+	$(PY) -m bench
+
+cluster-up: $(STAMP) binaries
+	$(PY) -m e2e.testbed.cluster up --nodes $(NODES)
+
+cluster-down: $(STAMP)
+	$(PY) -m e2e.testbed.cluster down
+
+demo: $(STAMP) binaries
+	$(PY) -m e2e.demo
+
+demo-down: $(STAMP)
+	$(PY) -m e2e.demo --down
+
+clean: cluster-down
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache
