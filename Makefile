@@ -27,7 +27,7 @@ proto-check: $(STAMP)
 	$(PY) scripts/gen_proto.py --check
 
 lint: $(STAMP)
-	$(PY) -m ruff check dra_driver e2e unit_tests scripts bench deploy
+	$(PY) -m ruff check dra_driver e2e unit_tests scripts deploy
 	$(PY) -m mypy
 
 unit: $(STAMP)
@@ -45,7 +45,7 @@ deploy-checks: $(STAMP)
 test: proto-check lint unit e2e
 
 bench: $(STAMP) binaries
-	$(PY) -m bench
+	$(PY) -m e2e.bench
 
 cluster-up: $(STAMP) binaries
 	$(PY) -m e2e.testbed.cluster up --nodes $(NODES)

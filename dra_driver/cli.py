@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dra_driver import __version__, config
+from dra_driver import DEFAULT_DRIVER_NAME, __version__, config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("claim", help="NAMESPACE/NAME of the ResourceClaim")
     explain.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
     explain.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    probe = sub.add_parser("probe", help="check that a running node plugin answers on its sockets")
+    probe.add_argument("--registration-socket", required=True, help="path of <driver>-reg.sock")
+    probe.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     return parser
 
 
@@ -35,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             from dra_driver import controller
 
             return controller.run(config.controller_settings(args))
+        if args.command == "probe":
+            from dra_driver import probe
+
+            return probe.main(args.registration_socket, args.driver_name)
         from dra_driver import explain
 
         return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)

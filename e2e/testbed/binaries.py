@@ -125,7 +125,8 @@ def ensure(version: str = KUBERNETES_VERSION, log: bool = True) -> Path:
         build_kubernetes(out, version, log)
     if not (out / "etcd").exists():
         build_etcd(out, log)
-    stamp.write_text(json.dumps({"kubernetes": version, "etcd": ETCD_VERSION, "build_seconds": round(time.monotonic() - started, 1)}))
+    seconds = round(time.monotonic() - started, 1)
+    stamp.write_text(json.dumps({"kubernetes": version, "etcd": ETCD_VERSION, "build_seconds": seconds}))
     if log:
         print(f"testbed: binaries ready in {out} after {time.monotonic() - started:.0f}s", flush=True)
     return out

@@ -1,0 +1,193 @@
+"""Simulated GPU nodes on the bed: per node, the kubelet peer and our node plugin, plus one controller.
+
+The plugin gets exactly the flags the Helm chart's DaemonSet passes, only with every kubelet path
+moved under the node's own directory so several nodes share one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DRIVER_NAME = "gpu.dra-driver.io"
+REPO = Path(__file__).resolve().parents[2]
+
+# Which simulated profile each node gets, so the scenarios find H100s, MIG-enabled A100s and a
+# mixed node.
+NODE_PROFILES = ("h100-8x", "a100-mig", "mixed-l4-t4")
+
+
+@dataclass
+class SimNode:
+    name: str
+    profile: str
+    root: Path
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def dev_root(self) -> Path:
+        return self.root / "devroot"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "plugin-state"
+
+    @property
+    def peer_state_dir(self) -> Path:
+        return self.root / "peer-state"
+
+    def plugin_args(self, kubeconfig: Path, extra: tuple[str, ...] = ()) -> list[str]:
+        return [
+            sys.executable, "-m", "dra_driver", "kubelet-plugin",
+            f"--node-name={self.name}",
+            f"--driver-name={DRIVER_NAME}",
+            "--gpu-backend=simulated",
+            f"--simulated-profile={self.profile}",
+            f"--kubelet-registry-dir={self.registry_dir}",
+            f"--kubelet-plugins-dir={self.plugins_dir}",
+            f"--cdi-root={self.cdi_dir}",
+            f"--state-dir={self.state_dir}",
+            f"--dev-root={self.dev_root}",
+            f"--kubeconfig={kubeconfig}",
+            "--log-format=json",
+            "--cleanup-interval=5",
+            *extra,
+        ]
+
+    def peer_args(self, kubeconfig: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "e2e.kubelet_peer",
+            f"--node-name={self.name}",
+            f"--kubeconfig={kubeconfig}",
+            f"--registry-dir={self.registry_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+            f"--state-dir={self.peer_state_dir}",
+        ]
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
+
+
+@dataclass
+class Processes:
+    """Child processes with their logs, stopped together."""
+
+    logs: Path
+    detached: bool = False
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                preexec_fn=None if self.detached else _die_with_parent,
+                start_new_session=self.detached,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name, None)
+        if proc and proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=15)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop(name)
+
+    def pids(self) -> dict[str, int]:
+        return {k: p.pid for k, p in self.procs.items()}
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+
+@dataclass
+class NodeFleet:
+    """The simulated nodes of a bed and the driver processes serving them."""
+
+    workdir: Path
+    kubeconfig: Path
+    node_names: tuple[str, ...]
+    detached: bool = False
+    nodes: dict[str, SimNode] = field(default_factory=dict)
+    procs: Processes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.procs = Processes(self.workdir / "logs", detached=self.detached)
+        for i, name in enumerate(self.node_names):
+            self.nodes[name] = SimNode(name, NODE_PROFILES[i % len(NODE_PROFILES)], self.workdir / "nodes" / name)
+
+    def start(self, with_controller: bool = True) -> None:
+        for node in self.nodes.values():
+            for d in (node.registry_dir, node.plugins_dir, node.cdi_dir, node.dev_root, node.peer_state_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            self.procs.start(f"peer-{node.name}", node.peer_args(self.kubeconfig))
+            self.start_plugin(node.name)
+        if with_controller:
+            self.procs.start("controller", [
+                sys.executable, "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
+                f"--driver-name={DRIVER_NAME}", "--log-format=json", "--metrics-port=0",
+                "--leader-election-namespace=kube-system", "--resync-seconds=5",
+            ])
+
+    def start_plugin(self, node_name: str, extra: tuple[str, ...] = ()) -> None:
+        self.procs.start(f"plugin-{node_name}", self.nodes[node_name].plugin_args(self.kubeconfig, extra))
+
+    def wait_registered(self, timeout: float = 30.0) -> None:
+        """Wait until every plugin created its registration socket."""
+        deadline = time.monotonic() + timeout
+        for node in self.nodes.values():
+            sock = node.registry_dir / f"{DRIVER_NAME}-reg.sock"
+            while not sock.exists():
+                self.procs.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"plugin for {node.name} did not create {sock}")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+
+
+def stop_detached(pids: dict[str, int]) -> None:
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
