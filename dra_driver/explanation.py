@@ -1,0 +1,151 @@
+"""Why a claim was (not) allocated: data model plus renderers.
+
+Kept separate from the search so the allocator only records facts; how they
+are shown (Event message, annotation JSON, text for people) lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "MAX_SUMMARY_BYTES",
+    "CandidateNote",
+    "CelIssue",
+    "Explanation",
+    "RequestExplanation",
+    "StageCount",
+]
+
+# Kubernetes Event messages are truncated at 1 kB by many tools; stay below.
+MAX_SUMMARY_BYTES = 1024
+
+
+@dataclass
+class StageCount:
+    """How many devices were still candidates after ``stage``."""
+
+    stage: str
+    kept: int
+
+
+@dataclass
+class CandidateNote:
+    """A device that got far, and the first condition it failed."""
+
+    device: str
+    failed: str
+
+
+@dataclass
+class CelIssue:
+    source: str
+    expression: str
+    message: str
+    device: str | None = None
+
+
+@dataclass
+class RequestExplanation:
+    """The funnel for one request (or one firstAvailable subrequest)."""
+
+    request: str
+    device_class: str
+    mode: str
+    needed: int | None
+    stages: list[StageCount] = field(default_factory=list)
+    closest: list[CandidateNote] = field(default_factory=list)
+    cel_errors: list[CelIssue] = field(default_factory=list)
+    error: str | None = None
+    chosen: bool = False
+
+    @property
+    def candidates(self) -> int:
+        return self.stages[-1].kept if self.stages else 0
+
+    def short(self) -> str:
+        need = "all" if self.mode == "All" else str(self.needed)
+        if self.error:
+            return f"request {self.request}: {self.error}"
+        tail = f"{self.candidates} candidates, need {need}"
+        losses = [s for s, prev in zip(self.stages[1:], self.stages, strict=False) if s.kept < prev.kept]
+        if losses:
+            worst = min(losses, key=lambda s: s.kept)
+            tail += f" ({worst.stage} left {worst.kept})"
+        if self.cel_errors:
+            issue = self.cel_errors[0]
+            tail += f"; CEL error in {issue.source}: {issue.message}"
+        return f"request {self.request}: {tail}"
+
+
+@dataclass
+class Explanation:
+    claim: str
+    allocated: bool = False
+    node: str | None = None
+    requests: list[RequestExplanation] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
+    nodes: dict[str, Any] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """One line for a Kubernetes Event (at most :data:`MAX_SUMMARY_BYTES` bytes)."""
+        if self.allocated:
+            where = f" on node {self.node}" if self.node else ""
+            text = f"allocated {len(self.devices)} device(s){where}: " + ", ".join(self.devices)
+        else:
+            parts = list(self.errors[:2])
+            parts += [r.short() for r in self.requests if not r.chosen][:3]
+            parts += self.constraints[:1]
+            if self.nodes.get("tried"):
+                parts.append(self._node_line())
+            text = "cannot allocate: " + "; ".join(p for p in parts if p)
+        return _truncate(text, MAX_SUMMARY_BYTES)
+
+    def _node_line(self) -> str:
+        reasons = self.nodes.get("reasons", {})
+        detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+        best = self.nodes.get("best")
+        if best and best.get("node"):
+            detail += f"; best node {best['node']} has {best['selector_matches']} matching devices"
+        return f"0/{self.nodes.get('tried', 0)} nodes fit" + (f" ({detail})" if detail else "")
+
+    def render(self) -> str:
+        """Multi-line text for people (kubectl describe, CLI)."""
+        lines = [f"Claim {self.claim}: {'allocated' if self.allocated else 'NOT allocated'}"]
+        if self.node:
+            lines.append(f"  node: {self.node}")
+        lines += [f"  devices: {d}" for d in self.devices]
+        lines += [f"  error: {e}" for e in self.errors]
+        lines += [f"  pool: {p}" for p in self.pools]
+        for req in self.requests:
+            need = "all" if req.mode == "All" else str(req.needed)
+            mark = " (chosen)" if req.chosen else ""
+            lines.append(f"  request {req.request}{mark}: class {req.device_class}, need {need}")
+            if req.error:
+                lines.append(f"    error: {req.error}")
+            lines += [f"    {s.kept:6d}  {s.stage}" for s in req.stages]
+            lines += [f"    CEL error ({i.source}, device {i.device}): {i.message}" for i in req.cel_errors]
+            lines += [f"    closest {c.device}: {c.failed}" for c in req.closest]
+        lines += [f"  constraint: {c}" for c in self.constraints]
+        if self.nodes:
+            lines.append(f"  nodes tried: {self.nodes.get('tried', 0)}")
+            lines += [f"    {n:6d}  {r}" for r, n in sorted(self.nodes.get("reasons", {}).items())]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (for an annotation)."""
+        data = asdict(self)
+        data["summary"] = self.summary
+        return data
+
+
+def _truncate(text: str, limit: int) -> str:
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode(errors="ignore") + "..."

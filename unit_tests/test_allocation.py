@@ -1,0 +1,397 @@
+"""Claim resolution with kube-scheduler semantics (dra_driver.allocation)."""
+
+import json
+from typing import Any
+
+import pytest
+
+from dra_driver.allocation import (
+    AllocatedState,
+    allocated_state,
+    benchmark_resolve,
+    build_inventory,
+    resolve,
+)
+from dra_driver.scenarios import generate, generate_many, validate_scenario
+
+D = "gpu.dra-driver.io"
+CLASSES = [
+    {"metadata": {"name": "gpu"}, "spec": {
+        "selectors": [{"cel": {"expression": f'device.driver == "{D}"'}}],
+        "config": [{"opaque": {"driver": D, "parameters": {"sharing": "none"}}}]}},
+    {"metadata": {"name": "broken"}, "spec": {"selectors": [{"cel": {"expression": "device.driver =="}}]}},
+]  # fmt: skip
+
+
+def dev(name: str, model: str = "H100", numa: int = 0, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"model": {"string": model}, "numa": {"int": numa}, "index": {"int": int(name.split("-")[-1])}},
+        "capacity": {"memory": {"value": "80Gi"}},
+        **extra,
+    }
+
+
+def slice_(node: str | None, devices: list[dict[str, Any]], pool: str | None = None, gen: int = 1,
+           count: int = 1, name: str | None = None, **spec: Any) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any] = {"driver": D, "pool": {"name": pool or node or "shared", "generation": gen,
+                                                  "resourceSliceCount": count}, "devices": devices, **spec}  # fmt: skip
+    if node:
+        body["nodeName"] = node
+    elif not any(k in spec for k in ("allNodes", "nodeSelector", "perDeviceNodeSelection")):
+        body["allNodes"] = True
+    return {"metadata": {"name": name or f"{pool or node or 'shared'}-{gen}"}, "spec": body}
+
+
+def request(name: str = "gpu", count: int | None = 1, selectors: tuple[str, ...] = (), cls: str = "gpu",
+            **extra: Any) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any] = {"deviceClassName": cls, **extra}
+    if count is not None:
+        body["count"] = count
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {"name": name, "exactly": body}
+
+
+def claim(*requests: dict[str, Any], constraints: list[Any] | None = None, config: list[Any] | None = None,
+          uid: str = "uid-1") -> dict[str, Any]:  # fmt: skip
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {"metadata": {"name": "c", "namespace": "ns", "uid": uid}, "spec": {"devices": devices}}
+
+
+def picked(res: Any) -> list[str]:
+    assert res.allocation is not None, res.explanation.render()
+    return [f"{r['pool']}/{r['device']}" for r in res.allocation["devices"]["results"]]
+
+
+NODE_A = slice_("node-a", [dev("gpu-0", numa=0), dev("gpu-1", "A100", numa=0), dev("gpu-2", numa=1), dev("gpu-3", numa=1)])
+NODE_B = slice_("node-b", [dev("gpu-0", numa=0), dev("gpu-1", numa=1)])
+
+
+def test_basic_first_fit_and_node_selector() -> None:
+    res = resolve(claim(request(count=2)), build_inventory([NODE_A, NODE_B]), CLASSES)
+    assert picked(res) == ["node-a/gpu-0", "node-a/gpu-1"]
+    assert res.allocation is not None
+    assert res.allocation["nodeSelector"] == {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}  # fmt: skip
+    assert res.allocation["devices"]["config"] == [
+        {"source": "FromClass", "opaque": {"driver": D, "parameters": {"sharing": "none"}}}]  # fmt: skip
+    assert "allocated 2 device(s) on node node-a" in res.explanation.summary
+
+
+def test_request_selectors_and_funnel() -> None:
+    sel = f'device.attributes["{D}"].model == "A100"'
+    res = resolve(claim(request(count=2, selectors=(sel,))), build_inventory([NODE_A, NODE_B]), CLASSES)
+    assert res.allocation is None
+    info = res.explanation.requests[0]
+    assert [(s.stage, s.kept) for s in info.stages][:4] == [
+        ("devices published", 6), ("in complete, valid pools", 6),
+        ("class gpu selector #0", 6), ("request gpu selector #0", 1)]  # fmt: skip
+    assert info.closest and "is false" in info.closest[0].failed
+    assert "not enough devices" in res.explanation.summary
+
+
+def test_all_nodes_tried_and_explained() -> None:
+    res = resolve(claim(request(count=3)), build_inventory([NODE_B, NODE_A]), CLASSES, nodes=["node-b", "node-a"])
+    assert picked(res)[0].startswith("node-a/")
+    res = resolve(claim(request(count=3)), build_inventory([NODE_B]), CLASSES)
+    assert res.allocation is None
+    assert "not enough" in res.explanation.summary
+
+
+def test_missing_class_is_clear_error() -> None:
+    res = resolve(claim(request(cls="nope")), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None
+    assert "device class nope not found" in res.explanation.summary
+
+
+def test_malformed_cel_is_error_not_crash() -> None:
+    res = resolve(claim(request(selectors=("device.attributes[",))), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None
+    assert "CEL compile error" in res.explanation.summary
+    res = resolve(claim(request(cls="broken")), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None and "compile" in res.explanation.summary
+
+
+def test_cel_runtime_error_aborts_not_false() -> None:
+    # gpu-1 has no "mig" attribute: the scheduler reports a runtime error, not "no match".
+    inv = build_inventory([slice_("node-a", [dev("gpu-0", attributes={"mig": {"bool": False}}), dev("gpu-1")])])
+    res = resolve(claim(request(selectors=(f'device.attributes["{D}"].mig',))), inv, CLASSES)
+    assert res.allocation is None
+    info = res.explanation.requests[0]
+    assert info.cel_errors and info.cel_errors[0].device == f"{D}/node-a/gpu-1"
+    assert "CEL runtime error" in res.explanation.summary
+
+
+@pytest.mark.parametrize("count", [0, -1, 10**12, True])
+def test_bad_counts(count: Any) -> None:
+    res = resolve(claim(request(count=count)), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None
+    assert res.explanation.summary.startswith("cannot allocate")
+
+
+def test_huge_count_precheck_is_fast() -> None:
+    import time
+
+    start = time.perf_counter()
+    res = resolve(claim(request(count=32), request("b", count=32)), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None and "exceeds the claim limit" in res.explanation.summary
+    assert time.perf_counter() - start < 0.5
+
+
+def test_combinatorial_search_bounded() -> None:
+    # 64 devices, constraint only satisfiable by none: the search must stop quickly.
+    devices = [dev(f"gpu-{i}", numa=i) for i in range(64)]
+    inv = build_inventory([slice_("node-a", devices)])
+    c = claim(request(count=8), constraints=[{"matchAttribute": f"{D}/numa"}])
+    res = resolve(c, inv, CLASSES)
+    assert res.allocation is None
+
+
+def test_numa_match_attribute() -> None:
+    c = claim(request(count=2, selectors=(f'device.attributes["{D}"].model == "H100"',)),
+              constraints=[{"matchAttribute": f"{D}/numa"}])  # fmt: skip
+    # node-a H100s: gpu-0 (numa 0), gpu-2 and gpu-3 (numa 1): backtracking skips gpu-0.
+    assert picked(resolve(c, build_inventory([NODE_A]), CLASSES)) == ["node-a/gpu-2", "node-a/gpu-3"]
+    res = resolve(c, build_inventory([NODE_B]), CLASSES)
+    assert res.allocation is None
+    assert any("matchAttribute" in x for x in res.explanation.constraints)
+
+
+def test_constraint_scoped_to_requests() -> None:
+    c = claim(request("a", count=1), request("b", count=1), request("c", count=1),
+              constraints=[{"matchAttribute": f"{D}/numa", "requests": ["a", "c"]}])  # fmt: skip
+    res = resolve(c, build_inventory([NODE_A]), CLASSES)
+    got = picked(res)
+    by_name = {r["request"]: r["device"] for r in res.allocation["devices"]["results"]}  # type: ignore[index]
+    assert len(set(got)) == 3
+    numa = {"gpu-0": 0, "gpu-1": 0, "gpu-2": 1, "gpu-3": 1}
+    assert numa[by_name["a"]] == numa[by_name["c"]]
+
+
+def test_distinct_attribute() -> None:
+    c = claim(request(count=2), constraints=[{"distinctAttribute": f"{D}/numa"}])
+    assert picked(resolve(c, build_inventory([NODE_A]), CLASSES)) == ["node-a/gpu-0", "node-a/gpu-2"]
+
+
+def test_first_available_fallback_order() -> None:
+    req = {"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu", "count": 4},
+        {"name": "h100", "deviceClassName": "gpu", "count": 2,
+         "selectors": [{"cel": {"expression": f'device.attributes["{D}"].model == "H100"'}}]},
+        {"name": "one", "deviceClassName": "gpu", "count": 1}]}  # fmt: skip
+    res = resolve(claim(req), build_inventory([NODE_B]), CLASSES)
+    assert res.allocation is not None
+    assert {r["request"] for r in res.allocation["devices"]["results"]} == {"gpu/h100"}
+    res = resolve(claim(req), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is not None
+    assert {r["request"] for r in res.allocation["devices"]["results"]} == {"gpu/big"}
+
+
+def test_first_available_backtracks_across_requests() -> None:
+    req = {"name": "x", "firstAvailable": [{"name": "two", "deviceClassName": "gpu", "count": 2},
+                                           {"name": "one", "deviceClassName": "gpu", "count": 1}]}  # fmt: skip
+    res = resolve(claim(req, request("y", count=1)), build_inventory([NODE_B]), CLASSES)
+    assert [r["request"] for r in res.allocation["devices"]["results"]] == ["x/one", "y"]  # type: ignore[index]
+
+
+def test_all_mode() -> None:
+    res = resolve(claim(request(count=None, allocationMode="All")), build_inventory([NODE_A]), CLASSES)
+    assert len(picked(res)) == 4
+    allocated = AllocatedState(devices={(D, "node-a", "gpu-1")})
+    res = resolve(claim(request(count=None, allocationMode="All")), build_inventory([NODE_A]), CLASSES, allocated)
+    assert res.allocation is None  # All needs every matching device, one is taken
+
+
+def test_all_mode_with_incomplete_pool_is_error() -> None:
+    incomplete = slice_("node-a", [dev("gpu-0")], count=2)
+    res = resolve(claim(request(count=None, allocationMode="All")), build_inventory([incomplete]), CLASSES)
+    assert res.allocation is None
+    assert "incomplete" in res.explanation.summary
+
+
+def test_incomplete_pool_not_used_and_generations() -> None:
+    old = slice_("node-a", [dev("gpu-0")], gen=1, name="old")
+    new_part = slice_("node-a", [dev("gpu-5")], gen=2, count=2, name="new")
+    inv = build_inventory([old, new_part])
+    assert inv.pools[0].generation == 2 and not inv.pools[0].complete
+    res = resolve(claim(request()), inv, CLASSES)
+    assert res.allocation is None
+    assert any("incomplete" in p for p in res.explanation.pools)
+    inv = build_inventory([old, new_part, slice_("node-a", [dev("gpu-6")], gen=2, count=2, name="new2")])
+    assert picked(resolve(claim(request()), inv, CLASSES)) == ["node-a/gpu-5"]
+
+
+def test_duplicate_device_names_invalidate_pool() -> None:
+    bad = slice_("node-a", [dev("gpu-0"), dev("gpu-0")])
+    res = resolve(claim(request()), build_inventory([bad]), CLASSES)
+    assert res.allocation is None
+    assert any("duplicate device name" in p for p in res.explanation.pools)
+
+
+def test_garbage_slices_do_not_raise() -> None:
+    garbage: list[Any] = [
+        {}, {"spec": None}, {"spec": {"driver": D}}, "nonsense",
+        {"spec": {"driver": D, "pool": {"name": "p", "generation": "x", "resourceSliceCount": None},
+                  "nodeName": "n", "devices": [{"name": 5}, {"name": "ok", "attributes": {"a": {"int": 1, "string": "x"}},
+                                                             "capacity": {"m": {"value": "huge"}}}, None]}},
+    ]  # fmt: skip
+    inv = build_inventory(garbage)
+    res = resolve(claim(request()), inv, CLASSES)
+    assert res.allocation is None
+    res = resolve({"spec": "garbage"}, inv, CLASSES)  # type: ignore[arg-type]
+    assert res.allocation is None and res.explanation.summary
+
+
+def test_already_allocated_and_exclude_uid() -> None:
+    other = {"metadata": {"uid": "other"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": D, "pool": "node-b", "device": "gpu-0"},
+        {"request": "gpu", "driver": D, "pool": "node-b", "device": "gpu-1", "adminAccess": True}]}}}}  # fmt: skip
+    state = allocated_state([other])
+    assert state.devices == {(D, "node-b", "gpu-0")}
+    assert allocated_state([other], exclude_uid="other").devices == set()
+    res = resolve(claim(request(count=2)), build_inventory([NODE_B]), CLASSES, state)
+    assert res.allocation is None
+    stages = {s.stage: s.kept for s in res.explanation.requests[0].stages}
+    assert stages["not allocated to other claims"] == 1
+
+
+def test_admin_access_ignores_allocations() -> None:
+    state = AllocatedState(devices={(D, "node-b", "gpu-0"), (D, "node-b", "gpu-1")})
+    res = resolve(claim(request(count=2, adminAccess=True)), build_inventory([NODE_B]), CLASSES, state)
+    assert res.allocation is not None
+    assert all(r["adminAccess"] is True for r in res.allocation["devices"]["results"])
+
+
+def test_taints() -> None:
+    taints = [{"key": "gpu.dra-driver.io/unhealthy", "value": "xid", "effect": "NoSchedule"}]
+    info = [{"key": "note", "value": "x", "effect": "None"}]
+    inv = build_inventory([slice_("node-a", [dev("gpu-0", taints=taints), dev("gpu-1", taints=info)])])
+    assert picked(resolve(claim(request()), inv, CLASSES)) == ["node-a/gpu-1"]  # None is informational
+    res = resolve(claim(request(count=2)), inv, CLASSES)
+    assert res.allocation is None
+    assert any("not tolerated" in c.failed for c in res.explanation.requests[0].closest)
+    tol = [{"key": "gpu.dra-driver.io/unhealthy", "operator": "Exists"}]
+    res = resolve(claim(request(count=2, tolerations=tol)), inv, CLASSES)
+    assert res.allocation is not None and res.allocation["devices"]["results"][0]["tolerations"] == tol
+    wrong = [{"key": "gpu.dra-driver.io/unhealthy", "operator": "Equal", "value": "other"}]
+    assert resolve(claim(request(count=2, tolerations=wrong)), inv, CLASSES).allocation is None
+    exec_only = [{"operator": "Exists", "effect": "NoExecute"}]
+    assert resolve(claim(request(count=2, tolerations=exec_only)), inv, CLASSES).allocation is None
+
+
+def partitioned(consumed: str = "48Gi") -> list[dict[str, Any]]:
+    counters = slice_("node-a", [], pool="node-a", count=2, name="counters",
+                      sharedCounters=[{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}}])  # fmt: skip
+    del counters["spec"]["devices"]
+    parts = [dev(f"part-{i}", consumesCounters=[{"counterSet": "gpu-0", "counters": {"memory": {"value": consumed}}}])
+             for i in range(3)]  # fmt: skip
+    return [counters, slice_("node-a", parts, pool="node-a", count=2, name="parts")]
+
+
+def test_counters_exhausted() -> None:
+    inv = build_inventory(partitioned("48Gi"))
+    assert picked(resolve(claim(request()), inv, CLASSES)) == ["node-a/part-0"]
+    assert resolve(claim(request(count=2)), inv, CLASSES).allocation is None
+    inv = build_inventory(partitioned("40Gi"))
+    assert len(picked(resolve(claim(request(count=2)), inv, CLASSES))) == 2
+    state = allocated_state([{"status": {"allocation": {"devices": {"results": [
+        {"request": "x", "driver": D, "pool": "node-a", "device": "part-0"}]}}}}])  # fmt: skip
+    res = resolve(claim(request(count=2)), inv, CLASSES, state)
+    assert res.allocation is None  # each remaining part fits alone (40Gi left), two do not
+    stages = {s.stage: s.kept for s in res.explanation.requests[0].stages}
+    assert stages["shared counters available"] == 2
+    res = resolve(claim(request()), build_inventory(partitioned("48Gi")), CLASSES, state)
+    assert res.allocation is None
+    stages = {s.stage: s.kept for s in res.explanation.requests[0].stages}
+    assert stages["not allocated to other claims"] == 2 and stages["shared counters available"] == 0
+    assert any("exhausted" in c.failed for c in res.explanation.requests[0].closest)
+
+
+def test_capacity_sharing() -> None:
+    shared = dev("gpu-0", allowMultipleAllocations=True)
+    shared["capacity"] = {"memory": {"value": "80Gi", "requestPolicy": {
+        "default": "10Gi", "validRange": {"min": "10Gi", "step": "10Gi"}}}}  # fmt: skip
+    inv = build_inventory([slice_("node-a", [shared])])
+    req = request(count=1, capacity={"requests": {"memory": "25Gi"}})
+    res = resolve(claim(req), inv, CLASSES)
+    assert res.allocation is not None
+    result = res.allocation["devices"]["results"][0]
+    assert result["consumedCapacity"] == {"memory": "32212254720"}  # rounded up to 30Gi
+    assert len(result["shareID"]) == 36
+    # The same device twice in one claim, then the third request does not fit.
+    res = resolve(claim(req, request("b", capacity={"requests": {"memory": "50Gi"}})), inv, CLASSES)
+    assert [r["device"] for r in res.allocation["devices"]["results"]] == ["gpu-0", "gpu-0"]  # type: ignore[index]
+    state = allocated_state([{"status": {"allocation": {"devices": {"results": [
+        {"request": "x", "driver": D, "pool": "node-a", "device": "gpu-0", "shareID": "a",
+         "consumedCapacity": {"memory": "60Gi"}}]}}}}])  # fmt: skip
+    assert resolve(claim(req), inv, CLASSES, state).allocation is None
+    assert resolve(claim(request(capacity={"requests": {"memory": "10Gi"}})), inv, CLASSES, state).allocation
+
+
+def test_capacity_request_on_exclusive_device() -> None:
+    inv = build_inventory([NODE_B])
+    assert resolve(claim(request(capacity={"requests": {"memory": "100Gi"}})), inv, CLASSES).allocation is None
+    res = resolve(claim(request(capacity={"requests": {"memory": "10Gi"}})), inv, CLASSES)
+    assert res.allocation is not None and "consumedCapacity" not in res.allocation["devices"]["results"][0]
+
+
+def test_network_attached_and_node_selector_slices() -> None:
+    shared = slice_(None, [dev("gpu-0")], pool="fabric")
+    res = resolve(claim(request()), build_inventory([shared]), CLASSES)
+    assert res.allocation is not None and "nodeSelector" not in res.allocation
+    sel = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
+    rack = slice_(None, [dev("gpu-0")], pool="rack", nodeSelector=sel)
+    nodes = [{"metadata": {"name": "n1", "labels": {"zone": "b"}}}, {"metadata": {"name": "n2", "labels": {"zone": "a"}}}]
+    res = resolve(claim(request()), build_inventory([rack]), CLASSES, nodes=nodes)
+    assert res.allocation is not None and res.allocation["nodeSelector"] == sel
+    assert res.node == "n2"
+
+
+def test_per_device_node_selection() -> None:
+    devices = [dev("gpu-0", nodeName="n1"), dev("gpu-1", nodeName="n2")]
+    inv = build_inventory([slice_(None, devices, pool="p", perDeviceNodeSelection=True)])
+    res = resolve(claim(request()), inv, CLASSES, nodes=["n2"])
+    assert picked(res) == ["p/gpu-1"]
+    assert res.allocation is not None
+    assert res.allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n2"]
+
+
+def test_claim_config_order() -> None:
+    cfg = [{"requests": ["a"], "opaque": {"driver": D, "parameters": {"x": 1}}},
+           {"opaque": {"driver": D, "parameters": {"y": 2}}}]  # fmt: skip
+    res = resolve(claim(request("a"), request("b"), config=cfg), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is not None
+    configs = res.allocation["devices"]["config"]
+    assert [c["source"] for c in configs] == ["FromClass", "FromClaim", "FromClaim"]
+    assert "requests" not in configs[0]  # class config applies to both requests
+    assert configs[1]["requests"] == ["a"]
+
+
+def test_explanation_outputs() -> None:
+    sel = tuple(f'device.attributes["{D}"].model == "{"X" * 300}{i}"' for i in range(5))
+    res = resolve(claim(request(count=2, selectors=sel)), build_inventory([NODE_A, NODE_B]), CLASSES)
+    assert len(res.explanation.summary.encode()) <= 1024
+    assert "request gpu" in res.explanation.render()
+    json.dumps(res.explanation.to_dict())
+
+
+def test_scenarios_are_deterministic_valid_and_resolvable() -> None:
+    assert generate(7).claim == generate(7).claim and generate(7).slices == generate(7).slices
+    seen: set[str] = set()
+    for sc in generate_many(0, 150):
+        assert validate_scenario(sc) == [], sc.describe()
+        seen.update(sc.features)
+        res = resolve(sc.claim, build_inventory(sc.slices), sc.classes)
+        assert res.explanation.summary
+        assert not any(e.startswith("internal error") for e in res.explanation.errors), sc.describe()
+    assert {"selectors", "all", "constraints", "firstAvailable", "counters", "taints"} <= seen
+
+
+def test_benchmark_800_devices_fast() -> None:
+    stats = benchmark_resolve(claims=10)
+    assert stats["median_ms"] < 50

@@ -1,0 +1,162 @@
+"""The DRA CEL environment (dra_driver.cel_env)."""
+
+import time
+
+import pytest
+
+from dra_driver import cel_env
+from dra_driver.cel_env import (
+    CelCompileError,
+    CelCostError,
+    CelRuntimeError,
+    compile_selector,
+    device_activation,
+    parse_semver,
+)
+
+D = "gpu.dra-driver.io"
+
+
+@pytest.fixture(scope="module")
+def act() -> cel_env.DeviceActivation:
+    return device_activation(
+        D,
+        {
+            "model": {"string": "H100"},
+            "index": {"int": 3},
+            "numa.example.com/node": {"int": 1},
+            "driverVersion": {"version": "550.54.15"},
+            "mig": {"bool": True},
+        },
+        {"memory": {"value": "80Gi"}, "example.com/bw": {"value": "100G"}},
+        allow_multiple_allocations=False,
+    )
+
+
+def ev(expr: str, act: cel_env.DeviceActivation) -> bool:
+    return compile_selector(expr).evaluate(act)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        f'device.driver == "{D}"',
+        f'device.attributes["{D}"].model == "H100"',
+        'device.attributes["numa.example.com"].node == 1',  # qualified name split at "/"
+        f'device.capacity["{D}"].memory.compareTo(quantity("40Gi")) >= 0',
+        f'device.capacity["{D}"].memory == quantity("81920Mi")',  # quantity equality is by value
+        f'!device.capacity["{D}"].memory.isGreaterThan(quantity("81Gi"))',
+        f'device.capacity["{D}"].memory.isLessThan(quantity("81Gi"))',
+        'device.capacity["example.com"].bw.asInteger() == 100000000000',
+        'quantity("1Gi").add(quantity("1Gi")).sub(1) == quantity("2147483647")',
+        'quantity("1.5").asApproximateFloat() == 1.5 && !quantity("1.5").isInteger()',
+        'quantity("-1").sign() == -1 && isQuantity("1Gi") && !isQuantity("1K")',
+        f'device.attributes["{D}"].driverVersion.isGreaterThan(semver("550.0.0"))',
+        f'device.attributes["{D}"].driverVersion.major() == 550 && device.attributes["{D}"].driverVersion.minor() == 54',
+        'semver("v1.2", true).compareTo(semver("1.2.0")) == 0 && semver("1.2.3").patch() == 3',
+        'isSemver("1.2.3") && !isSemver("1.2") && isSemver("v1.2", true)',
+        'semver("1.0.0-alpha").isLessThan(semver("1.0.0-alpha.1")) && semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))',
+        f'cel.bind(g, device.attributes["{D}"], g.mig && g.model == "H100")',
+        f'device.attributes["{D}"].model.lowerAscii() == "h100"',
+        '"a,b".split(",").size() == 2 && sets.contains([1, 2, 3], [2]) && [1, 2].indexOf(2) == 1',
+        f'device.attributes["{D}"].?nokey.orValue(7) == 7',
+        f'device.attributes["{D}"].?index.orValue(7) == 3',
+        f'device.attributes[?"{D}"].hasValue()',
+        f'device.attributes["{D}"].model.matches("^H[0-9]+$")',
+        "device.allowMultipleAllocations == false",
+        f'device.attributes.exists(d, d == "{D}")',
+        f'has(device.attributes["{D}"].model) && !has(device.attributes["{D}"].nokey)',
+    ],
+)
+def test_true_expressions(expr: str, act: cel_env.DeviceActivation) -> None:
+    assert ev(expr, act) is True
+
+
+def test_unknown_domain_is_empty_map(act: cel_env.DeviceActivation) -> None:
+    assert ev('size(device.attributes["nope.example.com"]) == 0', act)
+    assert ev('size(device.capacity["nope.example.com"]) == 0', act)
+    assert not ev('has(device.attributes["nope.example.com"].model)', act)
+    # "in" keeps its meaning: the domain does not exist.
+    assert not ev('"nope.example.com" in device.attributes', act)
+
+
+def test_unknown_key_is_runtime_error(act: cel_env.DeviceActivation) -> None:
+    with pytest.raises(CelRuntimeError, match="no such key"):
+        ev(f'device.attributes["{D}"].nokey == "x"', act)
+    with pytest.raises(CelRuntimeError, match="no such key"):
+        ev('device.attributes["nope.example.com"].model == "x"', act)
+
+
+def test_runtime_error_is_not_false(act: cel_env.DeviceActivation) -> None:
+    with pytest.raises(CelRuntimeError) as info:
+        ev(f'device.attributes["{D}"].model + 1 == 2', act)
+    assert info.value.expression.startswith("device.attributes")
+    with pytest.raises(CelRuntimeError):
+        ev(f'device.capacity["{D}"].memory.compareTo(quantity("bad")) > 0', act)
+
+
+def test_non_bool_result_is_error(act: cel_env.DeviceActivation) -> None:
+    with pytest.raises(CelRuntimeError, match="bool"):
+        ev("device.driver", act)
+    with pytest.raises(CelCompileError, match="bool"):
+        compile_selector("1 + 2")
+
+
+@pytest.mark.parametrize(
+    "expr", ["1 +", "foo == 1", "bar(1)", "[1, 2].all(i, v, v > 0)", "Foo{a: 1}", "", "(" * 300 + "true" + ")" * 300]
+)
+def test_compile_errors(expr: str) -> None:
+    with pytest.raises(CelCompileError) as info:
+        compile_selector(expr)
+    assert info.value.expression == expr
+
+
+def test_too_long() -> None:
+    with pytest.raises(CelCompileError, match="too long"):
+        compile_selector("true && " * 2000 + "true")
+
+
+def test_cost_bomb_rejected_quickly() -> None:
+    big = "[" + ",".join(str(i) for i in range(200)) + "]"
+    expr = f"{big}.all(a, {big}.all(b, {big}.all(c, a + b + c >= 0)))"
+    start = time.perf_counter()
+    with pytest.raises(CelCostError, match="cost"):
+        compile_selector(expr)
+    with pytest.raises(CelCostError):
+        compile_selector("lists.range(100000).all(a, lists.range(100000).all(b, true))")
+    assert time.perf_counter() - start < 1.0
+    assert compile_selector("lists.range(100).all(a, lists.range(100).all(b, true))").estimated_cost < cel_env.MAX_COST
+
+
+def test_runtime_budget_poisons(act: cel_env.DeviceActivation, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cel_env, "RUNTIME_LIMIT_S", 0.0)
+    sel = compile_selector("lists.range(50).all(a, lists.range(50).all(b, a >= 0))")
+    with pytest.raises(CelRuntimeError, match="cost limit"):
+        sel.evaluate(act)
+    monkeypatch.setattr(cel_env, "RUNTIME_LIMIT_S", 10.0)
+    with pytest.raises(CelRuntimeError, match="cost limit"):
+        sel.evaluate(act)  # stays poisoned
+    sel.poisoned = None
+
+
+def test_compile_is_cached() -> None:
+    assert compile_selector("true == true") is compile_selector("true == true")
+
+
+def test_bad_device_data_is_error() -> None:
+    bad = device_activation(D, {"v": {"version": "1.2"}, "x": {"int": 1, "bool": True}}, {"m": {"value": "1K"}})
+    assert bad.error is not None
+    with pytest.raises(CelRuntimeError, match="semantic version"):
+        compile_selector("true").evaluate(bad)
+
+
+def test_allow_multiple_allocations_variable() -> None:
+    shared = device_activation(D, {}, {}, allow_multiple_allocations=True)
+    assert compile_selector("device.allowMultipleAllocations").evaluate(shared)
+
+
+def test_semver_parsing() -> None:
+    assert parse_semver("1.2.3-rc.1+build.5").pre == ("rc", "1")
+    assert parse_semver("v01.2", normalize=True) == parse_semver("1.2.0")
+    with pytest.raises(cel_env.SemverError):
+        parse_semver("01.2.3")
