@@ -157,7 +157,6 @@ class Cluster:
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--controllers=*",
                 f"--feature-gates={feature_gate_flag()}",
-                "--concurrent-resource-claim-syncs=20",
             ])
             self._start("kube-scheduler", [
                 f"--kubeconfig={self.kubeconfig}",

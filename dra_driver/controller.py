@@ -1,0 +1,1297 @@
+"""The ``dra-driver controller``: explains pending ResourceClaims and allocates opted-in ones.
+
+What it does
+============
+
+* **Explain.** A claim is *pending* when it has no ``status.allocation`` and a pod that is not
+  done references it (``spec.resourceClaims[].resourceClaimName`` or, for claims generated from a
+  template, ``status.resourceClaimStatuses[].resourceClaimName``), or it opted in to controller
+  allocation. Every pending claim is resolved against the ResourceSlices with all *other* claims'
+  allocations taken as used. When it cannot be satisfied, the controller writes the explanation
+  as annotations on the claim and a Warning Event (see :data:`EXPLANATION_ANNOTATION`). It never
+  writes the status of a claim that the scheduler allocates: there it only explains, and the
+  scheduler's verdict wins (its allocation clears the annotations).
+* **Allocate on request.** A standalone claim (not generated for a pod) annotated
+  ``gpu.dra-driver.io/allocate: controller`` is allocated by the controller; see
+  :meth:`Controller.allocate` for the safety argument against double allocation.
+* **Validate opaque config** of this driver in claims, DeviceClasses and ResourceClaimTemplates
+  (Warning Event ``InvalidConfig`` naming the field; for claims also in the explanation).
+* **Finalize.** When an opted-in claim that carries ``resource.kubernetes.io/delete-protection``
+  is deleted and nothing reserved it, the controller clears its allocation and the finalizer.
+
+Only the leader (Lease ``settings.leader_election_id``) processes claims and writes. Decisions
+are pure functions of the claim and its surroundings (:func:`classify`, :func:`plan_explanation`,
+:func:`annotation_patch`, ...); :class:`Controller` wires them to informers, a work queue and the
+API (:class:`dra_driver.kube.KubeApi`).
+
+Annotation and Event formats
+============================
+
+``gpu.dra-driver.io/explanation``: JSON, at most 32 KiB::
+
+    {"verdict": "Unsatisfiable" | "InvalidConfig" | "NotAllocatable" | "Error",
+     "summary": "<one line>",
+     "configErrors": ["spec.devices.config[0].opaque.parameters.sharing.strategy: ..."],
+     "explanation": {...engine's Explanation.to_dict()...},
+     "truncated": false}
+
+When the document is larger than 32 KiB the engine's structured explanation is replaced by
+``{"text": "<render(), cut>"}`` and ``truncated`` becomes true.
+``gpu.dra-driver.io/explanation-summary``: the summary (≤ 1024 characters).
+``gpu.dra-driver.io/explanation-hash``: 16 hex digits of SHA-256 over the explanation
+document; a write whose hash equals the one on the claim is skipped. A Warning Event (reason
+``Unsatisfiable``, ``InvalidConfig``, ``NotAllocatable`` or ``ResolveError``; note = summary;
+reportingController ``gpu.dra-driver.io/controller``) is emitted only when the summary changes,
+so a verdict is announced once, also across controller restarts.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import FrameType
+from typing import Any, Protocol, cast
+
+from dra_driver import CONFIG_API_GROUP, logs
+from dra_driver.config import ControllerSettings
+from dra_driver.informer import Informer, WorkQueue
+from dra_driver.kube import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    DEVICE_CLASSES,
+    EVENTS,
+    PODS,
+    SLICES,
+    ApiError,
+    KubeApi,
+    Obj,
+    Resource,
+    key_of,
+    meta,
+)
+from dra_driver.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig, micro_time
+from dra_driver.metrics import ControllerMetrics, MetricsServer
+
+ALLOCATE_ANNOTATION = f"{CONFIG_API_GROUP}/allocate"
+ALLOCATE_VALUE = "controller"
+EXPLANATION_ANNOTATION = f"{CONFIG_API_GROUP}/explanation"
+SUMMARY_ANNOTATION = f"{CONFIG_API_GROUP}/explanation-summary"
+HASH_ANNOTATION = f"{CONFIG_API_GROUP}/explanation-hash"
+OUR_ANNOTATIONS = (EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION, HASH_ANNOTATION)
+FINALIZER = "resource.kubernetes.io/delete-protection"
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+REPORTING_CONTROLLER = f"{CONFIG_API_GROUP}/controller"
+
+MAX_EXPLANATION_BYTES = 32 * 1024
+MAX_SUMMARY_CHARS = 1024
+MAX_EVENT_NOTE = 1024
+
+ALLOCATION_SETTLE_SECONDS = 5.0
+"""Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
+LEDGER_TTL_SECONDS = 120.0
+
+
+# --------------------------------------------------------------------------------------------
+# The resolution engine, as this module uses it (dra_driver.allocation)
+
+
+class Explanation(Protocol):
+    @property
+    def summary(self) -> str: ...
+
+    def render(self) -> str: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class Resolution(Protocol):
+    @property
+    def allocation(self) -> dict[str, Any] | None: ...
+
+    @property
+    def explanation(self) -> Explanation: ...
+
+
+class Engine(Protocol):
+    def build_inventory(self, slices: list[Obj]) -> Any: ...
+
+    def allocated_state(self, claims: list[Obj], exclude_uid: str | None = None) -> Any: ...
+
+    def resolve(
+        self,
+        claim: Obj,
+        inventory: Any,
+        classes: Mapping[str, Obj],
+        allocated: Any,
+        nodes: list[str] | None = None,
+    ) -> Resolution: ...
+
+
+def load_engine() -> Engine:
+    """``dra_driver.allocation`` (imported lazily; the module satisfies :class:`Engine`)."""
+    return cast(Engine, importlib.import_module("dra_driver.allocation"))
+
+
+# --------------------------------------------------------------------------------------------
+# Small accessors
+
+
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    a = meta(obj).get("annotations")
+    return a if isinstance(a, Mapping) else {}
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("uid", ""))
+
+
+def status_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    s = obj.get("status")
+    return s if isinstance(s, Mapping) else {}
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    return bool(status_of(claim).get("allocation"))
+
+
+def reserved_for(claim: Mapping[str, Any]) -> list[Any]:
+    r = status_of(claim).get("reservedFor")
+    return list(r) if isinstance(r, list) else []
+
+
+def is_deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(meta(obj).get("deletionTimestamp"))
+
+
+def wants_controller_allocation(claim: Mapping[str, Any]) -> bool:
+    return annotations_of(claim).get(ALLOCATE_ANNOTATION) == ALLOCATE_VALUE
+
+
+def is_generated_for_pod(claim: Mapping[str, Any]) -> bool:
+    """Claims the resourceclaim controller created from a template for a pod."""
+    if POD_CLAIM_NAME_ANNOTATION in annotations_of(claim):
+        return True
+    for ref in meta(claim).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") == "Pod":
+            return True
+    return False
+
+
+def has_finalizer(obj: Mapping[str, Any], name: str = FINALIZER) -> bool:
+    return name in (meta(obj).get("finalizers") or [])
+
+
+def pod_is_done(pod: Mapping[str, Any]) -> bool:
+    """Terminal phase, or deleted before it was scheduled: it will never use its claims."""
+    phase = status_of(pod).get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return True
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    return is_deleting(pod) and not (spec or {}).get("nodeName")
+
+
+def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
+    """``namespace/name`` of every claim a pod that is not done waits for or uses."""
+    if pod_is_done(pod):
+        return set()
+    ns = meta(pod).get("namespace") or "default"
+    keys: set[str] = set()
+    spec = pod.get("spec")
+    for rc in (spec.get("resourceClaims") if isinstance(spec, Mapping) else None) or []:
+        if isinstance(rc, Mapping) and rc.get("resourceClaimName"):
+            keys.add(f"{ns}/{rc['resourceClaimName']}")
+    for st in status_of(pod).get("resourceClaimStatuses") or []:
+        if isinstance(st, Mapping) and st.get("resourceClaimName"):
+            keys.add(f"{ns}/{st['resourceClaimName']}")
+    ext = status_of(pod).get("extendedResourceClaimStatus")
+    if isinstance(ext, Mapping) and ext.get("resourceClaimName"):
+        keys.add(f"{ns}/{ext['resourceClaimName']}")
+    return keys
+
+
+def pod_node(pod: Mapping[str, Any]) -> str | None:
+    spec = pod.get("spec")
+    n = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return str(n) if n else None
+
+
+def device_ids(allocation: Mapping[str, Any] | None, *, exclusive_only: bool = False) -> set[tuple[str, str, str]]:
+    """``(driver, pool, device)`` of an allocation's results.
+
+    With ``exclusive_only``, results that do not take the device for themselves (admin access,
+    consumable-capacity shares with a ``shareID``) are left out.
+    """
+    out: set[tuple[str, str, str]] = set()
+    if not isinstance(allocation, Mapping):
+        return out
+    devices = allocation.get("devices")
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    for r in results or []:
+        if not isinstance(r, Mapping):
+            continue
+        if exclusive_only and (r.get("adminAccess") or r.get("shareID")):
+            continue
+        out.add((str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))))
+    return out
+
+
+def classes_by_name(classes: Iterable[Obj]) -> dict[str, Obj]:
+    return {str(meta(c).get("name", "")): c for c in classes if meta(c).get("name")}
+
+
+# --------------------------------------------------------------------------------------------
+# Opaque configuration validation
+
+
+def _decoder() -> Callable[[Any], object]:
+    from dra_driver import sharing
+
+    fn = getattr(sharing, "decode_config", None) or getattr(sharing, "decode", None)
+    if fn is None:  # pragma: no cover - sharing always has one of them
+        raise RuntimeError("dra_driver.sharing has neither decode_config nor decode")
+    return cast(Callable[[Any], object], fn)
+
+
+def config_errors(configs: Any, driver: str, path: str) -> list[str]:
+    """Field-path messages for every opaque config of ``driver`` in ``configs`` that does not decode."""
+    errors: list[str] = []
+    if configs is None:
+        return errors
+    if not isinstance(configs, list):
+        return [f"{path}: must be a list"]
+    decode = _decoder()
+    for i, entry in enumerate(configs):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        where = f"{path}[{i}].opaque.parameters"
+        try:
+            decode(opaque.get("parameters"))
+        except ValueError as exc:  # sharing.ConfigError is a ValueError
+            sub = getattr(exc, "path", None)
+            detail = getattr(exc, "detail", None)
+            if isinstance(sub, str) and isinstance(detail, str):
+                errors.append(f"{where}.{sub}: {detail}" if sub else f"{where}: {detail}")
+            else:
+                errors.append(f"{where}: {exc}")
+        except Exception as exc:
+            errors.append(f"{where}: cannot be decoded ({type(exc).__name__}: {exc})")
+    return errors
+
+
+def object_config_errors(obj: Mapping[str, Any], driver: str) -> list[str]:
+    """Config errors of a ResourceClaim, ResourceClaimTemplate or DeviceClass."""
+    kind = obj.get("kind")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    if kind == "DeviceClass":
+        return config_errors(spec.get("config"), driver, "spec.config")
+    if kind == "ResourceClaimTemplate":
+        inner = spec.get("spec")
+        devices = inner.get("devices") if isinstance(inner, Mapping) else None
+        return config_errors(devices.get("config") if isinstance(devices, Mapping) else None, driver,
+                             "spec.spec.devices.config")
+    devices = spec.get("devices")
+    return config_errors(devices.get("config") if isinstance(devices, Mapping) else None, driver,
+                         "spec.devices.config")
+
+
+def claim_class_names(claim: Mapping[str, Any]) -> list[str]:
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    names: list[str] = []
+    for req in (devices.get("requests") if isinstance(devices, Mapping) else None) or []:
+        if not isinstance(req, Mapping):
+            continue
+        exactly = req.get("exactly")
+        if isinstance(exactly, Mapping) and exactly.get("deviceClassName"):
+            names.append(str(exactly["deviceClassName"]))
+        for sub in req.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
+                names.append(str(sub["deviceClassName"]))
+    return list(dict.fromkeys(names))
+
+
+def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Obj], driver: str) -> list[str]:
+    """The claim's own config errors plus those of the DeviceClasses it uses."""
+    errors = object_config_errors({**claim, "kind": "ResourceClaim"}, driver)
+    for name in claim_class_names(claim):
+        cls = classes.get(name)
+        if cls is not None:
+            errors += [f"deviceclass {name}: {e}" for e in object_config_errors({**cls, "kind": "DeviceClass"}, driver)]
+    return errors
+
+
+# --------------------------------------------------------------------------------------------
+# Pure decisions
+
+
+class Action(StrEnum):
+    IGNORE = "ignore"
+    """Not pending, nothing of ours on it."""
+    CLEAR = "clear"
+    """Allocated or no longer pending: remove our explanation annotations."""
+    EXPLAIN = "explain"
+    """Pending, the scheduler allocates it: explain only."""
+    ALLOCATE = "allocate"
+    """Pending and opted in to controller allocation."""
+    FINALIZE = "finalize"
+    """Opted-in claim being deleted, unreserved, with the finalizer: deallocate and release."""
+
+
+def classify(claim: Mapping[str, Any], *, waited_for: bool) -> Action:
+    """What the controller does with ``claim``; ``waited_for``: a pod that is not done uses it."""
+    opted_in = wants_controller_allocation(claim)
+    if is_deleting(claim):
+        if opted_in and has_finalizer(claim) and not reserved_for(claim) and not is_generated_for_pod(claim):
+            return Action.FINALIZE
+        return Action.IGNORE
+    has_ours = any(a in annotations_of(claim) for a in OUR_ANNOTATIONS)
+    if is_allocated(claim):
+        return Action.CLEAR if has_ours else Action.IGNORE
+    if opted_in and not is_generated_for_pod(claim):
+        return Action.ALLOCATE
+    if waited_for or opted_in:
+        return Action.EXPLAIN
+    return Action.CLEAR if has_ours else Action.IGNORE
+
+
+class Verdict(StrEnum):
+    SATISFIABLE = "Satisfiable"
+    UNSATISFIABLE = "Unsatisfiable"
+    INVALID_CONFIG = "InvalidConfig"
+    NOT_ALLOCATABLE = "NotAllocatable"
+    ERROR = "Error"
+
+
+EVENT_REASON = {
+    Verdict.UNSATISFIABLE: "Unsatisfiable",
+    Verdict.INVALID_CONFIG: "InvalidConfig",
+    Verdict.NOT_ALLOCATABLE: "NotAllocatable",
+    Verdict.ERROR: "ResolveError",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Result of evaluating one claim (engine + config validation), before any write."""
+
+    verdict: Verdict
+    summary: str
+    allocation: dict[str, Any] | None = None
+    explanation: dict[str, Any] | None = None
+    text: str = ""
+    config_errors: tuple[str, ...] = ()
+
+
+def evaluate(
+    engine: Engine,
+    claim: Obj,
+    inventory: Any,
+    classes: Mapping[str, Obj],
+    allocated: Any,
+    *,
+    driver: str,
+    nodes: list[str] | None = None,
+    require_own_driver: bool = False,
+) -> Outcome:
+    """Resolve ``claim`` and validate its config; never raises for bad input."""
+    errors = tuple(claim_config_errors(claim, classes, driver))
+    try:
+        res = engine.resolve(claim, inventory, classes, allocated, nodes)
+        expl = res.explanation
+        summary = str(expl.summary)
+        allocation = res.allocation
+        try:
+            doc = expl.to_dict()
+        except Exception as exc:
+            doc = {"error": f"explanation not serializable: {exc}"}
+        try:
+            text = expl.render()
+        except Exception:
+            text = summary
+    except Exception as exc:  # an engine bug must not take the controller down
+        msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
+        return Outcome(Verdict.ERROR, _one_line(msg), None, None, msg, errors)
+    if errors:
+        head = invalid_config_summary(errors, driver, summary if allocation is None else None)
+        return Outcome(Verdict.INVALID_CONFIG, head, None, doc, text, errors)
+    if allocation is None:
+        return Outcome(Verdict.UNSATISFIABLE, _one_line(summary), None, doc, text, errors)
+    if require_own_driver:
+        foreign = sorted({d for d, _, _ in device_ids(allocation) if d != driver})
+        if foreign:
+            msg = (
+                f"the controller allocates only claims served entirely by {driver} devices; "
+                f"this claim needs devices of {', '.join(foreign)}: remove the "
+                f"{ALLOCATE_ANNOTATION} annotation and let the scheduler allocate it"
+            )
+            return Outcome(Verdict.NOT_ALLOCATABLE, _one_line(msg), None, doc, text, errors)
+    return Outcome(Verdict.SATISFIABLE, _one_line(summary), allocation, doc, text, errors)
+
+
+def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: str | None = None) -> str:
+    head = f"invalid configuration for {driver}: {errors[0]}"
+    if len(errors) > 1:
+        head += f" (and {len(errors) - 1} more)"
+    if unsatisfiable:
+        head += f"; also unsatisfiable: {unsatisfiable}"
+    return _one_line(head)
+
+
+def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:
+    """The verdict for a claim nobody waits for yet whose configuration is already known bad."""
+    summary = invalid_config_summary(errors, driver)
+    return Outcome(Verdict.INVALID_CONFIG, summary, None, None, summary, tuple(errors))
+
+
+def _one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
+    line = " ".join(str(text).split())
+    if len(line.encode()) <= limit:
+        return line
+    cut = line.encode()[: limit - 3].decode("utf-8", errors="ignore")
+    return cut + "..."
+
+
+def explanation_document(outcome: Outcome, *, limit: int = MAX_EXPLANATION_BYTES) -> str:
+    """The explanation annotation's JSON, trimmed to ``limit`` bytes."""
+    doc: dict[str, Any] = {
+        "verdict": outcome.verdict.value,
+        "summary": outcome.summary,
+        "configErrors": list(outcome.config_errors),
+        "explanation": outcome.explanation if outcome.explanation is not None else {"text": outcome.text},
+        "truncated": False,
+    }
+    text = _dumps(doc)
+    if len(text.encode()) <= limit:
+        return text
+    doc["truncated"] = True
+    doc["explanation"] = {"text": ""}
+    base = len(_dumps(doc).encode())
+    budget = limit - base - 64
+    if budget > 0:
+        doc["explanation"] = {"text": _cut_json_string(outcome.text or outcome.summary, budget)}
+        text = _dumps(doc)
+        if len(text.encode()) <= limit:
+            return text
+    # Still too big: the config errors themselves are huge. Keep as many as fit.
+    doc["explanation"] = {"text": ""}
+    kept: list[str] = []
+    for err in outcome.config_errors:
+        trial = {**doc, "configErrors": [*kept, _one_line(err, 512)]}
+        if len(_dumps(trial).encode()) > limit - 64:
+            break
+        kept.append(_one_line(err, 512))
+    doc["configErrors"] = kept
+    return _dumps(doc)
+
+
+def _cut_json_string(text: str, budget: int) -> str:
+    """A prefix of ``text`` whose JSON encoding fits ``budget`` bytes."""
+    if len(json.dumps(text).encode()) <= budget:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(json.dumps(text[:mid] + "...").encode()) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo] + "..."
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def desired_annotations(outcome: Outcome | None) -> dict[str, str] | None:
+    """Our annotations for an outcome; None means "none of ours should be there"."""
+    if outcome is None or outcome.verdict is Verdict.SATISFIABLE:
+        return None
+    doc = explanation_document(outcome)
+    return {
+        EXPLANATION_ANNOTATION: doc,
+        SUMMARY_ANNOTATION: outcome.summary,
+        HASH_ANNOTATION: content_hash(doc),
+    }
+
+
+def annotation_patch(current: Mapping[str, str], desired: Mapping[str, str] | None) -> dict[str, str | None] | None:
+    """The merge patch of ``metadata.annotations`` that brings ``current`` to ``desired``; None if
+    nothing needs writing (the hash on the object equals the new one, or nothing of ours to clear)."""
+    if desired is None:
+        present = [a for a in OUR_ANNOTATIONS if a in current]
+        return dict.fromkeys(present) if present else None
+    if current.get(HASH_ANNOTATION) == desired[HASH_ANNOTATION] and all(a in current for a in OUR_ANNOTATIONS):
+        return None
+    return dict(desired)
+
+
+def needs_event(current: Mapping[str, str], outcome: Outcome) -> bool:
+    """A Warning Event goes out when the verdict line changes, not on every re-evaluation."""
+    return outcome.verdict is not Verdict.SATISFIABLE and current.get(SUMMARY_ANNOTATION) != outcome.summary
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str
+    reason: str
+    note: str
+    action: str
+
+
+def make_event(
+    regarding: Mapping[str, Any],
+    spec: EventSpec,
+    *,
+    instance: str,
+    now: datetime | None = None,
+    resource: Resource | None = None,
+) -> Obj:
+    """An ``events.k8s.io/v1`` Event about ``regarding``."""
+    m = meta(regarding)
+    name = str(m.get("name", "object"))
+    namespace = str(m.get("namespace") or "default")
+    when = now or datetime.now(UTC)
+    token = uuid.uuid4().hex[:16]
+    ref: dict[str, Any] = {
+        "apiVersion": regarding.get("apiVersion") or (resource.api_version if resource else ""),
+        "kind": regarding.get("kind") or (resource.kind if resource else ""),
+        "name": name,
+        "uid": m.get("uid", ""),
+        "resourceVersion": m.get("resourceVersion", ""),
+    }
+    if m.get("namespace"):
+        ref["namespace"] = m["namespace"]
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name[:200]}.{token}", "namespace": namespace},
+        "eventTime": micro_time(when),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:128],
+        "action": spec.action[:128],
+        "reason": spec.reason[:128],
+        "type": spec.type,
+        "note": _one_line(spec.note, MAX_EVENT_NOTE),
+        "regarding": ref,
+    }
+
+
+def allocation_conflicts(
+    mine: Mapping[str, Any], my_uid: str, claims: Iterable[Mapping[str, Any]]
+) -> list[tuple[Mapping[str, Any], set[tuple[str, str, str]]]]:
+    """Other claims holding any device of ``mine`` exclusively, with the shared devices."""
+    wanted = device_ids(mine, exclusive_only=True)
+    out: list[tuple[Mapping[str, Any], set[tuple[str, str, str]]]] = []
+    if not wanted:
+        return out
+    for c in claims:
+        if uid_of(c) == my_uid:
+            continue
+        other = device_ids(status_of(c).get("allocation"), exclusive_only=True)
+        both = wanted & other
+        if both:
+            out.append((c, both))
+    return out
+
+
+def with_finalizer(claim: Obj) -> Obj:
+    new = copy.deepcopy(claim)
+    fins = list(new.setdefault("metadata", {}).get("finalizers") or [])
+    if FINALIZER not in fins:
+        fins.append(FINALIZER)
+    new["metadata"]["finalizers"] = fins
+    return new
+
+
+def without_finalizer(claim: Obj) -> Obj:
+    new = copy.deepcopy(claim)
+    fins = [f for f in (new.setdefault("metadata", {}).get("finalizers") or []) if f != FINALIZER]
+    new["metadata"]["finalizers"] = fins
+    return new
+
+
+def with_allocation(claim: Obj, allocation: Mapping[str, Any] | None) -> Obj:
+    new = copy.deepcopy(claim)
+    status = dict(new.get("status") or {})
+    if allocation is None:
+        status.pop("allocation", None)
+        status.pop("devices", None)
+    else:
+        status["allocation"] = copy.deepcopy(dict(allocation))
+    new["status"] = status
+    return new
+
+
+def describe_devices(allocation: Mapping[str, Any] | None) -> str:
+    ids = device_ids(allocation)
+    return ", ".join(f"{d}/{p}/{n}" for d, p, n in sorted(ids)) or "no devices"
+
+
+def describe_node_selector(allocation: Mapping[str, Any] | None) -> str:
+    """``node X`` when the selector pins one node by name, else compact JSON, or 'any node'."""
+    sel = allocation.get("nodeSelector") if isinstance(allocation, Mapping) else None
+    if not sel:
+        return "any node"
+    names: list[str] = []
+    try:
+        for term in sel.get("nodeSelectorTerms") or []:
+            for expr in list(term.get("matchFields") or []) + list(term.get("matchExpressions") or []):
+                if expr.get("key") in ("metadata.name", "kubernetes.io/hostname") and expr.get("operator") == "In":
+                    names += [str(v) for v in expr.get("values") or []]
+    except AttributeError:
+        names = []
+    if names:
+        return "node " + ", ".join(dict.fromkeys(names))
+    return "nodes matching " + _dumps(sel)
+
+
+# --------------------------------------------------------------------------------------------
+# The controller
+
+
+@dataclass
+class _Written:
+    claim: Obj
+    at: float
+    verified_settled: bool = False
+
+
+@dataclass
+class _Snapshot:
+    slices_version: int = -1
+    inventory: Any = None
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("resourceVersion", ""))
+
+
+def _kind_key(kind: str, key: str) -> str:
+    return f"{kind}:{key}"
+
+
+class Controller:
+    """Informers + work queue + the decisions above, against a :class:`KubeApi`."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: ControllerSettings,
+        *,
+        engine: Engine | None = None,
+        leadership: Leadership | None = None,
+        metrics: ControllerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        settle_seconds: float = ALLOCATION_SETTLE_SECONDS,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.driver = settings.driver_name
+        self._engine = engine
+        self.leadership: Leadership = leadership or AlwaysLeader()
+        self.metrics = metrics or ControllerMetrics()
+        self.clock = clock
+        self.settle_seconds = settle_seconds
+        self.queue = WorkQueue(clock=clock)
+        self.claims = Informer(api, CLAIMS, self._on_claim)
+        self.pods = Informer(api, PODS, self._on_pod)
+        self.slices = Informer(api, SLICES, self._on_slice)
+        self.classes = Informer(api, DEVICE_CLASSES, self._on_class)
+        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template)
+        self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)
+        self._lock = threading.RLock()
+        self._pod_claims: dict[str, set[str]] = {}
+        self._claim_pods: dict[str, set[str]] = {}
+        self._slices_version = 0
+        self._snapshot = _Snapshot()
+        self._written: dict[str, _Written] = {}
+        self._validated: dict[str, str] = {}
+        self._log = logs.get("controller")
+        self._last_loop = clock()
+
+    # -- engine
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = load_engine()
+        return self._engine
+
+    # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
+
+    def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        if obj is None:
+            return
+        key = key_of(obj)
+        if new is None:
+            with self._lock:
+                self._written.pop(uid_of(obj), None)
+        self.queue.add(_kind_key("claim", key))
+        # A change of one claim's allocation frees or takes devices the others may want.
+        if new is None or (old is not None and is_allocated(old) != is_allocated(new)):
+            self._enqueue_unallocated(skip=key)
+
+    def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        if obj is None:
+            return
+        pkey = key_of(obj)
+        keys = pod_claim_keys(new) if new is not None else set()
+        with self._lock:
+            before = self._pod_claims.pop(pkey, set())
+            if keys:
+                self._pod_claims[pkey] = keys
+            for ck in before - keys:
+                s = self._claim_pods.get(ck)
+                if s is not None:
+                    s.discard(pkey)
+                    if not s:
+                        del self._claim_pods[ck]
+            for ck in keys:
+                self._claim_pods.setdefault(ck, set()).add(pkey)
+        for ck in before ^ keys:
+            self.queue.add(_kind_key("claim", ck))
+
+    def _on_slice(self, old: Obj | None, new: Obj | None) -> None:
+        with self._lock:
+            self._slices_version += 1
+        self._enqueue_unallocated()
+
+    def _on_class(self, old: Obj | None, new: Obj | None) -> None:
+        if new is not None:
+            self.queue.add(_kind_key("class", key_of(new)))
+        self._enqueue_unallocated()
+
+    def _on_template(self, old: Obj | None, new: Obj | None) -> None:
+        if new is not None:
+            self.queue.add(_kind_key("template", key_of(new)))
+
+    def _enqueue_unallocated(self, skip: str | None = None) -> None:
+        for c in self.claims.store.values():
+            k = key_of(c)
+            if k != skip and not is_allocated(c):
+                self.queue.add(_kind_key("claim", k))
+
+    def waited_for(self, claim_key: str) -> bool:
+        with self._lock:
+            return bool(self._claim_pods.get(claim_key))
+
+    def waiting_pods(self, claim_key: str) -> list[Obj]:
+        with self._lock:
+            keys = sorted(self._claim_pods.get(claim_key, ()))
+        return [p for k in keys if (p := self.pods.store.get(k)) is not None]
+
+    def resync(self) -> None:
+        """Enqueue everything that may need attention (periodically and on becoming leader)."""
+        for c in self.claims.store.values():
+            if not is_allocated(c) or any(a in annotations_of(c) for a in OUR_ANNOTATIONS) or is_deleting(c):
+                self.queue.add(_kind_key("claim", key_of(c)))
+        with self._lock:
+            for w in self._written.values():
+                self.queue.add(_kind_key("claim", key_of(w.claim)))
+        for cls in self.classes.store.values():
+            self.queue.add(_kind_key("class", key_of(cls)))
+        for t in self.templates.store.values():
+            self.queue.add(_kind_key("template", key_of(t)))
+
+    # -- the engine's inputs
+
+    def inventory(self) -> Any:
+        with self._lock:
+            version = self._slices_version
+            snap = self._snapshot
+        if snap.slices_version == version and snap.inventory is not None:
+            return snap.inventory
+        inv = self.engine.build_inventory(self.slices.store.values())
+        with self._lock:
+            self._snapshot = _Snapshot(version, inv)
+        return inv
+
+    def class_map(self) -> dict[str, Obj]:
+        return classes_by_name(self.classes.store.values())
+
+    def claims_for_accounting(self, fresh: Sequence[Obj] | None = None) -> list[Obj]:
+        """All claims with the controller's own recent writes laid over them.
+
+        The informer may not have delivered an allocation this controller just wrote; until it
+        does (or the entry expires), the written object stands in for the cached one.
+        """
+        base = list(fresh) if fresh is not None else self.claims.store.values()
+        now = self.clock()
+        with self._lock:
+            for uid, w in list(self._written.items()):
+                if now - w.at > LEDGER_TTL_SECONDS:
+                    del self._written[uid]
+            overlay = {uid: w.claim for uid, w in self._written.items()}
+        out: list[Obj] = []
+        seen: set[str] = set()
+        for c in base:
+            u = uid_of(c)
+            seen.add(u)
+            mine = overlay.get(u)
+            if mine is not None and not is_allocated(c):
+                out.append(mine)
+            else:
+                out.append(c)
+        out += [c for u, c in overlay.items() if u not in seen]
+        return out
+
+    def outcome_for(self, claim: Obj, *, claims: Sequence[Obj] | None = None, require_own_driver: bool) -> Outcome:
+        classes = self.class_map()
+        t0 = time.perf_counter()
+        try:
+            try:
+                inventory = self.inventory()
+                allocated = self.engine.allocated_state(self.claims_for_accounting(claims), exclude_uid=uid_of(claim))
+            except Exception as exc:
+                self.metrics.error("inventory")
+                msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
+                return Outcome(Verdict.ERROR, _one_line(msg), None, None, msg,
+                               tuple(claim_config_errors(claim, classes, self.driver)))
+            nodes = None
+            pods = self.waiting_pods(key_of(claim))
+            pinned = {n for p in pods if (n := pod_node(p))}
+            if len(pinned) == 1 and len(pods) == 1:
+                nodes = sorted(pinned)
+            return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
+                            require_own_driver=require_own_driver)
+        finally:
+            self.metrics.resolve_seconds.observe(time.perf_counter() - t0)
+
+    # -- processing
+
+    def process_next(self, timeout: float | None = 1.0) -> bool:
+        """Process one queued key; False when the queue had nothing within ``timeout``."""
+        item = self.queue.get(timeout)
+        if item is None:
+            return False
+        try:
+            self.process(item)
+            self.queue.forget(item)
+        except Exception as exc:
+            kind = "conflict" if isinstance(exc, ApiError) and exc.conflict else "sync"
+            self.metrics.error(kind)
+            delay = self.queue.add_rate_limited(item)
+            self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
+                              exc_info=not isinstance(exc, ApiError))
+        finally:
+            self.queue.done(item)
+            self.metrics.queue_depth.set(len(self.queue))
+        return True
+
+    def process(self, item: str) -> None:
+        kind, _, key = item.partition(":")
+        if not self.leadership.is_leader():
+            return
+        if kind == "claim":
+            self.sync_claim(key)
+        elif kind == "class":
+            obj = self.classes.store.get(key)
+            if obj is not None:
+                self.validate_object(obj, DEVICE_CLASSES)
+        elif kind == "template":
+            obj = self.templates.store.get(key)
+            if obj is not None:
+                self.validate_object(obj, CLAIM_TEMPLATES)
+
+    def validate_object(self, obj: Obj, resource: Resource) -> list[str]:
+        """Warning Event ``InvalidConfig`` once per (object, generation, set of errors)."""
+        errors = object_config_errors({**obj, "kind": obj.get("kind") or resource.kind}, self.driver)
+        uid = uid_of(obj)
+        if not errors:
+            with self._lock:
+                self._validated.pop(uid, None)
+            return errors
+        digest = content_hash(f"{meta(obj).get('generation')}|" + "\n".join(errors))
+        with self._lock:
+            if self._validated.get(uid) == digest:
+                return errors
+        note = f"invalid configuration for {self.driver}: " + "; ".join(errors)
+        self.emit(obj, EventSpec("Warning", "InvalidConfig", note, "Validate"), resource)
+        with self._lock:
+            self._validated[uid] = digest
+        self._log.warning("invalid opaque configuration", kind=resource.kind, object=key_of(obj), uid=uid,
+                          errors=errors)
+        return errors
+
+    def sync_claim(self, key: str) -> None:
+        claim = self.claims.store.get(key)
+        if claim is None:
+            return
+        log = self._log.bind(claim=key, uid=uid_of(claim))
+        with self._lock:
+            entry = self._written.get(uid_of(claim))
+        if entry is not None and is_allocated(claim) and self.clock() - entry.at >= self.settle_seconds:
+            self.verify_allocation(claim, log, settled=True)
+            claim = self.claims.store.get(key) or claim
+        action = classify(claim, waited_for=self.waited_for(key))
+        if action in (Action.IGNORE, Action.CLEAR):
+            if not is_allocated(claim) and not is_deleting(claim):
+                # Nobody waits for it (yet): still flag bad configuration before a node sees it.
+                errors = claim_config_errors(claim, self.class_map(), self.driver)
+                if errors:
+                    self.record(claim, config_only_outcome(errors, self.driver), log)
+                    return
+            if action is Action.CLEAR:
+                self.write_annotations(claim, None, log)
+            return
+        if action is Action.FINALIZE:
+            self.finalize(claim, log)
+            return
+        outcome = self.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
+        if action is Action.EXPLAIN or outcome.verdict is not Verdict.SATISFIABLE:
+            self.record(claim, outcome, log)
+            return
+        self.allocate(claim, log)
+
+    # -- writes
+
+    def emit(self, regarding: Obj, spec: EventSpec, resource: Resource) -> None:
+        if not self.leadership.is_leader():
+            return
+        body = make_event(regarding, spec, instance=self.settings.identity, resource=resource)
+        try:
+            self.api.create(EVENTS, body, namespace=body["metadata"]["namespace"])
+        except ApiError as exc:
+            # Events are best effort; the annotation carries the same information.
+            self.metrics.error("event")
+            self._log.warning("cannot create event", reason=spec.reason, object=key_of(regarding), error=str(exc))
+
+    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> bool:
+        """Bring our annotations in line with ``outcome``; True when something was written."""
+        current = annotations_of(claim)
+        patch = annotation_patch(current, desired_annotations(outcome))
+        event = outcome is not None and needs_event(current, outcome)
+        if patch is None and not event:
+            return False
+        if not self.leadership.is_leader():
+            return False
+        m = meta(claim)
+        if patch is not None:
+            try:
+                updated = self.api.merge_patch(
+                    CLAIMS, str(m.get("name")), {"metadata": {"annotations": patch}}, namespace=m.get("namespace")
+                )
+            except ApiError as exc:
+                if exc.not_found:
+                    return False
+                raise
+            self.claims.store.put_if_unchanged(updated, _rv(claim))
+        if outcome is not None:
+            if event:
+                self.emit(claim, EventSpec("Warning", EVENT_REASON.get(outcome.verdict, "Unsatisfiable"),
+                                           outcome.summary, "Allocate" if wants_controller_allocation(claim)
+                                           else "Explain"), CLAIMS)
+            self.metrics.claims_explained.inc()
+            log.info("claim explained", verdict=outcome.verdict.value, summary=outcome.summary)
+        else:
+            log.info("explanation cleared")
+        return True
+
+    def record(self, claim: Obj, outcome: Outcome, log: Any) -> None:
+        if outcome.verdict is Verdict.ERROR:
+            self.metrics.error("resolve")
+            log.warning("claim evaluation failed", error=outcome.text)
+        self.write_annotations(claim, outcome, log)
+
+    def allocate(self, claim: Obj, log: Any) -> bool:
+        """Allocate an opted-in claim, never racing the scheduler into a double allocation.
+
+        1. Fresh reads: GET the claim and a consistent LIST of all claims (the informer cache may
+           lag). The claim must still be unallocated and opted in. The engine resolves against
+           the fresh list plus this controller's own recent writes (the ledger), so devices the
+           scheduler allocated up to the LIST are excluded.
+        2. Finalizer ``resource.kubernetes.io/delete-protection`` is added with an ``update``
+           (resourceVersion precondition) before the allocation exists.
+        3. ``status.allocation`` is written with an ``update`` of the status subresource under
+           the resourceVersion precondition: if the scheduler (or anyone) changed the claim since
+           step 1, the write fails with 409 and the claim is re-resolved.
+        4. Post-write verification, right after the write and once more ``settle_seconds``
+           later: a fresh LIST; if any other claim holds one of our devices exclusively, our
+           allocation loses: while nothing has reserved our claim it is rolled back (status
+           update with precondition) and re-resolved; if a pod already reserved it, the conflict
+           is reported (Event ``DeviceConflict``, ``errors_total{kind="double_allocation"}``).
+
+        The residual race is a scheduler allocation of the same device to a *different* claim
+        that it decided on before our write was visible to it (it took the device from its own
+        in-flight "assumed" state, invisible to us) and that it writes after our step 1. Steps
+        3/4 narrow it to: the scheduler's write lands after our write *and* a pod reserved our
+        claim before the settle check ran. Since opted-in claims are standalone, a pod would
+        have to be created, scheduled and bound onto our claim within ``settle_seconds``.
+        """
+        if not self.leadership.is_leader():
+            return False
+        m = meta(claim)
+        ns, name = m.get("namespace"), str(m.get("name"))
+        try:
+            fresh_claim = self.api.get(CLAIMS, name, namespace=ns)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        if (
+            uid_of(fresh_claim) != uid_of(claim)
+            or is_allocated(fresh_claim)
+            or is_deleting(fresh_claim)
+            or not wants_controller_allocation(fresh_claim)
+        ):
+            self.queue.add(_kind_key("claim", key_of(claim)))
+            return False
+        fresh = self.api.list(CLAIMS).items
+        outcome = self.outcome_for(fresh_claim, claims=fresh, require_own_driver=True)
+        if outcome.verdict is not Verdict.SATISFIABLE or outcome.allocation is None:
+            self.record(fresh_claim, outcome, log)
+            return False
+        allocation = outcome.allocation
+
+        target = fresh_claim
+        if not has_finalizer(target):
+            try:
+                target = self.api.replace(CLAIMS, with_finalizer(target))
+            except ApiError as exc:
+                if exc.conflict or exc.not_found:
+                    log.info("claim changed while adding the finalizer; re-resolving", error=str(exc))
+                    self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+                    return False
+                raise
+        try:
+            written = self.api.replace_status(CLAIMS, with_allocation(target, allocation))
+        except ApiError as exc:
+            if exc.conflict or exc.not_found:
+                self.metrics.error("conflict")
+                log.info("claim changed before the allocation was written; re-resolving", error=str(exc))
+                self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+                return False
+            raise
+        with self._lock:
+            self._written[uid_of(written)] = _Written(written, self.clock())
+        self.claims.store.put_if_unchanged(written, _rv(fresh_claim))
+        self.metrics.claims_allocated.inc()
+        where = describe_node_selector(allocation)
+        log.info("claim allocated", devices=describe_devices(allocation), where=where)
+        self.emit(written, EventSpec("Normal", "Allocated",
+                                     f"allocated {describe_devices(allocation)} on {where}", "Allocate"), CLAIMS)
+        if any(a in annotations_of(written) for a in OUR_ANNOTATIONS):
+            try:
+                self.write_annotations(written, None, log)
+            except ApiError as exc:
+                log.warning("cannot clear explanation after allocation", error=str(exc))
+        # Immediate check, then one after the settle delay.
+        self.verify_allocation(written, log, settled=False)
+        self.queue.add_after(_kind_key("claim", key_of(written)), self.settle_seconds)
+        return True
+
+    def verify_allocation(self, claim: Obj, log: Any, *, settled: bool) -> bool:
+        """Post-write check of a controller allocation; True when it stands.
+
+        ``settled``: the settle delay has passed; a clean check then ends the verification.
+        """
+        uid = uid_of(claim)
+        with self._lock:
+            if uid not in self._written:
+                return True
+        fresh = self.api.list(CLAIMS).items
+        mine = next((c for c in fresh if uid_of(c) == uid), None)
+        if mine is None or not is_allocated(mine):
+            with self._lock:
+                self._written.pop(uid, None)
+            return False
+        conflicts = allocation_conflicts(status_of(mine)["allocation"], uid, fresh)
+        if not conflicts:
+            if settled:
+                with self._lock:
+                    self._written.pop(uid, None)
+            return True
+        other, devices = conflicts[0]
+        shared = ", ".join("/".join(d) for d in sorted(devices))
+        other_key = key_of(other)
+        if reserved_for(mine):
+            self.metrics.error("double_allocation")
+            log.error("device allocated twice; our claim is already in use", other=other_key, devices=shared)
+            note = f"device(s) {shared} are also allocated to claim {other_key}; this claim is in use, not rolled back"
+            self.emit(mine, EventSpec("Warning", "DeviceConflict", note, "Allocate"), CLAIMS)
+            with self._lock:
+                self._written.pop(uid, None)
+            return False
+        self.metrics.error("allocation_conflict")
+        log.warning("rolling back allocation that conflicts with another claim", other=other_key, devices=shared)
+        try:
+            rolled = self.api.replace_status(CLAIMS, with_allocation(mine, None))
+            self.claims.store.put_if_unchanged(rolled, _rv(mine))
+        except ApiError as exc:
+            if not (exc.conflict or exc.not_found):
+                raise
+            # Changed meanwhile (maybe reserved): look again soon.
+            self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+            return False
+        with self._lock:
+            self._written.pop(uid, None)
+        self.emit(mine, EventSpec("Warning", "AllocationRolledBack",
+                                  f"device(s) {shared} were allocated to claim {other_key} concurrently; "
+                                  "allocation withdrawn, re-resolving", "Allocate"), CLAIMS)
+        self.queue.add_after(_kind_key("claim", key_of(claim)), 0.5)
+        return False
+
+    def finalize(self, claim: Obj, log: Any) -> bool:
+        """Deallocate an unreserved opted-in claim being deleted and drop the finalizer."""
+        if not self.leadership.is_leader():
+            return False
+        target = claim
+        try:
+            if is_allocated(target):
+                target = self.api.replace_status(CLAIMS, with_allocation(target, None))
+            self.api.replace(CLAIMS, without_finalizer(target))
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            if exc.conflict:
+                self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+                return False
+            raise
+        with self._lock:
+            self._written.pop(uid_of(claim), None)
+        log.info("deleted claim deallocated and released")
+        return True
+
+    # -- running
+
+    def healthy(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers) and self.clock() - self._last_loop < 120
+
+    def wait_synced(self, stop: threading.Event, timeout: float = 120.0) -> bool:
+        deadline = time.monotonic() + timeout
+        for inf in self.informers:
+            while not inf.synced.wait(0.2):
+                if stop.is_set() or time.monotonic() > deadline:
+                    return False
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        for inf in self.informers:
+            inf.start(stop)
+        if not self.wait_synced(stop):
+            if stop.is_set():
+                return
+            self._log.warning("informers not synced yet; starting anyway")
+        self.resync()
+        next_resync = self.clock() + self.settings.resync_seconds
+        was_leader = self.leadership.is_leader()
+        while not stop.is_set():
+            self._last_loop = self.clock()
+            leader = self.leadership.is_leader()
+            self.metrics.is_leader.set(1 if leader else 0)
+            if leader and not was_leader:
+                self.resync()
+            was_leader = leader
+            if self.clock() >= next_resync:
+                self.resync()
+                next_resync = self.clock() + self.settings.resync_seconds
+            try:
+                self.process_next(timeout=1.0)
+            except Exception:  # belt and braces: process_next already catches
+                self.metrics.error("loop")
+                self._log.exception("worker loop error")
+        self.queue.shutdown()
+
+
+def run(settings: ControllerSettings) -> int:
+    """Entry point of ``dra-driver controller``."""
+    from dra_driver.kube import ConfigurationError, RestKubeApi
+
+    logs.configure(settings.log_format, settings.log_level)
+    log = logs.get("controller", driver=settings.driver_name, identity=settings.identity)
+    try:
+        api = RestKubeApi.from_kubeconfig(settings.kubeconfig, user_agent=f"dra-driver-controller/{os.getpid()}")
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+    metrics = ControllerMetrics()
+    elector: LeaderElector | None = None
+    leadership: Leadership = AlwaysLeader()
+    threads: list[threading.Thread] = []
+    if settings.leader_elect:
+        elector = LeaderElector(
+            api,
+            LeaseConfig(settings.leader_election_namespace, settings.leader_election_id, settings.identity),
+            on_change=lambda leader: metrics.is_leader.set(1 if leader else 0),
+        )
+        leadership = elector
+        threads.append(elector.start(stop))
+    controller = Controller(api, settings, leadership=leadership, metrics=metrics)
+    try:
+        controller.engine  # noqa: B018 - fail early when the engine cannot be imported
+    except Exception as exc:
+        log.error("cannot load the resolution engine", error=str(exc))
+        return 1
+    server: MetricsServer | None = None
+    if settings.metrics_port:
+        server = MetricsServer(metrics, settings.metrics_port, controller.healthy)
+        server.start()
+    log.info("controller started", leader_elect=settings.leader_elect, metrics_port=settings.metrics_port)
+    try:
+        controller.run(stop)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)  # the elector releases the Lease on its way out
+        if server is not None:
+            server.stop()
+        api.close()
+    log.info("controller stopped")
+    return 0
+
+
+__all__ = [
+    "ALLOCATE_ANNOTATION",
+    "EXPLANATION_ANNOTATION",
+    "FINALIZER",
+    "HASH_ANNOTATION",
+    "REPORTING_CONTROLLER",
+    "SUMMARY_ANNOTATION",
+    "Action",
+    "Controller",
+    "Engine",
+    "EventSpec",
+    "Outcome",
+    "Verdict",
+    "allocation_conflicts",
+    "annotation_patch",
+    "classify",
+    "config_errors",
+    "desired_annotations",
+    "evaluate",
+    "explanation_document",
+    "load_engine",
+    "make_event",
+    "needs_event",
+    "object_config_errors",
+    "pod_claim_keys",
+    "run",
+]

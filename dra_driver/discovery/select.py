@@ -1,0 +1,46 @@
+"""Pick the discovery backend the settings ask for."""
+
+from __future__ import annotations
+
+from dra_driver import logs
+from dra_driver.config import PluginSettings
+from dra_driver.discovery.backend import Backend
+
+_log = logs.get("discovery")
+
+SIMULATED_STATE_FILE = "simulated-gpus.json"
+
+
+def open_backend(settings: PluginSettings) -> Backend:
+    """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly)."""
+    choice = settings.backend
+    if choice not in ("auto", "nvml", "simulated"):
+        raise ValueError(f"unknown GPU backend {choice!r} (expected auto, nvml or simulated)")
+    if choice in ("auto", "nvml"):
+        from dra_driver.discovery.nvml import NvmlBackend, nvml_available
+
+        if choice == "nvml":
+            return NvmlBackend(sysfs_root=settings.sysfs_root)
+        ok, reason = nvml_available()
+        if ok:
+            _log.info("using the NVML backend")
+            return NvmlBackend(sysfs_root=settings.sysfs_root)
+        _log.warning(
+            "NVML IS NOT AVAILABLE: FALLING BACK TO SIMULATED GPUS; nothing this node publishes is real hardware",
+            reason=reason, profile=settings.simulated_profile,
+        )
+    return open_simulated(settings)
+
+
+def open_simulated(settings: PluginSettings) -> Backend:
+    from dra_driver.discovery.simulated import SimulatedBackend
+
+    backend = SimulatedBackend(
+        settings.simulated_profile,
+        settings.node_name,
+        dev_root=settings.dev_root if str(settings.dev_root) != "/" else None,
+        state_file=settings.state_dir / SIMULATED_STATE_FILE,
+    )
+    _log.info("using the simulated backend", profile=backend.profile.name, gpus=len(backend.profile.gpus),
+              dev_root=str(settings.dev_root))
+    return backend

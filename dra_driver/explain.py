@@ -1,0 +1,258 @@
+"""``dra-driver explain NAMESPACE/NAME``: why a ResourceClaim is, could be, or cannot be allocated.
+
+Reads the claim, every ResourceSlice, DeviceClass and ResourceClaim, runs the same resolution as
+the controller (other claims' allocations count as used) and prints one of:
+
+* ``allocated``: what and where (from ``status.allocation``);
+* ``satisfiable``: which devices on which node the claim would get now;
+* ``unsatisfiable``: the engine's explanation.
+
+Opaque configuration of this driver that does not decode is reported too. ``-o json`` prints a
+document with the same content. Every failure (bad name, claim not found, cluster unreachable,
+no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.controller import (
+    Engine,
+    Outcome,
+    Verdict,
+    claim_config_errors,
+    classes_by_name,
+    describe_node_selector,
+    evaluate,
+    is_allocated,
+    load_engine,
+    reserved_for,
+    status_of,
+    uid_of,
+)
+from dra_driver.kube import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    SLICES,
+    ApiError,
+    ConfigurationError,
+    KubeApi,
+    Obj,
+    RestKubeApi,
+    meta,
+)
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ExplainError(Exception):
+    """A problem the user can act on; printed as one line."""
+
+
+def parse_claim_ref(text: str) -> tuple[str, str]:
+    parts = text.split("/")
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise ExplainError(f"claim must be NAMESPACE/NAME, got {text!r}")
+    ns, name = parts
+    if not _DNS_LABEL.match(ns) or len(ns) > 63:
+        raise ExplainError(f"invalid namespace {ns!r} (must be a DNS label)")
+    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+        raise ExplainError(f"invalid claim name {name!r} (must be a DNS subdomain)")
+    return ns, name
+
+
+def device_nodes(slices: list[Obj]) -> dict[tuple[str, str, str], str]:
+    """``(driver, pool, device)`` -> node name, for node-local slices and per-device nodes."""
+    out: dict[tuple[str, str, str], str] = {}
+    for s in slices:
+        spec = s.get("spec")
+        if not isinstance(spec, Mapping):
+            continue
+        pool = spec.get("pool")
+        pool_name = str(pool.get("name", "")) if isinstance(pool, Mapping) else ""
+        driver = str(spec.get("driver", ""))
+        slice_node = spec.get("nodeName")
+        for d in spec.get("devices") or []:
+            if not isinstance(d, Mapping):
+                continue
+            node = d.get("nodeName") or slice_node
+            if node:
+                out[(driver, pool_name, str(d.get("name", "")))] = str(node)
+    return out
+
+
+def results_table(allocation: Mapping[str, Any] | None, nodes: Mapping[tuple[str, str, str], str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    for r in (devices.get("results") if isinstance(devices, Mapping) else None) or []:
+        if not isinstance(r, Mapping):
+            continue
+        ident = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        row: dict[str, Any] = {
+            "request": r.get("request", ""),
+            "driver": ident[0],
+            "pool": ident[1],
+            "device": ident[2],
+            "node": nodes.get(ident),
+        }
+        if r.get("adminAccess"):
+            row["adminAccess"] = True
+        if r.get("shareID"):
+            row["shareID"] = r["shareID"]
+        rows.append(row)
+    return rows
+
+
+def build_report(
+    claim: Obj,
+    slices: list[Obj],
+    classes: list[Obj],
+    claims: list[Obj],
+    *,
+    engine: Engine,
+    driver: str = DEFAULT_DRIVER_NAME,
+) -> dict[str, Any]:
+    """The JSON document ``explain`` prints (the text form renders the same data)."""
+    m = meta(claim)
+    nodes = device_nodes(slices)
+    class_map = classes_by_name(classes)
+    report: dict[str, Any] = {
+        "claim": f"{m.get('namespace')}/{m.get('name')}",
+        "uid": uid_of(claim),
+    }
+    if is_allocated(claim):
+        allocation = status_of(claim).get("allocation")
+        report.update(
+            state="allocated",
+            where=describe_node_selector(allocation),
+            results=results_table(allocation, nodes),
+            reservedFor=[
+                f"{r.get('resource', '')}/{r.get('name', '')}" for r in reserved_for(claim) if isinstance(r, Mapping)
+            ],
+        )
+        errors = claim_config_errors(claim, class_map, driver)
+        if errors:
+            report["configErrors"] = errors
+        return report
+    try:
+        inventory = engine.build_inventory(slices)
+        allocated = engine.allocated_state(claims, exclude_uid=uid_of(claim))
+    except Exception as exc:
+        outcome = Outcome(Verdict.ERROR, f"cannot build the device inventory: {exc}", text=str(exc))
+    else:
+        outcome = evaluate(engine, claim, inventory, class_map, allocated, driver=driver)
+    report["summary"] = outcome.summary
+    if outcome.config_errors:
+        report["configErrors"] = list(outcome.config_errors)
+    if outcome.verdict is Verdict.SATISFIABLE:
+        report.update(
+            state="satisfiable",
+            where=describe_node_selector(outcome.allocation),
+            results=results_table(outcome.allocation, nodes),
+        )
+    elif outcome.verdict is Verdict.INVALID_CONFIG:
+        report.update(state="invalid-config", explanation=outcome.explanation, text=outcome.text)
+    elif outcome.verdict is Verdict.ERROR:
+        report.update(state="error", text=outcome.text)
+    else:
+        report.update(state="unsatisfiable", explanation=outcome.explanation, text=outcome.text)
+    return report
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    lines = [f"ResourceClaim {report['claim']} (uid {report.get('uid') or '?'})"]
+    state = report.get("state")
+    if state in ("allocated", "satisfiable"):
+        head = "allocated" if state == "allocated" else "not allocated; would be satisfiable now"
+        lines.append(f"{head}, on {report.get('where')}:")
+        for r in report.get("results") or []:
+            extra = " (admin access)" if r.get("adminAccess") else ""
+            node = f" on node {r['node']}" if r.get("node") else ""
+            lines.append(f"  request {r['request']}: {r['driver']}/{r['pool']}/{r['device']}{node}{extra}")
+        if state == "allocated":
+            users = report.get("reservedFor") or []
+            lines.append(f"reserved for: {', '.join(users)}" if users else "reserved for: nobody yet")
+    elif state == "error":
+        lines.append(f"cannot evaluate: {report.get('summary')}")
+    else:
+        label = "invalid configuration" if state == "invalid-config" else "unsatisfiable"
+        lines.append(f"{label}: {report.get('summary')}")
+        text = str(report.get("text") or "").rstrip()
+        if text and text != report.get("summary"):
+            lines.append("")
+            lines.append(text)
+    errors = report.get("configErrors") or []
+    if errors:
+        lines.append("")
+        lines.append("invalid driver configuration:")
+        lines += [f"  {e}" for e in errors]
+    return "\n".join(lines)
+
+
+def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list[Obj], list[Obj]]:
+    try:
+        claim = api.get(CLAIMS, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.not_found:
+            raise ExplainError(f"ResourceClaim {namespace}/{name} not found") from None
+        raise
+    slices = api.list(SLICES).items
+    classes = api.list(DEVICE_CLASSES).items
+    claims = api.list(CLAIMS).items
+    return claim, slices, classes, claims
+
+
+def main(
+    claim: str,
+    kubeconfig: str | None = None,
+    output: str = "text",
+    *,
+    api: KubeApi | None = None,
+    engine: Engine | None = None,
+    driver: str = DEFAULT_DRIVER_NAME,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    stdout = out or sys.stdout
+    stderr = err or sys.stderr
+    owned: RestKubeApi | None = None
+    try:
+        if output not in ("text", "json"):
+            raise ExplainError(f"output must be text or json, got {output!r}")
+        namespace, name = parse_claim_ref(claim)
+        if api is None:
+            owned = RestKubeApi.from_kubeconfig(kubeconfig, request_timeout=15.0)
+            api = owned
+        obj, slices, classes, claims = fetch(api, namespace, name)
+        report = build_report(obj, slices, classes, claims, engine=engine or load_engine(), driver=driver)
+    except ExplainError as exc:
+        print(f"dra-driver explain: {exc}", file=stderr)
+        return 1
+    except ConfigurationError as exc:
+        print(f"dra-driver explain: {exc}", file=stderr)
+        return 1
+    except ApiError as exc:
+        if exc.status == 0:
+            print(f"dra-driver explain: cannot reach the cluster: {exc.message or exc.reason}", file=stderr)
+        elif exc.status in (401, 403):
+            print(f"dra-driver explain: not allowed: {exc}", file=stderr)
+        else:
+            print(f"dra-driver explain: API error: {exc}", file=stderr)
+        return 1
+    except Exception as exc:  # never a traceback for a user
+        print(f"dra-driver explain: unexpected error: {type(exc).__name__}: {exc}", file=stderr)
+        return 1
+    finally:
+        if owned is not None:
+            owned.close()
+    if output == "json":
+        print(json.dumps(report, indent=2, sort_keys=True, default=str), file=stdout)
+    else:
+        print(render_text(report), file=stdout)
+    return 0

@@ -1,0 +1,92 @@
+"""Prometheus metrics of the controller and a small HTTP server for ``/metrics`` and ``/healthz``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class ControllerMetrics:
+    """The controller's metrics, in their own registry (tests create as many as they like)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.claims_explained = Counter(
+            "claims_explained_total", "Explanations written for pending ResourceClaims (verdict changes)", registry=r
+        )
+        self.claims_allocated = Counter(
+            "claims_allocated_total", "ResourceClaims allocated by the controller", registry=r
+        )
+        self.errors = Counter("errors_total", "Errors by kind", ["kind"], registry=r)
+        self.resolve_seconds = Histogram(
+            "resolve_seconds",
+            "Time to resolve one ResourceClaim against the inventory",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.is_leader = Gauge("leader", "1 while this replica holds the leader lease", registry=r)
+        self.queue_depth = Gauge("workqueue_depth", "Claim keys waiting to be processed", registry=r)
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(kind=kind).inc()
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (tests and health checks)."""
+        v = self.registry.get_sample_value(name, labels or {})
+        return float(v) if v is not None else 0.0
+
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text format) and ``/healthz`` (200 while ``healthy()``, else 503)."""
+
+    def __init__(self, metrics: ControllerMetrics, port: int, healthy: Callable[[], bool], host: str = "") -> None:
+        registry = metrics.registry
+
+        class _Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                elif path in ("/healthz", "/livez", "/readyz"):
+                    ok = _safe(healthy)
+                    self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                else:
+                    self._reply(404, b"not found\n", "text/plain")
+
+            def _reply(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((host, port), _Handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _safe(fn: Callable[[], bool]) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False

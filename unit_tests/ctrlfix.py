@@ -1,0 +1,161 @@
+"""Shared fixtures for the controller, explain and leader tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kubefake import FakeKube
+
+from dra_driver.config import ControllerSettings
+from dra_driver.controller import ALLOCATE_ANNOTATION, Controller
+from dra_driver.kube import CLAIMS, DEVICE_CLASSES, PODS, SLICES, Obj
+
+DRIVER = "gpu.dra-driver.io"
+CLASS = "gpu.dra-driver.io"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def settings(**over: Any) -> ControllerSettings:
+    base: dict[str, Any] = dict(
+        driver_name=DRIVER,
+        kubeconfig=None,
+        log_format="json",
+        log_level="info",
+        leader_elect=False,
+        leader_election_namespace="kube-system",
+        leader_election_id="dra-driver-controller",
+        identity="test-replica",
+        metrics_port=0,
+        resync_seconds=30.0,
+    )
+    base.update(over)
+    return ControllerSettings(**base)
+
+
+def gpu_slice(node: str = "node-a", n: int = 2, driver: str = DRIVER, name: str | None = None) -> Obj:
+    return {
+        "metadata": {"name": name or f"{node}-{driver}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "index": {"int": i}}} for i in range(n)
+            ],
+        },
+    }
+
+
+def device_class(name: str = CLASS, driver: str = DRIVER, config: list[Obj] | None = None) -> Obj:
+    spec: Obj = {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}
+    if config is not None:
+        spec["config"] = config
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def claim(
+    name: str = "c1",
+    count: int = 1,
+    *,
+    ns: str = "default",
+    cls: str = CLASS,
+    opt_in: bool = False,
+    config: list[Obj] | None = None,
+    selectors: list[Obj] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Obj:
+    exactly: Obj = {"deviceClassName": cls, "count": count}
+    if selectors is not None:
+        exactly["selectors"] = selectors
+    devices: Obj = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if config is not None:
+        devices["config"] = config
+    ann = dict(annotations or {})
+    if opt_in:
+        ann[ALLOCATE_ANNOTATION] = "controller"
+    m: Obj = {"name": name, "namespace": ns}
+    if ann:
+        m["annotations"] = ann
+    return {"metadata": m, "spec": {"devices": devices}}
+
+
+def pod(name: str, claim_name: str, *, ns: str = "default", phase: str = "Pending", via_template: bool = False) -> Obj:
+    spec_rc: Obj = {"name": "gpu"}
+    status: Obj = {"phase": phase}
+    if via_template:
+        spec_rc["resourceClaimTemplateName"] = "tmpl"
+        status["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+    else:
+        spec_rc["resourceClaimName"] = claim_name
+    return {"metadata": {"name": name, "namespace": ns}, "spec": {"resourceClaims": [spec_rc], "containers": []},
+            "status": status}
+
+
+def sharing_config(strategy: str = "MPS", driver: str = DRIVER) -> Obj:
+    return {"opaque": {"driver": driver, "parameters": {
+        "apiVersion": "gpu.dra-driver.io/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": strategy}}}}
+
+
+def allocated_status(devices: list[str], node: str = "node-a", driver: str = DRIVER, request: str = "gpu") -> Obj:
+    return {"allocation": {
+        "devices": {"results": [{"request": request, "driver": driver, "pool": node, "device": d} for d in devices]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }}
+
+
+def cluster(slices: int = 1, gpus: int = 2) -> FakeKube:
+    kube = FakeKube()
+    for i in range(slices):
+        kube.add(SLICES, gpu_slice(f"node-{chr(ord('a') + i)}", gpus))
+    kube.add(DEVICE_CLASSES, device_class())
+    return kube
+
+
+def sync(ctrl: Controller) -> None:
+    """What the informers would have delivered by now."""
+    for inf in ctrl.informers:
+        inf.relist()
+
+
+def drain(ctrl: Controller, limit: int = 200) -> int:
+    n = 0
+    while ctrl.process_next(timeout=0):
+        n += 1
+        assert n < limit, "queue does not drain"
+    return n
+
+
+def step(ctrl: Controller) -> int:
+    sync(ctrl)
+    return drain(ctrl)
+
+
+def events(kube: FakeKube, reason: str | None = None) -> list[Obj]:
+    out = list(kube.objects.get("events", {}).values())
+    return [e for e in out if reason is None or e["reason"] == reason]
+
+
+def ann(kube: FakeKube, key: str = "default/c1") -> dict[str, str]:
+    obj = kube.obj(CLAIMS, key)
+    assert obj is not None
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+def add_claim(kube: FakeKube, obj: Obj) -> Obj:
+    return kube.add(CLAIMS, copy.deepcopy(obj))
+
+
+def add_pod(kube: FakeKube, obj: Obj) -> Obj:
+    return kube.add(PODS, obj)

@@ -1,0 +1,192 @@
+"""An in-memory stand-in for the API server behind dra_driver.kube.KubeApi.
+
+Semantics kept from the real thing: resourceVersion bumps on every write, ``update`` with a stale
+resourceVersion fails with 409, ``update`` of the main resource ignores status and the status
+subresource ignores everything else, deletion with finalizers only sets deletionTimestamp and the
+object goes away when the last finalizer is removed, watch events replay the write log.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dra_driver.kube import ApiError, ListResult, Obj, Resource, key_of
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Obj]] = {}
+        self.log: list[tuple[int, str, str, Obj]] = []  # (rv, plural, type, obj)
+        self._rv = itertools.count(100)
+        self.rv = 100
+        self.calls: list[tuple[str, str, str]] = []
+        self.hooks: dict[str, Callable[[FakeKube, Resource, Obj], None]] = {}
+        self.fail: dict[str, ApiError] = {}
+        self.unreachable = False
+
+    # -- helpers for tests
+
+    def _next_rv(self) -> str:
+        self.rv = next(self._rv)
+        return str(self.rv)
+
+    def _bucket(self, res: Resource) -> dict[str, Obj]:
+        return self.objects.setdefault(res.plural, {})
+
+    def _record(self, res: Resource, etype: str, obj: Obj) -> None:
+        self.log.append((self.rv, res.plural, etype, copy.deepcopy(obj)))
+
+    def add(self, res: Resource, obj: Obj) -> Obj:
+        """Create directly (no call recorded)."""
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", res.api_version)
+        obj.setdefault("kind", res.kind)
+        m = obj.setdefault("metadata", {})
+        m.setdefault("uid", str(uuid.uuid4()))
+        m.setdefault("generation", 1)
+        m["resourceVersion"] = self._next_rv()
+        self._bucket(res)[key_of(obj)] = obj
+        self._record(res, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def set(self, res: Resource, obj: Obj) -> Obj:
+        """Overwrite as some other client would (no precondition, no call recorded)."""
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._bucket(res)[key_of(obj)] = obj
+        self._record(res, "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    def delete(self, res: Resource, key: str) -> None:
+        obj = self._bucket(res).get(key)
+        if obj is None:
+            return
+        if obj["metadata"].get("finalizers"):
+            obj["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._record(res, "MODIFIED", obj)
+            return
+        del self._bucket(res)[key]
+        self._next_rv()
+        self._record(res, "DELETED", obj)
+
+    def obj(self, res: Resource, key: str) -> Obj | None:
+        o = self._bucket(res).get(key)
+        return copy.deepcopy(o) if o is not None else None
+
+    def writes(self, verb: str | None = None) -> list[tuple[str, str, str]]:
+        reads = ("list", "get", "watch")
+        return [c for c in self.calls if c[0] not in reads and (verb is None or c[0] == verb)]
+
+    def _check(self, verb: str, res: Resource, key: str) -> None:
+        self.calls.append((verb, res.plural, key))
+        if self.unreachable:
+            raise ApiError(0, "MaxRetryError", "connection refused")
+        err = self.fail.get(f"{verb}:{res.plural}")
+        if err is not None:
+            raise err
+        hook = self.hooks.pop(f"{verb}:{res.plural}", None)
+        if hook is not None:
+            hook(self, res, {"key": key})
+
+    # -- KubeApi
+
+    def list(self, res: Resource, *, namespace: str | None = None) -> ListResult:
+        self._check("list", res, "")
+        items = [copy.deepcopy(o) for o in self._bucket(res).values()
+                 if namespace is None or o["metadata"].get("namespace") == namespace]
+        return ListResult(items, str(self.rv))
+
+    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int) -> Iterator[Obj]:
+        self._check("watch", res, "")
+        since = int(resource_version or 0)
+        if self.log and since < self.log[0][0] - 1 and since != 0:
+            raise ApiError(410, "Expired", "too old resource version")
+        for rv, plural, etype, obj in list(self.log):
+            if plural == res.plural and rv > since:
+                yield {"type": etype, "object": copy.deepcopy(obj)}
+
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
+        key = f"{namespace}/{name}" if namespace else name
+        self._check("get", res, key)
+        obj = self._bucket(res).get(key)
+        if obj is None:
+            raise ApiError(404, "NotFound", f"{res.plural} {name!r} not found")
+        return copy.deepcopy(obj)
+
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        key = key_of(body)
+        self._check("create", res, key)
+        if key in self._bucket(res):
+            raise ApiError(409, "AlreadyExists", f"{key} exists")
+        return self.add(res, body)
+
+    def _update(self, verb: str, res: Resource, body: Obj, apply: Callable[[Obj, Obj], Obj]) -> Obj:
+        key = key_of(body)
+        self._check(verb, res, key)
+        cur = self._bucket(res).get(key)
+        if cur is None:
+            raise ApiError(404, "NotFound", key)
+        want = str(body.get("metadata", {}).get("resourceVersion", ""))
+        if want and want != cur["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+        new = apply(copy.deepcopy(cur), copy.deepcopy(body))
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            del self._bucket(res)[key]
+            self._record(res, "DELETED", new)
+            return copy.deepcopy(new)
+        self._bucket(res)[key] = new
+        self._record(res, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    def replace(self, res: Resource, body: Obj) -> Obj:
+        def apply(cur: Obj, new: Obj) -> Obj:
+            status = cur.get("status")
+            m = new["metadata"]
+            for k in ("uid", "creationTimestamp", "deletionTimestamp"):
+                if k in cur["metadata"]:
+                    m[k] = cur["metadata"][k]
+                else:
+                    m.pop(k, None)
+            if status is not None:
+                new["status"] = status
+            else:
+                new.pop("status", None)
+            return new
+
+        return self._update("replace", res, body, apply)
+
+    def replace_status(self, res: Resource, body: Obj) -> Obj:
+        def apply(cur: Obj, new: Obj) -> Obj:
+            cur["status"] = new.get("status") or {}
+            return cur
+
+        return self._update("replace_status", res, body, apply)
+
+    def merge_patch(self, res: Resource, name: str, patch: Obj, *, namespace: str | None = None) -> Obj:
+        key = f"{namespace}/{name}" if namespace else name
+        body = {"metadata": {"name": name, "namespace": namespace}} if namespace else {"metadata": {"name": name}}
+
+        def apply(cur: Obj, _: Obj) -> Obj:
+            return _merge(cur, patch)
+
+        self.calls.append(("merge_patch", res.plural, key))
+        self.calls.pop()  # _update records it
+        return self._update("merge_patch", res, body, apply)
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out

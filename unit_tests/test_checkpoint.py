@@ -1,0 +1,227 @@
+"""The on-disk checkpoint of prepared claims."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dra_driver.checkpoint import (
+    CHECKPOINT_VERSION,
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    MigInstance,
+    PreparedDevice,
+    describe_os_error,
+    ensure_dir,
+)
+
+DRIVER = "gpu.dra-driver.io"
+UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
+UID2 = "1b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
+
+
+def entries() -> dict[str, ClaimEntry]:
+    mig = MigInstance("MIG-1", "1g.10gb", "GPU-a", 10 * 2**30, 16, 7, 0, 6, 1)
+    return {
+        UID: ClaimEntry(
+            UID, "ns", "a", ClaimState.PREPARE_COMPLETED,
+            (PreparedDevice("node-a", "gpu-0", ("gpu",), (f"k8s.{DRIVER}/claim={UID}-gpu-0",),
+                            {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}, "share-1", False,
+                            "GPU-a", "GPU-a", 0),),
+            boot_id="boot-1", updated="2026-01-01T00:00:00.000000Z",
+        ),
+        UID2: ClaimEntry(
+            UID2, "ns", "b", ClaimState.PREPARE_STARTED,
+            (PreparedDevice("node-a", "gpu-1-mig-1g-6", ("r/sub",), (), {"strategy": "Exclusive"}, None, True,
+                            "MIG-1", "GPU-a", 1, (3, 4), mig, "mig", (6, 1)),),
+            boot_id="boot-1",
+        ),
+    }
+
+
+def store(tmp_path: Path, node: str = "node-a", boot: str = "boot-1") -> CheckpointStore:
+    return CheckpointStore(tmp_path / "state", node, DRIVER, boot_id=boot)
+
+
+def corrupt_files(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "state").glob("checkpoint.json.corrupt-*"))
+
+
+class TestRoundTrip:
+    def test_missing_file_is_empty(self, tmp_path: Path) -> None:
+        assert store(tmp_path).load() == {}
+
+    def test_save_load(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        loaded = store(tmp_path).load()
+        assert loaded == entries()
+        assert loaded[UID].devices[0].sharing == {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}
+        assert loaded[UID2].devices[0].mig_instance == entries()[UID2].devices[0].mig_instance
+        assert loaded[UID2].devices[0].placement == (6, 1)
+
+    def test_permissions(self, tmp_path: Path) -> None:
+        old = os.umask(0)
+        try:
+            store(tmp_path).save(entries())
+        finally:
+            os.umask(old)
+        path = tmp_path / "state" / "checkpoint.json"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+    def test_format(self, tmp_path: Path) -> None:
+        store(tmp_path).save(entries())
+        doc = json.loads((tmp_path / "state" / "checkpoint.json").read_text())
+        assert doc["kind"] == "DraDriverCheckpoint"
+        assert doc["version"] == CHECKPOINT_VERSION
+        assert doc["checksum"].startswith("sha256:")
+        data = doc["data"]
+        assert data["nodeName"] == "node-a" and data["bootID"] == "boot-1" and data["driverName"] == DRIVER
+        claim = data["claims"][UID]
+        assert claim["state"] == "PrepareCompleted"
+        assert claim["namespace"] == "ns" and claim["name"] == "a"
+        dev = claim["devices"][0]
+        assert dev["pool"] == "node-a" and dev["device"] == "gpu-0" and dev["requests"] == ["gpu"]
+        assert dev["cdiDeviceIDs"] == [f"k8s.{DRIVER}/claim={UID}-gpu-0"]
+        assert dev["shareID"] == "share-1"
+        assert data["claims"][UID2]["state"] == "PrepareStarted"
+
+    def test_no_temp_files_left(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        s.save({})
+        assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]
+
+
+class TestQuarantine:
+    def _check_quarantined(self, tmp_path: Path, s: CheckpointStore) -> None:
+        assert s.load() == {}
+        assert not (tmp_path / "state" / "checkpoint.json").exists()
+        [q] = corrupt_files(tmp_path)
+        assert s.quarantined == q
+        # recovery starts empty and can write again
+        s.save(entries())
+        assert s.load() == entries()
+
+    def test_garbage(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        (tmp_path / "state" / "checkpoint.json").write_bytes(b"\x00\xffnot json")
+        self._check_quarantined(tmp_path, s)
+
+    @pytest.mark.parametrize("keep", [0, 1, 10, 100, -1])
+    def test_truncated(self, tmp_path: Path, keep: int) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        path = tmp_path / "state" / "checkpoint.json"
+        raw = path.read_bytes()
+        path.write_bytes(raw[:keep] if keep >= 0 else raw[: len(raw) // 2])
+        self._check_quarantined(tmp_path, s)
+
+    def test_checksum_mismatch(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        path = tmp_path / "state" / "checkpoint.json"
+        doc = json.loads(path.read_text())
+        doc["data"]["claims"][UID]["devices"][0]["device"] = "gpu-7"  # tampered
+        path.write_text(json.dumps(doc))
+        self._check_quarantined(tmp_path, s)
+
+    def test_future_version(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        path = tmp_path / "state" / "checkpoint.json"
+        doc = json.loads(path.read_text())
+        doc["version"] = CHECKPOINT_VERSION + 1
+        path.write_text(json.dumps(doc))
+        self._check_quarantined(tmp_path, s)
+
+    def test_foreign_node(self, tmp_path: Path) -> None:
+        store(tmp_path, node="node-b").save(entries())
+        self._check_quarantined(tmp_path, store(tmp_path, node="node-a"))
+
+    def test_wrong_shape_with_valid_checksum(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        path = tmp_path / "state" / "checkpoint.json"
+        doc = json.loads(path.read_text())
+        doc["data"]["claims"][UID]["state"] = "Exploded"
+        import hashlib
+
+        from dra_driver.checkpoint import canonical
+
+        doc["checksum"] = "sha256:" + hashlib.sha256(canonical(doc["data"])).hexdigest()
+        path.write_text(json.dumps(doc))
+        self._check_quarantined(tmp_path, s)
+
+    def test_not_an_object_and_wrong_kind(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        (tmp_path / "state").mkdir()
+        path = tmp_path / "state" / "checkpoint.json"
+        path.write_text("[]")
+        assert s.load() == {}
+        path.write_text(json.dumps({"kind": "Other", "version": 1}))
+        assert s.load() == {}
+        assert len(corrupt_files(tmp_path)) == 2  # distinct names even within one second
+
+    def test_quarantine_logs_clearly(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+        (tmp_path / "state" / "checkpoint.json").write_text("{")
+        s.load()
+        err = capsys.readouterr()
+        text = err.out + err.err
+        assert "checkpoint is unusable" in text and "corrupt-" in text
+
+
+class TestBoot:
+    def test_reboot_keeps_entries(self, tmp_path: Path) -> None:
+        store(tmp_path, boot="boot-1").save(entries())
+        s = store(tmp_path, boot="boot-2")
+        assert s.load() == entries()
+        assert s.rebooted
+
+    def test_same_boot(self, tmp_path: Path) -> None:
+        store(tmp_path).save(entries())
+        s = store(tmp_path)
+        s.load()
+        assert not s.rebooted
+
+    def test_boot_id_from_file(self, tmp_path: Path) -> None:
+        f = tmp_path / "boot_id"
+        f.write_text("abc-123\n")
+        assert CheckpointStore(tmp_path, "n", DRIVER, boot_id_path=f).boot_id == "abc-123"
+        assert CheckpointStore(tmp_path, "n", DRIVER, boot_id_path=tmp_path / "missing").boot_id == ""
+
+
+class TestWriteFailures:
+    def test_enospc_keeps_old_file(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s = store(tmp_path)
+        s.save(entries())
+
+        def full(fd: int, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(OSError) as info:
+            s.save({})
+        monkeypatch.undo()
+        assert "no space left on device" in describe_os_error(info.value, "x")
+        assert s.load() == entries()
+        assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]
+
+    def test_ensure_dir_modes(self, tmp_path: Path) -> None:
+        old = os.umask(0o022)
+        try:
+            ensure_dir(tmp_path / "a" / "b" / "c", 0o750)
+        finally:
+            os.umask(old)
+        for p in ("a", "a/b", "a/b/c"):
+            assert stat.S_IMODE((tmp_path / p).stat().st_mode) == 0o750

@@ -1,0 +1,141 @@
+"""``dra-driver explain`` against a fake API server."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from ctrlfix import add_claim, allocated_status, claim, cluster, sharing_config
+from kubefake import FakeKube
+
+from dra_driver import explain
+from dra_driver.kube import CLAIMS
+
+
+def run(kube: FakeKube | None, ref: str, output: str = "text", **kw: object) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = explain.main(ref, output=output, api=kube, out=out, err=err, **kw)  # type: ignore[arg-type]
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_satisfiable_names_devices_and_node() -> None:
+    kube = cluster(gpus=2)
+    add_claim(kube, claim(count=2))
+    rc, out, err = run(kube, "default/c1")
+    assert rc == 0 and err == ""
+    assert "would be satisfiable" in out and "node node-a" in out
+    assert "gpu.dra-driver.io/node-a/gpu-0 on node node-a" in out
+
+
+def test_unsatisfiable_renders_the_explanation() -> None:
+    kube = cluster(gpus=2)
+    add_claim(kube, claim(count=3))
+    rc, out, _ = run(kube, "default/c1")
+    assert rc == 0
+    assert "unsatisfiable: cannot allocate" in out and "need 3" in out
+    assert "Claim default/c1: NOT allocated" in out  # the engine's render()
+
+
+def test_other_claims_count_as_used() -> None:
+    kube = cluster(gpus=1)
+    other = claim("other")
+    other["status"] = allocated_status(["gpu-0"])
+    add_claim(kube, other)
+    add_claim(kube, claim())
+    rc, out, _ = run(kube, "default/c1", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["state"] == "unsatisfiable"
+
+
+def test_allocated_json() -> None:
+    kube = cluster()
+    c = claim()
+    c["status"] = {**allocated_status(["gpu-1"]), "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}
+    add_claim(kube, c)
+    rc, out, _ = run(kube, "default/c1", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["state"] == "allocated" and doc["where"] == "node node-a"
+    assert doc["results"] == [{"request": "gpu", "driver": "gpu.dra-driver.io", "pool": "node-a",
+                               "device": "gpu-1", "node": "node-a"}]
+    assert doc["reservedFor"] == ["pods/p"]
+    rc, out, _ = run(kube, "default/c1")
+    assert "allocated, on node node-a" in out and "reserved for: pods/p" in out
+
+
+def test_invalid_config_is_reported() -> None:
+    kube = cluster()
+    add_claim(kube, claim(config=[sharing_config("Bogus")]))
+    rc, out, _ = run(kube, "default/c1")
+    assert rc == 0 and "invalid configuration" in out and "sharing.strategy" in out
+
+
+@pytest.mark.parametrize("ref", ["c1", "a/b/c", "/c1", "ns/", "Bad_NS/c1", "ns/UPPER"])
+def test_bad_reference(ref: str) -> None:
+    rc, out, err = run(FakeKube(), ref)
+    assert rc == 1 and out == "" and err.count("\n") == 1 and err.startswith("dra-driver explain: ")
+
+
+def test_not_found() -> None:
+    rc, _, err = run(cluster(), "default/missing")
+    assert rc == 1 and err == "dra-driver explain: ResourceClaim default/missing not found\n"
+
+
+def test_unreachable() -> None:
+    kube = cluster()
+    kube.unreachable = True
+    rc, _, err = run(kube, "default/c1")
+    assert rc == 1 and "cannot reach the cluster" in err and err.count("\n") == 1
+
+
+def test_forbidden() -> None:
+    from dra_driver.kube import ApiError
+
+    kube = cluster()
+    add_claim(kube, claim())
+    kube.fail["list:resourceslices"] = ApiError(403, "Forbidden", "resourceslices is forbidden")
+    rc, _, err = run(kube, "default/c1")
+    assert rc == 1 and "not allowed" in err
+
+
+def test_missing_kubeconfig(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    rc, _, err = run(None, "default/c1", kubeconfig="/nonexistent/kubeconfig")
+    assert rc == 1 and "kubeconfig /nonexistent/kubeconfig does not exist" in err
+
+
+def test_garbage_kubeconfig(tmp_path: object) -> None:
+    import pathlib
+
+    p = pathlib.Path(str(tmp_path)) / "kc"
+    p.write_text("this: is: not: yaml: [")
+    rc, _, err = run(None, "default/c1", kubeconfig=str(p))
+    assert rc == 1 and err.startswith("dra-driver explain: cannot load cluster configuration")
+
+
+def test_engine_failure_is_one_line() -> None:
+    class Broken:
+        def build_inventory(self, slices: object) -> object:
+            raise RuntimeError("kaputt")
+
+        def allocated_state(self, claims: object, exclude_uid: object = None) -> object:
+            return None
+
+        def resolve(self, *a: object) -> object:
+            raise AssertionError
+
+    kube = cluster()
+    add_claim(kube, claim())
+    rc, out, _ = run(kube, "default/c1", engine=Broken())
+    assert rc == 0 and "cannot evaluate" in out and "kaputt" in out
+
+
+def test_cli_wiring() -> None:
+    from dra_driver import cli
+
+    rc = cli.main(["explain", "nope"])
+    assert rc == 1
+
+
+def test_claim_listing_unused() -> None:
+    assert CLAIMS.plural == "resourceclaims"

@@ -1,0 +1,33 @@
+"""/metrics and /healthz."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from dra_driver.metrics import ControllerMetrics, MetricsServer
+
+
+def test_metrics_and_health() -> None:
+    m = ControllerMetrics()
+    m.claims_explained.inc()
+    m.error("conflict")
+    m.resolve_seconds.observe(0.02)
+    healthy = [True]
+    srv = MetricsServer(m, 0, lambda: healthy[0], host="127.0.0.1")
+    srv.start()
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert "claims_explained_total 1.0" in body
+        assert 'errors_total{kind="conflict"} 1.0' in body
+        assert "resolve_seconds_bucket" in body and "claims_allocated_total 0.0" in body
+        assert urllib.request.urlopen(f"{base}/healthz", timeout=5).status == 200
+        healthy[0] = False
+        try:
+            urllib.request.urlopen(f"{base}/healthz", timeout=5)
+            raise AssertionError("expected 503")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+    finally:
+        srv.stop()

@@ -1,0 +1,658 @@
+"""DeviceState: the prepare/unprepare semantics of the node plugin."""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from dra_driver import CONFIG_API_VERSION
+from dra_driver.cdi import CdiSpecs
+from dra_driver.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.devices import AllocatableDevice
+from dra_driver.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.prepare import ClaimNotFoundError, ClaimRef, DeviceState
+
+DRIVER = "gpu.dra-driver.io"
+NODE = "node-a"
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+PROFILE_1G = MigProfile("1g.10gb", 10 * 2**30, 16, 1, 1, (MigPlacement(0, 1), MigPlacement(1, 1)))
+PROFILE_2G = MigProfile("2g.20gb", 20 * 2**30, 32, 2, 2, (MigPlacement(0, 2),))
+
+
+def make_gpu(i: int, **kw: Any) -> Gpu:
+    return Gpu(index=i, minor=i, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", product_name="NVIDIA H100",
+               brand="Nvidia", architecture="Hopper", cuda_compute_capability="9.0", driver_version="550.54.15",
+               cuda_driver_version="12.4", memory_bytes=80 * 2**30, multiprocessors=132,
+               pci=PciInfo(f"0000:{i + 10:02x}:00.0", "pci0000:00", 0), **kw)
+
+
+def static_mig(parent: Gpu, n: int) -> MigDevice:
+    return MigDevice(uuid=f"MIG-{parent.index}-{n}", profile="1g.10gb", parent_uuid=parent.uuid,
+                     memory_bytes=10 * 2**30, multiprocessors=16, gpu_instance_id=n + 7, compute_instance_id=0,
+                     placement=MigPlacement(n, 1))
+
+
+def build_devices() -> dict[str, AllocatableDevice]:
+    g0, g1 = make_gpu(0), make_gpu(1)
+    g2 = make_gpu(2, mig_capable=True, mig_enabled=True)
+    g2 = Gpu(**{**g2.__dict__, "mig_devices": (static_mig(g2, 0), static_mig(g2, 1))})
+    g3 = make_gpu(3, mig_capable=True, mig_profiles=(PROFILE_1G, PROFILE_2G))
+    devs = [
+        AllocatableDevice("gpu-0", g0),
+        AllocatableDevice("gpu-1", g1),
+        AllocatableDevice("gpu-2", g2),
+        AllocatableDevice("gpu-2-mig-0", g2, mig=g2.mig_devices[0]),
+        AllocatableDevice("gpu-2-mig-1", g2, mig=g2.mig_devices[1]),
+        AllocatableDevice("gpu-3", g3),
+        AllocatableDevice("gpu-3-1g-0", g3, mig_profile=PROFILE_1G, placement=MigPlacement(0, 1)),
+        AllocatableDevice("gpu-3-1g-1", g3, mig_profile=PROFILE_1G, placement=MigPlacement(1, 1)),
+        AllocatableDevice("gpu-3-2g-0", g3, mig_profile=PROFILE_2G, placement=MigPlacement(0, 2)),
+    ]
+    return {d.name: d for d in devs}
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.live: dict[tuple[str, str, int], MigDevice] = {}
+        self.created: list[str] = []
+        self.destroyed: list[str] = []
+        self.counter = 0
+
+    def discover(self) -> list[Gpu]:
+        return []
+
+    def create_mig_instance(self, gpu: Gpu, profile: MigProfile, placement: MigPlacement) -> MigDevice:
+        key = (gpu.uuid, profile.name, placement.start)
+        if key not in self.live:
+            self.counter += 1
+            self.live[key] = MigDevice(
+                uuid=f"MIG-dyn-{self.counter}", profile=profile.name, parent_uuid=gpu.uuid,
+                memory_bytes=profile.memory_bytes, multiprocessors=profile.multiprocessors,
+                gpu_instance_id=placement.start + 1, compute_instance_id=0, placement=placement)
+            self.created.append(self.live[key].uuid)
+        return self.live[key]
+
+    def destroy_mig_instance(self, mig: MigDevice) -> None:
+        for key, value in list(self.live.items()):
+            if value.uuid == mig.uuid:
+                del self.live[key]
+                self.destroyed.append(mig.uuid)
+
+
+@dataclass
+class FakeReader:
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    delay: float = 0.0
+    calls: int = 0
+    errors: dict[tuple[str, str], Exception] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        with self.lock:
+            self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if (namespace, name) in self.errors:
+            raise self.errors[(namespace, name)]
+        try:
+            return json.loads(json.dumps(self.claims[(namespace, name)]))
+        except KeyError:
+            raise ClaimNotFoundError(f"{namespace}/{name}") from None
+
+    def add(self, claim: dict[str, Any]) -> ClaimRef:
+        m = claim["metadata"]
+        self.claims[(m["namespace"], m["name"])] = claim
+        return ClaimRef(m["uid"], m["namespace"], m["name"])
+
+
+def gpu_config(sharing: dict[str, Any] | None = None, requests: list[str] | None = None,
+               source: str = "FromClaim", driver: str = DRIVER) -> dict[str, Any]:
+    params: dict[str, Any] = {"apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig"}
+    if sharing is not None:
+        params["sharing"] = sharing
+    return {"source": source, "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
+
+
+TS = {"strategy": "TimeSlicing"}
+MPS = {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}
+
+
+def make_claim(name: str, results: list[dict[str, Any] | tuple[str, str]], *, ns: str = "default",
+               uid: str | None = None, config: list[dict[str, Any]] | None = None, node: str | None = NODE,
+               allocated: bool = True) -> dict[str, Any]:
+    res = []
+    for r in results:
+        if isinstance(r, tuple):
+            r = {"request": r[0], "device": r[1]}
+        res.append({"driver": DRIVER, "pool": NODE, **r})
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": uid or str(uuid.uuid4())},
+        "spec": {}, "status": {},
+    }
+    if allocated:
+        alloc: dict[str, Any] = {"devices": {"results": res, "config": config or []}}
+        if node is not None:
+            alloc["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        claim["status"]["allocation"] = alloc
+    return claim
+
+
+class Env:
+    def __init__(self, tmp_path: Path, boot: str = "boot-1") -> None:
+        self.tmp = tmp_path
+        self.reader = FakeReader()
+        self.backend = FakeBackend()
+        self.devices = build_devices()
+        self.boot = boot
+        self.proc = tmp_path / "proc"  # no mig-minors table: the formula is used
+        self.state = self.new_state()
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.tmp / "cdi"
+
+    def new_state(self, boot: str | None = None) -> DeviceState:
+        if boot is not None:
+            self.boot = boot
+        return DeviceState(
+            node_name=NODE, driver_name=DRIVER, devices=self.devices,
+            cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE),
+            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
+            claim_reader=self.reader, backend=self.backend, proc_root=self.proc,
+        )
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        return json.loads((self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+
+    def spec_exists(self, uid: str) -> bool:
+        return (self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").exists()
+
+    def checkpoint(self) -> dict[str, Any]:
+        doc = json.loads((self.tmp / "state" / "checkpoint.json").read_text())
+        claims: dict[str, Any] = doc["data"]["claims"]
+        return claims
+
+    def prepare_one(self, claim: dict[str, Any]) -> Any:
+        ref = self.reader.add(claim)
+        return self.state.prepare([ref])[ref.uid]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def env_of(edits: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in edits.get("env", []))
+
+
+# --- happy path -------------------------------------------------------------------------------
+
+
+class TestPrepare:
+    def test_single_gpu(self, env: Env) -> None:
+        claim = make_claim("c1", [("gpu", "gpu-0")])
+        uid = claim["metadata"]["uid"]
+        out = env.prepare_one(claim)
+        assert out.error is None
+        [dev] = out.devices
+        assert dev.request_names == ("gpu",)
+        assert dev.pool_name == NODE and dev.device_name == "gpu-0"
+        assert dev.cdi_device_ids == (f"k8s.{DRIVER}/claim={uid}-gpu-0",)
+        assert dev.share_id is None
+        spec = env.spec(uid)
+        assert spec["devices"][0]["name"] == f"{uid}-gpu-0"
+        assert env_of(spec["containerEdits"])["DRA_GPU_CLAIM"] == "default/c1"
+        assert env_of(spec["containerEdits"])["NVIDIA_VISIBLE_DEVICES"] == env.devices["gpu-0"].gpu.uuid
+        cp = env.checkpoint()[uid]
+        assert cp["state"] == "PrepareCompleted"
+        assert cp["devices"][0]["cdiDeviceIDs"] == [f"k8s.{DRIVER}/claim={uid}-gpu-0"]
+
+    def test_subrequest_names_are_stripped_and_share_id_kept(self, env: Env) -> None:
+        claim = make_claim("c", [{"request": "gpu/big", "device": "gpu-0", "shareID": "a1b2"},
+                                 {"request": "other", "device": "gpu-1"}])
+        out = env.prepare_one(claim)
+        assert out.error is None
+        assert [d.request_names for d in out.devices] == [("gpu",), ("other",)]
+        assert [d.share_id for d in out.devices] == ["a1b2", None]
+        env_dev0 = env_of(env.spec(claim["metadata"]["uid"])["devices"][0]["containerEdits"])
+        assert env_dev0["DRA_GPU_0_REQUEST"] == "gpu/big"
+
+    def test_results_of_other_drivers_ignored(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-0")])
+        claim["status"]["allocation"]["devices"]["results"].append(
+            {"driver": "net.example.com", "pool": "x", "device": "nic-0", "request": "nic"})
+        out = env.prepare_one(claim)
+        assert out.error is None and [d.device_name for d in out.devices] == ["gpu-0"]
+
+    def test_no_results_of_ours(self, env: Env) -> None:
+        claim = make_claim("c", [])
+        out = env.prepare_one(claim)
+        assert out.error is None and out.devices == ()
+        assert not env.spec_exists(claim["metadata"]["uid"])
+
+    def test_no_node_selector_is_fine(self, env: Env) -> None:
+        out = env.prepare_one(make_claim("c", [("gpu", "gpu-0")], node=None))
+        assert out.error is None
+
+    def test_config_applied(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-0")], config=[
+            gpu_config({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}, source="FromClass"),
+            gpu_config(MPS, requests=["gpu"]),
+        ])
+        assert env.prepare_one(claim).error is None
+        spec = env.spec(claim["metadata"]["uid"])
+        assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == \
+            "MPS:defaultActiveThreadPercentage=50"
+        assert env_of(spec["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+    def test_static_mig(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-2-mig-1")])
+        assert env.prepare_one(claim).error is None
+        spec = env.spec(claim["metadata"]["uid"])
+        nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+        # gi 8 on GPU minor 2: 3 + 2*135 + 8*9 = 345, ci0 = 346
+        assert nodes == ["/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap345", "/dev/nvidia-caps/nvidia-cap346"]
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] == str(env.tmp / "devroot/dev/nvidia2")
+        assert env_of(spec["containerEdits"])["NVIDIA_VISIBLE_DEVICES"] == "MIG-2-1"
+
+    def test_dynamic_mig_created_and_destroyed(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-3-1g-1")])
+        uid = claim["metadata"]["uid"]
+        assert env.prepare_one(claim).error is None
+        assert env.backend.created == ["MIG-dyn-1"]
+        assert env_of(env.spec(uid)["containerEdits"])["NVIDIA_VISIBLE_DEVICES"] == "MIG-dyn-1"
+        assert env.checkpoint()[uid]["devices"][0]["migInstance"]["uuid"] == "MIG-dyn-1"
+        assert env.state.unprepare([ClaimRef(uid, "default", "c")]) == {uid: None}
+        assert env.backend.destroyed == ["MIG-dyn-1"]
+        assert env.backend.live == {}
+
+    def test_duplicate_uids_once(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        out = env.state.prepare([ref, ref, ref])
+        assert list(out) == [ref.uid] and out[ref.uid].error is None
+        assert env.reader.calls == 1
+
+    def test_empty(self, env: Env) -> None:
+        assert env.state.prepare([]) == {}
+        assert env.state.unprepare([]) == {}
+
+
+class TestIdempotency:
+    def test_same_answer_twice(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0"), ("gpu", "gpu-1")]))
+        first = env.state.prepare([ref])[ref.uid]
+        second = env.state.prepare([ref])[ref.uid]
+        assert first == second and first.error is None
+
+    def test_missing_spec_rewritten(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        first = env.state.prepare([ref])[ref.uid]
+        (env.cdi_root / f"k8s.{DRIVER}-claim_{ref.uid}.json").unlink()
+        assert env.state.prepare([ref])[ref.uid] == first
+        assert env.spec_exists(ref.uid)
+
+    def test_dynamic_mig_not_created_twice(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-3-1g-0")]))
+        env.state.prepare([ref])
+        env.state.prepare([ref])
+        assert env.backend.created == ["MIG-dyn-1"]
+
+    def test_unprepare_unknown_is_success(self, env: Env) -> None:
+        uid = str(uuid.uuid4())
+        assert env.state.unprepare([ClaimRef(uid, "ns", "gone")]) == {uid: None}
+        assert env.state.unprepare([ClaimRef("not-a-uid", "ns", "gone")]) == {"not-a-uid": None}
+
+    def test_unprepare_twice(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.state.prepare([ref])
+        assert env.state.unprepare([ref]) == {ref.uid: None}
+        assert not env.spec_exists(ref.uid)
+        assert ref.uid not in env.checkpoint()
+        assert env.state.unprepare([ref]) == {ref.uid: None}
+
+    def test_unprepare_removes_leftover_spec_of_unknown_claim(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.state.prepare([ref])
+        env.state._entries.clear()  # simulate a lost entry
+        assert env.state.unprepare([ref]) == {ref.uid: None}
+        assert not env.spec_exists(ref.uid)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class TestErrors:
+    def test_not_found(self, env: Env) -> None:
+        uid = str(uuid.uuid4())
+        out = env.state.prepare([ClaimRef(uid, "ns", "missing")])
+        assert "ResourceClaim ns/missing not found" in (out[uid].error or "")
+
+    def test_api_error(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.reader.errors[("default", "c")] = RuntimeError("API server: 500 boom")
+        assert "could not get ResourceClaim default/c: API server: 500 boom" in (
+            env.state.prepare([ref])[ref.uid].error or "")
+
+    def test_uid_mismatch(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        other = str(uuid.uuid4())
+        err = env.state.prepare([ClaimRef(other, ref.namespace, ref.name)])[other].error or ""
+        assert "claim was replaced" in err and ref.uid in err
+
+    def test_not_allocated(self, env: Env) -> None:
+        assert "is not allocated" in (env.prepare_one(make_claim("c", [], allocated=False)).error or "")
+
+    def test_other_node(self, env: Env) -> None:
+        err = env.prepare_one(make_claim("c", [("gpu", "gpu-0")], node="node-b")).error or ""
+        assert "allocated to another node" in err
+
+    def test_not_in_matches(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-0")])
+        claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [NODE]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE, "x"]}]},
+        ]}
+        assert env.prepare_one(claim).error is None  # second term matches
+
+    def test_unknown_device(self, env: Env) -> None:
+        err = env.prepare_one(make_claim("c", [("gpu", "gpu-0"), ("gpu", "gpu-99")])).error or ""
+        assert "'gpu-99'" in err and "not a device" in err
+        assert env.state.prepared_claims() == {}
+
+    def test_wrong_pool(self, env: Env) -> None:
+        err = env.prepare_one(make_claim("c", [{"request": "gpu", "device": "gpu-0", "pool": "node-b"}])).error or ""
+        assert "pool 'node-b'" in err
+
+    def test_bad_config_names_field(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-0")], config=[
+            gpu_config({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 150}})])
+        err = env.prepare_one(claim).error or ""
+        assert "sharing.mps.defaultActiveThreadPercentage: must be between 1 and 100, got 150" in err
+        assert not env.spec_exists(claim["metadata"]["uid"])
+
+    def test_bad_claim_uid(self, env: Env) -> None:
+        claim = make_claim("c", [("gpu", "gpu-0")], uid="../../etc/passwd")
+        ref = env.reader.add(claim)
+        err = env.state.prepare([ref])[ref.uid].error or ""
+        assert "not a lower-case RFC 4122 UUID" in err
+        assert not env.cdi_root.exists() or list(env.cdi_root.iterdir()) == []
+
+    def test_errors_do_not_affect_other_claims(self, env: Env) -> None:
+        good = env.reader.add(make_claim("good", [("gpu", "gpu-0")]))
+        bad = env.reader.add(make_claim("bad", [("gpu", "nope")]))
+        out = env.state.prepare([good, bad])
+        assert out[good.uid].error is None and out[bad.uid].error
+
+    def test_unexpected_exception_becomes_error(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+
+        def boom(*a: Any) -> Any:
+            raise ZeroDivisionError("bug")
+
+        monkeypatch.setattr(env.state, "_plan", boom)
+        assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")
+        monkeypatch.setattr(env.state, "_prepare_locked", boom)
+        assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")
+        monkeypatch.setattr(env.state, "_unprepare_locked", boom)
+        assert "internal error" in (env.state.unprepare([ref])[ref.uid] or "")
+
+
+class TestDiskFull:
+    def _enospc(self, *a: Any, **k: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def test_cdi_write_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        import dra_driver.cdi as cdi_mod
+
+        monkeypatch.setattr(cdi_mod, "atomic_write", self._enospc)
+        claim = make_claim("c", [("gpu", "gpu-3-1g-0")])
+        out = env.prepare_one(claim)
+        assert "no space left on device" in (out.error or "")
+        assert "CDI spec" in (out.error or "")
+        uid = claim["metadata"]["uid"]
+        assert uid not in env.state.prepared_claims()
+        assert env.backend.live == {}  # the MIG instance was rolled back
+        monkeypatch.undo()
+        # the retry works and the device is not considered held by the failed attempt
+        assert env.state.prepare([ClaimRef(uid, "default", "c")])[uid].error is None
+
+    def test_checkpoint_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        import dra_driver.checkpoint as cp_mod
+
+        monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
+        claim = make_claim("c", [("gpu", "gpu-0")])
+        out = env.prepare_one(claim)
+        assert "no space left on device" in (out.error or "") and "checkpoint" in (out.error or "")
+        assert env.state.prepared_claims() == {}
+        assert not env.spec_exists(claim["metadata"]["uid"])
+
+    def test_unprepare_checkpoint_enospc_retries(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        import dra_driver.checkpoint as cp_mod
+
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.state.prepare([ref])
+        monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
+        assert "no space left" in (env.state.unprepare([ref])[ref.uid] or "")
+        assert ref.uid in env.state.prepared_claims()
+        monkeypatch.undo()
+        assert env.state.unprepare([ref]) == {ref.uid: None}
+        assert env.checkpoint() == {}
+
+
+# --- exclusivity ------------------------------------------------------------------------------
+
+
+class TestExclusivity:
+    def test_same_gpu_two_exclusive_claims(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-0")]))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-0")]))
+        assert env.state.prepare([a])[a.uid].error is None
+        err = env.state.prepare([b])[b.uid].error or ""
+        assert "already prepared for claim default/a" in err and a.uid in err
+        assert not env.spec_exists(b.uid)
+        env.state.unprepare([a])
+        assert env.state.prepare([b])[b.uid].error is None
+
+    def test_same_batch(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-1")]))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-1")]))
+        out = env.state.prepare([a, b])
+        assert out[a.uid].error is None and "already prepared" in (out[b.uid].error or "")
+
+    @pytest.mark.parametrize(("sa", "sb", "ok"), [
+        (TS, TS, True),
+        (MPS, {"strategy": "MPS"}, True),
+        (TS, MPS, False),
+        (TS, None, False),
+        (None, TS, False),
+        ({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}, TS, False),
+    ])
+    def test_sharing(self, env: Env, sa: Any, sb: Any, ok: bool) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(sa)] if sa else None))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-0")], config=[gpu_config(sb)] if sb else None))
+        assert env.state.prepare([a])[a.uid].error is None
+        assert (env.state.prepare([b])[b.uid].error is None) is ok
+
+    def test_mig_slice_blocks_parent_and_back(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-2-mig-0")]))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-2")]))
+        c = env.reader.add(make_claim("c", [("gpu", "gpu-2-mig-1")]))
+        assert env.state.prepare([a])[a.uid].error is None
+        assert "already prepared for claim default/a" in (env.state.prepare([b])[b.uid].error or "")
+        assert env.state.prepare([c])[c.uid].error is None  # a different slice is fine
+        env.state.unprepare([a, c])
+        assert env.state.prepare([b])[b.uid].error is None
+        assert "already prepared for claim default/b" in (env.state.prepare([a])[a.uid].error or "")
+
+    def test_dynamic_mig_overlap(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-3-1g-1")]))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-3-2g-0")]))  # placement 0..1 overlaps 1
+        c = env.reader.add(make_claim("c", [("gpu", "gpu-3-1g-0")]))
+        assert env.state.prepare([a])[a.uid].error is None
+        assert env.state.prepare([b])[b.uid].error
+        assert env.state.prepare([c])[c.uid].error is None
+        assert env.backend.created == ["MIG-dyn-1", "MIG-dyn-2"]
+
+    def test_admin_access_does_not_take_ownership(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-0")]))
+        admin = env.reader.add(make_claim("adm", [{"request": "gpu", "device": "gpu-0", "adminAccess": True}]))
+        assert env.state.prepare([a])[a.uid].error is None
+        assert env.state.prepare([admin])[admin.uid].error is None
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-1")]))
+        admin2 = env.reader.add(make_claim("adm2", [{"request": "gpu", "device": "gpu-1", "adminAccess": True}]))
+        assert env.state.prepare([admin2])[admin2.uid].error is None
+        assert env.state.prepare([b])[b.uid].error is None
+
+    def test_share_ids_coexist(self, env: Env) -> None:
+        a = env.reader.add(make_claim("a", [{"request": "gpu", "device": "gpu-0", "shareID": "s1"}]))
+        b = env.reader.add(make_claim("b", [{"request": "gpu", "device": "gpu-0", "shareID": "s2"}]))
+        assert env.state.prepare([a, b])[b.uid].error is None
+
+    def test_same_device_twice_in_one_claim(self, env: Env) -> None:
+        claim = make_claim("c", [("a", "gpu-0"), ("b", "gpu-0")])
+        assert env.prepare_one(claim).error is None
+
+
+# --- restart / reboot -------------------------------------------------------------------------
+
+
+class TestRecovery:
+    def test_restart_keeps_completed(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-3-1g-0")]))
+        first = env.state.prepare([ref])[ref.uid]
+        env.state.close()
+        state2 = env.new_state()
+        assert ref.uid in state2.prepared_claims()
+        assert state2.prepare([ref])[ref.uid] == first
+        assert env.backend.created == ["MIG-dyn-1"]
+        # the restarted plugin still enforces exclusivity
+        other = env.reader.add(make_claim("o", [("gpu", "gpu-3-2g-0")]))
+        assert state2.prepare([other])[other.uid].error
+        assert state2.unprepare([ref]) == {ref.uid: None}
+        assert env.backend.live == {}
+
+    def _started_entry(self, env: Env, uid: str, device: str, with_mig: bool) -> None:
+        dev = env.devices[device]
+        mig_inst = None
+        if with_mig:
+            from dra_driver.checkpoint import MigInstance
+
+            assert dev.mig_profile is not None and dev.placement is not None
+            m = env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)
+            mig_inst = MigInstance(m.uuid, m.profile, m.parent_uuid, m.memory_bytes, m.multiprocessors,
+                                   m.gpu_instance_id, m.compute_instance_id, m.placement.start, m.placement.size)
+        else:
+            assert dev.mig_profile is not None and dev.placement is not None
+            env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)  # created, not recorded
+        entry = ClaimEntry(uid, "default", "half", ClaimState.PREPARE_STARTED, (
+            PreparedDevice(NODE, device, ("gpu",), (), {"strategy": "Exclusive"}, None, False, "", dev.gpu.uuid,
+                           dev.gpu.minor, (), mig_inst, "mig", (dev.placement.start, dev.placement.size)),
+        ), boot_id=env.boot)
+        CheckpointStore(env.tmp / "state", NODE, DRIVER, boot_id=env.boot).save({uid: entry})
+
+    @pytest.mark.parametrize("with_mig", [True, False])
+    def test_started_entries_rolled_back(self, env: Env, with_mig: bool) -> None:
+        uid = str(uuid.uuid4())
+        self._started_entry(env, uid, "gpu-3-1g-1", with_mig)
+        env.cdi_root.mkdir(exist_ok=True)
+        (env.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").write_text("{}")
+        assert len(env.backend.live) == 1
+        state = env.new_state()
+        assert state.prepared_claims() == {}
+        assert env.backend.live == {}
+        assert not env.spec_exists(uid)
+        assert env.checkpoint() == {}
+
+    def test_reboot_rewrites_specs_and_recreates_mig(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-3-1g-0"), ("gpu", "gpu-0")]))
+        assert env.state.prepare([ref])[ref.uid].error is None
+        env.state.close()
+        # reboot: /var/run/cdi emptied, MIG instances gone, new boot id
+        for p in env.cdi_root.iterdir():
+            p.unlink()
+        env.backend.live.clear()
+        state = env.new_state(boot="boot-2")
+        assert env.spec_exists(ref.uid)
+        assert env.backend.created == ["MIG-dyn-1", "MIG-dyn-2"]
+        assert env_of(env.spec(ref.uid)["containerEdits"])["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-dyn-2,")
+        assert env.checkpoint()[ref.uid]["bootID"] == "boot-2"
+        assert state.prepare([ref])[ref.uid].error is None
+        assert env.backend.created == ["MIG-dyn-1", "MIG-dyn-2"]
+
+    def test_missing_spec_rewritten_at_start(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.state.prepare([ref])
+        (env.cdi_root / f"k8s.{DRIVER}-claim_{ref.uid}.json").unlink()
+        env.new_state()
+        assert env.spec_exists(ref.uid)
+
+    def test_corrupt_checkpoint_starts_empty(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        env.state.prepare([ref])
+        (env.tmp / "state" / "checkpoint.json").write_text('{"kind": "DraDriverCheck')
+        state = env.new_state()
+        assert state.prepared_claims() == {}
+        assert list((env.tmp / "state").glob("checkpoint.json.corrupt-*"))
+
+
+# --- performance and logging ------------------------------------------------------------------
+
+
+class TestConcurrency:
+    def test_100_claims_gets_are_concurrent(self, env: Env) -> None:
+        env.reader.delay = 0.05
+        refs = [env.reader.add(make_claim(f"c{i}", [("gpu", "gpu-0")], config=[gpu_config(TS)]))
+                for i in range(100)]
+        start = time.monotonic()
+        out = env.state.prepare(refs)
+        elapsed = time.monotonic() - start
+        assert all(o.error is None for o in out.values()), [o.error for o in out.values() if o.error][:3]
+        assert len(out) == 100
+        assert elapsed < 2.0, elapsed  # serial GETs alone would take 5 s
+        assert len(env.state.prepared_claims()) == 100
+
+    def test_parallel_calls_serialize_mutations(self, env: Env) -> None:
+        refs = [env.reader.add(make_claim(f"c{i}", [("gpu", "gpu-1")])) for i in range(8)]
+        results: dict[str, Any] = {}
+
+        def run(r: ClaimRef) -> None:
+            results.update(env.state.prepare([r]))
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in refs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(1 for o in results.values() if o.error is None) == 1
+
+
+class TestLogging:
+    def test_claim_log_lines_carry_context(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        bad = env.reader.add(make_claim("bad", [("gpu", "gpu-77")]))
+        with structlog.testing.capture_logs() as logs:
+            env.state.prepare([ref, bad])
+            env.state.unprepare([ref])
+        claim_lines = [e for e in logs if "claim_uid" in e]
+        assert {e["claim_uid"] for e in claim_lines} == {ref.uid, bad.uid}
+        for e in claim_lines:
+            assert e["node"] == NODE
+            assert e["claim"] in ("default/c", "default/bad")
+        events = {e["event"] for e in claim_lines}
+        assert {"prepared claim", "cannot prepare claim", "unprepared claim"} <= events

@@ -1,0 +1,213 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from dra_driver.config import PluginSettings
+from dra_driver.discovery.dump import gpus_from_json, gpus_to_json
+from dra_driver.discovery.model import MigPlacement
+from dra_driver.discovery.simulated import (
+    MigError,
+    SimulatedBackend,
+    builtin_profiles,
+    create_fake_device_files,
+    gpu_uuid,
+    load_profile,
+    mig_device_paths,
+    mig_uuid,
+)
+
+
+def test_builtin_profiles_present() -> None:
+    assert {"h100-8x", "a100-mig", "mixed-l4-t4"} <= set(builtin_profiles())
+
+
+@pytest.mark.parametrize("name", ["h100-8x", "a100-mig", "mixed-l4-t4"])
+def test_builtin_profiles_load_and_roundtrip(name: str) -> None:
+    gpus = SimulatedBackend(name, "node-a").discover()
+    assert [g.index for g in gpus] == list(range(len(gpus)))
+    assert gpus_from_json(json.loads(json.dumps(gpus_to_json(gpus, "simulated")))) == gpus
+    for g in gpus:
+        assert g.driver_version.startswith("580.")
+        assert g.cuda_driver_version == "13.0"
+        assert g.uuid.startswith("GPU-")
+
+
+def test_h100_topology() -> None:
+    gpus = SimulatedBackend("h100-8x", "node-a").discover()
+    assert len(gpus) == 8
+    assert {g.product_name for g in gpus} == {"NVIDIA H100 80GB HBM3"}
+    assert all(g.architecture == "Hopper" and g.cuda_compute_capability == "9.0" for g in gpus)
+    assert [g.pci.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    roots = [g.pci.pcie_root for g in gpus]
+    assert len(set(roots)) == 4
+    assert all(roots[i] == roots[i + 1] for i in range(0, 8, 2))
+    assert all(g.mig_capable and not g.mig_enabled and not g.mig_devices for g in gpus)
+    names = [p.name for p in gpus[0].mig_profiles]
+    assert names == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    one_g = gpus[0].mig_profiles[0]
+    assert [p.start for p in one_g.placements] == list(range(7))
+    assert len({g.pci.bus_id for g in gpus}) == 8
+
+
+def test_a100_mig_layout() -> None:
+    gpus = SimulatedBackend("a100-mig", "node-a").discover()
+    g0 = gpus[0]
+    assert g0.mig_enabled and g0.multiprocessors == 108
+    assert [(m.profile, m.placement.start, m.multiprocessors) for m in g0.mig_devices] == [
+        ("1g.5gb", 0, 14), ("1g.5gb", 1, 14), ("2g.10gb", 2, 28), ("3g.20gb", 4, 42)]
+    assert all(m.parent_uuid == g0.uuid and m.uuid.startswith("MIG-") for m in g0.mig_devices)
+    assert len({m.gpu_instance_id for m in g0.mig_devices}) == 4
+    assert [m.profile for m in gpus[1].mig_devices] == ["7g.40gb"]
+    assert gpus[1].mig_devices[0].multiprocessors == 98
+    assert not gpus[3].mig_enabled and not gpus[3].mig_devices
+
+
+def test_mixed_not_mig_capable_and_unknown_numa() -> None:
+    gpus = SimulatedBackend("mixed-l4-t4", "node-a").discover()
+    assert [g.product_name for g in gpus] == ["NVIDIA L4", "NVIDIA L4", "Tesla T4", "Tesla T4"]
+    assert [g.cuda_compute_capability for g in gpus] == ["8.9", "8.9", "7.5", "7.5"]
+    assert all(not g.mig_capable and not g.mig_profiles for g in gpus)
+    assert [g.pci.numa_node for g in gpus] == [0, 0, None, None]
+
+
+def test_uuids_deterministic_per_node() -> None:
+    a1 = SimulatedBackend("h100-8x", "node-a").discover()
+    a2 = SimulatedBackend("h100-8x", "node-a").discover()
+    b = SimulatedBackend("h100-8x", "node-b").discover()
+    assert [g.uuid for g in a1] == [g.uuid for g in a2]
+    assert not {g.uuid for g in a1} & {g.uuid for g in b}
+    assert a1[3].uuid == gpu_uuid("node-a", 3)
+    assert len({g.uuid for g in a1}) == 8
+
+
+def test_create_and_destroy_mig() -> None:
+    backend = SimulatedBackend("h100-8x", "node-a")
+    gpu = backend.discover()[0]
+    prof = gpu.mig_profiles[3]  # 3g.40gb
+    mig = backend.create_mig_instance(gpu, prof, MigPlacement(4, 4))
+    assert mig.uuid == mig_uuid(gpu.uuid, "3g.40gb", MigPlacement(4, 4))
+    assert mig.memory_bytes == prof.memory_bytes and mig.multiprocessors == 60
+    again = backend.create_mig_instance(gpu, prof, MigPlacement(4, 4))
+    assert again == mig  # idempotent
+    now = backend.discover()[0]
+    assert now.mig_enabled and now.mig_devices == (mig,)
+    with pytest.raises(MigError, match="overlaps"):
+        backend.create_mig_instance(gpu, gpu.mig_profiles[0], MigPlacement(5, 1))
+    with pytest.raises(MigError, match="cannot be placed"):
+        backend.create_mig_instance(gpu, prof, MigPlacement(2, 4))
+    small = backend.create_mig_instance(gpu, gpu.mig_profiles[0], MigPlacement(0, 1))
+    assert small.gpu_instance_id != mig.gpu_instance_id
+    backend.destroy_mig_instance(mig)
+    backend.destroy_mig_instance(mig)  # missing is fine
+    assert backend.discover()[0].mig_devices == (small,)
+    # other GPUs untouched
+    assert not backend.discover()[1].mig_devices
+
+
+def test_create_rejects_non_mig_gpu() -> None:
+    backend = SimulatedBackend("a100-mig", "node-a")
+    h100 = SimulatedBackend("h100-8x", "node-a").discover()[0]
+    a100 = backend.discover()[0]
+    with pytest.raises(MigError):
+        backend.create_mig_instance(a100, h100.mig_profiles[0], MigPlacement(6, 1))
+    # GPU0 is full: 3g.20gb covers memory slices 4-7
+    with pytest.raises(MigError, match="overlaps"):
+        backend.create_mig_instance(a100, a100.mig_profiles[0], MigPlacement(6, 1))
+
+
+def test_state_file_persists_instances(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    b1 = SimulatedBackend("h100-8x", "node-a", state_file=state)
+    gpu = b1.discover()[2]
+    mig = b1.create_mig_instance(gpu, gpu.mig_profiles[5], MigPlacement(0, 8))
+    b2 = SimulatedBackend("h100-8x", "node-a", state_file=state)
+    assert b2.discover()[2].mig_devices == (mig,)
+    b3 = SimulatedBackend("h100-8x", "node-b", state_file=state)  # another node's state is ignored
+    assert not b3.discover()[2].mig_devices
+    state.write_text("{not json")
+    assert not SimulatedBackend("h100-8x", "node-a", state_file=state).discover()[2].mig_devices
+
+
+def test_fake_device_files(tmp_path: Path) -> None:
+    backend = SimulatedBackend("a100-mig", "node-a", dev_root=tmp_path)
+    gpus = backend.discover()
+    dev = tmp_path / "dev"
+    for name in ("nvidia0", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+        assert (dev / name).is_file()
+    for path in mig_device_paths(tmp_path, gpus[0], gpus[0].mig_devices[0]):
+        assert path.is_file()
+    paths = create_fake_device_files(tmp_path, gpus)  # idempotent
+    assert all(p.exists() for p in paths)
+    # dynamic creation adds capability nodes
+    mig = backend.create_mig_instance(gpus[3], gpus[3].mig_profiles[0], MigPlacement(3, 1))
+    for path in mig_device_paths(tmp_path, gpus[3], mig):
+        assert path.is_file()
+
+
+def test_custom_profile_file(tmp_path: Path) -> None:
+    f = tmp_path / "mine.yaml"
+    f.write_text(
+        "driverVersion: '580.65.06'\ncudaDriverVersion: '13.0'\n"
+        "models: {x: {productName: X, brand: Nvidia, architecture: Hopper, cudaComputeCapability: '9.0',"
+        " memoryMiB: 1024, multiprocessors: 10}}\n"
+        "gpus: [{index: 0, model: x, pciBusId: '0000:01:00.0'}]\n")
+    profile = load_profile(str(f))
+    assert profile.name == "mine"
+    gpu = SimulatedBackend(profile, "n").discover()[0]
+    assert gpu.pci.numa_node is None and gpu.pci.pcie_root is None and gpu.minor == 0
+    with pytest.raises(ValueError, match="unknown simulated profile"):
+        load_profile("no-such-profile")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_profile(str(tmp_path / "missing.yaml"))
+
+
+def _settings(tmp_path: Path, backend: str) -> PluginSettings:
+    from dra_driver.config import PluginSettings
+
+    return PluginSettings(
+        node_name="node-a", driver_name="gpu.example.com", backend=backend, simulated_profile="a100-mig",
+        registry_dir=tmp_path / "reg", plugins_dir=tmp_path / "plugins", cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "state", dev_root=tmp_path / "root", sysfs_root=tmp_path / "sys", kubeconfig=None,
+        log_format="json", log_level="info", dynamic_mig=False, socket_group=None, cleanup_interval=60.0,
+        health_file=None, ignored_xids=(), health_port=0,
+    )
+
+
+def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_driver.discovery import nvml, select
+
+    backend = select.open_backend(_settings(tmp_path, "simulated"))
+    assert backend.name == "simulated" and len(backend.discover()) == 4
+    assert (tmp_path / "root" / "dev" / "nvidia0").is_file()
+    monkeypatch.setattr(nvml, "nvml_available", lambda: (False, "libnvidia-ml.so.1 was not found"))
+    auto = select.open_backend(_settings(tmp_path, "auto"))
+    assert auto.name == "simulated"
+    captured = capsys.readouterr()
+    assert "FALLING BACK TO SIMULATED" in captured.out + captured.err
+    with pytest.raises(ValueError):
+        select.open_backend(_settings(tmp_path, "magic"))
+
+
+def test_dump_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_driver.discovery import dump
+
+    assert dump.main(["--backend", "simulated", "--profile", "mixed-l4-t4", "--node-name", "n1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "simulated" and data["formatVersion"] == 1
+    loaded = dump.gpus_from_json(data)
+    assert loaded == SimulatedBackend("mixed-l4-t4", "n1").discover()
+    assert dump.FixtureBackend(loaded).discover() == loaded
+    bad = json.loads(json.dumps(data))
+    bad["gpus"][0]["surprise"] = 1
+    with pytest.raises(ValueError, match="unknown keys"):
+        dump.gpus_from_json(bad)
+    bad = json.loads(json.dumps(data))
+    del bad["gpus"][1]["uuid"]
+    with pytest.raises(ValueError, match=r"gpus\[1\]\.uuid: missing"):
+        dump.gpus_from_json(bad)
+    bad = json.loads(json.dumps(data))
+    bad["gpus"][0]["pci"]["numa_node"] = "0"
+    with pytest.raises(ValueError, match="expected an integer"):
+        dump.gpus_from_json(bad)
