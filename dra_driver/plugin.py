@@ -1,0 +1,95 @@
+"""`dra-driver kubelet-plugin`: discover → describe → publish, and serve the kubelet.
+
+The DRA socket is up before the registration socket appears, so the kubelet never registers a
+plugin that cannot answer yet; slices are published in the background so a slow API server does
+not delay registration.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from dra_driver import kube, logs
+from dra_driver.config import PluginSettings
+from dra_driver.devices import describe, enumerate_devices
+from dra_driver.discovery.select import open_backend
+from dra_driver.grpc_servers import PluginServers
+from dra_driver.prepare import ClaimNotFoundError, ClaimReader, ClaimRef, DeviceState, KubeClaimReader
+from dra_driver.slices import KubernetesSliceClient, SlicePublisher
+
+
+def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> list[ClaimRef]:
+    """Prepared claims that are gone from the API server, or replaced by a claim with another UID.
+
+    A claim that cannot be read for another reason (API server down) is kept: unpreparing a live
+    claim would pull a GPU from under a running pod.
+    """
+    stale = []
+    for uid, (namespace, name) in prepared.items():
+        try:
+            obj = reader.get_claim(namespace, name)
+        except ClaimNotFoundError:
+            stale.append(ClaimRef(uid, namespace, name))
+            continue
+        except Exception:  # noqa: BLE001 - any other failure means "unknown", which keeps the claim
+            continue
+        if obj.get("metadata", {}).get("uid") != uid:
+            stale.append(ClaimRef(uid, namespace, name))
+    return stale
+
+
+def _cleanup_loop(state: DeviceState, reader: ClaimReader, interval: float, stop: threading.Event, log: Any) -> None:
+    while not stop.wait(interval):
+        prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
+        for ref in stale_claims(prepared, reader):
+            error = state.unprepare([ref]).get(ref.uid)
+            log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
+
+
+def run(settings: PluginSettings) -> int:
+    logs.configure(settings.log_format, settings.log_level)
+    log = logs.get("plugin", node=settings.node_name, driver=settings.driver_name)
+    started = time.monotonic()
+
+    backend = open_backend(settings)
+    gpus = backend.discover()
+    devices = enumerate_devices(gpus, settings.dynamic_mig)
+    log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices))
+
+    configuration = kube.load_configuration(settings.kubeconfig)
+    reader = KubeClaimReader.from_kubeconfig(settings.kubeconfig)
+    state = DeviceState.from_settings(settings, devices, reader, backend=backend)
+    servers = PluginServers.from_settings(settings, state, device_names=sorted(devices))
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    servers.start()
+    log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
+             registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
+
+    from kubernetes import client
+
+    publisher = SlicePublisher(KubernetesSliceClient(client.ApiClient(configuration)), settings.driver_name,
+                               settings.node_name)
+    devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
+    publisher.update(devices_json, counters_json)
+    publisher.start(stop)
+    threading.Thread(target=_cleanup_loop, args=(state, reader, settings.cleanup_interval, stop, log),
+                     name="stale-claim-cleanup", daemon=True).start()
+
+    stop.wait()
+    servers.stop()
+    state.close()
+    log.info("stopped")
+    return 0
