@@ -77,7 +77,8 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock [KUBELET_PLUGINS_DIR]")
     add("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory [CDI_ROOT]")
     add("--state-dir", default=_env("STATE_DIR"), help="Checkpoint directory; default <plugins-dir>/<driver> [STATE_DIR]")
-    add("--dev-root", default=_env("DEV_ROOT", "/"), help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
+    add("--dev-root", default=_env("DEV_ROOT", "/"),
+        help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
     add("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="sysfs mount, for PCI NUMA/root lookups [SYSFS_ROOT]")
     add("--kubeconfig", default=_env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
     add("--log-format", default=_env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")

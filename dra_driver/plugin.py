@@ -35,7 +35,7 @@ def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> l
         except ClaimNotFoundError:
             stale.append(ClaimRef(uid, namespace, name))
             continue
-        except Exception:  # noqa: BLE001 - any other failure means "unknown", which keeps the claim
+        except Exception:  # any other failure means "unknown", which keeps the claim
             continue
         if obj.get("metadata", {}).get("uid") != uid:
             stale.append(ClaimRef(uid, namespace, name))

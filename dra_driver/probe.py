@@ -21,7 +21,8 @@ def check(registration_socket: Path, driver_name: str, timeout: float = 1.0) -> 
         return f"registration socket {registration_socket} does not exist"
     with grpc.insecure_channel(f"unix:{registration_socket}") as channel:
         try:
-            info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
+            stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
         except grpc.RpcError as exc:
             return f"GetInfo on {registration_socket} failed: {exc.code().name} {exc.details()}"
     if info.type != "DRAPlugin" or info.name != driver_name:
