@@ -120,8 +120,9 @@ def observed(bed: Bed, ns: str, pod: str) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
     for c in obj["spec"]["containers"]:
         logs = bed.kubectl("logs", pod, "-n", ns, "-c", c["name"]).stdout
-        env = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line and not line.startswith("/"))
-        devices = [{"path": line.strip()} for line in logs.splitlines() if line.startswith("/dev/")]
+        # The example containers print `env` lines and `ls -l /dev/nvidia*` lines.
+        env = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line and "/dev/" not in line)
+        devices = [{"path": tok} for line in logs.splitlines() for tok in line.split() if tok.startswith("/dev/")]
         result[c["name"]] = {"env": env, "devices": devices}
     return result
 

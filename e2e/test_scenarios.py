@@ -101,7 +101,7 @@ def test_at_least_40gi_of_memory(bed: Bed, ns: str) -> None:
     devices = check_pod_got_its_devices(bed, ns, docs, pod)
     from dra_driver.quantity import parse_quantity
 
-    assert all(parse_quantity(d["capacity"]["memory"]["value"]) >= 40 * 2**30 for d in devices)
+    assert all(parse_quantity(d["capacity"]["memory"]["value"]) >= parse_quantity("40Gi") for d in devices)
 
 
 def test_mig_profile(bed: Bed, ns: str) -> None:

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# End-to-end run on a kind cluster with simulated GPUs:
+#   create the cluster (e2e/kind/kind-config.yaml) -> build and side-load the image ->
+#   helm install the chart with gpuBackend=simulated -> wait for the plugins ->
+#   pytest e2e -m "not testbed_only" with KUBECONFIG pointing at kind and E2E_CLUSTER=kind.
+# The cluster is deleted on exit unless KEEP_CLUSTER=1.
+#
+# Environment:
+#   CLUSTER_NAME       kind cluster name                          (default dra-driver-e2e)
+#   KIND_NODE_IMAGE    node image overriding kind-config.yaml     (default: the config's)
+#   KEEP_CLUSTER=1     keep the cluster (and reuse it if it exists)
+#   SKIP_BUILD=1       do not rebuild the image (it must exist locally)
+#   IMAGE              image name                                 (default dra-driver:e2e)
+#   SIMULATED_PROFILE  simulated node profile                     (default h100-8x)
+#   HELM               helm binary (default: helm on PATH, else built by deploy/checks/helm.py)
+#   PYTHON             Python with pytest and the project installed (default .venv/bin/python)
+#   PYTEST_ARGS        extra pytest arguments
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "${ROOT}"
+
+CLUSTER_NAME="${CLUSTER_NAME:-dra-driver-e2e}"
+IMAGE="${IMAGE:-dra-driver:e2e}"
+NAMESPACE="dra-driver"
+RELEASE="dra-driver"
+SIMULATED_PROFILE="${SIMULATED_PROFILE:-h100-8x}"
+KIND_CONFIG="${ROOT}/e2e/kind/kind-config.yaml"
+KUBECONFIG_FILE="${ROOT}/.run/kind-${CLUSTER_NAME}.kubeconfig"
+PYTHON="${PYTHON:-${ROOT}/.venv/bin/python}"
+
+log() { printf '\n=== %s\n' "$*" >&2; }
+die() { printf 'run-e2e: %s\n' "$*" >&2; exit 1; }
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is required but not on PATH ($2)"
+}
+
+# ---- tools -------------------------------------------------------------------------------------
+need docker "https://docs.docker.com/engine/install/"
+need kind "https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
+need kubectl "https://kubernetes.io/docs/tasks/tools/"
+if [[ -z "${HELM:-}" ]]; then
+  if command -v helm >/dev/null 2>&1; then
+    HELM="$(command -v helm)"
+  elif command -v go >/dev/null 2>&1; then
+    HELM="$("${PYTHON}" deploy/checks/helm.py --print-path)"
+  else
+    die "helm is required (install it, set HELM=/path/to/helm, or install Go so deploy/checks/helm.py can build it)"
+  fi
+fi
+[[ -x "${HELM}" ]] || die "HELM=${HELM} is not executable"
+[[ -x "${PYTHON}" ]] || die "PYTHON=${PYTHON} not found (create the venv: python -m venv .venv && .venv/bin/pip install -e '.[dev]')"
+docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running, and may this user use it?)"
+
+# ---- cluster -----------------------------------------------------------------------------------
+created=0
+cleanup() {
+  local rc=$?
+  if [[ "${rc}" -ne 0 ]] && kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
+    log "failure (rc=${rc}): plugin pods and logs"
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" get pods -o wide || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=kubelet-plugin --tail=100 --prefix || true
+  fi
+  if [[ "${KEEP_CLUSTER:-0}" == "1" ]]; then
+    echo "run-e2e: keeping cluster ${CLUSTER_NAME}; KUBECONFIG=${KUBECONFIG_FILE}" >&2
+  elif [[ "${created}" == "1" ]] || kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
+    log "deleting cluster ${CLUSTER_NAME}"
+    kind delete cluster --name "${CLUSTER_NAME}" || true
+  fi
+  exit "${rc}"
+}
+trap cleanup EXIT
+
+mkdir -p "$(dirname "${KUBECONFIG_FILE}")"
+if kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
+  [[ "${KEEP_CLUSTER:-0}" == "1" ]] || die "cluster ${CLUSTER_NAME} already exists; delete it or set KEEP_CLUSTER=1 to reuse it"
+  log "reusing cluster ${CLUSTER_NAME}"
+else
+  log "creating cluster ${CLUSTER_NAME}"
+  image_args=()
+  if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then
+    image_args=(--image "${KIND_NODE_IMAGE}")
+  fi
+  created=1
+  kind create cluster --name "${CLUSTER_NAME}" --config "${KIND_CONFIG}" "${image_args[@]}" --wait 180s
+fi
+kind get kubeconfig --name "${CLUSTER_NAME}" >"${KUBECONFIG_FILE}"
+export KUBECONFIG="${KUBECONFIG_FILE}"
+
+server_minor="$(kubectl version -o json | "${PYTHON}" -c 'import json,sys; print(int("".join(c for c in json.load(sys.stdin)["serverVersion"]["minor"] if c.isdigit())))')"
+[[ "${server_minor}" -ge 34 ]] || die "the cluster runs Kubernetes 1.${server_minor}; the driver needs 1.34+ (the suite expects 1.36)"
+
+# CDI must be on in every node's containerd (the plugin hands CDI device IDs to the runtime).
+for node in $(kind get nodes --name "${CLUSTER_NAME}"); do
+  if ! docker exec "${node}" containerd config dump 2>/dev/null | grep -Eq '^\s*enable_cdi\s*=\s*true'; then
+    die "containerd on ${node} does not have enable_cdi = true (check containerdConfigPatches in ${KIND_CONFIG})"
+  fi
+done
+
+# ---- image -------------------------------------------------------------------------------------
+if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
+  log "building ${IMAGE}"
+  docker build -f deploy/image/Dockerfile -t "${IMAGE}" .
+fi
+log "loading ${IMAGE} into the kind nodes"
+kind load docker-image "${IMAGE}" --name "${CLUSTER_NAME}"
+
+# ---- driver ------------------------------------------------------------------------------------
+log "installing the chart (gpuBackend=simulated, profile ${SIMULATED_PROFILE})"
+"${HELM}" upgrade --install "${RELEASE}" deploy/helm/dra-driver \
+  --namespace "${NAMESPACE}" --create-namespace \
+  --set image.repository="${IMAGE%%:*}" \
+  --set image.tag="${IMAGE##*:}" \
+  --set image.pullPolicy=Never \
+  --set gpuBackend=simulated \
+  --set simulatedProfile="${SIMULATED_PROFILE}" \
+  --set logFormat=console \
+  --set logLevel=debug \
+  --wait --timeout 5m
+
+log "waiting for the kubelet plugins"
+kubectl -n "${NAMESPACE}" rollout status "daemonset/${RELEASE}-kubelet-plugin" --timeout=300s
+workers="$(kubectl get nodes --no-headers -l '!node-role.kubernetes.io/control-plane' | wc -l)"
+for _ in $(seq 1 60); do
+  slices="$(kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io --no-headers 2>/dev/null | wc -l)"
+  [[ "${slices}" -ge "${workers}" ]] && break
+  sleep 2
+done
+kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io
+[[ "${slices}" -ge "${workers}" ]] || die "expected ResourceSlices from ${workers} worker nodes, found ${slices}"
+
+# ---- tests -------------------------------------------------------------------------------------
+log "running pytest e2e -m 'not testbed_only'"
+export E2E_CLUSTER=kind
+export E2E_DRIVER_NAMESPACE="${NAMESPACE}"
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
+"${PYTHON}" -m pytest e2e -m "not testbed_only" ${PYTEST_ARGS:-}
