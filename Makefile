@@ -54,7 +54,7 @@ cluster-down: $(STAMP)
 	$(PY) -m e2e.testbed.cluster down
 
 demo: $(STAMP) binaries
-	$(PY) -m e2e.demo
+	$(PY) -m e2e.demo $(if $(KEEP),--keep)
 
 demo-down: $(STAMP)
 	$(PY) -m e2e.demo --down
