@@ -25,7 +25,7 @@ CHART = DEPLOY / "helm" / "dra-driver"
 EXAMPLES = DEPLOY / "examples"
 DEVICECLASSES = DEPLOY / "deviceclasses"
 KIND_CONFIG = ROOT / "e2e" / "kind" / "kind-config.yaml"
-SCRIPTS = [ROOT / "e2e" / "kind" / "run-e2e.sh", DEPLOY / "checks" / "hadolint.sh"]
+SCRIPTS = [ROOT / "e2e" / "kind" / "run-e2e.sh", DEPLOY / "checks" / "hadolint.sh", DEPLOY / "checks" / "static.sh"]
 
 DRIVER = "gpu.dra-driver.io"
 CLASS_NAMES = {f"gpu.{DRIVER}", f"mig.{DRIVER}", f"nvidia-gpu.{DRIVER}"}

@@ -40,7 +40,7 @@ KUBE_VERSION = "1.36.3"
 GOOD_COMBOS: dict[str, list[str]] = {
     "defaults": [],
     "simulated": ["--set", "gpuBackend=simulated", "--set", "simulatedProfile=a100-mig"],
-    "nvml": ["--set", "gpuBackend=nvml", "--set", "driverRoot=/run/nvidia/driver"],
+    "nvml": ["--set", "gpuBackend=nvml", "--set", "nvml.driverRoot=/run/nvidia/driver", "--set", "nvml.runtimeClassName=nvidia"],
     "dynamic-mig": ["--set", "gpuBackend=nvml", "--set", "dynamicMig=true", "--set", "health.enabled=true"],
     "no-controller": ["--set", "controller.enabled=false", "--set", "deviceClasses.enabled=false"],
     "other-driver-name": ["--set", "driverName=gpu.example.org", "--set", "logFormat=console",
@@ -55,6 +55,11 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "bad-xid": (["--set-json", "ignoredXids=[\"thirteen\"]"], r"ignoredXids"),
     "unknown-key": (["--set", "gpuBakend=nvml"], r"gpuBakend|additional properties"),
     "old-kubernetes": (["--kube-version", "1.33.5"], r"1\.34"),
+    "dynamic-mig-on-1.34": (["--set", "dynamicMig=true", "--kube-version", "1.34.2"], r"dynamicMig=true needs Kubernetes 1\.35"),
+    "http-probe-without-port": (["--set", "kubeletPlugin.probes.mode=http", "--set", "kubeletPlugin.healthPort=0"],
+                                r"healthPort"),
+    "replicas-without-leader-election": (["--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"],
+                                         r"leaderElection"),
 }
 
 
@@ -124,7 +129,8 @@ def build(version: str = HELM_VERSION, log: bool = True) -> Path:
     if log:
         print(f"helm-build: building helm {version} into {out} (a cold build takes a few minutes)", flush=True)
     _must(["go", "mod", "tidy", "-e"], work, env)
-    ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={version} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    pkg = "helm.sh/helm/v3/internal/version"
+    ldflags = f"-s -w -X {pkg}.version={version} -X {pkg}.gitTreeState=clean"
     tmp = out / "helm.tmp"
     _must(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), f"{module}/cmd/helm"], work, env)
     tmp.rename(binary)
@@ -141,8 +147,8 @@ def _isolated_env(home: Path) -> dict[str, str]:
 
 
 def template(helm: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
-             kube_version: str = KUBE_VERSION) -> subprocess.CompletedProcess[str]:
-    cmd = [str(helm), "template", "dra-driver", str(CHART_DIR), "--namespace", "dra-driver"]
+             kube_version: str = KUBE_VERSION, chart: Path = CHART_DIR) -> subprocess.CompletedProcess[str]:
+    cmd = [str(helm), "template", "dra-driver", str(chart), "--namespace", "dra-driver"]
     if "--kube-version" not in args:
         cmd += ["--kube-version", kube_version]
     return _run([*cmd, *args], env=env)
@@ -200,6 +206,18 @@ def run_checks(helm: Path) -> int:
             else:
                 first = next((ln for ln in output.splitlines() if re.search(pattern, ln)), "").strip()
                 print(f"reject {name}: ok ({first[:160]})")
+        # Chart.yaml's kubeVersion stops old clusters before any template runs; prove that the
+        # template-level guard (for tools that ignore kubeVersion) fails too.
+        loose = Path(tmp) / "chart-without-kubeversion"
+        shutil.copytree(CHART_DIR, loose)
+        chart_yaml = loose / "Chart.yaml"
+        chart_yaml.write_text(re.sub(r"(?m)^kubeVersion:.*$\n?", "", chart_yaml.read_text()))
+        proc = template(helm, ["--kube-version", "1.33.5"], env, chart=loose)
+        if proc.returncode == 0 or "needs Kubernetes 1.34 or newer" not in proc.stderr:
+            failures.append(f"template guard did not reject Kubernetes 1.33: rc={proc.returncode} {proc.stderr[-300:]}")
+            print("reject template-guard-1.33: FAIL")
+        else:
+            print("reject template-guard-1.33: ok (template fail message)")
     if failures:
         print("\n".join(["", "FAILURES:", *failures]), file=sys.stderr)
         return 1

@@ -1,0 +1,64 @@
+{{/* Chart name, possibly overridden. */}}
+{{- define "dra-driver.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name: "<release>-<chart>", or just the release when it already contains the chart name. */}}
+{{- define "dra-driver.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "dra-driver.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-driver.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "dra-driver.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dra-driver
+{{- end -}}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "kubelet-plugin"). */}}
+{{- define "dra-driver.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-driver.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "dra-driver.image" -}}
+{{- printf "%s:%s" .Values.image.repository (toString (default .Chart.AppVersion .Values.image.tag)) -}}
+{{- end -}}
+
+{{- define "dra-driver.pluginServiceAccount" -}}
+{{- default (printf "%s-kubelet-plugin" (include "dra-driver.fullname" .)) .Values.serviceAccount.kubeletPluginName -}}
+{{- end -}}
+
+{{- define "dra-driver.controllerServiceAccount" -}}
+{{- default (printf "%s-controller" (include "dra-driver.fullname" .)) .Values.serviceAccount.controllerName -}}
+{{- end -}}
+
+{{/* Registration socket path, as the plugin computes it: <registryDir>/<driverName>-reg.sock */}}
+{{- define "dra-driver.registrationSocket" -}}
+{{- printf "%s/%s-reg.sock" (trimSuffix "/" .Values.kubelet.registryDir) .Values.driverName -}}
+{{- end -}}
+
+{{/* Comma-separated sharing strategies the plugin accepts. */}}
+{{- define "dra-driver.sharingStrategies" -}}
+{{- $s := list "Exclusive" -}}
+{{- if .Values.sharing.timeSlicing.enabled }}{{ $s = append $s "TimeSlicing" }}{{ end -}}
+{{- if .Values.sharing.mps.enabled }}{{ $s = append $s "MPS" }}{{ end -}}
+{{- join "," $s -}}
+{{- end -}}
+
+{{/* CEL selecting this driver's devices of one type; call with (dict "driver" .Values.driverName "type" "gpu"). */}}
+{{- define "dra-driver.celType" -}}
+device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '{{ .type }}'
+{{- end -}}
