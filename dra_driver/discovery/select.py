@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 from dra_driver import logs
 from dra_driver.config import PluginSettings
 from dra_driver.discovery.backend import Backend
@@ -10,6 +13,29 @@ _log = logs.get("discovery")
 
 SIMULATED_STATE_FILE = "simulated-gpus.json"
 
+# Where distributions put libnvidia-ml below a driver root (a container mounts the host's at /driver-root).
+NVML_LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64")
+
+
+def nvml_library_candidates(driver_root: Path) -> list[Path]:
+    return [driver_root / d / "libnvidia-ml.so.1" for d in NVML_LIBRARY_DIRS]
+
+
+def preload_nvml(driver_root: Path) -> Path | None:
+    """Load libnvidia-ml from the host driver root, so pynvml's load by soname finds it already mapped."""
+    if str(driver_root) == "/":
+        return None
+    for candidate in nvml_library_candidates(driver_root):
+        if candidate.exists():
+            try:
+                ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                _log.warning("could not load libnvidia-ml from the driver root", path=str(candidate), error=str(exc))
+                continue
+            return candidate
+    _log.warning("no libnvidia-ml under the driver root", driver_root=str(driver_root))
+    return None
+
 
 def open_backend(settings: PluginSettings) -> Backend:
     """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly)."""
@@ -17,6 +43,7 @@ def open_backend(settings: PluginSettings) -> Backend:
     if choice not in ("auto", "nvml", "simulated"):
         raise ValueError(f"unknown GPU backend {choice!r} (expected auto, nvml or simulated)")
     if choice in ("auto", "nvml"):
+        preload_nvml(settings.nvidia_driver_root)
         from dra_driver.discovery.nvml import NvmlBackend, nvml_available
 
         if choice == "nvml":
