@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NODES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto proto-check lint unit e2e test bench binaries cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv proto proto-check lint unit e2e test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -36,8 +36,17 @@ unit: $(STAMP)
 binaries: $(STAMP)
 	$(PY) -m e2e.testbed.binaries
 
-e2e: $(STAMP) binaries
+runtime: $(STAMP)
+	$(PY) -m e2e.testbed.runtime
+
+e2e: $(STAMP) binaries runtime
 	$(PY) -m pytest e2e -q $(PYTEST_ARGS)
+
+real-node-up: $(STAMP) binaries runtime
+	$(PY) -m e2e.testbed.realnode up --kubeconfig .run/bed/kubeconfig
+
+real-node-down: $(STAMP)
+	$(PY) -m e2e.testbed.realnode down
 
 deploy-checks: $(STAMP)
 	$(PY) deploy/checks/helm.py
@@ -51,6 +60,7 @@ cluster-up: $(STAMP) binaries
 	$(PY) -m e2e.testbed.cluster up --nodes $(NODES)
 
 cluster-down: $(STAMP)
+	-$(PY) -m e2e.testbed.realnode down
 	$(PY) -m e2e.testbed.cluster down
 
 demo: $(STAMP) binaries

@@ -207,6 +207,8 @@ class Cluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
+            # A real node on the bed (realnode.py) has a hostname nothing resolves; its InternalIP works.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--feature-gates={feature_gate_flag()}",
             "--runtime-config=resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true",
             "--enable-priority-and-fairness=false",
