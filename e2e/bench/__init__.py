@@ -1,0 +1,1 @@
+"""Benchmarks of the driver on the local bed: ``python -m e2e.bench`` (``make bench``)."""
