@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.checkpoint import atomic_write, ensure_dir
+from dra_driver.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.discovery import sysfs
 from dra_driver.sharing import EXCLUSIVE, SharingConfig, Strategy
 
@@ -266,6 +266,12 @@ class CdiSpecs:
         except FileNotFoundError:
             return False
         return True
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete temporary spec files of writes interrupted by a crash (only this driver's names)."""
+        # atomic_write names them ".<spec file name>.tmp-<random>".
+        prefix = f".{self.vendor}-claim_"
+        return remove_stale_temp_files(self.cdi_root, lambda name: name.startswith(prefix))
 
     def list_claim_specs(self) -> list[str]:
         """Claim UIDs that have a spec of this driver in the directory."""

@@ -47,13 +47,13 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from dra_driver import logs
+from dra_driver import failpoints, logs
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_KIND = "DraDriverCheckpoint"
@@ -82,7 +82,7 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
     OSError propagates (``errno.ENOSPC`` for a full disk).
     """
     directory = path.parent
-    tmp = directory / f".{path.name}.tmp-{secrets.token_hex(4)}"
+    tmp = directory / f"{temp_name_prefix(path)}{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
@@ -94,12 +94,38 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        failpoints.hit("atomic-write.before-rename")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     fsync_dir(directory)
+
+
+def temp_name_prefix(path: Path) -> str:
+    """How :func:`atomic_write` names its temporary files for ``path`` (prefix, a random tail follows)."""
+    return f".{path.name}.tmp-"
+
+
+def remove_stale_temp_files(directory: Path, matches: Callable[[str], bool]) -> list[str]:
+    """Delete temporary files that a process killed inside :func:`atomic_write` left behind.
+
+    ``matches(name)`` says which hidden names are ours: the directory may be shared (``/var/run/cdi``).
+    Call it only while nothing else writes these files (start-up, before serving). Returns the
+    names removed; errors are ignored (a leftover is harmless, just untidy).
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(".") and ".tmp-" in name and matches(name):
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+                removed.append(name)
+    return removed
 
 
 def ensure_dir(directory: Path, mode: int) -> None:
@@ -360,6 +386,11 @@ class CheckpointStore:
                 saved_boot_id=saved_boot, boot_id=self.boot_id, claims=len(entries),
             )
         return entries
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete temporary files of checkpoint writes interrupted by a crash (start-up only)."""
+        prefix = temp_name_prefix(self.path)
+        return remove_stale_temp_files(self.state_dir, lambda name: name.startswith(prefix))
 
     def _parse(self, raw: bytes) -> dict[str, Any]:
         try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME
 
+SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
+
 
 @dataclass(frozen=True)
 class PluginSettings:
@@ -35,6 +37,11 @@ class PluginSettings:
     health_file: Path | None
     ignored_xids: tuple[int, ...]
     health_port: int
+    health_monitoring: bool = True
+    sharing_strategies: tuple[str, ...] = SHARING_STRATEGIES
+    nvidia_driver_root: Path = Path("/")
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    """Where the boot ID is read; tests point it at a file to simulate a reboot."""
 
     @property
     def plugin_data_dir(self) -> Path:
@@ -92,8 +99,16 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="Simulated backend: JSON file of injected health events, re-read on change [HEALTH_FILE]")
     add("--ignored-xids", default=_env("IGNORED_XIDS", ",".join(map(str, DEFAULT_IGNORED_XIDS))),
         help="Comma-separated XIDs that do not make a GPU unhealthy [IGNORED_XIDS]")
+    # Hidden: only the reboot test needs another boot ID source.
+    add("--boot-id-path", default=_env("BOOT_ID_PATH", "/proc/sys/kernel/random/boot_id"), help=argparse.SUPPRESS)
     add("--health-port", type=int, default=int(_env("HEALTH_PORT", "0") or 0),
-        help="Port for /healthz and /metrics; 0 disables [HEALTH_PORT]")
+        help="Port for /healthz (checks the plugin's own sockets); 0 disables [HEALTH_PORT]")
+    add("--health-monitoring", action=argparse.BooleanOptionalAction, default=_bool(_env("HEALTH_MONITORING", "true")),
+        help="Watch GPU health (NVML events, or the simulated health file) and taint unhealthy devices [HEALTH_MONITORING]")
+    add("--sharing-strategies", default=_env("SHARING_STRATEGIES", ",".join(SHARING_STRATEGIES)),
+        help="GpuConfig sharing strategies this node accepts; others fail at prepare [SHARING_STRATEGIES]")
+    add("--nvidia-driver-root", default=_env("NVIDIA_DRIVER_ROOT", "/"),
+        help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
 
 
 def plugin_settings(args: argparse.Namespace) -> PluginSettings:
@@ -104,6 +119,11 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         xids = tuple(int(x) for x in str(args.ignored_xids).split(",") if x.strip())
     except ValueError as exc:
         raise ValueError(f"--ignored-xids must be comma-separated integers: {exc}") from None
+    strategies = tuple(x.strip() for x in str(args.sharing_strategies).split(",") if x.strip())
+    unknown = sorted(set(strategies) - set(SHARING_STRATEGIES))
+    if unknown or not strategies:
+        raise ValueError(
+            f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
     return PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -124,6 +144,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         health_file=Path(args.health_file) if args.health_file else None,
         ignored_xids=xids,
         health_port=int(args.health_port),
+        boot_id_path=Path(args.boot_id_path),
     )
 
 

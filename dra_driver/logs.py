@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -32,6 +32,22 @@ def configure(fmt: str = "json", level: str = "info") -> None:
     )
 
 
+class _LazyLogger:
+    """Binds to structlog's configuration when used, not when created.
+
+    Module-level loggers are created at import, before :func:`configure` has run; binding them
+    then froze structlog's default set-up (console format on stdout, every level) into them.
+    """
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def bind(self, **values: Any) -> Any:
+        return structlog.get_logger().bind(**self._values, **values)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(structlog.get_logger().bind(**self._values), name)
+
+
 def get(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name).bind(logger=name, **bound)
-    return logger
+    return cast(structlog.stdlib.BoundLogger, _LazyLogger({"logger": name, **bound}))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from dra_driver import kube, logs
+from dra_driver import failpoints, kube, logs
 from dra_driver.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid
 from dra_driver.checkpoint import (
     CheckpointStore,
@@ -302,7 +302,8 @@ class DeviceState:
             driver_name=settings.driver_name,
             devices=devices,
             cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name),
-            checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name),
+            checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
+                                       boot_id_path=settings.boot_id_path),
             claim_reader=claim_reader,
             backend=backend,
             **kwargs,
@@ -352,6 +353,9 @@ class DeviceState:
                         log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
                 self._save_quietly()
+            leftovers = self._checkpoint.remove_stale_temp_files() + self._cdi.remove_stale_temp_files()
+            if leftovers:
+                self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
             try:
                 orphans = sorted(set(self._cdi.list_claim_specs()) - set(self._entries))
             except OSError:
@@ -514,13 +518,20 @@ class DeviceState:
             log = self._claim_log(uid, claim.ref)
             try:
                 obj = fetched[uid]
+                existing = self._entries.get(uid)
+                completed = existing is not None and existing.state is ClaimState.PREPARE_COMPLETED
                 if isinstance(obj, BaseException):
                     if isinstance(obj, ClaimNotFoundError):
                         raise ClaimFailure(f"ResourceClaim {claim.ref} not found")
-                    raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
-                existing = self._entries.get(uid)
-                self._verify_claim(claim, obj)
-                if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+                    if not completed:
+                        raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
+                    # API server unreachable, but this UID was prepared and checked earlier: the
+                    # kubelet (restarted during an outage) gets the same answer as before instead
+                    # of a pod that cannot start until the API server is back.
+                    log.warning("could not get the ResourceClaim; answering from the checkpoint", error=str(obj))
+                else:
+                    self._verify_claim(claim, obj)
+                if existing is not None and completed:
                     if self._needs_rematerialize(existing):
                         existing = self._rematerialize(existing)
                         self._entries[uid] = existing
@@ -529,6 +540,8 @@ class DeviceState:
                     outcomes[uid] = PrepareOutcome(devices=tuple(_response_device(d) for d in existing.devices))
                     log.debug("claim already prepared")
                     continue
+                if isinstance(obj, BaseException):  # not reached: only completed claims get past the error above
+                    raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
                 plan = self._plan(claim, obj)
                 holds = [self._hold_of_plan(uid, claim.ref, d) for d in plan.devices]
                 self._check_exclusive(holds, batch_holds)
@@ -659,6 +672,7 @@ class DeviceState:
                 outcomes[plan.claim.uid] = PrepareOutcome(error=msg)
                 self._claim_log(plan.claim.uid, plan.claim.ref).error("cannot prepare claim", error=msg)
             return
+        failpoints.hit("prepare.after-started")
 
         live: list[_Plan] = []
         created_mig = False
@@ -691,6 +705,7 @@ class DeviceState:
             try:
                 entry = self._entries[c.uid]
                 self._write_spec(c.uid, c.namespace, c.name, entry.devices)
+                failpoints.hit("prepare.after-cdi-write")
                 self._entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
                 written.append(plan)
             except Exception as exc:
@@ -703,6 +718,7 @@ class DeviceState:
                 self._fail(plan, ClaimFailure(msg), outcomes)
             self._save_quietly()
             return
+        failpoints.hit("prepare.after-completed")
         for plan in written:
             entry = self._entries[plan.claim.uid]
             outcomes[plan.claim.uid] = PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices))
@@ -768,6 +784,7 @@ class DeviceState:
                     log.debug("claim not prepared; nothing to do")
                     continue
                 self._rollback(entry)
+                failpoints.hit("unprepare.after-spec-delete")
                 removed[uid] = self._entries.pop(uid)
                 out[uid] = None
             except ClaimFailure as exc:
@@ -788,6 +805,7 @@ class DeviceState:
                 out[uid] = msg
                 self._claim_log(uid, entry.ref).error("cannot unprepare claim", error=msg)
             return
+        failpoints.hit("unprepare.after-checkpoint")
         for uid, entry in removed.items():
             self._claim_log(uid, entry.ref).info("unprepared claim", devices=[d.device for d in entry.devices])
 

@@ -1,0 +1,132 @@
+"""Load: many claims prepared and unprepared at once over the plugins' real sockets.
+
+Claims are created with allocations written directly (TimeSlicing config, so several share one
+GPU), then NodePrepareResources / NodeUnprepareResources come from many threads, one claim per call
+as the kubelet sends them for separate pods. Figures go to ``reliability.json`` under ``crash.load*``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from dra_driver import CONFIG_API_VERSION
+from dra_driver.kube import CLAIMS, ApiError, RestKubeApi
+from e2e.bed import DRIVER, Bed, slice_devices, wait_for
+from e2e.dra_calls import DraCaller, dra_socket
+from e2e.reliability import checkpoint_entries, node_state_problems, plugin_name, record
+
+pytestmark = pytest.mark.testbed_only
+NODES = ("gpu-node-1", "gpu-node-2")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def allocate(api: RestKubeApi, ns: str, name: str, node: str, device: str) -> tuple[str, str, str]:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+            # A class nobody defines: no scheduler or controller allocates this claim, the test does.
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "load-test.invalid"}}]}}}
+    obj = api.create(CLAIMS, body, namespace=ns)
+    status = {"allocation": {
+        "devices": {
+            "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}],
+            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}}}],
+        },
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }}
+    for _ in range(10):
+        try:
+            api.replace_status(CLAIMS, {**obj, "status": status})
+            break
+        except ApiError as exc:
+            if exc.status != 409:  # our controller may annotate the claim meanwhile
+                raise
+            obj = api.get(CLAIMS, name, namespace=ns)
+    return ns, name, str(obj["metadata"]["uid"])
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def load(bed: Bed, ns: str, n: int, key: str) -> None:
+    # Exclusive claims of earlier tests (namespaces still being deleted) would refuse to share.
+    wait_for("nodes without prepared claims",
+             lambda: all(not checkpoint_entries(bed, node)[0] for node in NODES), timeout=120, interval=1)
+    api = RestKubeApi.from_kubeconfig(str(bed.kubeconfig))
+    gpus: dict[str, list[str]] = {node: [] for node in NODES}
+    for (pool, name), dev in slice_devices(bed).items():
+        if pool in gpus and dev.get("attributes", {}).get("type", {}).get("string") == "gpu":
+            gpus[pool].append(name)
+    plan = [(f"load-{i}", NODES[i % 2], sorted(gpus[NODES[i % 2]])[i // 2 % len(gpus[NODES[i % 2]])]) for i in range(n)]
+    with ThreadPoolExecutor(16) as pool:
+        claims = list(pool.map(lambda c: (c[1], allocate(api, ns, *c)), plan))
+    callers = {node: DraCaller(dra_socket(bed, node)) for node in NODES}
+    pids = {node: bed.fleet.procs.procs[plugin_name(node)].pid for node in NODES}
+
+    def call(kind: str, node: str, claim: tuple[str, str, str]) -> tuple[float, str]:
+        try:
+            took, out = getattr(callers[node], kind)([claim])
+        except Exception as exc:
+            return 0.0, f"{kind} {claim[1]}: {exc}"
+        error = out[claim[2]].error if claim[2] in out else "no result"
+        return took, f"{kind} {claim[1]}: {error}" if error else ""
+
+    def round_trip(batch: list[tuple[str, tuple[str, str, str]]]) -> tuple[list[Any], list[Any], float, float, dict[str, int]]:
+        started = time.monotonic()
+        with ThreadPoolExecutor(32) as pool:
+            prepared = list(pool.map(lambda c: call("prepare", *c), batch))
+        prepare_s = time.monotonic() - started
+        specs = {node: len(list(bed.fleet.nodes[node].cdi_dir.glob("*.json"))) for node in NODES}
+        started = time.monotonic()
+        with ThreadPoolExecutor(32) as pool:
+            unprepared = list(pool.map(lambda c: call("unprepare", *c), batch))
+        return prepared, unprepared, prepare_s, time.monotonic() - started, specs
+
+    # A first concurrent round fills the lazily grown pools (gRPC threads, API connections): not a leak.
+    warm_prepared, warm_unprepared, *_ = round_trip(claims[:64])
+    time.sleep(1)
+    fds_before = {node: fd_count(pid) for node, pid in pids.items()}
+    prepared, unprepared, prepare_s, unprepare_s, specs_while_prepared = round_trip(claims)
+    for c in callers.values():
+        c.close()
+    time.sleep(1)
+    fds_after = {node: fd_count(pid) for node, pid in pids.items()}
+    errors = [e for _, e in warm_prepared + warm_unprepared + prepared + unprepared if e]
+    leftovers = [x for node in NODES for x in node_state_problems(bed, node, set())]
+    result = {
+        "what": "claims with TimeSlicing allocations written by the test; prepare all, then unprepare all, "
+                "one claim per call from 32 threads over the real sockets",
+        "claims": n, "nodes": len(NODES), "errors": errors[:10], "error_count": len(errors),
+        "prepare": {"seconds": round(prepare_s, 2), "p50_ms": p([t for t, _ in prepared], 0.5),
+                    "p99_ms": p([t for t, _ in prepared], 0.99), "max_ms": p([t for t, _ in prepared], 1.0)},
+        "unprepare": {"seconds": round(unprepare_s, 2), "p50_ms": p([t for t, _ in unprepared], 0.5),
+                      "p99_ms": p([t for t, _ in unprepared], 0.99), "max_ms": p([t for t, _ in unprepared], 1.0)},
+        "cdi_specs_while_prepared": specs_while_prepared,
+        "fds_before": fds_before, "fds_after": fds_after, "lost": leftovers,
+    }
+    record("crash", key, result)
+    assert not errors, errors[:10]
+    assert sum(specs_while_prepared.values()) == n, specs_while_prepared
+    assert not leftovers, leftovers
+    for node in NODES:
+        assert fds_after[node] <= fds_before[node] + 2, f"{node}: fds {fds_before[node]} -> {fds_after[node]}"
+    bed.kubectl("delete", "resourceclaims", "--all", "-n", ns, "--wait=false")
+
+
+def test_load(bed: Bed, ns: str) -> None:
+    load(bed, ns, 100, "load")
+
+
+@pytest.mark.long
+def test_load_long(bed: Bed, ns: str) -> None:
+    load(bed, ns, 500, "load_long")
