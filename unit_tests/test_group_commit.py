@@ -1,0 +1,52 @@
+"""Concurrent requests that queue behind the lock are done in one round of work."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dra_driver.prepare import _GroupCommit
+
+
+def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:
+    lock = threading.RLock()
+    rounds: list[list[str]] = []
+    first_started = threading.Event()
+    release_first = threading.Event()
+
+    def work(items: dict[str, int]) -> dict[str, str]:
+        rounds.append(sorted(items))
+        if len(rounds) == 1:
+            first_started.set()
+            release_first.wait(5)
+        return {k: f"done-{v}" for k, v in items.items()}
+
+    combiner: _GroupCommit[int, str] = _GroupCommit(lock, work)
+    results: dict[str, dict[str, str]] = {}
+
+    def call(key: str, value: int) -> None:
+        results[key] = combiner.run({key: value, "shared": 0})
+
+    first = threading.Thread(target=call, args=("a", 1))
+    first.start()
+    assert first_started.wait(5)
+    others = [threading.Thread(target=call, args=(k, i)) for i, k in enumerate("bcdef", start=2)]
+    for t in others:
+        t.start()
+    time.sleep(0.3)  # let them all queue behind the lock
+    release_first.set()
+    for t in [first, *others]:
+        t.join(5)
+
+    assert rounds[0] == ["a", "shared"]
+    assert len(rounds) == 2, rounds
+    assert rounds[1] == ["b", "c", "d", "e", "f", "shared"]
+    for key in "abcdef":
+        assert results[key][key].startswith("done-")
+        assert results[key]["shared"] == "done-0"
+        assert set(results[key]) == {key, "shared"}
+
+
+def test_a_lone_request_is_done_at_once() -> None:
+    combiner: _GroupCommit[int, int] = _GroupCommit(threading.RLock(), lambda items: {k: v * 2 for k, v in items.items()})
+    assert combiner.run({"x": 21}) == {"x": 42}
