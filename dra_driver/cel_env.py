@@ -964,6 +964,10 @@ def _cost(node: _Node) -> int:
         # Linear-time helpers over strings or lists (namespace targets like
         # ``sets`` are not values and have no size).
         extra = sum(_size(c) for c in children if not (isinstance(c, _Ident) and c.name in _NAMESPACES))
+    elif isinstance(node, _Call) and node.fn == "range":
+        # lists.range(n) allocates n elements each time it runs: inside a comprehension that is
+        # iterations x n, which the per-node count of 1 hid (a memory bomb passed the check).
+        extra = _call_size(node)
     return 1 + extra + sum(_cost(c) for c in children)
 
 

@@ -16,8 +16,10 @@ from typing import Any
 from dra_driver import kube, logs
 from dra_driver.config import PluginSettings
 from dra_driver.devices import describe, enumerate_devices
+from dra_driver.discovery.backend import Backend
 from dra_driver.discovery.select import open_backend
-from dra_driver.grpc_servers import PluginServers
+from dra_driver.grpc_servers import HealthBoard, PluginServers
+from dra_driver.health import HealthFileSource, HealthMonitor, NvmlEventSource
 from dra_driver.prepare import ClaimNotFoundError, ClaimReader, ClaimRef, DeviceState, KubeClaimReader
 from dra_driver.slices import KubernetesSliceClient, SlicePublisher
 
@@ -50,6 +52,25 @@ def _cleanup_loop(state: DeviceState, reader: ClaimReader, interval: float, stop
             log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
 
 
+def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str], monitor: HealthMonitor,
+                 health_file: HealthFileSource | None, stop: threading.Event, log: Any) -> None:
+    """NVML events for real GPUs; the --health-file for simulated ones (or NVML ones, for tests)."""
+    if health_file is not None:
+        health_file.monitor = monitor
+        health_file.start(stop)
+        log.info("watching the health file", path=str(settings.health_file))
+    nv = getattr(backend, "nv", None)
+    if backend.name == "nvml" and nv is not None:
+        try:
+            NvmlEventSource(nv, gpu_uuids, monitor, settings.ignored_xids).start(stop)
+            log.info("watching NVML health events", ignored_xids=list(settings.ignored_xids))
+        except Exception as exc:
+            # Without events the GPUs stay Healthy, as they would with an old driver: serve anyway.
+            log.error("cannot watch NVML health events", error=str(exc))
+    elif health_file is None:
+        log.info("no health source: devices are reported Healthy")
+
+
 def run(settings: PluginSettings) -> int:
     logs.configure(settings.log_format, settings.log_level)
     log = logs.get("plugin", node=settings.node_name, driver=settings.driver_name)
@@ -63,7 +84,8 @@ def run(settings: PluginSettings) -> int:
     configuration = kube.load_configuration(settings.kubeconfig)
     reader = KubeClaimReader.from_kubeconfig(settings.kubeconfig)
     state = DeviceState.from_settings(settings, devices, reader, backend=backend)
-    servers = PluginServers.from_settings(settings, state, device_names=sorted(devices))
+    board = HealthBoard(sorted(devices))
+    servers = PluginServers.from_settings(settings, state, health=board)
 
     stop = threading.Event()
 
@@ -73,6 +95,9 @@ def run(settings: PluginSettings) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    health_file = HealthFileSource(settings.health_file, None, settings.ignored_xids) if settings.health_file else None
+    if health_file is not None:
+        health_file.install_signal()  # before anything slow, so an early SIGUSR1 cannot kill the process
 
     servers.start()
     log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
@@ -84,6 +109,8 @@ def run(settings: PluginSettings) -> int:
                                settings.node_name)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
     publisher.update(devices_json, counters_json)
+    monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json))
+    start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
     publisher.start(stop)
     threading.Thread(target=_cleanup_loop, args=(state, reader, settings.cleanup_interval, stop, log),
                      name="stale-claim-cleanup", daemon=True).start()

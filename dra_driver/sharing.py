@@ -148,7 +148,9 @@ def _object(value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any]:
         raise ConfigError(path, f"must be an object, got {_type_name(value)}")
     for key in value:
         if key not in allowed:
-            where = f"{path}.{key}" if path else str(key)
+            # An empty or non-string key is quoted, so the message still names the field.
+            name = key if isinstance(key, str) and key else repr(key)
+            where = f"{path}.{name}" if path else name
             raise ConfigError(where, f"unknown field (allowed: {', '.join(allowed)})")
     return value
 
@@ -185,7 +187,9 @@ def _decode_mps(value: Any, path: str) -> MpsSettings:
             raise ConfigError(mem_path, f"must be a quantity string such as \"10Gi\", got {_type_name(mem)}")
         mem_text = str(mem)
         try:
-            amount = parse_quantity(mem).value
+            # Parse the text form: it is what to_dict() stores and the checkpoint decodes again, so an
+            # integer must not pass where its own spelling would not.
+            amount = parse_quantity(mem_text).value
         except QuantityError:
             raise ConfigError(mem_path, f"must be a quantity such as \"10Gi\" or \"512M\", got {mem_text!r}") from None
         if amount < 2**20:

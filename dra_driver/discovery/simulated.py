@@ -142,7 +142,7 @@ class _Fields:
                 raise ValueError(f"{self.at(key)}: required field is missing")
 
     def at(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
+        return _field_path(self.path, key)
 
     def has(self, key: str) -> bool:
         return key in self.data
@@ -183,6 +183,15 @@ class _Fields:
         return value
 
 
+_PLAIN_KEY = re.compile(r"^[\w-]+$")
+
+
+def _field_path(path: str, key: Any) -> str:
+    # An empty or odd key is quoted, so that an error message still names the field.
+    name = key if isinstance(key, str) and _PLAIN_KEY.match(key) else repr(key)
+    return f"{path}.{name}" if path else name
+
+
 def _type(value: Any) -> str:
     return "null" if value is None else f"{type(value).__name__} {value!r}"
 
@@ -198,7 +207,7 @@ def parse_profile(data: Any, name: str = "custom") -> NodeProfile:
     models_raw = top.data["models"]
     if not isinstance(models_raw, Mapping) or not models_raw:
         raise ValueError(f"models: must be a non-empty mapping of model key to model, got {_type(models_raw)}")
-    models = {str(key): _parse_model(str(key), value, f"models.{key}") for key, value in models_raw.items()}
+    models = {str(key): _parse_model(str(key), value, _field_path("models", key)) for key, value in models_raw.items()}
 
     gpus_raw = top.get_list("gpus")
     if not gpus_raw:

@@ -1,0 +1,24 @@
+"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``).
+
+* ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
+  reproducible, a deadline per example; the whole fuzz set stays well under a minute.
+* ``long`` (``HYPOTHESIS_PROFILE=long``): many random examples, no deadline: for hunting bugs.
+
+A test that is costlier per example scales its count with :func:`examples`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=60, deadline=2000, derandomize=True, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "long", max_examples=3000, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
