@@ -13,7 +13,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from dra_driver import kube, logs
+from dra_driver import kube, logs, probe
 from dra_driver.config import PluginSettings
 from dra_driver.devices import describe, enumerate_devices
 from dra_driver.discovery.backend import Backend
@@ -109,13 +109,22 @@ def run(settings: PluginSettings) -> int:
                                settings.node_name)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
     publisher.update(devices_json, counters_json)
-    monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json))
-    start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
+    if settings.health_monitoring:
+        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json))
+        start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
+    else:
+        log.info("health monitoring disabled: devices are reported Healthy")
+    healthz = None
+    if settings.health_port:
+        healthz = probe.serve_healthz(settings.health_port,
+                                      lambda: probe.check(servers.registration_socket, settings.driver_name))
     publisher.start(stop)
     threading.Thread(target=_cleanup_loop, args=(state, reader, settings.cleanup_interval, stop, log),
                      name="stale-claim-cleanup", daemon=True).start()
 
     stop.wait()
+    if healthz is not None:
+        healthz.shutdown()
     servers.stop()
     state.close()
     log.info("stopped")

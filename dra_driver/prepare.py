@@ -314,6 +314,7 @@ class DeviceState:
         backend: Backend | None = None,
         proc_root: Path | None = Path("/proc"),
         max_parallel_gets: int = 32,
+        sharing_strategies: Iterable[str] = ("Exclusive", "TimeSlicing", "MPS"),
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -323,6 +324,7 @@ class DeviceState:
         self._reader = claim_reader
         self._backend = backend
         self._proc_root = proc_root
+        self._strategies = frozenset(sharing_strategies)
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_parallel_gets), thread_name_prefix="claim-get")
         self._prepares: _GroupCommit[tuple[ClaimRef, dict[str, Any] | BaseException], PrepareOutcome] = (
@@ -351,6 +353,7 @@ class DeviceState:
                                        boot_id_path=settings.boot_id_path),
             claim_reader=claim_reader,
             backend=backend,
+            sharing_strategies=settings.sharing_strategies,
             **kwargs,
         )
 
@@ -656,6 +659,10 @@ class DeviceState:
                 sharing = resolve_sharing(configs, request, self.driver_name)
             except ConfigError as exc:
                 raise ClaimFailure(f"invalid {self.driver_name} config for request {request!r}: {exc}") from None
+            if sharing.strategy.value not in self._strategies:
+                raise ClaimFailure(
+                    f"config for request {request!r} asks for sharing strategy {sharing.strategy.value}, which node "
+                    f"{self.node_name} does not allow (allowed: {', '.join(sorted(self._strategies))})")
             share_id = result.get("shareID")
             admin = result.get("adminAccess") is True
             planned.append(_PlannedDevice(

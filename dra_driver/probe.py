@@ -7,6 +7,9 @@ accepts a connection; otherwise exit 1 with one line saying what is wrong.
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -42,3 +45,27 @@ def main(registration_socket: str, driver_name: str) -> int:
         print(f"probe: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] not in ("/healthz", "/livez", "/readyz"):
+                self.send_error(404)
+                return
+            problem = check_fn()
+            body = (f"{problem}\n" if problem else "ok\n").encode()
+            self.send_response(503 if problem else 200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # probes every few seconds would drown the real log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+    return server

@@ -489,6 +489,21 @@ class TestExclusivity:
         assert env.state.prepare([a])[a.uid].error is None
         assert (env.state.prepare([b])[b.uid].error is None) is ok
 
+    def test_strategy_not_allowed_on_this_node(self, env: Env) -> None:
+        env.state = DeviceState(
+            node_name=NODE, driver_name=DRIVER, devices=env.devices,
+            cdi=CdiSpecs(env.cdi_root, DRIVER, env.tmp / "devroot", node_name=NODE),
+            checkpoint=CheckpointStore(env.tmp / "state", NODE, DRIVER, boot_id=env.boot),
+            claim_reader=env.reader, backend=env.backend, proc_root=env.proc,
+            sharing_strategies=("Exclusive", "TimeSlicing"),
+        )
+        a = env.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
+        b = env.reader.add(make_claim("b", [("gpu", "gpu-1")], config=[gpu_config(TS)]))
+        error = env.state.prepare([a])[a.uid].error or ""
+        assert "sharing strategy MPS" in error and "allowed: Exclusive, TimeSlicing" in error
+        assert not env.spec_exists(a.uid)
+        assert env.state.prepare([b])[b.uid].error is None
+
     def test_mig_slice_blocks_parent_and_back(self, env: Env) -> None:
         a = env.reader.add(make_claim("a", [("gpu", "gpu-2-mig-0")]))
         b = env.reader.add(make_claim("b", [("gpu", "gpu-2")]))
