@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -129,20 +131,40 @@ def test_state_file_persists_instances(tmp_path: Path) -> None:
     assert not SimulatedBackend("h100-8x", "node-a", state_file=state).discover()[2].mig_devices
 
 
+def is_device_node(path: Path) -> bool:
+    """A character device, or the /dev/null link used where mknod is not allowed."""
+    return stat.S_ISCHR(path.stat().st_mode)
+
+
 def test_fake_device_files(tmp_path: Path) -> None:
     backend = SimulatedBackend("a100-mig", "node-a", dev_root=tmp_path)
     gpus = backend.discover()
     dev = tmp_path / "dev"
     for name in ("nvidia0", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        assert (dev / name).is_file()
+        assert is_device_node(dev / name)
+    if not (dev / "nvidia0").is_symlink():
+        assert os.major((dev / "nvidia0").stat().st_rdev) == 195 and os.minor((dev / "nvidiactl").stat().st_rdev) == 255
     for path in mig_device_paths(tmp_path, gpus[0], gpus[0].mig_devices[0]):
-        assert path.is_file()
+        assert is_device_node(path)
     paths = create_fake_device_files(tmp_path, gpus)  # idempotent
     assert all(p.exists() for p in paths)
     # dynamic creation adds capability nodes
     mig = backend.create_mig_instance(gpus[3], gpus[3].mig_profiles[0], MigPlacement(3, 1))
     for path in mig_device_paths(tmp_path, gpus[3], mig):
-        assert path.is_file()
+        assert is_device_node(path)
+
+
+def test_fake_device_files_without_mknod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError("mknod not permitted")
+
+    monkeypatch.setattr(os, "mknod", refuse)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").write_text("")  # a plain file left by an older version is replaced
+    gpus = SimulatedBackend("h100-8x", "node-a").discover()
+    for path in create_fake_device_files(tmp_path, gpus):
+        assert path.is_symlink() and os.readlink(path) == "/dev/null"
+        assert is_device_node(path)
 
 
 def test_custom_profile_file(tmp_path: Path) -> None:
@@ -180,7 +202,7 @@ def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: p
 
     backend = select.open_backend(_settings(tmp_path, "simulated"))
     assert backend.name == "simulated" and len(backend.discover()) == 4
-    assert (tmp_path / "root" / "dev" / "nvidia0").is_file()
+    assert stat.S_ISCHR((tmp_path / "root" / "dev" / "nvidia0").stat().st_mode)
     monkeypatch.setattr(nvml, "nvml_available", lambda: (False, "libnvidia-ml.so.1 was not found"))
     auto = select.open_backend(_settings(tmp_path, "auto"))
     assert auto.name == "simulated"

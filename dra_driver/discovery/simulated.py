@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -397,28 +398,46 @@ def mig_uuid(parent_uuid: str, profile: str, placement: MigPlacement) -> str:
 # --- fake /dev -----------------------------------------------------------------------------------
 
 
-def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
-    """Create ``<dev_root>/dev/nvidia*`` (and MIG capability nodes) as empty regular files.
+# Majors the NVIDIA driver uses: nvidiaN and nvidiactl (minor 255) share 195; nvidia-uvm and the
+# capability nodes get dynamic majors on a real host, so any unused numbers do here.
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 235, 236
 
-    CDI specs for simulated GPUs then point at files that exist. Idempotent; returns every path
-    that should exist (created or not).
+
+def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
+    """Create ``<dev_root>/dev/nvidia*`` (and MIG capability nodes) for simulated GPUs.
+
+    A real container runtime refuses a CDI device node whose host path is not a device, so they are
+    character devices where mknod is allowed (root with CAP_MKNOD), else links to /dev/null (a
+    device every runtime accepts). Idempotent; returns every path that should exist.
     """
     dev = Path(dev_root) / "dev"
-    paths = [dev / "nvidiactl", dev / "nvidia-uvm", dev / "nvidia-uvm-tools"]
-    gpu_list = list(gpus)
+    nodes: dict[Path, tuple[int, int]] = {
+        dev / "nvidiactl": (NVIDIA_MAJOR, 255), dev / "nvidia-uvm": (UVM_MAJOR, 0), dev / "nvidia-uvm-tools": (UVM_MAJOR, 1),
+    }
     caps: list[int] = []
-    for gpu in gpu_list:
-        paths.append(dev / f"nvidia{gpu.minor}")
+    for gpu in gpus:
+        nodes[dev / f"nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
         for mig in gpu.mig_devices:
             caps.extend(mig_cap_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id))
     if caps:
         caps = [1, 2, *caps]  # config and monitor capabilities
-    paths.extend(dev / "nvidia-caps" / f"nvidia-cap{n}" for n in sorted(set(caps)))
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            path.touch()
-    return paths
+    for n in sorted(set(caps)):
+        nodes[dev / "nvidia-caps" / f"nvidia-cap{n}"] = (CAPS_MAJOR, n)
+    for path, (major, minor) in nodes.items():
+        _make_device_node(path, major, minor)
+    return list(nodes)
+
+
+def _make_device_node(path: Path, major: int, minor: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or (path.exists() and stat.S_ISCHR(path.stat().st_mode)):
+        return
+    if path.exists():
+        path.unlink()  # a plain file from an older version of this backend
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    except PermissionError:
+        path.symlink_to("/dev/null")
 
 
 def mig_device_paths(dev_root: Path, gpu: Gpu, mig: MigDevice) -> list[Path]:
