@@ -38,6 +38,7 @@ from dra_driver.quantity import Quantity, QuantityError, parse_quantity
 __all__ = [
     "MAX_RESULTS",
     "MAX_SEARCH_STEPS",
+    "SCHEDULER_ABORTS",
     "AllocatedState",
     "Device",
     "Inventory",
@@ -53,6 +54,8 @@ __all__ = [
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 MAX_SEARCH_STEPS = 50_000  # allocateOne calls per claim before giving up as "too complex"
 MAX_CLOSEST = 5
+# Marks explanation errors that the scheduler reports as SchedulerError (not Unschedulable).
+SCHEDULER_ABORTS = "the kube-scheduler stops the whole scheduling attempt"
 DeviceKey = tuple[str, str, str]
 _SHARE_NS = uuid.UUID("6f1d1c2e-5b7a-4c0e-9d51-2f0a4c7b9e11")
 
@@ -640,7 +643,18 @@ class Resolution:
 
 
 class _Abort(Exception):
-    """Stops the search on one node (CEL error, constraint error, too complex)."""
+    """Stops the search on one node.
+
+    ``fatal`` mirrors the allocator's error kinds: a fatal error (CEL runtime error, a
+    constraint that rejects a device an ``All`` request must take, an ``All`` request over an
+    incomplete pool, a broken request) makes the scheduler's Filter return an error, which ends
+    the whole scheduling attempt, whatever other nodes would have offered.  Only running out of
+    search budget (the scheduler's filter timeout) fails just the one node.
+    """
+
+    def __init__(self, message: str, fatal: bool = True) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @dataclass
@@ -663,19 +677,38 @@ class _Search:
         self.results: list[_Result] = []
         self.chosen: dict[int, int] = {}
         self.steps = 0
+        self.all_devices: dict[int, list[Device]] = {}
         for c in ctx.constraints:
             c.value, c.members, c.seen = None, 0, Counter()
 
     def run(self) -> bool:
+        self.validate()
         return self.request(0)
+
+    def validate(self) -> None:
+        """What the scheduler checks per node before searching, for every request and subrequest.
+
+        ``All`` requests are sized up front: an incomplete pool or a CEL runtime error among
+        the node's devices is an error even when an earlier request would have failed anyway.
+        """
+        for alts in self.ctx.requests:
+            for alt in alts:
+                if alt.error:
+                    raise _Abort(f"request {alt.name}: {alt.error}")
+                if alt.mode != "All":
+                    continue
+                for pool in self.ctx.inventory.pools:
+                    if not pool.usable and any(_on_node(d, self.node) for d in pool.devices):
+                        state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
+                        raise _Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}")
+                self.all_devices[id(alt)] = [
+                    d for d in self.devices if self.ctx.selectable(alt, d) and _consumption(d, alt) is not None]
 
     def request(self, ri: int) -> bool:
         if ri >= len(self.ctx.requests):
             return True
         alts = self.ctx.requests[ri]
         for ai, alt in enumerate(alts):
-            if alt.error:
-                raise _Abort(f"request {alt.name}: {alt.error}")
             if self.alt(ri, alt):
                 self.chosen[ri] = ai
                 return True
@@ -691,7 +724,7 @@ class _Search:
     def tick(self) -> None:
         self.steps += 1
         if self.steps > MAX_SEARCH_STEPS:
-            raise _Abort(f"search too complex (more than {MAX_SEARCH_STEPS} steps)")
+            raise _Abort(f"search too complex (more than {MAX_SEARCH_STEPS} steps)", fatal=False)
 
     def pick(self, ri: int, alt: _Alt, remaining: int, start: int) -> bool:
         self.tick()
@@ -712,11 +745,7 @@ class _Search:
         return False
 
     def alt_all(self, ri: int, alt: _Alt) -> bool:
-        for pool in self.ctx.inventory.pools:
-            if not pool.usable and any(_on_node(d, self.node) for d in pool.devices):
-                state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
-                raise _Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}")
-        wanted = [d for d in self.devices if self.ctx.selectable(alt, d) and _consumption(d, alt) is not None]
+        wanted = self.all_devices[id(alt)]
         if not wanted:
             return False
         if len(self.results) + len(wanted) > MAX_RESULTS:
@@ -968,7 +997,13 @@ def _resolve(
     reasons: Counter[str] = Counter()
     best: tuple[int, str | None] = (-1, None)
     tried_lists: set[tuple[int, ...]] = set()
-    for node in node_list:
+    # The scheduler filters every candidate node and one fatal error anywhere fails the pod, so
+    # a success only counts once no other node can produce such an error.  Only All requests
+    # and CEL runtime errors can; other claims keep the first-fit shortcut.
+    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or any(
+        v is not None and isinstance(v[1], CelError) for v in ctx.verdicts.values())
+    found: tuple[_Search, _Node, int] | None = None
+    for number, node in enumerate(node_list, start=1):
         devices = inventory.devices_on(node)
         if node.name is not None and not any(d.node_name for d in devices) and tuple(d.index for d in devices) in tried_lists:
             reasons["same devices as an earlier node"] += 1
@@ -978,14 +1013,26 @@ def _resolve(
         try:
             ok = search.run()
         except _Abort as exc:
+            if exc.fatal:
+                where = f"node {node.name}" if node.name else "a node"
+                explanation.errors.append(f"{exc} (on {where}; {SCHEDULER_ABORTS} on this error, "
+                                          "so no other node is used either)")  # fmt: skip
+                explanation.nodes = {"tried": number, "reasons": dict(reasons)}
+                return Resolution(None, explanation)
             reasons[str(exc)] += 1
             continue
         if ok:
-            explanation.nodes = {"tried": node_list.index(node) + 1, "reasons": dict(reasons)}
-            return _success(ctx, search, node, explanation)
+            found = found or (search, node, number)
+            if not fatal_possible:
+                break
+            continue
         reasons["not enough suitable devices" if devices else "no devices on node"] += 1
         usable = sum(1 for d in devices if any(ctx.verdict(a, d) is None for alts in requests for a in alts if not a.error))
         best = max(best, (usable, node.name), key=lambda b: b[0])
+    if found is not None:
+        search, node, number = found
+        explanation.nodes = {"tried": number, "reasons": dict(reasons)}
+        return _success(ctx, search, node, explanation)
     explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
     if best[0] >= 0:
         explanation.nodes["best"] = {"node": best[1], "selector_matches": best[0]}

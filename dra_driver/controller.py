@@ -99,6 +99,8 @@ MAX_EVENT_NOTE = 1024
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
+SCHEDULER_WAIT_SECONDS = 1.0
+"""How long an opted-in claim waits while the kube-scheduler has pods with claims in flight."""
 LEDGER_TTL_SECONDS = 120.0
 
 
@@ -199,6 +201,26 @@ def pod_is_done(pod: Mapping[str, Any]) -> bool:
         return True
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     return is_deleting(pod) and not (spec or {}).get("nodeName")
+
+
+def pod_being_scheduled(pod: Mapping[str, Any]) -> bool:
+    """A pod with claims that the kube-scheduler may be allocating devices for right now.
+
+    Not bound, not gated, not done, and not parked as unschedulable (the scheduler retries a
+    parked pod only after an event that frees devices, so it does not race a new allocation).
+    """
+    if pod_is_done(pod) or is_deleting(pod):
+        return False
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping) or spec.get("nodeName") or spec.get("schedulingGates"):
+        return False
+    if not spec.get("resourceClaims"):
+        return False
+    for cond in status_of(pod).get("conditions") or []:
+        if (isinstance(cond, Mapping) and cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"):  # fmt: skip
+            return False
+    return True
 
 
 def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
@@ -701,6 +723,7 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         settle_seconds: float = ALLOCATION_SETTLE_SECONDS,
+        scheduler_wait_seconds: float = SCHEDULER_WAIT_SECONDS,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -710,6 +733,7 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.settle_seconds = settle_seconds
+        self.scheduler_wait_seconds = scheduler_wait_seconds
         self.queue = WorkQueue(clock=clock)
         self.claims = Informer(api, CLAIMS, self._on_claim)
         self.pods = Informer(api, PODS, self._on_pod)
@@ -1016,8 +1040,16 @@ class Controller:
     def allocate(self, claim: Obj, log: Any) -> bool:
         """Allocate an opted-in claim, never racing the scheduler into a double allocation.
 
+        0. Yield to the scheduler: while any pod with claims is being scheduled
+           (:func:`pod_being_scheduled`, from a fresh LIST of pods), the claim waits
+           ``scheduler_wait_seconds`` and is tried again. A collision must be *prevented*, not
+           repaired: the kube-scheduler keeps allocated devices as a set fed by claim events, so
+           when two claims briefly hold one device and either lets go, the scheduler forgets the
+           device although the other claim still holds it, and hands it out again (seen on the
+           bed: two scheduler claims on one GPU after a rollback in step 4).
         1. Fresh reads: GET the claim and a consistent LIST of all claims (the informer cache may
-           lag). The claim must still be unallocated and opted in. The engine resolves against
+           lag), after the LIST of pods, so every pod bound before it has its allocation in it.
+           The claim must still be unallocated and opted in. The engine resolves against
            the fresh list plus this controller's own recent writes (the ledger), so devices the
            scheduler allocated up to the LIST are excluded.
         2. Finalizer ``resource.kubernetes.io/delete-protection`` is added with an ``update``
@@ -1033,10 +1065,10 @@ class Controller:
 
         The residual race is a scheduler allocation of the same device to a *different* claim
         that it decided on before our write was visible to it (it took the device from its own
-        in-flight "assumed" state, invisible to us) and that it writes after our step 1. Steps
-        3/4 narrow it to: the scheduler's write lands after our write *and* a pod reserved our
-        claim before the settle check ran. Since opted-in claims are standalone, a pod would
-        have to be created, scheduled and bound onto our claim within ``settle_seconds``.
+        in-flight "assumed" state, invisible to us) and that it writes after our step 1. Step 0
+        confines it to a pod that was created (or woken up by a freed device) after our LIST of
+        pods and scheduled within the few milliseconds before our write; step 4 still detects
+        that case and rolls back, at the price of the scheduler's forgotten device above.
         """
         if not self.leadership.is_leader():
             return False
@@ -1056,6 +1088,8 @@ class Controller:
         ):
             self.queue.add(_kind_key("claim", key_of(claim)))
             return False
+        if self.scheduler_busy(claim, log):
+            return False
         fresh = self.api.list(CLAIMS).items
         outcome = self.outcome_for(fresh_claim, claims=fresh, require_own_driver=True)
         if outcome.verdict is not Verdict.SATISFIABLE or outcome.allocation is None:
@@ -1073,6 +1107,16 @@ class Controller:
                     self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
                     return False
                 raise
+        # Step 0 once more, as late as possible: only a pod created after this LIST and scheduled
+        # before our write is visible can still collide.  The second claim LIST covers pods bound
+        # since the first one.
+        if self.scheduler_busy(claim, log):
+            return False
+        taken = allocation_conflicts(allocation, uid_of(target), self.api.list(CLAIMS).items)
+        if taken:
+            log.info("devices were allocated meanwhile; re-resolving", other=key_of(taken[0][0]))
+            self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+            return False
         try:
             written = self.api.replace_status(CLAIMS, with_allocation(target, allocation))
         except ApiError as exc:
@@ -1098,6 +1142,15 @@ class Controller:
         # Immediate check, then one after the settle delay.
         self.verify_allocation(written, log, settled=False)
         self.queue.add_after(_kind_key("claim", key_of(written)), self.settle_seconds)
+        return True
+
+    def scheduler_busy(self, claim: Obj, log: Any) -> bool:
+        """Step 0 of :meth:`allocate`: requeue ``claim`` while pods with claims are being scheduled."""
+        busy = sorted(key_of(p) for p in self.api.list(PODS).items if pod_being_scheduled(p))
+        if not busy:
+            return False
+        log.debug("waiting for the kube-scheduler to finish pods with claims", pods=", ".join(busy[:5]), count=len(busy))
+        self.queue.add_after(_kind_key("claim", key_of(claim)), self.scheduler_wait_seconds)
         return True
 
     def verify_allocation(self, claim: Obj, log: Any, *, settled: bool) -> bool:

@@ -395,3 +395,63 @@ def test_scenarios_are_deterministic_valid_and_resolvable() -> None:
 def test_benchmark_800_devices_fast() -> None:
     stats = benchmark_resolve(claims=10)
     assert stats["median_ms"] < 50
+
+
+# --- regressions found by the differential corpus (e2e/test_differential.py) against kube-scheduler 1.36
+
+
+def test_must_constraint_error_on_one_node_fails_the_claim() -> None:
+    # Differential seed 8: an All request whose matchAttribute cannot hold on node-a is an error
+    # in the scheduler's allocator, and an error ends the whole scheduling attempt even though
+    # node-b could serve the claim; the pod stays pending with reason SchedulerError.
+    a = slice_("node-a", [dev("gpu-0", numa=0), dev("gpu-2", numa=1)])
+    b = slice_("node-b", [dev("gpu-0", numa=0), dev("gpu-1", numa=0)])
+    c = claim(request(count=None, allocationMode="All"), constraints=[{"matchAttribute": f"{D}/numa"}])
+    res = resolve(c, build_inventory([a, b]), CLASSES, nodes=["node-a", "node-b"])
+    assert res.allocation is None
+    assert "constraint would not be satisfied" in res.explanation.summary
+    assert "stops the whole scheduling attempt" in res.explanation.summary
+    # Listing node-b first changes nothing: the scheduler filters every node.
+    res = resolve(c, build_inventory([a, b]), CLASSES, nodes=["node-b", "node-a"])
+    assert res.allocation is None
+    # Without the bad node the claim fits.
+    assert picked(resolve(c, build_inventory([b]), CLASSES)) == ["node-b/gpu-0", "node-b/gpu-1"]
+
+
+def test_cel_runtime_error_on_a_later_node_fails_the_claim() -> None:
+    good = slice_("node-b", [dev("gpu-0", attributes={"mig": {"bool": True}})])
+    bad = slice_("node-a", [dev("gpu-0")])  # no "mig" attribute: runtime error
+    c = claim(request(selectors=(f'device.attributes["{D}"].mig',)))
+    res = resolve(c, build_inventory([good, bad]), CLASSES, nodes=["node-b", "node-a"])
+    assert res.allocation is None
+    assert "CEL runtime error" in res.explanation.summary and "node-a" in res.explanation.summary
+
+
+def test_all_request_is_sized_before_the_search() -> None:
+    # On node-a the first request already fails, but the scheduler sizes the All request of the
+    # second one before searching and hits the CEL error there.
+    a = slice_("node-a", [dev("gpu-0")])  # H100 without "mig"
+    b = slice_("node-b", [dev("gpu-0", "A100", attributes={"model": {"string": "A100"}, "mig": {"bool": False}}),
+                          dev("gpu-1", attributes={"mig": {"bool": True}})])  # fmt: skip
+    c = claim(request("first", count=1, selectors=(f'device.attributes["{D}"].model == "A100"',)),
+              request("rest", count=None, allocationMode="All", selectors=(f'device.attributes["{D}"].mig',)))  # fmt: skip
+    assert picked(resolve(c, build_inventory([b]), CLASSES)) == ["node-b/gpu-0", "node-b/gpu-1"]
+    res = resolve(c, build_inventory([a, b]), CLASSES, nodes=["node-a", "node-b"])
+    assert res.allocation is None and "CEL runtime error" in res.explanation.summary
+
+
+def test_search_budget_is_not_fatal() -> None:
+    # Running out of steps is the scheduler's per-node timeout: other nodes are still tried.
+    from dra_driver import allocation
+
+    big = slice_("node-a", [dev(f"gpu-{i}", numa=i % 2) for i in range(16)])
+    small = slice_("node-b", [dev("gpu-0"), dev("gpu-1")])
+    c = claim(request(count=2), constraints=[{"matchAttribute": f"{D}/numa"}])
+    old = allocation.MAX_SEARCH_STEPS
+    allocation.MAX_SEARCH_STEPS = 1
+    try:
+        res = resolve(c, build_inventory([big, small]), CLASSES, nodes=["node-a", "node-b"])
+    finally:
+        allocation.MAX_SEARCH_STEPS = old
+    assert res.allocation is None and not res.explanation.errors
+    assert any("too complex" in r for r in res.explanation.nodes["reasons"])

@@ -722,3 +722,94 @@ def test_queue_item_for_missing_objects_is_harmless() -> None:
         ctrl.queue.add(item)
     drain(ctrl)
     assert kube.writes() == []
+
+
+class TestYieldToScheduler:
+    """Opt-in allocation waits while the kube-scheduler has pods with claims in flight.
+
+    Regression from e2e/test_controller.py: a rolled-back conflicting allocation made the real
+    scheduler forget a device it had allocated, and it then gave that GPU to a second pod.
+    """
+
+    @staticmethod
+    def bound(p: dict[str, Any]) -> dict[str, Any]:
+        p["spec"]["nodeName"] = "node-a"
+        return p
+
+    @staticmethod
+    def parked(p: dict[str, Any]) -> dict[str, Any]:
+        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+        return p
+
+    def test_pod_being_scheduled(self) -> None:
+        assert ctl.pod_being_scheduled(pod("p", "c"))
+        assert not ctl.pod_being_scheduled(self.bound(pod("p", "c")))
+        assert not ctl.pod_being_scheduled(self.parked(pod("p", "c")))
+        assert not ctl.pod_being_scheduled(pod("p", "c", phase="Failed"))
+        gated = pod("p", "c")
+        gated["spec"]["schedulingGates"] = [{"name": "wait"}]
+        assert not ctl.pod_being_scheduled(gated)
+        plain = pod("p", "c")
+        plain["spec"]["resourceClaims"] = []
+        assert not ctl.pod_being_scheduled(plain)
+        errored = pod("p", "c")
+        errored["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}]
+        assert ctl.pod_being_scheduled(errored)
+
+    def test_waits_while_a_pod_is_scheduled_then_allocates(self) -> None:
+        kube = cluster(gpus=2)
+        add_claim(kube, claim("c1", opt_in=True))
+        add_claim(kube, claim("sched"))
+        add_pod(kube, pod("p", "sched"))
+        ctrl, clock = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation"), "allocated beside a pod being scheduled"
+        assert not [w for w in kube.writes() if w[1] == "resourceclaims" and w[0] == "replace_status"]
+        # The scheduler finished: the pod is bound and its claim allocated.
+        s = kube.obj(CLAIMS, "default/sched")
+        assert s is not None
+        s["status"] = allocated_status(["gpu-0"])
+        kube.add(CLAIMS, s)
+        kube.set(ctl.PODS, self.bound(pod("p", "sched")))
+        clock.advance(ctl.SCHEDULER_WAIT_SECONDS + 0.1)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and ctl.device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-1")}
+
+    def test_parked_unschedulable_pod_does_not_block(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        add_pod(kube, self.parked(pod("p", "never", via_template=True)))
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and (c.get("status") or {}).get("allocation")
+
+    def test_pod_created_during_resolution_is_waited_for(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        # A pod with a claim appears while the controller adds its finalizer, after its first look.
+        kube.hooks["replace:resourceclaims"] = lambda k, res, _: k.add(ctl.PODS, pod("late", "other"))
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation")
+        assert FINALIZER in c["metadata"]["finalizers"]
+        assert not kube.writes("replace_status")
+
+    def test_device_taken_during_resolution_is_not_written(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+
+        def scheduler_allocates(k: FakeKube, res: Any, _: Any) -> None:
+            other = claim("sched")
+            other["status"] = allocated_status(["gpu-0"])
+            k.add(CLAIMS, other)
+
+        kube.hooks["replace:resourceclaims"] = scheduler_allocates
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation")
+        assert not kube.writes("replace_status")

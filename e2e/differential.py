@@ -1,0 +1,462 @@
+"""Differential testing of our resolution engine against the real kube-scheduler.
+
+Each generated scenario (``dra_driver.scenarios``) gets its own Node objects, namespace, DeviceClass
+and ResourceSlices on a dedicated control plane; a Pod pinned to those nodes references the
+scenario's claim.  The scheduler either writes ``status.allocation`` on the claim (feasible) or
+leaves the pod ``PodScheduled=False/Unschedulable`` (infeasible).  The same objects go through
+:func:`dra_driver.allocation.resolve`.  Verdicts must agree, and every allocation either side makes
+is re-checked by :func:`check_allocation`, which reads the spec directly instead of trusting either
+allocator.
+
+Scenarios run in batches: everything of a batch is created with one kubectl call, the claims and
+pods with a second one once the slices are visible, and one ``kubectl get`` per poll reads all
+verdicts.  Names carry the seed, so scenarios of a batch never see each other's devices (the pods'
+nodeSelector pins them to their own nodes; the class selects on the driver, which all share).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dra_driver import scenarios
+from dra_driver.allocation import SCHEDULER_ABORTS, build_inventory, resolve
+from dra_driver.cel_env import CelError, compile_selector
+from dra_driver.quantity import parse_quantity
+
+LABEL = "diff.dra-driver.io/scenario"
+BATCH_LABEL = "diff.dra-driver.io/batch"
+# A pod the scheduler has called unschedulable is only believed after this long without an
+# allocation: a first attempt may have raced the scheduler's informers (slices or class not yet
+# seen); their add events requeue the pod, and the retry would then allocate.
+SETTLE_S = 6.0
+Kubectl = Callable[..., Any]
+
+
+@dataclass
+class Case:
+    seed: int
+    scenario: scenarios.Scenario
+    namespace: str
+    nodes: tuple[str, ...]
+    engine_allocation: dict[str, Any] | None = None
+    engine_node: str | None = None
+    engine_summary: str = ""
+    engine_aborts: bool = False  # the engine predicts a scheduler error, not a plain "unschedulable"
+    scheduler_verdict: str | None = None  # "allocated" | "unschedulable" | "error" | None (undecided)
+    scheduler_allocation: dict[str, Any] | None = None
+    scheduler_node: str | None = None
+    scheduler_message: str = ""
+    unschedulable_since: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def claim_name(self) -> str:
+        return str(self.scenario.claim["metadata"]["name"])
+
+    @property
+    def engine_feasible(self) -> bool:
+        return self.engine_allocation is not None
+
+    @property
+    def agrees(self) -> bool:
+        decided = self.scheduler_verdict is not None
+        return decided and self.engine_feasible == (self.scheduler_verdict == "allocated") and not self.problems
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed, "features": self.scenario.features, "describe": self.scenario.describe(),
+            "engine": {"feasible": self.engine_feasible, "aborts": self.engine_aborts, "node": self.engine_node,
+                       "allocation": self.engine_allocation, "summary": self.engine_summary},
+            "scheduler": {"verdict": self.scheduler_verdict, "node": self.scheduler_node,
+                          "allocation": self.scheduler_allocation, "message": self.scheduler_message},
+            "problems": self.problems,
+        }  # fmt: skip
+
+
+def make_case(seed: int, features: frozenset[str] = scenarios.DEFAULT_FEATURES) -> Case:
+    nodes = (f"diff-{seed}-n0", f"diff-{seed}-n1")
+    ns = f"diff-{seed}"
+    return Case(seed, scenarios.generate(seed, nodes=nodes, features=features, namespace=ns), ns, nodes)
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def _labels(case: Case, batch: str) -> dict[str, str]:
+    return {LABEL: str(case.seed), BATCH_LABEL: batch}
+
+
+def node_object(case: Case, name: str, batch: str) -> dict[str, Any]:
+    # Nodes may be created with their status; no kubelet ever updates them.  The pods tolerate
+    # every taint, so the node lifecycle controller marking them unreachable later changes nothing.
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **_labels(case, batch)}},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "10"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "10"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "differential bed"}],
+        },
+    }  # fmt: skip
+
+
+def node_objects(case: Case, batch: str = "") -> list[dict[str, Any]]:
+    return [node_object(case, n, batch) for n in case.nodes]
+
+
+def _with_labels(obj: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    out = json.loads(json.dumps(obj))
+    meta = out.setdefault("metadata", {})
+    meta.pop("uid", None)
+    meta["labels"] = {**meta.get("labels", {}), **labels}
+    return dict(out)
+
+
+def setup_objects(case: Case, batch: str) -> list[dict[str, Any]]:
+    """Namespace, nodes, class and slices: everything the claim's pod will be scheduled against."""
+    labels = _labels(case, batch)
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": case.namespace, "labels": labels}}
+    return [ns, *node_objects(case, batch),
+            *(_with_labels(c, labels) for c in case.scenario.classes),
+            *(_with_labels(s, labels) for s in case.scenario.slices)]  # fmt: skip
+
+
+def workload_objects(case: Case, batch: str) -> list[dict[str, Any]]:
+    labels = _labels(case, batch)
+    claim = _with_labels(case.scenario.claim, labels)
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pod", "namespace": case.namespace, "labels": labels},
+        "spec": {
+            "nodeSelector": {LABEL: str(case.seed)},
+            "tolerations": [{"operator": "Exists"}],
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": case.claim_name}],
+            "containers": [{"name": "c", "image": "registry.invalid/pause:1", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }  # fmt: skip
+    return [claim, pod]
+
+
+# --------------------------------------------------------------------------- our side
+
+
+def run_engine(case: Case) -> None:
+    s = case.scenario
+    nodes = [node_object(case, n, "") for n in case.nodes]
+    res = resolve(s.claim, build_inventory(s.slices), s.classes, nodes=nodes)
+    case.engine_allocation = res.allocation
+    case.engine_node = res.node
+    case.engine_aborts = any(SCHEDULER_ABORTS in e for e in res.explanation.errors)
+    summary = [*res.explanation.errors, f"nodes: {json.dumps(res.explanation.nodes, sort_keys=True)}"]
+    case.engine_summary = "; ".join(summary)[:2000]
+
+
+# --------------------------------------------------------------------------- independent checker
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint.get("effect"):
+            continue
+        op = tol.get("operator", "Equal")
+        if not tol.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if tol["key"] != taint.get("key"):
+            continue
+        if op == "Exists" or tol.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _blocking_taints(device: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{t.get('key')}:{t.get('effect')}" for t in device.get("taints", [])
+            if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations)]  # fmt: skip
+
+
+def _matches(expressions: Iterable[str], device: Any) -> str | None:
+    """None when all selectors are true; else why not."""
+    for expr in expressions:
+        try:
+            if not compile_selector(expr).evaluate(device.activation):
+                return f"selector false: {expr}"
+        except CelError as exc:
+            return f"selector error: {expr}: {exc}"
+    return None
+
+
+def _attribute(device: Mapping[str, Any], driver: str, name: str) -> Any:
+    domain, _, ident = name.rpartition("/")
+    attrs = device.get("attributes", {})
+    raw = attrs.get(name) or (attrs.get(ident) if domain == driver else None)
+    if raw is None:
+        return None
+    return next(iter(raw.items()))
+
+
+def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node: str | None) -> list[str]:
+    """Everything an allocation must satisfy, read from the scenario's own objects."""
+    problems: list[str] = []
+    inventory = build_inventory(s.slices)
+    raw_devices = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): (sl, d)
+                   for sl in s.slices for d in sl["spec"].get("devices", [])}  # fmt: skip
+    classes = {c["metadata"]["name"]: c for c in s.classes}
+    requests = {r["name"]: r for r in s.claim["spec"]["devices"]["requests"]}
+    results = allocation.get("devices", {}).get("results", [])
+    if not results:
+        problems.append("allocation has no results")
+    if len(results) > 32:
+        problems.append(f"{len(results)} results, more than 32")
+    by_request: dict[str, list[tuple[str, Mapping[str, Any], Any]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    used_counters: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for res in results:
+        key = (res.get("driver", ""), res.get("pool", ""), res.get("device", ""))
+        label = "/".join(key)
+        if key not in raw_devices or key not in inventory.by_key:
+            problems.append(f"{label}: no such device")
+            continue
+        sl, raw = raw_devices[key]
+        dev = inventory.by_key[key]
+        if not inventory.pool_of(dev).usable:
+            problems.append(f"{label}: pool not usable")
+        if sl["spec"].get("nodeName") != node:
+            problems.append(f"{label}: on node {sl['spec'].get('nodeName')}, pod on {node}")
+        if key in seen:
+            problems.append(f"{label}: allocated twice")
+        seen.add(key)
+        base, _, sub = str(res.get("request", "")).partition("/")
+        req = requests.get(base)
+        if req is None:
+            problems.append(f"{label}: unknown request {res.get('request')}")
+            continue
+        body = next((b for b in req.get("firstAvailable", []) if b["name"] == sub), None) if sub else req.get("exactly")
+        if body is None:
+            problems.append(f"{label}: request {res.get('request')} does not match the claim's shape")
+            continue
+        by_request.setdefault(base, []).append((sub, body, dev))
+        cls = classes.get(body["deviceClassName"])
+        if cls is None:
+            problems.append(f"{label}: class {body['deviceClassName']} missing")
+            continue
+        exprs = [x["cel"]["expression"] for x in cls["spec"].get("selectors", []) + body.get("selectors", [])]
+        why = _matches(exprs, dev)
+        if why:
+            problems.append(f"{label} for {res.get('request')}: {why}")
+        blocking = _blocking_taints(raw, body.get("tolerations", []))
+        if blocking:
+            problems.append(f"{label}: untolerated taints {blocking}")
+        for entry in raw.get("consumesCounters", []):
+            target = used_counters.setdefault((key[0], key[1], entry["counterSet"]), {})
+            for cname, c in entry["counters"].items():
+                target[cname] = target.get(cname, 0) + parse_quantity(c["value"]).value
+    for base in requests:
+        got = by_request.get(base, [])
+        subs = {sub for sub, _, _ in got}
+        if len(subs) > 1:
+            problems.append(f"request {base}: results from several subrequests {sorted(subs)}")
+        if not got:
+            problems.append(f"request {base}: no devices")
+            continue
+        body = got[0][1]
+        if body.get("allocationMode") == "All":
+            exprs = [x["cel"]["expression"]
+                     for x in classes[body["deviceClassName"]]["spec"].get("selectors", []) + body.get("selectors", [])]
+            wanted = {d.key for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
+                      and _matches(exprs, d) is None}  # fmt: skip
+            have = {d.key for _, _, d in got}
+            if have != wanted:
+                problems.append(f"request {base} (All): got {sorted(have)}, matching devices {sorted(wanted)}")
+        elif len(got) != body.get("count", 1):
+            problems.append(f"request {base}: {len(got)} devices, count {body.get('count', 1)}")
+    for c in s.claim["spec"]["devices"].get("constraints", []):
+        scope = set(c.get("requests", [])) or set(requests)
+        values = set()
+        for base in scope:
+            for _, _, dev in by_request.get(base, []):
+                sl, raw = raw_devices[dev.key]
+                values.add(json.dumps(_attribute(raw, sl["spec"]["driver"], c["matchAttribute"])))
+        if len(values) > 1 or "null" in values:
+            problems.append(f"matchAttribute {c['matchAttribute']} over {sorted(scope)}: values {sorted(values)}")
+    for (_, pool, cs), counters in used_counters.items():
+        available: dict[str, Any] | None = next((x["counters"] for sl in s.slices if sl["spec"]["pool"]["name"] == pool
+                     for x in sl["spec"].get("sharedCounters", []) if x["name"] == cs), None)  # fmt: skip
+        if available is None:
+            problems.append(f"counter set {pool}/{cs} does not exist")
+            continue
+        for cname, total in counters.items():
+            if cname not in available or total > parse_quantity(available[cname]["value"]).value:
+                problems.append(f"counter {pool}/{cs}/{cname}: {total} consumed of {available.get(cname)}")
+    sel = allocation.get("nodeSelector")
+    if node is not None and sel is not None:
+        terms = sel.get("nodeSelectorTerms", [])
+        ok = any(all(f.get("key") == "metadata.name" and f.get("operator") == "In" and node in f.get("values", [])
+                     for f in t.get("matchFields", [])) and not t.get("matchExpressions") for t in terms)  # fmt: skip
+        if not ok:
+            problems.append(f"nodeSelector {sel} does not select {node}")
+    return problems
+
+
+# --------------------------------------------------------------------------- the scheduler's side
+
+
+def _items(kubectl: Kubectl, what: str, batch: str) -> list[dict[str, Any]]:
+    out = kubectl("get", what, "-A", "-l", f"{BATCH_LABEL}={batch}", "-o", "json").stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def _not_scheduled(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(verdict, message) when the last attempt failed: no fitting node, or an allocator error."""
+    for cond in pod.get("status", {}).get("conditions", []):
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            verdict = {"Unschedulable": "unschedulable", "SchedulerError": "error"}.get(str(cond.get("reason")))
+            if verdict:
+                return verdict, str(cond.get("message", ""))
+    return None
+
+
+class ClaimWatch:
+    """Every allocation any claim of a batch ever had, from a ``kubectl get -w`` stream.
+
+    Polling is not enough: when the scheduler allocates a device whose NoExecute taint the claim
+    tolerates, kube-controller-manager's device-taint eviction may still delete the pod, and the
+    claim controller then drops the allocation within a second.
+    """
+
+    def __init__(self, kubectl_cmd: Sequence[str], batch: str) -> None:
+        self.allocations: dict[str, dict[str, Any]] = {}
+        self._proc = subprocess.Popen([*kubectl_cmd, "get", "resourceclaims", "-A", "-l", f"{BATCH_LABEL}={batch}",
+                                       "-w", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        decoder, buf = json.JSONDecoder(), ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    obj, end = decoder.raw_decode(buf.lstrip())
+                except json.JSONDecodeError:
+                    break
+                buf = buf.lstrip()[end:]
+                alloc = obj.get("status", {}).get("allocation")
+                if alloc:
+                    self.allocations.setdefault(obj["metadata"]["namespace"], alloc)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+        self._thread.join(timeout=5)
+
+
+def _selected_node(allocation: Mapping[str, Any]) -> str | None:
+    for term in allocation.get("nodeSelector", {}).get("nodeSelectorTerms", []):
+        for f in term.get("matchFields", []):
+            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values", [])) == 1:
+                return str(f["values"][0])
+    return None
+
+
+def run_batch(kubectl: Kubectl, kubectl_cmd: Sequence[str], cases: Sequence[Case], batch: str,
+              timeout: float = 150.0) -> None:
+    """Create a batch, wait for every scheduler verdict, fill in the cases; cleanup is separate."""
+    watch = ClaimWatch(kubectl_cmd, batch)
+    try:
+        _run_batch(kubectl, watch, cases, batch, timeout)
+    finally:
+        watch.stop()
+
+
+def _run_batch(kubectl: Kubectl, watch: ClaimWatch, cases: Sequence[Case], batch: str, timeout: float) -> None:
+    setup = [o for c in cases for o in setup_objects(c, batch)]
+    kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(setup))
+    want_slices = sum(len(c.scenario.slices) for c in cases)
+    want_sa = {c.namespace for c in cases}
+
+    def ready() -> bool:
+        slices = _items(kubectl, "resourceslices", batch)
+        accounts = json.loads(kubectl("get", "serviceaccounts", "-A", "-o", "json").stdout)["items"]
+        have_sa = {a["metadata"]["namespace"] for a in accounts if a["metadata"]["name"] == "default"}
+        return len(slices) == want_slices and want_sa <= have_sa
+
+    _wait("slices and service accounts of batch " + batch, ready, 60)
+    time.sleep(1.0)  # the scheduler's informers trail the API server a little; the settle rule covers the rest
+    work = [o for c in cases for o in workload_objects(c, batch)]
+    kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(work))
+    by_ns = {c.namespace: c for c in cases}
+    deadline = time.monotonic() + timeout
+    while True:
+        now = time.monotonic()
+        claims = {c["metadata"]["namespace"]: c for c in _items(kubectl, "resourceclaims", batch)}
+        pods = {p["metadata"]["namespace"]: p for p in _items(kubectl, "pods", batch)}
+        for ns, case in by_ns.items():
+            claim, pod = claims.get(ns, {}), pods.get(ns, {})
+            alloc = watch.allocations.get(ns) or claim.get("status", {}).get("allocation")
+            if alloc:
+                case.scheduler_verdict, case.scheduler_allocation = "allocated", alloc
+                case.scheduler_node = _selected_node(alloc) or pod.get("spec", {}).get("nodeName")
+                continue
+            failed = _not_scheduled(pod)
+            if failed is None:
+                case.unschedulable_since, case.scheduler_verdict = None, None
+                continue
+            verdict, case.scheduler_message = failed
+            case.unschedulable_since = case.unschedulable_since or now
+            if now - case.unschedulable_since >= SETTLE_S:
+                case.scheduler_verdict = verdict
+        # An allocated claim whose pod is not yet bound: wait for the binding to know the node.
+        pending = [c for c in cases
+                   if c.scheduler_verdict is None or (c.scheduler_verdict == "allocated" and not c.scheduler_node)]  # fmt: skip
+        if not pending or now > deadline:
+            break
+        time.sleep(1.0)
+
+
+def cleanup_batch(kubectl: Kubectl, batch: str) -> None:
+    sel = f"{BATCH_LABEL}={batch}"
+    kubectl("delete", "pods", "-A", "-l", sel, "--force", "--grace-period=0", "--wait=false", check=False)
+    kubectl("delete", "namespaces,nodes,resourceslices,deviceclasses", "-l", sel, "--wait=false", check=False)
+
+
+def judge(case: Case) -> None:
+    """Fill ``case.problems``: verdict mismatch and invalid allocations on either side."""
+    if case.scheduler_verdict is None:
+        case.problems.append("the scheduler gave no verdict in time")
+    elif case.engine_feasible != (case.scheduler_verdict == "allocated"):
+        case.problems.append(f"verdicts differ: engine {'feasible' if case.engine_feasible else 'infeasible'}, "
+                             f"scheduler {case.scheduler_verdict}")  # fmt: skip
+    elif case.engine_aborts != (case.scheduler_verdict == "error"):
+        case.problems.append(f"both infeasible, but the engine {'predicts' if case.engine_aborts else 'does not predict'} "
+                             f"a scheduler error and the scheduler says {case.scheduler_verdict}: {case.scheduler_message}")
+    if case.engine_allocation is not None:
+        case.problems += [f"engine: {p}" for p in check_allocation(case.scenario, case.engine_allocation, case.engine_node)]
+    if case.scheduler_allocation is not None:
+        case.problems += [f"scheduler: {p}" for p in
+                          check_allocation(case.scenario, case.scheduler_allocation, case.scheduler_node)]  # fmt: skip
+
+
+def _wait(what: str, probe: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

@@ -1,0 +1,164 @@
+"""Our allocator against the real kube-scheduler, scenario by scenario (issue 4).
+
+A dedicated control plane (no kubelets, no plugins, no controller of ours) so the generated
+slices meet nothing else; see ``e2e/differential.py`` for how one scenario is staged and judged.
+
+- default: a sample of ``DIFF_SCENARIOS`` (30) scenarios;
+- ``--long``: the full corpus of 200, recorded in ``e2e/results/differential.json``.
+``DIFF_SEED`` moves the first seed (the corpus is otherwise fixed, so failures reproduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dra_driver import scenarios
+from e2e import differential as diff
+from e2e.bed import REPO
+from e2e.testbed import cluster as cluster_mod
+from e2e.testbed.cluster import Cluster
+
+BATCH = 25
+FULL = 200
+RESULTS = REPO / "e2e" / "results" / "differential.json"
+# The bed runs 1.36 with DRADeviceTaints, so the "None" taint effect is fair game too.
+FEATURES = scenarios.DEFAULT_FEATURES | {"taint-none"}
+
+pytestmark = pytest.mark.testbed_only
+
+
+@pytest.fixture(scope="module")
+def diff_bed() -> Iterator[Cluster]:
+    with cluster_mod.running(nodes=()) as cluster:
+        yield cluster
+
+
+def _kubectl_cmd(cluster: Cluster) -> list[str]:
+    return [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
+
+
+def run_corpus(cluster: Cluster, first_seed: int, count: int) -> dict[str, Any]:
+    started = time.monotonic()
+    cases = [diff.make_case(seed, FEATURES) for seed in range(first_seed, first_seed + count)]
+    for case in cases:
+        problems = scenarios.validate_scenario(case.scenario)
+        assert not problems, f"seed {case.seed}: generator produced objects the API server would reject: {problems}"
+        diff.run_engine(case)
+    for start in range(0, len(cases), BATCH):
+        batch = f"b{first_seed + start}"
+        try:
+            diff.run_batch(cluster.kubectl, _kubectl_cmd(cluster), cases[start:start + BATCH], batch)
+        finally:
+            diff.cleanup_batch(cluster.kubectl, batch)
+    for case in cases:
+        diff.judge(case)
+    agreements = [c for c in cases if c.agrees]
+    features: Counter[str] = Counter(f for c in cases for f in c.scenario.features)
+    return {
+        "kubernetes": _server_version(cluster),
+        "python": platform.python_version(),
+        "first_seed": first_seed,
+        "scenarios": len(cases),
+        "agreements": len(agreements),
+        "disagreements": [c.record() for c in cases if not c.agrees],
+        "feasible": {"engine": sum(c.engine_feasible for c in cases),
+                     "scheduler": sum(c.scheduler_verdict == "allocated" for c in cases)},
+        "scheduler_verdicts": dict(Counter(str(c.scheduler_verdict) for c in cases)),
+        "features": dict(sorted(features.items())),
+        "seconds": round(time.monotonic() - started, 1),
+    }  # fmt: skip
+
+
+def _server_version(cluster: Cluster) -> str:
+    out = subprocess.run([*_kubectl_cmd(cluster), "version", "-o", "json"], capture_output=True, text=True, check=False)
+    try:
+        return str(json.loads(out.stdout)["serverVersion"]["gitVersion"])
+    except (ValueError, KeyError):
+        return "unknown"
+
+
+def _assert_agreement(summary: dict[str, Any]) -> None:
+    details = "\n".join(f"seed {d['seed']}: {d['problems']}" for d in summary["disagreements"][:10])
+    assert summary["agreements"] == summary["scenarios"], (
+        f"{len(summary['disagreements'])} of {summary['scenarios']} scenarios disagree:\n{details}")
+    # A corpus where one verdict dominates proves little: both must occur.
+    assert 0 < summary["feasible"]["scheduler"] < summary["scenarios"], summary["feasible"]
+
+
+def test_engine_agrees_with_scheduler_sample(diff_bed: Cluster) -> None:
+    count = int(os.environ.get("DIFF_SCENARIOS", "30"))
+    first = int(os.environ.get("DIFF_SEED", "0"))
+    summary = run_corpus(diff_bed, first, count)
+    if count >= FULL:
+        _write(summary)
+    _assert_agreement(summary)
+
+
+@pytest.mark.long
+def test_engine_agrees_with_scheduler_full(diff_bed: Cluster) -> None:
+    summary = run_corpus(diff_bed, int(os.environ.get("DIFF_SEED", "0")), FULL)
+    _write(summary)
+    _assert_agreement(summary)
+
+
+def _write(summary: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def test_checker_rejects_wrong_allocations() -> None:
+    """The independent checker must be able to fail, or agreement on allocations means nothing."""
+    case = next(c for c in (diff.make_case(s) for s in range(50)) if c.scenario.claim["spec"]["devices"].get("constraints")
+                and _engine(c) is not None)  # fmt: skip
+    alloc = json.loads(json.dumps(case.engine_allocation))
+    assert diff.check_allocation(case.scenario, alloc, case.engine_node) == []
+    assert diff.check_allocation(case.scenario, alloc, "elsewhere"), "wrong node accepted"
+    dup = json.loads(json.dumps(alloc))
+    dup["devices"]["results"].append(dict(dup["devices"]["results"][0]))
+    assert any("twice" in p for p in diff.check_allocation(case.scenario, dup, case.engine_node))
+    bogus = json.loads(json.dumps(alloc))
+    bogus["devices"]["results"][0]["device"] = "no-such-gpu"
+    assert any("no such device" in p for p in diff.check_allocation(case.scenario, bogus, case.engine_node))
+    short = json.loads(json.dumps(alloc))
+    short["devices"]["results"] = []
+    assert diff.check_allocation(case.scenario, short, case.engine_node)
+
+
+def _engine(case: diff.Case) -> dict[str, Any] | None:
+    diff.run_engine(case)
+    return case.engine_allocation
+
+
+def test_checker_catches_selector_and_constraint_violations() -> None:
+    from dra_driver.scenarios import Scenario
+
+    def dev(name: str, model: str, numa: int) -> dict[str, Any]:
+        return {"name": name, "attributes": {"model": {"string": model}, "numaNode": {"int": numa}}}
+
+    slices = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+               "spec": {"driver": scenarios.DRIVER, "nodeName": "n",
+                        "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                        "devices": [dev("a", "H100", 0), dev("b", "H100", 1), dev("c", "L4", 0)]}}]  # fmt: skip
+    classes = [{"metadata": {"name": "k"}, "spec": {"selectors": [{"cel": {"expression": "true"}}]}}]
+    sel = f'device.attributes["{scenarios.DRIVER}"].model == "H100"'
+    claim = {"metadata": {"name": "c"}, "spec": {"devices": {
+        "requests": [{"name": "r", "exactly": {"deviceClassName": "k", "count": 2, "selectors": [{"cel": {"expression": sel}}]}}],
+        "constraints": [{"matchAttribute": f"{scenarios.DRIVER}/numaNode"}]}}}  # fmt: skip
+    s = Scenario(0, slices, classes, claim)
+
+    def alloc(*names: str) -> dict[str, Any]:
+        return {"devices": {"results": [{"request": "r", "driver": scenarios.DRIVER, "pool": "p", "device": n} for n in names]}}
+
+    assert any("selector false" in p for p in diff.check_allocation(s, alloc("a", "c"), "n"))
+    assert any("matchAttribute" in p for p in diff.check_allocation(s, alloc("a", "b"), "n"))
+    assert any("count 2" in p for p in diff.check_allocation(s, alloc("a"), "n"))
+
