@@ -1,25 +1,34 @@
-"""The Kubernetes boundary of the controller and of ``dra-driver explain``: plain-dict REST calls.
+"""The Kubernetes boundary of the whole project: plain-dict REST calls.
 
 Everything above this module sees API objects as plain dicts in their JSON form (camelCase), the
 form the resolution engine reads. :class:`KubeApi` is the protocol the rest of the code depends
-on; :class:`RestKubeApi` implements it over the official client's ``ApiClient`` (which brings
-kubeconfig/in-cluster loading, TLS, token refresh and proxies) without the generated model
-classes: those are typed for one client release, may lag the server's ``resource.k8s.io/v1``
-fields and would drop what they do not know. Unit tests use an in-memory fake of the same
-protocol.
+on; :class:`RestKubeApi` implements it directly on ``urllib3``, with cluster configuration from
+:mod:`dra_driver.kubeconfig`. The official ``kubernetes`` package is not used: its generated model
+classes are typed for one client release, may lag the server's ``resource.k8s.io/v1`` fields and
+would drop what they do not know, and importing it costs the node plugin ~15 MiB of memory. Unit
+tests use an in-memory fake of the same protocol.
 
 Errors from the server become :class:`ApiError` (status code + reason + message); transport
-failures become ``ApiError(status=0)``.
+failures (and credentials that cannot be obtained) become ``ApiError(status=0)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
+import ssl
+import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import urllib3
+
+from dra_driver.kubeconfig import ClientCert, Configuration, ConfigurationError, CredentialError, load_configuration
+
+__all__ = ["Configuration", "ConfigurationError", "load_configuration"]  # re-exported: kube is the one boundary
 
 Obj = dict[str, Any]
 """A Kubernetes object as a JSON dict."""
@@ -69,6 +78,7 @@ SLICES = Resource(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", "ResourceS
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 
 
 class ApiError(Exception):
@@ -107,12 +117,14 @@ class ListResult:
 class KubeApi(Protocol):
     """The calls the controller makes; all objects in and out are JSON dicts."""
 
-    def list(self, res: Resource, *, namespace: str | None = None) -> ListResult:
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
         """A consistent (quorum) read of every object; ``resource_version`` is the list's."""
         ...
 
-    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int) -> Iterator[Obj]:
-        """Watch events ``{"type": ..., "object": {...}}`` after ``resource_version``.
+    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
+              field_selector: str | None = None) -> Iterator[Obj]:
+        """Watch events ``{"type": ..., "object": {...}}`` after ``resource_version`` ("": from now,
+        after synthetic ADDED events for what exists).
 
         The iterator ends when the server closes the watch (after about ``timeout_seconds``).
         An expired resourceVersion raises ``ApiError(410)`` (also when it arrives as an
@@ -136,6 +148,11 @@ class KubeApi(Protocol):
         """JSON merge patch (RFC 7386) of the main resource."""
         ...
 
+    def delete(self, res: Resource, name: str, *, namespace: str | None = None, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        """DELETE, with optional UID / resourceVersion preconditions (409 when they do not hold)."""
+        ...
+
 
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     m = obj.get("metadata")
@@ -157,61 +174,80 @@ def split_key(key: str) -> tuple[str | None, str]:
     return None, key
 
 
+
+
 # --------------------------------------------------------------------------------------------
 # The real client
 
-
-class ConfigurationError(Exception):
-    """No usable cluster configuration (kubeconfig or in-cluster)."""
-
-
-def load_configuration(kubeconfig: str | None) -> Any:
-    """A ``kubernetes.client.Configuration`` from ``kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config``
-    or the in-cluster service account, in that order."""
-    from kubernetes import config as kconfig
-    from kubernetes.client import Configuration
-
-    cfg = Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    try:
-        if path:
-            if not os.path.exists(path.split(os.pathsep)[0]):
-                raise ConfigurationError(f"kubeconfig {path} does not exist")
-            kconfig.load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
-            return cfg
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kconfig.load_incluster_config(client_configuration=cfg)
-            return cfg
-        default = os.path.expanduser("~/.kube/config")
-        if os.path.exists(default):
-            kconfig.load_kube_config(config_file=default, client_configuration=cfg, persist_config=False)
-            return cfg
-    except ConfigurationError:
-        raise
-    except Exception as exc:  # ConfigException, YAML errors, missing files, bad certificates
-        raise ConfigurationError(f"cannot load cluster configuration: {exc}") from None
-    raise ConfigurationError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
+WATCH_CONNECT_TIMEOUT = 10.0
+WATCH_READ_SLACK = 30.0
+"""A watch's read timeout is the server-side timeout plus this, so a silent, half-open connection
+cannot hang an informer forever while a healthy one always ends server-side first."""
 
 
 class RestKubeApi:
-    """:class:`KubeApi` over ``kubernetes.client.ApiClient``'s raw request path."""
+    """:class:`KubeApi` over a ``urllib3`` connection pool.
 
-    def __init__(self, configuration: Any, *, request_timeout: float = 30.0, user_agent: str | None = None) -> None:
-        from kubernetes.client import ApiClient
+    Thread-safe. ``pool_size`` (default: the configuration's ``connection_pool_maxsize``) is how
+    many connections stay open; bursts beyond it (the plugin reads up to 32 claims at once) open
+    extra connections instead of waiting. Connection failures are retried twice, and an idempotent
+    request (GET, PUT with its resourceVersion precondition, DELETE) once more when a kept-alive
+    connection turns out to be dead. A 401 with refreshable credentials (exec plugin, token file)
+    fetches them again and retries once.
+    """
 
-        self._client = ApiClient(configuration)
-        if user_agent:
-            self._client.user_agent = user_agent
+    def __init__(self, configuration: Configuration, *, request_timeout: float = 30.0, user_agent: str | None = None,
+                 pool_size: int | None = None) -> None:
+        self._config = configuration
+        self._base = configuration.host.rstrip("/")
         self._timeout = request_timeout
+        self._user_agent = user_agent or "dra-driver"
+        self._pool_size = pool_size or configuration.connection_pool_maxsize
+        self._lock = threading.Lock()
+        self._pool: urllib3.PoolManager | None = None
+        self._pool_cert: ClientCert | None = None
+        self._retries = urllib3.Retry(total=3, connect=2, read=1, status=0, other=0, redirect=False,
+                                      allowed_methods=frozenset({"GET", "PUT", "DELETE", "HEAD"}),
+                                      raise_on_status=False)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> RestKubeApi:
         return cls(load_configuration(kubeconfig), **kwargs)
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            if self._pool is not None:
+                self._pool.clear()
+                self._pool = None
 
     # -- plumbing
+
+    def _manager(self, cert: ClientCert | None) -> urllib3.PoolManager:
+        """The pool for the current client certificate; an exec plugin may rotate it, which needs
+        new TLS connections."""
+        with self._lock:
+            if self._pool is None or cert != self._pool_cert:
+                old = self._pool
+                self._pool = self._new_manager(cert)
+                self._pool_cert = cert
+                if old is not None:
+                    old.clear()
+            return self._pool
+
+    def _new_manager(self, cert: ClientCert | None) -> urllib3.PoolManager:
+        cfg = self._config
+        kwargs: dict[str, Any] = {"num_pools": 4, "maxsize": self._pool_size, "block": False}
+        if self._base.startswith("https:"):
+            kwargs["ssl_context"] = _ssl_context(cfg, cert)
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE"
+            if not cfg.verify_ssl:
+                kwargs["assert_hostname"] = False
+            elif cfg.tls_server_name:
+                # SNI and certificate name check against tls-server-name instead of the URL's host.
+                kwargs["server_hostname"] = cfg.tls_server_name
+        if cfg.proxy_url:
+            return urllib3.ProxyManager(cfg.proxy_url, **kwargs)
+        return urllib3.PoolManager(**kwargs)
 
     def _send(
         self,
@@ -221,49 +257,62 @@ class RestKubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: Any = None,
-    ) -> Any:
-        """Send one request; returns the raw urllib3 response for 2xx, raises ApiError otherwise."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        try:
-            m, url, hdrs, payload, _ = self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query or None,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            resp = self._client.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=timeout)
-        except ApiError:
-            raise
-        except Exception as exc:
-            status = getattr(exc, "status", 0)
-            raise ApiError(status if isinstance(status, int) else 0, type(exc).__name__, str(exc)) from None
-        if not 200 <= resp.status <= 299:
-            data = resp.read()
+        timeout: urllib3.Timeout | float | None = None,
+        stream: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        """Send one request; returns the response for 2xx, raises ApiError otherwise.
+
+        With ``stream`` the body is left unread (the caller releases the connection).
+        """
+        url = self._base + path + (f"?{urlencode(query)}" if query else "")
+        payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        creds = self._config.credentials
+        for attempt in (1, 2):
+            headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+            if payload is not None:
+                headers["Content-Type"] = content_type
+            try:
+                auth, cert = creds.current()
+                headers.update(auth)
+                resp = self._manager(cert).request(
+                    method, url, body=payload, headers=headers, timeout=timeout if timeout is not None else self._timeout,
+                    retries=self._retries, preload_content=not stream, redirect=False)
+            except CredentialError as exc:
+                raise ApiError(0, "CredentialError", str(exc)) from None
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                raise ApiError(0, type(exc).__name__, str(exc)) from None
+            if 200 <= resp.status <= 299:
+                return resp
+            try:
+                data = resp.data if not stream else resp.read()
+            except (urllib3.exceptions.HTTPError, OSError):
+                data = b""
+            finally:
+                resp.release_conn()
+            if resp.status == 401 and attempt == 1 and creds.refreshable:
+                creds.invalidate()  # an expired exec credential or a rotated token file
+                continue
             raise _error_from_body(resp.status, resp.reason or "", data)
-        return resp
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("timeout", self._timeout)
         resp = self._send(method, path, **kwargs)
         try:
-            data = resp.read()
+            data = resp.data
             return json.loads(data) if data else {}
-        except (ValueError, OSError) as exc:
+        except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
 
     # -- KubeApi
 
-    def list(self, res: Resource, *, namespace: str | None = None) -> ListResult:
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
         items: list[Obj] = []
         cont = ""
         rv = ""
         while True:
             query = [("limit", "500")]
+            if field_selector:
+                query.append(("fieldSelector", field_selector))
             if cont:
                 query.append(("continue", cont))
             page = self._json("GET", res.path(namespace), query=query)
@@ -279,19 +328,19 @@ class RestKubeApi:
             if not cont:
                 return ListResult(items, rv)
 
-    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int) -> Iterator[Obj]:
-        query = [
-            ("watch", "true"),
-            ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(int(timeout_seconds))),
-        ]
-        # Connect timeout 10 s; read timeout a bit beyond the server-side timeout so a silent,
-        # half-open connection cannot hang the informer forever.
-        resp = self._send("GET", res.path(), query=query, timeout=(10.0, float(timeout_seconds) + 30.0))
-        raw = resp.response
+    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
+              field_selector: str | None = None) -> Iterator[Obj]:
+        query = [("watch", "true")]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        query += [("allowWatchBookmarks", "true"), ("timeoutSeconds", str(int(timeout_seconds)))]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        timeout = urllib3.Timeout(connect=WATCH_CONNECT_TIMEOUT, read=float(timeout_seconds) + WATCH_READ_SLACK)
+        resp = self._send("GET", res.path(), query=query, timeout=timeout, stream=True)
+        ended = False
         try:
-            for line in _lines(raw):
+            for line in _lines(resp):
                 try:
                     event = json.loads(line)
                 except ValueError:
@@ -299,21 +348,22 @@ class RestKubeApi:
                 if not isinstance(event, dict):
                     continue
                 if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    code = status.get("code") if isinstance(status, dict) else None
-                    raise ApiError(
-                        code if isinstance(code, int) else 500,
-                        str(status.get("reason", "")) if isinstance(status, dict) else "",
-                        str(status.get("message", "")) if isinstance(status, dict) else "",
-                    )
+                    status = event.get("object")
+                    status = status if isinstance(status, dict) else {}
+                    code = status.get("code")
+                    raise ApiError(code if isinstance(code, int) else 500, str(status.get("reason", "")),
+                                   str(status.get("message", "")))
                 yield event
+            ended = True
         except ApiError:
             raise
         except Exception as exc:  # connection reset, read timeout, ...
             raise ApiError(0, type(exc).__name__, str(exc)) from None
         finally:
             with contextlib.suppress(Exception):
-                raw.release_conn()
+                if not ended:
+                    resp.close()  # unread data: the connection cannot serve another request
+                resp.release_conn()
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
         obj: Obj = self._json("GET", res.path(namespace, name))
@@ -339,12 +389,53 @@ class RestKubeApi:
         )
         return obj
 
+    def delete(self, res: Resource, name: str, *, namespace: str | None = None, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        self._json("DELETE", res.path(namespace, name), body=body)
 
-def _lines(raw: Any) -> Iterator[str]:
+
+def _ssl_context(cfg: Configuration, cert: ClientCert | None) -> ssl.SSLContext:
+    ctx = urllib3.util.ssl_.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE)
+    if cfg.verify_ssl:
+        if cfg.ca_data:
+            pem = cfg.ca_data.lstrip().startswith(b"-----")
+            ctx.load_verify_locations(cadata=cfg.ca_data.decode("ascii") if pem else cfg.ca_data)
+        elif cfg.ca_file:
+            ctx.load_verify_locations(cafile=cfg.ca_file)
+        else:
+            ctx.load_default_certs()
+    if cert is not None:
+        _load_client_cert(ctx, cert)
+    return ctx
+
+
+def _load_client_cert(ctx: ssl.SSLContext, cert: ClientCert) -> None:
+    """``load_cert_chain`` reads files only: PEM data goes through a private temporary file that is
+    removed as soon as it is loaded."""
+    if cert.cert_pem is None and cert.key_pem is None:
+        ctx.load_cert_chain(str(cert.cert_file), str(cert.key_file))
+        return
+    cert_pem = cert.cert_pem if cert.cert_pem is not None else _read_bytes(str(cert.cert_file))
+    key_pem = cert.key_pem if cert.key_pem is not None else _read_bytes(str(cert.key_file))
+    with tempfile.NamedTemporaryFile(prefix="dra-driver-client-", suffix=".pem") as f:  # mode 0600
+        f.write(cert_pem.rstrip(b"\n") + b"\n" + key_pem)
+        f.flush()
+        ctx.load_cert_chain(f.name)
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:
+    """Newline-delimited JSON of a watch; chunks are yielded by urllib3 as they arrive."""
     buf = b""
-    for chunk in raw.stream(amt=None, decode_content=True):
-        if isinstance(chunk, str):
-            chunk = chunk.encode()
+    for chunk in resp.stream(amt=None, decode_content=True):
         buf += chunk
         while True:
             nl = buf.find(b"\n")

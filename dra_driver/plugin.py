@@ -20,8 +20,8 @@ from dra_driver.discovery.backend import Backend
 from dra_driver.discovery.select import open_backend
 from dra_driver.grpc_servers import HealthBoard, PluginServers
 from dra_driver.health import HealthFileSource, HealthMonitor, NvmlEventSource
-from dra_driver.prepare import ClaimNotFoundError, ClaimReader, ClaimRef, DeviceState, KubeClaimReader
-from dra_driver.slices import KubernetesSliceClient, SlicePublisher
+from dra_driver.prepare import CLAIM_READ_CONCURRENCY, ClaimNotFoundError, ClaimReader, ClaimRef, DeviceState, KubeClaimReader
+from dra_driver.slices import KubeSliceClient, SlicePublisher
 
 
 def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> list[ClaimRef]:
@@ -81,8 +81,10 @@ def run(settings: PluginSettings) -> int:
     devices = enumerate_devices(gpus, settings.dynamic_mig)
     log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices))
 
-    configuration = kube.load_configuration(settings.kubeconfig)
-    reader = KubeClaimReader.from_kubeconfig(settings.kubeconfig)
+    # One client (one connection pool) for claim reads and slice publication.
+    api = kube.RestKubeApi.from_kubeconfig(settings.kubeconfig, pool_size=CLAIM_READ_CONCURRENCY,
+                                           request_timeout=20.0, user_agent="dra-driver-plugin")
+    reader = KubeClaimReader(api)
     state = DeviceState.from_settings(settings, devices, reader, backend=backend)
     board = HealthBoard(sorted(devices))
     servers = PluginServers.from_settings(settings, state, health=board)
@@ -103,10 +105,7 @@ def run(settings: PluginSettings) -> int:
     log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
              registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
 
-    from kubernetes import client
-
-    publisher = SlicePublisher(KubernetesSliceClient(client.ApiClient(configuration)), settings.driver_name,
-                               settings.node_name)
+    publisher = SlicePublisher(KubeSliceClient(api), settings.driver_name, settings.node_name)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
     publisher.update(devices_json, counters_json)
     if settings.health_monitoring:

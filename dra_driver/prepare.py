@@ -57,6 +57,10 @@ _log = logs.get("prepare")
 # --- reading claims ---------------------------------------------------------------------------
 
 
+CLAIM_READ_CONCURRENCY = 32
+"""Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""
+
+
 class ClaimNotFoundError(LookupError):
     """The ResourceClaim does not exist (HTTP 404)."""
 
@@ -78,11 +82,10 @@ class KubeClaimReader:
         self._api = api
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None, *, pool_size: int = 32,
+    def from_kubeconfig(cls, kubeconfig: str | None = None, *, pool_size: int = CLAIM_READ_CONCURRENCY,
                         request_timeout: float = 20.0) -> KubeClaimReader:
-        configuration = kube.load_configuration(kubeconfig)
-        configuration.connection_pool_maxsize = pool_size  # concurrent GETs of one Prepare batch
-        return cls(kube.RestKubeApi(configuration, request_timeout=request_timeout, user_agent="dra-driver-plugin"))
+        return cls(kube.RestKubeApi.from_kubeconfig(kubeconfig, pool_size=pool_size, request_timeout=request_timeout,
+                                                    user_agent="dra-driver-plugin"))
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -313,7 +316,7 @@ class DeviceState:
         claim_reader: ClaimReader,
         backend: Backend | None = None,
         proc_root: Path | None = Path("/proc"),
-        max_parallel_gets: int = 32,
+        max_parallel_gets: int = CLAIM_READ_CONCURRENCY,
         sharing_strategies: Iterable[str] = ("Exclusive", "TimeSlicing", "MPS"),
     ) -> None:
         self.node_name = node_name

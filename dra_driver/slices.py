@@ -20,9 +20,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 import re
 import threading
 import time
@@ -33,7 +31,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-from dra_driver import logs
+from dra_driver import kube, logs
 
 Obj = dict[str, Any]
 
@@ -421,132 +419,59 @@ class SliceClient(Protocol):
     def get_node_uid(self, name: str) -> str: ...
 
 
-class KubernetesSliceClient:
-    """:class:`SliceClient` over the official client: ``ResourceV1Api`` when the installed client has
-    it, else ``CustomObjectsApi`` on ``resource.k8s.io/v1`` ``resourceslices``. Responses are read
-    raw (JSON) so fields the client's models do not know are not lost."""
+class KubeSliceClient:
+    """:class:`SliceClient` over :class:`dra_driver.kube.KubeApi` (the project's one Kubernetes
+    boundary), so the node plugin shares one connection pool between claim reads and slices."""
 
-    def __init__(self, api_client: Any = None, request_timeout: float = 30.0) -> None:
-        from kubernetes import client
-
-        self._client = client
-        self._api_client = api_client or client.ApiClient()
-        self._timeout = request_timeout
-        resource_api = getattr(client, "ResourceV1Api", None)
-        self._resource = resource_api(self._api_client) if resource_api is not None else None
-        self._custom = client.CustomObjectsApi(self._api_client)
-        self._core = client.CoreV1Api(self._api_client)
-
-    @staticmethod
-    def _error(exc: Exception) -> SliceApiError:
-        status = getattr(exc, "status", None)
-        body = getattr(exc, "body", None)
-        message = str(getattr(exc, "reason", "") or exc)
-        if body:
-            with contextlib.suppress(ValueError, AttributeError):
-                message = json.loads(body).get("message", message)
-        return SliceApiError(int(status) if isinstance(status, int) else 0, message)
-
-    def _raw(self, response: Any) -> Obj:
-        data = json.loads(response.data)
-        if not isinstance(data, dict):
-            raise SliceApiError(0, "unexpected response")
-        return data
-
-    def _model(self, body: Obj) -> Any:
-        return self._client.V1ResourceSlice.from_dict(body)
+    def __init__(self, api: kube.KubeApi) -> None:
+        self._api = api
 
     def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
         try:
-            if self._resource is not None:
-                data = self._raw(self._resource.list_resource_slice(
-                    field_selector=field_selector, _preload_content=False, _request_timeout=self._timeout))
-            else:
-                data = self._custom.list_cluster_custom_object(
-                    "resource.k8s.io", "v1", "resourceslices", field_selector=field_selector,
-                    _request_timeout=self._timeout)
-        except SliceApiError:
-            raise
-        except Exception as exc:
-            raise self._error(exc) from exc
-        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
+            result = self._api.list(kube.SLICES, field_selector=field_selector)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+        return result.items, result.resource_version
 
     def create_slice(self, body: Obj) -> Obj:
         try:
-            if self._resource is not None:
-                return self._raw(self._resource.create_resource_slice(
-                    body=self._model(body), _preload_content=False, _request_timeout=self._timeout))
-            result: Obj = self._custom.create_cluster_custom_object(
-                "resource.k8s.io", "v1", "resourceslices", body, _request_timeout=self._timeout)
-            return result
-        except Exception as exc:
-            raise self._error(exc) from exc
+            return self._api.create(kube.SLICES, body)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
 
     def replace_slice(self, name: str, body: Obj) -> Obj:
+        if _meta(body).get("name") != name:
+            body = dict(body, metadata=dict(_meta(body), name=name))
         try:
-            if self._resource is not None:
-                return self._raw(self._resource.replace_resource_slice(
-                    name, body=self._model(body), _preload_content=False, _request_timeout=self._timeout))
-            result: Obj = self._custom.replace_cluster_custom_object(
-                "resource.k8s.io", "v1", "resourceslices", name, body, _request_timeout=self._timeout)
-            return result
-        except Exception as exc:
-            raise self._error(exc) from exc
+            return self._api.replace(kube.SLICES, body)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
 
     def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
-        preconditions = self._client.V1Preconditions(uid=uid or None, resource_version=resource_version or None)
-        options = self._client.V1DeleteOptions(preconditions=preconditions)
         try:
-            if self._resource is not None:
-                self._resource.delete_resource_slice(name, body=options, _preload_content=False,
-                                                     _request_timeout=self._timeout)
-            else:
-                self._custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", name,
-                                                          body=options, _request_timeout=self._timeout)
-        except Exception as exc:
-            raise self._error(exc) from exc
+            self._api.delete(kube.SLICES, name, uid=uid or None, resource_version=resource_version or None)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
 
     def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
         try:
-            if self._resource is not None:
-                response = self._resource.list_resource_slice(
-                    field_selector=field_selector, watch=True, resource_version=resource_version or None,
-                    timeout_seconds=timeout_seconds, allow_watch_bookmarks=True, _preload_content=False,
-                    _request_timeout=timeout_seconds + 10)
-            else:
-                response = self._custom.list_cluster_custom_object(
-                    "resource.k8s.io", "v1", "resourceslices", field_selector=field_selector, watch=True,
-                    resource_version=resource_version or None, timeout_seconds=timeout_seconds,
-                    allow_watch_bookmarks=True, _preload_content=False, _request_timeout=timeout_seconds + 10)
-        except Exception as exc:
-            raise self._error(exc) from exc
-        try:
-            buf = b""
-            for chunk in response.stream(amt=None, decode_content=True):
-                buf += chunk if isinstance(chunk, bytes) else str(chunk).encode()
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        raise SliceApiError(int(obj.get("code", 0) or 0), str(obj.get("message", "watch error")))
-                    yield str(event.get("type", "")), obj
-        finally:
-            try:
-                response.release_conn()
-            except Exception:  # pragma: no cover - best effort
-                _log.debug("release_conn failed")
+            for event in self._api.watch(kube.SLICES, resource_version=resource_version, timeout_seconds=timeout_seconds,
+                                         field_selector=field_selector):
+                obj = event.get("object")
+                yield str(event.get("type", "")), obj if isinstance(obj, dict) else {}
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
 
     def get_node_uid(self, name: str) -> str:
         try:
-            node = self._raw(self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout))
-        except SliceApiError:
-            raise
-        except Exception as exc:
-            raise self._error(exc) from exc
-        return str((node.get("metadata") or {}).get("uid", ""))
+            node = self._api.get(kube.NODES, name)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+        return str(_meta(node).get("uid", ""))
+
+
+def _slice_error(exc: kube.ApiError) -> SliceApiError:
+    return SliceApiError(exc.status, exc.message or exc.reason or str(exc))
 
 
 class InMemorySliceClient:

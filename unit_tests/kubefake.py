@@ -61,10 +61,24 @@ class FakeKube:
         self._record(res, "MODIFIED", obj)
         return copy.deepcopy(obj)
 
-    def delete(self, res: Resource, key: str) -> None:
+    def delete(self, res: Resource, key: str, *, namespace: str | None = None, uid: str | None = None,
+               resource_version: str | None = None) -> None:
+        """Called with a key only, the test helper: no call recorded, a missing object is ignored.
+        Called the KubeApi way (any keyword), a recorded API call: 404 when missing, 409 when a
+        precondition fails."""
+        api = namespace is not None or uid is not None or resource_version is not None
+        if namespace is not None:
+            key = f"{namespace}/{key}"
+        if api:
+            self._check("delete", res, key)
         obj = self._bucket(res).get(key)
         if obj is None:
+            if api:
+                raise ApiError(404, "NotFound", key)
             return
+        if (uid and obj["metadata"].get("uid") != uid) or (
+                resource_version and obj["metadata"].get("resourceVersion") != resource_version):
+            raise ApiError(409, "Conflict", f"{key}: precondition failed")
         if obj["metadata"].get("finalizers"):
             obj["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
             obj["metadata"]["resourceVersion"] = self._next_rv()
@@ -95,19 +109,20 @@ class FakeKube:
 
     # -- KubeApi
 
-    def list(self, res: Resource, *, namespace: str | None = None) -> ListResult:
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
         self._check("list", res, "")
         items = [copy.deepcopy(o) for o in self._bucket(res).values()
-                 if namespace is None or o["metadata"].get("namespace") == namespace]
+                 if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]
         return ListResult(items, str(self.rv))
 
-    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int) -> Iterator[Obj]:
+    def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
+              field_selector: str | None = None) -> Iterator[Obj]:
         self._check("watch", res, "")
         since = int(resource_version or 0)
         if self.log and since < self.log[0][0] - 1 and since != 0:
             raise ApiError(410, "Expired", "too old resource version")
         for rv, plural, etype, obj in list(self.log):
-            if plural == res.plural and rv > since:
+            if plural == res.plural and rv > since and _selected(obj, field_selector):
                 yield {"type": etype, "object": copy.deepcopy(obj)}
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
@@ -119,6 +134,9 @@ class FakeKube:
         return copy.deepcopy(obj)
 
     def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+        m = body.get("metadata") or {}
+        if not m.get("name") and m.get("generateName"):
+            body = dict(body, metadata=dict(m, name=m["generateName"] + uuid.uuid4().hex[:5]))
         key = key_of(body)
         self._check("create", res, key)
         if key in self._bucket(res):
@@ -190,3 +208,17 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             out[k] = _merge(out.get(k), v)
     return out
+
+
+def _selected(obj: Obj, field_selector: str | None) -> bool:
+    """Field selector terms ``a.b=v``, ``a.b==v`` and ``a.b!=v``, all of which must hold."""
+    for term in filter(None, (field_selector or "").split(",")):
+        negate = "!=" in term
+        path, _, want = term.partition("!=" if negate else "=")
+        want = want.removeprefix("=")
+        have: Any = obj
+        for part in path.split("."):
+            have = have.get(part) if isinstance(have, dict) else None
+        if (str(have if have is not None else "") == want) == negate:
+            return False
+    return True

@@ -455,3 +455,80 @@ def test_search_budget_is_not_fatal() -> None:
         allocation.MAX_SEARCH_STEPS = old
     assert res.allocation is None and not res.explanation.errors
     assert any("too complex" in r for r in res.explanation.nodes["reasons"])
+
+
+# ============================================================================ lazy CEL state and its reuse
+
+
+MODEL_B = f'device.attributes["{D}"].model == "B"'
+
+
+def models(*names: str, node: str = "node-a") -> dict[str, Any]:
+    return slice_(node, [dev(f"gpu-{i}", m) for i, m in enumerate(names)])
+
+
+def test_driver_only_classes_build_no_cel_state() -> None:
+    inv = build_inventory([NODE_A, NODE_B])
+    assert picked(resolve(claim(request(count=2)), inv, CLASSES)) == ["node-a/gpu-0", "node-a/gpu-1"]
+    # The class selector is a plain driver comparison: no device needed its activation.
+    assert all(d._activation is None for d in inv.devices)
+    resolve(claim(request(selectors=(MODEL_B,))), inv, CLASSES)
+    assert all(d._activation is not None and d._activation.has_context for d in inv.devices)
+
+
+def test_previous_inventory_lends_unchanged_devices_their_cel_state() -> None:
+    first = build_inventory([models("A", "A"), models("A", node="node-b")])
+    assert not resolve(claim(request(selectors=(MODEL_B,))), first, CLASSES).allocated  # builds every context
+    again = build_inventory([models("A", "A"), models("A", node="node-b")], previous=first)  # equal, new objects
+    assert all(d._activation is first.by_key[d.key]._activation for d in again.devices)
+
+
+def test_a_changed_slice_invalidates_its_devices_cel_state() -> None:
+    first = build_inventory([models("A", "A"), models("A", node="node-b")])
+    assert not resolve(claim(request(selectors=(MODEL_B,))), first, CLASSES).allocated
+    # node-a's gpu-1 now publishes model B: its activation must be rebuilt, the others are kept.
+    second = build_inventory([models("A", "B"), models("A", node="node-b")], previous=first)
+    changed = second.by_key[(D, "node-a", "gpu-1")]
+    assert changed._activation is None
+    assert all(d._activation is first.by_key[d.key]._activation for d in second.devices if d is not changed)
+    assert picked(resolve(claim(request(selectors=(MODEL_B,))), second, CLASSES)) == ["node-a/gpu-1"]
+    # And back: the previous inventory's (now stale) state for gpu-1 is not reused either.
+    third = build_inventory([models("A", "A"), models("A", node="node-b")], previous=second)
+    assert not resolve(claim(request(selectors=(MODEL_B,))), third, CLASSES).allocated
+
+
+@pytest.mark.parametrize("before,after", [
+    ({"attributes": {"v": {"int": 1}}}, {"attributes": {"v": {"bool": True}}}),
+    ({"attributes": {"v": {"int": 1}}}, {"attributes": {"v": {"int": True}}}),  # equal under ==, not for CEL
+    ({"capacity": {"memory": {"value": "1Gi"}}}, {"capacity": {"memory": {"value": "2Gi"}}}),
+    ({}, {"allowMultipleAllocations": True}),
+])
+def test_every_input_of_the_activation_invalidates(before: dict[str, Any], after: dict[str, Any]) -> None:
+    def inventory(extra: dict[str, Any], previous: Any = None) -> Any:
+        return build_inventory([slice_("node-a", [{"name": "gpu-0", **extra}])], previous=previous)
+
+    first = inventory(before)
+    first.devices[0].activation.context()
+    second = inventory(after, first)
+    assert second.devices[0]._activation is None
+    assert second.devices[0].activation.variables != first.devices[0].activation.variables or after != before
+    assert inventory(before, first).devices[0]._activation is first.devices[0]._activation
+
+
+def test_only_activations_with_a_context_are_carried_over() -> None:
+    first = build_inventory([NODE_A])
+    first.devices[0].activation  # built, but no CEL context: not worth a comparison
+    second = build_inventory([NODE_A], previous=first)
+    assert all(d._activation is None for d in second.devices)
+
+
+def test_allocated_state_over_many_claims() -> None:
+    claims = [{"metadata": {"uid": f"u{i}"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": D, "pool": f"node-{i // 8}", "device": f"gpu-{i % 8}"}]}}}} for i in range(800)]
+    claims.append({"metadata": {"uid": "shared"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": D, "pool": "node-0", "device": "gpu-0", "shareID": "s",
+         "consumedCapacity": {"memory": "1Gi"}}]}}}})
+    claims.append({"metadata": {"uid": "pending"}})
+    state = allocated_state(claims, exclude_uid="u0")
+    assert len(state.devices) == 799 and (D, "node-0", "gpu-0") not in state.devices
+    assert state.shared == {(D, "node-0", "gpu-0"): {f"{D}/memory": 2**30}}

@@ -160,3 +160,59 @@ def test_semver_parsing() -> None:
     assert parse_semver("v01.2", normalize=True) == parse_semver("1.2.0")
     with pytest.raises(cel_env.SemverError):
         parse_semver("01.2.3")
+
+
+# --------------------------------------------------------------------------- driver comparison fast path
+
+
+@pytest.mark.parametrize("expr,literal", [
+    ('device.driver == "gpu.dra-driver.io"', "gpu.dra-driver.io"),
+    ("'gpu.dra-driver.io' == device.driver", "gpu.dra-driver.io"),
+    ('(device.driver == "b.example.com")', "b.example.com"),  # a string starting with b is no bytes literal
+    ('device.driver == ""', ""),
+    ("device.driver == 'it\"s'", 'it"s'),
+])
+def test_driver_comparison_is_recognized(expr: str, literal: str) -> None:
+    assert compile_selector(expr).driver_equals == literal
+
+
+@pytest.mark.parametrize("expr", [
+    'device.driver != "x"', 'device.driver == "x" || false', 'device.driver == r"x"', 'device.driver == b"x"',
+    'device.driver == "a\\\\b"', 'device.driver == """x"""', 'device.attributes["x"].driver == "x"',
+    'device.driver == device.driver', 'has(device.driver)',
+])
+def test_other_expressions_stay_with_cel(expr: str) -> None:
+    assert compile_selector(expr).driver_equals is None
+
+
+@pytest.mark.parametrize("driver", ["gpu.dra-driver.io", "other.example.com", "", "GPU.dra-driver.io"])
+def test_driver_fast_path_agrees_with_cel(driver: str) -> None:
+    fast = compile_selector('device.driver == "gpu.dra-driver.io"')
+    slow = compile_selector('device.driver == "gpu.dra-driver.io" && true')  # not recognized: evaluated by CEL
+    assert fast.driver_equals is not None and slow.driver_equals is None
+    activation = device_activation(driver, {"model": {"string": "X"}}, {"memory": {"value": "1Gi"}})
+    fast_result = fast.evaluate(activation)
+    assert not activation.has_context  # the fast path did not need the device's CEL context
+    assert fast_result is slow.evaluate(activation) is (driver == "gpu.dra-driver.io")
+
+
+def test_driver_fast_path_still_reports_broken_devices() -> None:
+    activation = device_activation(D, {"model": {"int": "not an int"}}, None)
+    with pytest.raises(CelRuntimeError, match="int attribute has a str value"):
+        compile_selector(f'device.driver == "{D}"').evaluate(activation)
+
+
+def test_a_string_starting_with_b_is_a_string() -> None:
+    with pytest.raises(CelCompileError, match="not string"):
+        compile_selector('"bar"')
+    with pytest.raises(CelCompileError, match="not bytes"):
+        compile_selector('b"bar"')
+
+
+def test_context_is_built_once_and_on_demand() -> None:
+    activation = device_activation(D, {"model": {"string": "H100"}}, None)
+    assert not activation.has_context
+    sel = compile_selector(f'device.attributes["{D}"].model == "H100"')
+    assert sel.evaluate(activation) and activation.has_context
+    first = activation.context()
+    assert sel.evaluate(activation) and activation.context() is first

@@ -255,8 +255,8 @@ class SpyEngine:
         self.calls: list[str] = []
         self.raise_on_resolve = raise_on_resolve
 
-    def build_inventory(self, slices: list[Any]) -> Any:
-        return self.real.build_inventory(slices)
+    def build_inventory(self, slices: list[Any], previous: Any = None) -> Any:
+        return self.real.build_inventory(slices, previous=previous)
 
     def allocated_state(self, claims: list[Any], exclude_uid: str | None = None) -> Any:
         return self.real.allocated_state(claims, exclude_uid=exclude_uid)

@@ -4,12 +4,16 @@ import time
 from typing import Any
 
 import pytest
+from kubefake import FakeKube
 
 from dra_driver.devices import describe, enumerate_devices
 from dra_driver.discovery.simulated import SimulatedBackend
+from dra_driver.kube import NODES, SLICES, ApiError
 from dra_driver.slices import (
     InMemorySliceClient,
+    KubeSliceClient,
     PoolOwner,
+    SliceApiError,
     SliceContent,
     SlicePublisher,
     decode_index,
@@ -371,3 +375,47 @@ def test_publisher_retries_after_errors() -> None:
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+# --- the publisher over the project's Kubernetes boundary ----------------------------------------
+
+
+def test_publisher_over_kube_api() -> None:
+    kube = FakeKube()
+    kube.add(NODES, {"metadata": {"name": "node-a", "uid": "node-uid-a"}})
+    kube.add(SLICES, {"metadata": {"name": "someone-else"}, "spec": {"nodeName": "node-b", "driver": DRIVER}})
+    pub = SlicePublisher(KubeSliceClient(kube), DRIVER, "node-a")
+    pub.update([dev(f"gpu-{i}") for i in range(130)])
+    first = pub.sync()
+    assert first is not None and first.slice_count == 2
+    assert pub.requests == {"get": 1, "list": 1, "create": 2}
+    mine = [o for k, o in kube.objects["resourceslices"].items() if k != "someone-else"]
+    assert len(mine) == 2 and all(o["metadata"]["ownerReferences"][0]["uid"] == "node-uid-a" for o in mine)
+    assert {len(o["spec"]["devices"]) for o in mine} == {128, 2}
+    again = pub.sync()
+    assert again is not None and not again.ops  # the other node's slice is not ours to delete
+    pub.update([dev("gpu-0")])
+    shrink = pub.sync()
+    assert shrink is not None and shrink.count("delete") == len(kube.writes("delete")) == 1
+    assert sorted(kube.objects["resourceslices"])[-1] == "someone-else" and len(kube.objects["resourceslices"]) == 2
+    events = list(KubeSliceClient(kube).watch_slices("spec.nodeName=node-a", "0", 1))
+    assert events and all(o["spec"]["nodeName"] == "node-a" for _, o in events)
+
+
+def test_kube_slice_client_maps_errors() -> None:
+    kube = FakeKube()
+    client = KubeSliceClient(kube)
+    with pytest.raises(SliceApiError) as e:
+        client.delete_slice("missing", "uid", "1")
+    assert e.value.status == 404
+    created = client.create_slice({"metadata": {"generateName": "x-"}, "spec": {"nodeName": "n", "driver": DRIVER}})
+    with pytest.raises(SliceApiError) as e:
+        client.delete_slice(created["metadata"]["name"], "other-uid", "")
+    assert e.value.status == 409
+    kube.fail["watch:resourceslices"] = ApiError(410, "Expired", "too old")
+    with pytest.raises(SliceApiError) as e:
+        list(client.watch_slices("", "1", 1))
+    assert e.value.status == 410
+    with pytest.raises(SliceApiError) as e:
+        client.get_node_uid("nope")
+    assert e.value.status == 404

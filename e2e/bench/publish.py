@@ -14,13 +14,11 @@ import json
 import time
 from typing import Any
 
-from kubernetes import client as k8s_client
-
 from dra_driver import kube
 from dra_driver.config import add_plugin_arguments, plugin_settings
 from dra_driver.devices import describe, enumerate_devices
 from dra_driver.discovery.select import open_backend
-from dra_driver.slices import KubernetesSliceClient, SlicePublisher
+from dra_driver.slices import KubeSliceClient, SlicePublisher
 from e2e.bench.bed import NODES, BenchBed
 from e2e.bench.common import Result, summarize_ms
 from e2e.testbed.nodes import DRIVER_NAME
@@ -41,19 +39,18 @@ def catalogue(node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], fl
 def run(bed: BenchBed, quick: bool) -> Result:
     reps = 3 if quick else 10
     result = Result("mig_publish", "Dynamic-MIG catalogue publish", {
-        "profile": "h100-8x", "dynamic_mig": True, "repetitions": reps, "client": "KubernetesSliceClient",
+        "profile": "h100-8x", "dynamic_mig": True, "repetitions": reps, "client": "KubeSliceClient",
     })
     devices_json, counters_json, describe_s = catalogue("bench-mig-0")
     result.parameters["devices"] = len(devices_json)
     result.parameters["counter_sets"] = len(counters_json)
     result.parameters["catalogue_json_bytes"] = len(json.dumps([devices_json, counters_json]))
-    configuration = kube.load_configuration(str(bed.kubeconfig))
-    api_client = k8s_client.ApiClient(configuration)
+    api = kube.RestKubeApi.from_kubeconfig(str(bed.kubeconfig), user_agent="dra-driver-bench")
     first, noop, first_requests, noop_requests, slices, writes, noop_writes = [], [], [], [], [], [], []
     for r in range(reps):
         node = f"bench-mig-{r}"
         bed.api.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-        publisher = SlicePublisher(KubernetesSliceClient(api_client), DRIVER_NAME, node)
+        publisher = SlicePublisher(KubeSliceClient(api), DRIVER_NAME, node)
         t0 = time.perf_counter()
         publisher.update(devices_json, counters_json)
         plan = publisher.sync()
@@ -72,7 +69,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
         noop_requests.append({k: v - first_requests[-1].get(k, 0) for k, v in publisher.requests.items()
                               if v - first_requests[-1].get(k, 0)})
         assert sum(publisher.requests.values()) - before == sum(noop_requests[-1].values())
-    api_client.close()
+    api.close()
     bed.remove_nodes(f"bench-mig-{r}" for r in range(reps))
     first_ms = summarize_ms(first)
     result.figures.update({
