@@ -164,11 +164,13 @@ def storm(bed: Bed, ns: str, kills_wanted: int, budget_s: float, wave_size: int,
     assert sum(kills.values()) >= kills_wanted, f"only {kills} kills in {storm_s:.0f}s"
 
 
+@pytest.mark.timeout(600)
 def test_crash_storm(bed: Bed, ns: str) -> None:
     storm(bed, ns, kills_wanted=30, budget_s=170, wave_size=3, key="storm")
 
 
 @pytest.mark.long
+@pytest.mark.timeout(2700)
 def test_crash_storm_long(bed: Bed, ns: str) -> None:
     storm(bed, ns, kills_wanted=300, budget_s=2400, wave_size=4, key="storm_long")
 
