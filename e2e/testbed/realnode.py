@@ -493,9 +493,31 @@ def stop_detached(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+OWNER_FILE = "owner.pid"
+
+
 def short_root() -> Path:
     # Unix socket paths are limited to 107 bytes; the kubelet's plugin sockets nest deeply.
-    return Path(tempfile.mkdtemp(prefix="dra-rn-", dir="/tmp"))
+    sweep_abandoned_roots()
+    root = Path(tempfile.mkdtemp(prefix="dra-rn-", dir="/tmp"))
+    (root / OWNER_FILE).write_text(str(os.getpid()))
+    return root
+
+
+def sweep_abandoned_roots() -> list[Path]:
+    """Clean the roots of test runs that were killed outright: their shims and mounts outlive them."""
+    swept = []
+    for root in Path("/tmp").glob("dra-rn-*"):
+        try:
+            owner = int((root / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being set up
+        if Path(f"/proc/{owner}").exists():
+            continue
+        cleanup_root(root)
+        shutil.rmtree(root, ignore_errors=True)
+        swept.append(root)
+    return swept
 
 
 @contextlib.contextmanager

@@ -1,0 +1,93 @@
+"""The bed itself: two beds coexist, and nothing is left behind when the owner dies or tears down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.bed import REPO, wait_for
+from e2e.testbed import binaries
+
+pytestmark = pytest.mark.testbed_only
+
+OWNER = """
+import json, sys, time
+from pathlib import Path
+from e2e.testbed import cluster
+with cluster.running(nodes=("n1",), workdir=Path(sys.argv[1])) as c:
+    print(json.dumps({"pids": [p.pid for p in c.procs.values()], "ports": list(c.ports.values())}), flush=True)
+    time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_owner(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, list[int]]]:
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(workdir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"bed owner exited with {proc.wait()}"
+    return proc, json.loads(line)
+
+
+def test_two_beds_coexist_and_a_killed_owner_leaves_nothing(tmp_path: Path) -> None:
+    first, a = start_owner(tmp_path / "a")
+    second, b = start_owner(tmp_path / "b")
+    try:
+        assert set(a["ports"]).isdisjoint(b["ports"])
+        assert all(alive(p) for p in a["pids"] + b["pids"])
+        assert all(port_open(p) for p in (a["ports"][0], b["ports"][0]))  # both etcds answer
+        first.send_signal(signal.SIGKILL)  # an interrupted test run: no finally block runs
+        first.wait(10)
+        wait_for("the killed owner's control plane to exit", lambda: not any(alive(p) for p in a["pids"]), 30)
+        wait_for("its ports to close", lambda: not any(port_open(p) for p in a["ports"]), 30)
+        assert all(alive(p) for p in b["pids"]), "the other bed must be untouched"
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.terminate()
+    second.wait(30)
+    wait_for("the second bed to stop", lambda: not any(alive(p) for p in b["pids"]), 30)
+
+
+def test_detached_bed_up_and_down(tmp_path: Path) -> None:
+    workdir = tmp_path / "bed"
+    run = [sys.executable, "-m", "e2e.testbed.cluster"]
+    up = subprocess.run([*run, "up", "--workdir", str(workdir), "--nodes", "3"], cwd=REPO,
+                        capture_output=True, text=True, timeout=180, check=False)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((workdir / "state.json").read_text())
+    pids, ports = list(state["pids"].values()), list(state["ports"].values())
+    assert f"export KUBECONFIG={workdir / 'kubeconfig'}" in up.stdout
+    assert all(alive(p) for p in pids)
+    nodes = subprocess.run([str(binaries.bin_dir() / "kubectl"), "--kubeconfig", str(workdir / "kubeconfig"), "get", "nodes",
+                            "-o", "name"], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert nodes == ["node/gpu-node-1", "node/gpu-node-2", "node/gpu-node-3"]
+    started = time.monotonic()
+    down = subprocess.run([*run, "down", "--workdir", str(workdir)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert down.returncode == 0, down.stderr
+    assert not any(alive(p) for p in pids), f"left running after {time.monotonic() - started:.1f}s"
+    assert not any(port_open(p) for p in ports)
+    assert not workdir.exists()
