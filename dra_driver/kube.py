@@ -92,8 +92,12 @@ class ApiError(Exception):
         self.details: Mapping[str, Any] = details or {}
 
     def __str__(self) -> str:
+        if self.status == 0:
+            detail = f": {self.message}" if self.message else ""
+            return f"API server not reached ({self.reason}){detail}"
         text = f"{self.status} {self.reason}".strip()
         return f"{text}: {self.message}" if self.message else text
+
 
     @property
     def not_found(self) -> bool:
@@ -107,6 +111,17 @@ class ApiError(Exception):
     def gone(self) -> bool:
         return self.status == 410
 
+
+def unreachable(exc: BaseException, host: str) -> ApiError:
+    """An ApiError for a request that never got an HTTP answer, with urllib3's retry wrapper peeled
+    off: what a person needs is "connection refused at <host>", not the pool's repr."""
+    cause: BaseException = exc
+    while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
+        cause = cause.reason
+    text = str(cause)
+    if isinstance(cause, urllib3.exceptions.NewConnectionError) or "Failed to establish a new connection" in text:
+        text = text.rsplit(":", 1)[-1].strip() or text  # "[Errno 111] Connection refused"
+    return ApiError(0, type(cause).__name__, f"{text} ({host})")
 
 @dataclass(frozen=True)
 class ListResult:
@@ -280,7 +295,7 @@ class RestKubeApi:
             except CredentialError as exc:
                 raise ApiError(0, "CredentialError", str(exc)) from None
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                raise ApiError(0, type(exc).__name__, str(exc)) from None
+                raise unreachable(exc, self._config.host) from None
             if 200 <= resp.status <= 299:
                 return resp
             try:
@@ -358,7 +373,7 @@ class RestKubeApi:
         except ApiError:
             raise
         except Exception as exc:  # connection reset, read timeout, ...
-            raise ApiError(0, type(exc).__name__, str(exc)) from None
+            raise unreachable(exc, self._config.host) from None
         finally:
             with contextlib.suppress(Exception):
                 if not ended:

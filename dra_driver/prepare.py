@@ -93,7 +93,7 @@ class KubeClaimReader:
         except kube.ApiError as exc:
             if exc.not_found:
                 raise ClaimNotFoundError(f"ResourceClaim {namespace}/{name} not found") from None
-            raise RuntimeError(f"API server: {exc}") from None
+            raise RuntimeError(str(exc) if exc.status == 0 else f"API server: {exc}") from None
         if not isinstance(obj, dict):
             raise RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {namespace}/{name}")
         return obj

@@ -322,3 +322,20 @@ def test_exec_plugin_rotating_client_certificate(pki: Path, tls_server: str, mon
     for _ in range(2):  # a new certificate each time: a new pool, still accepted
         assert api.get(PODS, "p", namespace="ns") == {"client": "client-cn"}
     assert len(issued) == 2
+
+
+def test_unreachable_server_gives_a_short_clear_error() -> None:
+    import socket
+
+    from dra_driver.kube import Configuration
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    api = RestKubeApi(Configuration(host=f"http://127.0.0.1:{port}"), request_timeout=2)
+    with pytest.raises(ApiError) as info:
+        api.get(CLAIMS, "c", namespace="ns")
+    text = str(info.value)
+    assert info.value.status == 0
+    assert text.startswith("API server not reached") and "Connection refused" in text and f"127.0.0.1:{port}" in text
+    assert "HTTPConnectionPool" not in text and "Max retries" not in text
