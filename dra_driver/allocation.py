@@ -315,11 +315,9 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
 _ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
 
 
-def _cel_attribute_ok(kind: str, value: Any, raw: Any) -> bool:
-    """Whether :func:`device_activation` converts this attribute without an error (the same
-    checks; ``test_fuzz_slices`` holds the two to agreeing)."""
-    if not isinstance(raw, Mapping):
-        return False
+def _cel_attribute_ok(kind: str, value: Any) -> bool:
+    """Whether :func:`device_activation` converts an attribute whose one value is ``kind``:
+    ``value`` without an error (the same checks; ``test_fuzz_slices`` holds the two to agreeing)."""
     if not isinstance(value, _ATTRIBUTE_TYPES[kind]) or (kind == "int" and isinstance(value, bool)):
         return False
     if kind == "version":
@@ -349,7 +347,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         if kind and kind != "?":
             value = av[kind]
             attributes[aname if "/" in aname else f"{driver}/{aname}"] = (kind, value)
-            if cel_clean and not _cel_attribute_ok(kind, value, aval):
+            if cel_clean and not _cel_attribute_ok(kind, value):
                 cel_clean = False
         else:
             cel_clean = False

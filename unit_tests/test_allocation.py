@@ -511,13 +511,12 @@ def test_every_input_of_the_activation_invalidates(before: dict[str, Any], after
     first.devices[0].activation.context()
     second = inventory(after, first)
     assert second.devices[0]._activation is None
-    assert second.devices[0].activation.variables != first.devices[0].activation.variables or after != before
     assert inventory(before, first).devices[0]._activation is first.devices[0]._activation
 
 
 def test_only_activations_with_a_context_are_carried_over() -> None:
     first = build_inventory([NODE_A])
-    first.devices[0].activation  # built, but no CEL context: not worth a comparison
+    assert first.devices[0].activation.error is None  # built, but no CEL context: not worth a comparison
     second = build_inventory([NODE_A], previous=first)
     assert all(d._activation is None for d in second.devices)
 

@@ -268,6 +268,38 @@ class SpyEngine:
         return self.real.resolve(claim, inventory, classes, allocated, nodes)
 
 
+class TestInventoryReuse:
+    SPECIAL = 'device.attributes["gpu.dra-driver.io"].type == "special"'
+
+    def test_slice_update_rebuilds_the_changed_devices_cel_state_only(self) -> None:
+        kube = cluster(gpus=2)
+        add_claim(kube, claim(selectors=[{"cel": {"expression": self.SPECIAL}}]))
+        add_pod(kube, pod("p", "c1"))
+        builds: list[Any] = []
+
+        class Recording(SpyEngine):
+            def build_inventory(self, slices: list[Any], previous: Any = None) -> Any:
+                inv = super().build_inventory(slices, previous)
+                builds.append((inv, previous))
+                return inv
+
+        ctrl, _ = make(kube, engine=Recording())
+        step(ctrl)
+        assert "0 candidates" in ann(kube)[SUMMARY_ANNOTATION]  # no device is "special" yet
+        first = builds[-1][0]
+        s = kube.obj(SLICES, "node-a-gpu.dra-driver.io")
+        assert s is not None
+        s["spec"]["devices"][1]["attributes"]["type"] = {"string": "special"}
+        kube.set(SLICES, s)
+        step(ctrl)
+        second, previous = builds[-1]
+        assert previous is first  # the controller hands its last inventory over
+        gpu0, gpu1 = (second.by_key[("gpu.dra-driver.io", "node-a", f"gpu-{i}")] for i in (0, 1))
+        assert gpu0._activation is first.by_key[gpu0.key]._activation  # unchanged: kept
+        assert gpu1.activation is not first.by_key[gpu1.key]._activation  # changed: rebuilt
+        assert not any(k.startswith("gpu.dra-driver.io/explanation") for k in ann(kube))  # now satisfiable
+
+
 class TestExplain:
     def test_unsatisfiable_pod_claim_is_explained_once(self) -> None:
         kube = cluster(gpus=2)

@@ -139,3 +139,37 @@ def test_duplicate_names_are_explained_and_ours_still_allocate() -> None:
     res = allocation.resolve(claim_for("buggy"), inventory, CLASSES)
     assert not res.allocated
     assert "duplicate device name" in res.explanation.render()
+
+
+ATTRIBUTE_VALUES = st.one_of(
+    json_values(3),
+    st.sampled_from([{"int": 1}, {"int": True}, {"int": 1.0}, {"bool": 1}, {"bool": False}, {"string": 5},
+                     {"string": "x"}, {"version": "1.2.3"}, {"version": "01.2.3"}, {"version": "v1"},
+                     {"version": 3}, {"int": 1, "string": "a"}, {"int": None}, {}, "flat"]),
+)
+CAPACITY_VALUES = st.one_of(json_values(2), st.builds(lambda v: {"value": v}, st.one_of(
+    TEXT, st.integers(), st.sampled_from(["1Gi", "80Gi", "1.5", "-1", "1e3", "0.1m", "abc"]))))
+
+
+@settings(max_examples=examples(2))
+@given(st.dictionaries(TEXT, ATTRIBUTE_VALUES, max_size=4), st.dictionaries(TEXT, CAPACITY_VALUES, max_size=3),
+       st.booleans(), st.sampled_from([BUGGY, OURS]))
+def test_driver_fast_path_agrees_with_cel(attributes: dict[str, Any], capacity: dict[str, Any], multi: bool,
+                                          driver: str) -> None:
+    """The engine decides ``device.driver == "x"`` without CEL for devices it digested as clean;
+    that must be exactly what CEL says, runtime errors of broken devices included."""
+    device = {"name": "dev-0", "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": multi}
+    inventory = allocation.build_inventory([good_slice(driver, "node-a", [device])])
+    for dev in inventory.devices:
+        assert dev.cel_clean == (dev.activation.error is None), (dev.raw, dev.activation.error)
+    for cls in CLASSES:  # the same verdicts with the fast path and through CEL
+        fast = allocation.resolve(claim_for(cls), inventory, CLASSES)
+        slow_classes = {name: {**c, "spec": {"selectors": [{"cel": {"expression": (
+            c["spec"]["selectors"][0]["cel"]["expression"] + " && true")}}]}} for name, c in CLASSES.items()}
+        slow = allocation.resolve(claim_for(cls), inventory, slow_classes)
+        assert fast.allocation == slow.allocation
+        assert fast.explanation.errors == slow.explanation.errors
+        for f, s in zip(fast.explanation.requests, slow.explanation.requests, strict=True):
+            assert [(c.source, c.message, c.device) for c in f.cel_errors] == [
+                (c.source, c.message, c.device) for c in s.cel_errors]
+            assert [x.kept for x in f.stages] == [x.kept for x in s.stages]
