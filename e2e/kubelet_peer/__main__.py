@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # Like the kubelet: slices of this node are wiped before any plugin can (re)publish them.
     startup_wipe(kube, args.node_name, stop)
+    # Tells the bed that plugins may start now: one started earlier would publish slices that the
+    # wipe above deletes again, and tests would race the re-publish.
+    (state_dir / "ready").write_text(str(os.getpid()))
 
     plugins = PluginManager(
         args.registry_dir,

@@ -156,11 +156,20 @@ class NodeFleet:
         for i, name in enumerate(self.node_names):
             self.nodes[name] = SimNode(name, NODE_PROFILES[i % len(NODE_PROFILES)], self.workdir / "nodes" / name)
 
-    def start(self, with_controller: bool = True) -> None:
+    def start(self, with_controller: bool = True, timeout: float = 60.0) -> None:
         for node in self.nodes.values():
             for d in (node.registry_dir, node.plugins_dir, node.cdi_dir, node.dev_root, node.peer_state_dir):
                 d.mkdir(parents=True, exist_ok=True)
+            (node.peer_state_dir / "ready").unlink(missing_ok=True)
             self.procs.start(f"peer-{node.name}", node.peer_args(self.kubeconfig))
+        # As on a real node, the kubelet is up (and has wiped the node's slices) before the plugin.
+        deadline = time.monotonic() + timeout
+        for node in self.nodes.values():
+            while not (node.peer_state_dir / "ready").exists():
+                self.procs.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the kubelet peer of {node.name} did not get ready")
+                time.sleep(0.05)
             self.start_plugin(node.name)
         if with_controller:
             self.procs.start("controller", [
