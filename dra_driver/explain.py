@@ -213,7 +213,7 @@ class _Reads:
     def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-claims")
-        self.claims: Future[list[Obj]] = self._pool.submit(lambda: api.list(CLAIMS).items)
+        self.claims: Future[list[Obj]] = self._pool.submit(lambda: api.list(CLAIMS, cached=True).items)
 
     def claim(self) -> Obj:
         try:
@@ -233,8 +233,8 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES).items
-        classes = api.list(DEVICE_CLASSES).items
+        slices = api.list(SLICES, cached=True).items
+        classes = api.list(DEVICE_CLASSES, cached=True).items
         return claim, slices, classes, reads.claims.result()
     finally:
         reads.close()
@@ -247,8 +247,8 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES).items
-        classes = api.list(DEVICE_CLASSES).items
+        slices = api.list(SLICES, cached=True).items
+        classes = api.list(DEVICE_CLASSES, cached=True).items
         inventory: Future[Any] | None = None
         if not is_allocated(claim):
             inventory = Future()

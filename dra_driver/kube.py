@@ -132,8 +132,11 @@ class ListResult:
 class KubeApi(Protocol):
     """The calls the controller makes; all objects in and out are JSON dicts."""
 
-    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
-        """A consistent (quorum) read of every object; ``resource_version`` is the list's."""
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False) -> ListResult:
+        """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
+        ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
+        cheaper, possibly a few milliseconds stale, for read-only reports."""
         ...
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
@@ -320,12 +323,13 @@ class RestKubeApi:
 
     # -- KubeApi
 
-    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False) -> ListResult:
         items: list[Obj] = []
         cont = ""
         rv = ""
         while True:
-            query = [("limit", "500")]
+            query = [("resourceVersion", "0")] if cached else [("limit", "500")]
             if field_selector:
                 query.append(("fieldSelector", field_selector))
             if cont:

@@ -109,7 +109,8 @@ class FakeKube:
 
     # -- KubeApi
 
-    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None) -> ListResult:
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False) -> ListResult:
         self._check("list", res, "")
         items = [copy.deepcopy(o) for o in self._bucket(res).values()
                  if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]

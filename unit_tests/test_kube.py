@@ -99,6 +99,13 @@ def test_list_pages_and_fills_kind(srv: Server) -> None:
     assert srv.requests[1]["path"].endswith("continue=tok")
 
 
+def test_cached_list_reads_the_watch_cache_in_one_request(srv: Server) -> None:
+    srv.replies = [(200, {"metadata": {"resourceVersion": "7"}, "items": [{"metadata": {"name": "a"}}]})]
+    res = srv.api.list(CLAIMS, cached=True)
+    assert [i["metadata"]["name"] for i in res.items] == ["a"] and res.resource_version == "7"
+    assert srv.requests[0]["path"] == "/apis/resource.k8s.io/v1/resourceclaims?resourceVersion=0"
+
+
 def test_writes(srv: Server) -> None:
     body = {"metadata": {"name": "c", "namespace": "ns", "resourceVersion": "9"}, "status": {"allocation": {}}}
     srv.replies = [(200, body), (200, body), (201, {"metadata": {"name": "e"}}), (200, body)]
