@@ -54,7 +54,7 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # PR_SET_PDEATHSIG = 1: the kernel kills the child when the parent thread exits, which covers a
     # test runner killed with SIGKILL. SIGKILL, not SIGTERM: a kube-apiserver whose etcd died with it
     # can spend a minute in graceful shutdown, and a disposable bed has nothing to save.
@@ -221,7 +221,7 @@ class Cluster:
         self.procs[name] = subprocess.Popen(
             [str(self.bin_dir / name), *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if self.tie_to_parent else None,
+            preexec_fn=die_with_parent if self.tie_to_parent else None,
             start_new_session=not self.tie_to_parent,
         )
         log.close()

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.testbed.cluster import die_with_parent
+
 DRIVER_NAME = "gpu.dra-driver.io"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,12 +84,6 @@ class SimNode:
         ]
 
 
-def _die_with_parent() -> None:
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)
-
-
 @dataclass
 class Processes:
     """Child processes with their logs, stopped together."""
@@ -102,7 +98,7 @@ class Processes:
             proc = subprocess.Popen(
                 args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                preexec_fn=None if self.detached else _die_with_parent,
+                preexec_fn=None if self.detached else die_with_parent,
                 start_new_session=self.detached,
             )
         self.procs[name] = proc
