@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,15 +36,18 @@ class BenchBed:
     _api: RestKubeApi | None = None
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     started_s: float = 0.0
+    # Benchmarks create objects from thread pools; the first touch must start one cluster, not several.
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def cluster(self) -> cluster_mod.Cluster:
-        if self._cluster is None:
-            t0 = time.monotonic()
-            self._cluster = self._stack.enter_context(
-                cluster_mod.running(nodes=(PLUGIN_NODE,), workdir=self.workdir / "bed"))
-            self.started_s = time.monotonic() - t0
-        return self._cluster
+        with self._lock:
+            if self._cluster is None:
+                t0 = time.monotonic()
+                self._cluster = self._stack.enter_context(
+                    cluster_mod.running(nodes=(PLUGIN_NODE,), workdir=self.workdir / "bed"))
+                self.started_s = time.monotonic() - t0
+            return self._cluster
 
     @property
     def kubeconfig(self) -> Path:
@@ -51,11 +55,12 @@ class BenchBed:
 
     @property
     def api(self) -> RestKubeApi:
-        if self._api is None:
-            configuration = kube.load_configuration(str(self.kubeconfig))
-            configuration.connection_pool_maxsize = 32  # parallel object creation
-            self._api = RestKubeApi(configuration, request_timeout=60.0, user_agent="dra-driver-bench")
-        return self._api
+        with self._lock:
+            if self._api is None:
+                configuration = kube.load_configuration(str(self.kubeconfig))
+                configuration.connection_pool_maxsize = 32  # parallel object creation
+                self._api = RestKubeApi(configuration, request_timeout=60.0, user_agent="dra-driver-bench")
+            return self._api
 
     def close(self) -> None:
         if self._api is not None:

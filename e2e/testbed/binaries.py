@@ -96,7 +96,7 @@ def build_kubernetes(out: Path, version: str, log: bool) -> None:
     _run(["go", "mod", "tidy", "-e"], work, env)
     targets = [f"k8s.io/kubernetes/cmd/{name}" for name in K8S_COMMANDS]
     if log:
-        print(f"testbed: building {', '.join(K8S_COMMANDS)} {version} (cold builds take 15-30 min)", flush=True)
+        print(f"testbed: building {', '.join(K8S_COMMANDS)} {version} (a cold build takes several minutes)", flush=True)
     _run(["go", "build", "-trimpath", "-ldflags", _version_ldflags(version), "-o", str(out) + "/", *targets], work, env)
 
 
