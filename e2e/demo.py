@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dra_driver import explain
 from e2e.bed import DEVICECLASSES, DRIVER, Bed, allocated, attr, example, load_manifests, names_of, observed, wait_for
 from e2e.testbed import binaries
 from e2e.testbed.cluster import Cluster, stop_detached
@@ -107,11 +108,17 @@ def main(argv: list[str] | None = None) -> int:
             rows += pod_rows(bed, ns, docs, scenario)
         print()
         print_table(rows)
-        print(f"\nexplain the pending claim:  KUBECONFIG={cluster.kubeconfig} dra-driver explain <ns>/<claim>")
+        for ns, docs, scenario in applied:
+            if scenario != "unsatisfiable":
+                continue
+            for st in bed.get("pod", names_of(docs, "Pod")[0], ns).get("status", {}).get("resourceClaimStatuses", []):
+                ref = f"{ns}/{st['resourceClaimName']}"
+                print(f"\n$ dra-driver explain {ref}")
+                explain.main(ref, kubeconfig=str(cluster.kubeconfig))
         print(f"demo took {time.monotonic() - started:.0f}s")
         if args.keep:
-            print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}; stop with: make demo-down")
-            return 0
+            print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}; try: dra-driver explain <ns>/<claim>; "
+                  "stop with: make demo-down")
         return 0
     except (RuntimeError, TimeoutError, AssertionError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
