@@ -1,7 +1,7 @@
 """``dra-driver explain NAMESPACE/NAME``: why a ResourceClaim is, could be, or cannot be allocated.
 
-Reads the claim, every ResourceSlice, DeviceClass and ResourceClaim, runs the same resolution as
-the controller (other claims' allocations count as used) and prints one of:
+Reads the claim, every ResourceSlice and DeviceClass and every claim's allocation, runs the same
+resolution as the controller (other claims' allocations count as used) and prints one of:
 
 * ``allocated``: what and where (from ``status.allocation``);
 * ``satisfiable``: which devices on which node the claim would get now;
@@ -201,10 +201,11 @@ def render_text(report: Mapping[str, Any]) -> str:
 
 
 class _Reads:
-    """The reads ``explain`` needs: all ResourceClaims in the background, the rest in order here.
+    """The reads ``explain`` needs: all claims' allocations in the background, the rest in order here.
 
-    Listing the claims (two pages for ~800 claims) is the longest read, and most of its time is
-    the API server's, so it overlaps with the other reads and with building the inventory.  One
+    Listing the claims is the longest read even in protobuf (:mod:`dra_driver.kubewire`), and most
+    of its time is the API server's, so it overlaps with the other reads and with building the
+    inventory.  One
     extra connection, not one per read: on a small machine the TLS handshakes and the parallel
     JSON decoding cost more than further overlap gains.  The claim is read on its own, not picked
     from the list, so that a missing claim is a 404 like everywhere else.
@@ -213,7 +214,7 @@ class _Reads:
     def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-claims")
-        self.claims: Future[list[Obj]] = self._pool.submit(lambda: api.list(CLAIMS, cached=True).items)
+        self.claims: Future[list[Obj]] = self._pool.submit(lambda: api.list_claim_allocations().items)
 
     def claim(self) -> Obj:
         try:
@@ -229,7 +230,7 @@ class _Reads:
 
 
 def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list[Obj], list[Obj]]:
-    """The claim, every ResourceSlice, DeviceClass and ResourceClaim (the claims list overlapping)."""
+    """The claim, every ResourceSlice and DeviceClass, and every claim's allocation (overlapping)."""
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()

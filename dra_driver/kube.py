@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 import orjson
 import urllib3
 
+from dra_driver import kubewire
 from dra_driver.kubeconfig import ClientCert, Configuration, ConfigurationError, CredentialError, load_configuration
 
 __all__ = ["Configuration", "ConfigurationError", "load_configuration"]  # re-exported: kube is the one boundary
@@ -138,6 +139,12 @@ class KubeApi(Protocol):
         """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
         ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
         cheaper, possibly a few milliseconds stale, for read-only reports."""
+        ...
+
+    def list_claim_allocations(self) -> ListResult:
+        """Every ResourceClaim reduced to its name, namespace, UID and allocated devices
+        (:func:`dra_driver.kubewire.allocation_view`), from the watch cache like ``list(cached=True)``.
+        For reports that need only what other claims hold; cheaper than ``list`` on big clusters."""
         ...
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
@@ -278,6 +285,7 @@ class RestKubeApi:
         content_type: str = "application/json",
         timeout: urllib3.Timeout | float | None = None,
         stream: bool = False,
+        accept: str = "application/json",
     ) -> urllib3.BaseHTTPResponse:
         """Send one request; returns the response for 2xx, raises ApiError otherwise.
 
@@ -287,7 +295,7 @@ class RestKubeApi:
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         creds = self._config.credentials
         for attempt in (1, 2):
-            headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+            headers = {"Accept": accept, "User-Agent": self._user_agent}
             if payload is not None:
                 headers["Content-Type"] = content_type
             try:
@@ -348,6 +356,22 @@ class RestKubeApi:
             cont = str(md.get("continue") or "")
             if not cont:
                 return ListResult(items, rv)
+
+    def list_claim_allocations(self) -> ListResult:
+        # JSON stays acceptable: a proxy or an aggregated server may not speak protobuf.
+        path = CLAIMS.path()
+        resp = self._send("GET", path, query=[("resourceVersion", "0")],
+                          accept=f"{kubewire.PROTOBUF}, application/json")
+        try:
+            data = resp.data
+            if str(resp.headers.get("Content-Type", "")).startswith(kubewire.PROTOBUF):
+                items, rv = kubewire.decode_claim_list(data)
+                return ListResult(items, rv)
+            page = orjson.loads(data) if data else {}
+        except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
+        items = [kubewire.allocation_view(i) for i in page.get("items") or [] if isinstance(i, Mapping)]
+        return ListResult(items, str((page.get("metadata") or {}).get("resourceVersion") or ""))
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
               field_selector: str | None = None) -> Iterator[Obj]:

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver.kube import RestKubeApi
+from dra_driver.kubewire import allocation_view
 from e2e.bed import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
 ALLOCATE_ANNOTATION = f"{DRIVER}/allocate"
@@ -157,6 +159,39 @@ def test_explain_bad_gpu_config_in_class(bed: Bed, ns: str, bad_class: str) -> N
     cls_events = describe(bed, "deviceclass", bad_class)
     assert "InvalidConfig" in cls_events, cls_events
     assert not bed.get("resourceclaim", "class-config", ns).get("status", {}).get("allocation")
+
+
+def test_protobuf_claim_list_reads_what_the_api_server_holds(bed: Bed, ns: str) -> None:
+    """``explain`` reads every claim's allocation in protobuf with a schema of our own: it must
+    give, for every claim in the cluster, exactly what the JSON form says, including admin access,
+    shareID and consumed capacity (written here as an allocator would)."""
+    bed.kubectl("label", "namespace", ns, "resource.kubernetes.io/admin-access=true")
+    cls = {"deviceClassName": GPU_CLASS}
+    bed.apply([{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "wire"},
+                "spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {**cls, "count": 2}},
+                    {"name": "admin", "exactly": {**cls, "adminAccess": True}},
+                    {"name": "mem", "exactly": {**cls, "capacity": {"requests": {"memory": "10Gi"}}}}]}}}], ns=ns)  # fmt: skip
+    claim = bed.get("resourceclaim", "wire", ns=ns)
+    results = [
+        {"request": "gpu", "driver": "wire.example.com", "pool": "p1", "device": "d0"},
+        {"request": "gpu", "driver": "wire.example.com", "pool": "p1", "device": "d1"},
+        {"request": "admin", "driver": "wire.example.com", "pool": "p1", "device": "d0", "adminAccess": True},
+        {"request": "mem", "driver": "wire.example.com", "pool": "p2", "device": "d2",
+         "shareID": "6f1c1d3e-0000-4000-8000-000000000001", "consumedCapacity": {"memory": "10Gi", "cores": "500m"}},
+    ]
+    claim["status"] = {"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [H100_NODE]}]}]}}}  # fmt: skip
+    bed.kubectl("replace", "--subresource=status", "-f", "-", input_text=json.dumps(claim))
+    api = RestKubeApi.from_kubeconfig(str(bed.kubeconfig))
+    try:
+        wire = api.list_claim_allocations().items
+    finally:
+        api.close()
+    as_json = [allocation_view(c) for c in all_claims(bed)]
+    by_uid = {c["metadata"]["uid"]: c for c in wire}
+    assert by_uid == {c["metadata"]["uid"]: c for c in as_json}
+    assert by_uid[claim["metadata"]["uid"]]["status"]["allocation"]["devices"]["results"] == results
 
 
 # --------------------------------------------------------------------------- opt-in allocation

@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dra_driver.kube import ApiError, ListResult, Obj, Resource, key_of
+from dra_driver.kube import CLAIMS, ApiError, ListResult, Obj, Resource, key_of
+from dra_driver.kubewire import allocation_view
 
 
 class FakeKube:
@@ -115,6 +116,10 @@ class FakeKube:
         items = [copy.deepcopy(o) for o in self._bucket(res).values()
                  if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]
         return ListResult(items, str(self.rv))
+
+    def list_claim_allocations(self) -> ListResult:
+        listed = self.list(CLAIMS, cached=True)
+        return ListResult([allocation_view(c) for c in listed.items], listed.resource_version)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
               field_selector: str | None = None) -> Iterator[Obj]:

@@ -22,12 +22,13 @@ from dra_driver.kube import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, Conf
 from dra_driver.kubeconfig import ClientCert, Credentials, ExecCredential, ExecProvider
 
 Reply = tuple[int, Any]
+RawReply = tuple[int, str, bytes]  # status, Content-Type, body
 
 
 class Server:
     def __init__(self, configuration: Configuration | None = None, **api_kwargs: Any) -> None:
         self.requests: list[dict[str, Any]] = []
-        self.replies: list[Reply | list[bytes]] = []
+        self.replies: list[Reply | RawReply | list[bytes]] = []
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -40,6 +41,7 @@ class Server:
                                        "ctype": self.headers.get("Content-Type"),
                                        "auth": self.headers.get("Authorization"),
                                        "agent": self.headers.get("User-Agent"),
+                                       "accept": self.headers.get("Accept"),
                                        "body": json.loads(body) if body else None})
                 reply = outer.replies.pop(0)
                 if isinstance(reply, list):  # a watch stream
@@ -50,10 +52,13 @@ class Server:
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                code, obj = reply
-                data = json.dumps(obj).encode()
+                if len(reply) == 3:
+                    code, ctype, data = reply
+                else:
+                    code, obj = reply
+                    ctype, data = "application/json", json.dumps(obj).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -1,0 +1,111 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Unknown(_message.Message):
+    __slots__ = ("typeMeta", "raw", "contentEncoding", "contentType")
+    TYPEMETA_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    CONTENTENCODING_FIELD_NUMBER: _ClassVar[int]
+    CONTENTTYPE_FIELD_NUMBER: _ClassVar[int]
+    typeMeta: TypeMeta
+    raw: bytes
+    contentEncoding: str
+    contentType: str
+    def __init__(self, typeMeta: _Optional[_Union[TypeMeta, _Mapping]] = ..., raw: _Optional[bytes] = ..., contentEncoding: _Optional[str] = ..., contentType: _Optional[str] = ...) -> None: ...
+
+class TypeMeta(_message.Message):
+    __slots__ = ("apiVersion", "kind")
+    APIVERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    apiVersion: str
+    kind: str
+    def __init__(self, apiVersion: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ListMeta(_message.Message):
+    __slots__ = ("resourceVersion",)
+    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FIELD_NUMBER: _ClassVar[int]
+    resourceVersion: str
+    def __init__(self, resourceVersion: _Optional[str] = ..., **kwargs) -> None: ...
+
+class ObjectMeta(_message.Message):
+    __slots__ = ("name", "namespace", "uid", "resourceVersion")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ...) -> None: ...
+
+class ResourceClaimList(_message.Message):
+    __slots__ = ("metadata", "items")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    metadata: ListMeta
+    items: _containers.RepeatedCompositeFieldContainer[ResourceClaim]
+    def __init__(self, metadata: _Optional[_Union[ListMeta, _Mapping]] = ..., items: _Optional[_Iterable[_Union[ResourceClaim, _Mapping]]] = ...) -> None: ...
+
+class ResourceClaim(_message.Message):
+    __slots__ = ("metadata", "status")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    metadata: ObjectMeta
+    status: ResourceClaimStatus
+    def __init__(self, metadata: _Optional[_Union[ObjectMeta, _Mapping]] = ..., status: _Optional[_Union[ResourceClaimStatus, _Mapping]] = ...) -> None: ...
+
+class ResourceClaimStatus(_message.Message):
+    __slots__ = ("allocation",)
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    allocation: AllocationResult
+    def __init__(self, allocation: _Optional[_Union[AllocationResult, _Mapping]] = ...) -> None: ...
+
+class AllocationResult(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: DeviceAllocationResult
+    def __init__(self, devices: _Optional[_Union[DeviceAllocationResult, _Mapping]] = ...) -> None: ...
+
+class DeviceAllocationResult(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DeviceRequestAllocationResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DeviceRequestAllocationResult, _Mapping]]] = ...) -> None: ...
+
+class DeviceRequestAllocationResult(_message.Message):
+    __slots__ = ("request", "driver", "pool", "device", "adminAccess", "shareID", "consumedCapacity")
+    class ConsumedCapacityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Quantity
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Quantity, _Mapping]] = ...) -> None: ...
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ADMINACCESS_FIELD_NUMBER: _ClassVar[int]
+    SHAREID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMEDCAPACITY_FIELD_NUMBER: _ClassVar[int]
+    request: str
+    driver: str
+    pool: str
+    device: str
+    adminAccess: bool
+    shareID: str
+    consumedCapacity: _containers.MessageMap[str, Quantity]
+    def __init__(self, request: _Optional[str] = ..., driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ..., adminAccess: _Optional[bool] = ..., shareID: _Optional[str] = ..., consumedCapacity: _Optional[_Mapping[str, Quantity]] = ...) -> None: ...
+
+class Quantity(_message.Message):
+    __slots__ = ("string",)
+    STRING_FIELD_NUMBER: _ClassVar[int]
+    string: str
+    def __init__(self, string: _Optional[str] = ...) -> None: ...
