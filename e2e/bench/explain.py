@@ -2,8 +2,9 @@
 
 Measured in this process through :func:`dra_driver.explain.main` (a new REST client per call,
 GET of the claim, LIST of slices and classes, the protobuf LIST of every claim's allocation, the
-engine, JSON rendering): that is the command without Python start-up. The fetch and the evaluation are also timed apart, and the real
-command (``python -m dra_driver explain``) is timed as a subprocess, start-up included.
+engine, JSON rendering): that is the command without Python start-up. The fetch and the evaluation
+are also timed apart, and the real command (``python -m dra_driver explain``) is timed as a
+subprocess, start-up included.
 
 Claims explained: a pending 1-GPU claim (unsatisfiable when the resolution benchmark filled
 every GPU before, satisfiable otherwise: the engine then explains every device) and, when there
