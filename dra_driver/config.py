@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,7 @@ class ControllerSettings:
     identity: str
     metrics_port: int
     resync_seconds: float
+    allocation_ledger: tuple[str, str]
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
@@ -180,6 +182,9 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         help="Port for /metrics and /healthz; 0 disables [METRICS_PORT]")
     add("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "30") or 30),
         help="Seconds between full re-evaluations of pending claims [RESYNC_SECONDS]")
+    add("--allocation-ledger", default=_env("ALLOCATION_LEDGER"),
+        help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
+             "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")
 
 
 def controller_settings(args: argparse.Namespace) -> ControllerSettings:
@@ -194,4 +199,15 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         identity=args.identity,
         metrics_port=int(args.metrics_port),
         resync_seconds=float(args.resync_seconds),
+        allocation_ledger=_ledger_ref(args.allocation_ledger, args.leader_election_namespace),
     )
+
+
+def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:
+    if not text:
+        return namespace, "dra-driver-allocations"
+    ns, sep, name = text.partition("/")
+    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    if not sep or not label.match(ns) or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
+        raise ValueError(f"--allocation-ledger must be NAMESPACE/NAME of a ConfigMap, got {text!r}")
+    return ns, name

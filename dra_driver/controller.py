@@ -63,12 +63,13 @@ from enum import StrEnum
 from types import FrameType
 from typing import Any, Protocol, cast
 
-from dra_driver import CONFIG_API_GROUP, logs
+from dra_driver import CONFIG_API_GROUP, fence, logs
 from dra_driver.config import ControllerSettings
 from dra_driver.informer import Informer, WorkQueue
 from dra_driver.kube import (
     CLAIM_TEMPLATES,
     CLAIMS,
+    CONFIGMAPS,
     DEVICE_CLASSES,
     EVENTS,
     PODS,
@@ -99,8 +100,10 @@ MAX_EVENT_NOTE = 1024
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
-SCHEDULER_WAIT_SECONDS = 1.0
-"""How long an opted-in claim waits while the kube-scheduler has pods with claims in flight."""
+FENCE_PROBES = 15
+"""Dry-run probes (5 ms doubling to 200 ms apart, about 2 s in all) before the allocation fence
+counts as not installed."""
+FENCE_RETRY_SECONDS = 30.0
 LEDGER_TTL_SECONDS = 120.0
 
 
@@ -203,26 +206,6 @@ def pod_is_done(pod: Mapping[str, Any]) -> bool:
         return True
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
     return is_deleting(pod) and not (spec or {}).get("nodeName")
-
-
-def pod_being_scheduled(pod: Mapping[str, Any]) -> bool:
-    """A pod with claims that the kube-scheduler may be allocating devices for right now.
-
-    Not bound, not gated, not done, and not parked as unschedulable (the scheduler retries a
-    parked pod only after an event that frees devices, so it does not race a new allocation).
-    """
-    if pod_is_done(pod) or is_deleting(pod):
-        return False
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping) or spec.get("nodeName") or spec.get("schedulingGates"):
-        return False
-    if not spec.get("resourceClaims"):
-        return False
-    for cond in status_of(pod).get("conditions") or []:
-        if (isinstance(cond, Mapping) and cond.get("type") == "PodScheduled" and cond.get("status") == "False"
-                and cond.get("reason") == "Unschedulable"):  # fmt: skip
-            return False
-    return True
 
 
 def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
@@ -725,7 +708,7 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         settle_seconds: float = ALLOCATION_SETTLE_SECONDS,
-        scheduler_wait_seconds: float = SCHEDULER_WAIT_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -735,7 +718,8 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.settle_seconds = settle_seconds
-        self.scheduler_wait_seconds = scheduler_wait_seconds
+        self.sleep = sleep
+        self.ledger_namespace, self.ledger_name = settings.allocation_ledger
         self.queue = WorkQueue(clock=clock)
         self.claims = Informer(api, CLAIMS, self._on_claim)
         self.pods = Informer(api, PODS, self._on_pod)
@@ -749,6 +733,7 @@ class Controller:
         self._slices_version = 0
         self._snapshot = _Snapshot()
         self._written: dict[str, _Written] = {}
+        self._reserving: set[str] = set()  # claim UIDs between their ledger entry and their allocation
         self._validated: dict[str, str] = {}
         self._log = logs.get("controller")
         self._last_loop = clock()
@@ -838,6 +823,7 @@ class Controller:
             self.queue.add(_kind_key("class", key_of(cls)))
         for t in self.templates.store.values():
             self.queue.add(_kind_key("template", key_of(t)))
+        self.queue.add(_kind_key("ledger", self.ledger_name))
 
     # -- the engine's inputs
 
@@ -940,6 +926,8 @@ class Controller:
             obj = self.templates.store.get(key)
             if obj is not None:
                 self.validate_object(obj, CLAIM_TEMPLATES)
+        elif kind == "ledger":
+            self.collect_ledger()
 
     def validate_object(self, obj: Obj, resource: Resource) -> list[str]:
         """Warning Event ``InvalidConfig`` once per (object, generation, set of errors)."""
@@ -1044,35 +1032,23 @@ class Controller:
     def allocate(self, claim: Obj, log: Any) -> bool:
         """Allocate an opted-in claim, never racing the scheduler into a double allocation.
 
-        0. Yield to the scheduler: while any pod with claims is being scheduled
-           (:func:`pod_being_scheduled`, from a fresh LIST of pods), the claim waits
-           ``scheduler_wait_seconds`` and is tried again. A collision must be *prevented*, not
-           repaired: the kube-scheduler keeps allocated devices as a set fed by claim events, so
-           when two claims briefly hold one device and either lets go, the scheduler forgets the
-           device although the other claim still holds it, and hands it out again (seen on the
-           bed: two scheduler claims on one GPU after a rollback in step 4).
         1. Fresh reads: GET the claim and a consistent LIST of all claims (the informer cache may
-           lag), after the LIST of pods, so every pod bound before it has its allocation in it.
-           The claim must still be unallocated and opted in. The engine resolves against
-           the fresh list plus this controller's own recent writes (the ledger), so devices the
-           scheduler allocated up to the LIST are excluded.
+           lag). The claim must still be unallocated and opted in. The engine resolves against
+           the fresh list plus this controller's own recent writes.
         2. Finalizer ``resource.kubernetes.io/delete-protection`` is added with an ``update``
            (resourceVersion precondition) before the allocation exists.
-        3. ``status.allocation`` is written with an ``update`` of the status subresource under
-           the resourceVersion precondition: if the scheduler (or anyone) changed the claim since
-           step 1, the write fails with 409 and the claim is re-resolved.
-        4. Post-write verification, right after the write and once more ``settle_seconds``
-           later: a fresh LIST; if any other claim holds one of our devices exclusively, our
-           allocation loses: while nothing has reserved our claim it is rolled back (status
-           update with precondition) and re-resolved; if a pod already reserved it, the conflict
-           is reported (Event ``DeviceConflict``, ``errors_total{kind="double_allocation"}``).
+        3. The devices go into the fence ledger and the fence is proven up (:meth:`reserve`,
+           :mod:`dra_driver.fence`): from then on the API server refuses any other new
+           allocation of them, the kube-scheduler's included.
+        4. A last consistent LIST: an allocation of one of the devices written before the fence
+           came up wins; ours is dropped (ledger entries released) and the claim re-resolved.
+        5. ``status.allocation`` is written under the resourceVersion precondition: if anyone
+           changed the claim since step 1, the write fails with 409 and the claim is re-resolved.
 
-        The residual race is a scheduler allocation of the same device to a *different* claim
-        that it decided on before our write was visible to it (it took the device from its own
-        in-flight "assumed" state, invisible to us) and that it writes after our step 1. Step 0
-        confines it to a pod that was created (or woken up by a freed device) after our LIST of
-        pods and scheduled within the few milliseconds before our write; step 4 still detects
-        that case and rolls back, at the price of the scheduler's forgotten device above.
+        Nothing is rolled back after the write, because nothing can collide with it: the
+        post-write checks (:meth:`verify_allocation`) only report the impossible. Without the
+        fence (policy or binding not installed) the controller does not allocate at all and says
+        so in an Event.
         """
         if not self.leadership.is_leader():
             return False
@@ -1092,8 +1068,6 @@ class Controller:
         ):
             self.queue.add(_kind_key("claim", key_of(claim)))
             return False
-        if self.scheduler_busy(claim, log):
-            return False
         fresh = self.api.list(CLAIMS).items
         outcome = self.outcome_for(fresh_claim, claims=fresh, require_own_driver=True)
         if outcome.verdict is not Verdict.SATISFIABLE or outcome.allocation is None:
@@ -1111,28 +1085,34 @@ class Controller:
                     self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
                     return False
                 raise
-        # Step 0 once more, as late as possible: only a pod created after this LIST and scheduled
-        # before our write is visible can still collide.  The second claim LIST covers pods bound
-        # since the first one.
-        if self.scheduler_busy(claim, log):
-            return False
-        taken = allocation_conflicts(allocation, uid_of(target), self.api.list(CLAIMS).items)
-        if taken:
-            log.info("devices were allocated meanwhile; re-resolving", other=key_of(taken[0][0]))
-            self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
-            return False
+        uid = uid_of(target)
+        with self._lock:
+            self._reserving.add(uid)
         try:
-            written = self.api.replace_status(CLAIMS, with_allocation(target, allocation))
-        except ApiError as exc:
-            if exc.conflict or exc.not_found:
-                self.metrics.error("conflict")
-                log.info("claim changed before the allocation was written; re-resolving", error=str(exc))
+            if not self.reserve(target, allocation, log):
+                return False
+            taken = allocation_conflicts(allocation, uid, self.api.list(CLAIMS).items)
+            if taken:
+                log.info("devices were allocated before the fence was up; re-resolving", other=key_of(taken[0][0]))
+                self.release(uid)
                 self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
                 return False
-            raise
-        with self._lock:
-            self._written[uid_of(written)] = _Written(written, self.clock())
-        self.claims.store.put_if_unchanged(written, _rv(fresh_claim))
+            try:
+                written = self.api.replace_status(CLAIMS, with_allocation(target, allocation))
+            except ApiError as exc:
+                self.release(uid)
+                if exc.conflict or exc.not_found:
+                    self.metrics.error("conflict")
+                    log.info("claim changed before the allocation was written; re-resolving", error=str(exc))
+                    self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+                    return False
+                raise
+            with self._lock:
+                self._written[uid_of(written)] = _Written(written, self.clock())
+            self.claims.store.put_if_unchanged(written, _rv(fresh_claim))
+        finally:
+            with self._lock:
+                self._reserving.discard(uid)
         self.metrics.claims_allocated.inc()
         where = describe_node_selector(allocation)
         log.info("claim allocated", devices=describe_devices(allocation), where=where)
@@ -1148,14 +1128,106 @@ class Controller:
         self.queue.add_after(_kind_key("claim", key_of(written)), self.settle_seconds)
         return True
 
-    def scheduler_busy(self, claim: Obj, log: Any) -> bool:
-        """Step 0 of :meth:`allocate`: requeue ``claim`` while pods with claims are being scheduled."""
-        busy = sorted(key_of(p) for p in self.api.list(PODS).items if pod_being_scheduled(p))
-        if not busy:
+    # -- the allocation fence (dra_driver.fence)
+
+    def _edit_ledger(self, edit: Callable[[dict[str, str]], dict[str, str] | None]) -> None:
+        """Read-modify-write of the ledger ConfigMap (created when missing); ``edit`` returns the
+        new data, or None to leave it. Conflicting writers are retried."""
+        for _ in range(10):
+            try:
+                cm = self.api.get(CONFIGMAPS, self.ledger_name, namespace=self.ledger_namespace)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+                cm = None
+            data = dict((cm or {}).get("data") or {})
+            new = edit(data)
+            if new is None or new == data:
+                return
+            try:
+                if cm is None:
+                    self.api.create(CONFIGMAPS, {
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": self.ledger_name, "namespace": self.ledger_namespace,
+                                     "labels": {"app.kubernetes.io/managed-by": "dra-driver-controller"}},
+                        "data": new}, namespace=self.ledger_namespace)  # fmt: skip
+                else:
+                    self.api.replace(CONFIGMAPS, {**cm, "data": new})
+                return
+            except ApiError as exc:
+                if not (exc.conflict or exc.not_found):
+                    raise
+        raise ApiError(409, "Conflict", f"ConfigMap {self.ledger_namespace}/{self.ledger_name} kept changing")
+
+    def reserve(self, claim: Obj, allocation: Mapping[str, Any], log: Any) -> bool:
+        """Steps 3 of :meth:`allocate`: ledger entries for the devices, then proof that the API
+        server enforces them. False (entries released, claim requeued) when it does not."""
+        uid = uid_of(claim)
+        devices = sorted(device_ids(allocation, exclusive_only=True))
+        token = fence.new_token()
+        held: list[str] = []
+
+        def edit(data: dict[str, str]) -> dict[str, str] | None:
+            held[:] = fence.conflicting_entries(data, devices, uid)
+            return None if held else fence.with_reservation(data, devices, uid, token, self.driver)
+
+        self._edit_ledger(edit)
+        if held:
+            log.info("devices are held in the fence ledger for another claim; re-resolving", keys=held)
+            self.queue.add_after(_kind_key("claim", key_of(claim)), 0.5)
             return False
-        log.debug("waiting for the kube-scheduler to finish pods with claims", pods=", ".join(busy[:5]), count=len(busy))
-        self.queue.add_after(_kind_key("claim", key_of(claim)), self.scheduler_wait_seconds)
-        return True
+        sentinel = fence.ledger_key(fence.sentinel_driver(self.driver), token, "probe")
+        probe = with_allocation(claim, fence.probe_allocation(allocation, token, self.driver))
+        delay = 0.005
+        for _ in range(FENCE_PROBES):
+            try:
+                self.api.replace_status(CLAIMS, probe, dry_run=True)
+            except ApiError as exc:
+                if fence.denial_names(str(exc), sentinel):
+                    return True
+                if not fence.is_denial(str(exc)):
+                    self.release(uid)
+                    if exc.conflict or exc.not_found:
+                        self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
+                        return False
+                    raise
+                # Refused for another device: admission still reads an older ledger; wait for ours.
+            self.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        self.release(uid)
+        self.metrics.error("fence_inactive")
+        note = ("not allocating: the allocation fence is not in force (or the API server's admission still "
+                "reads an older ledger), so an allocation could collide with the kube-scheduler's. Install the "
+                f"ValidatingAdmissionPolicy {fence.POLICY_NAME} and a binding whose paramRef names the ConfigMap "
+                f"{self.ledger_namespace}/{self.ledger_name} (the Helm chart does both)")
+        log.error("allocation fence not in force", policy=fence.POLICY_NAME,
+                  ledger=f"{self.ledger_namespace}/{self.ledger_name}")
+        self.emit(claim, EventSpec("Warning", "AllocationFenceMissing", note, "Allocate"), CLAIMS)
+        self.queue.add_after(_kind_key("claim", key_of(claim)), FENCE_RETRY_SECONDS)
+        return False
+
+    def release(self, uid: str) -> None:
+        """Drop the ledger entries of claim ``uid``."""
+        self._edit_ledger(lambda data: fence.without_keys(data, fence.keys_of(data, uid)))
+
+    def collect_ledger(self) -> None:
+        """Drop ledger entries whose claim no longer holds the device (deallocated, deleted)."""
+        held: dict[str, set[str]] = {}
+        for c in self.claims_for_accounting():
+            if is_allocated(c):
+                held[uid_of(c)] = {fence.ledger_key(*d) for d in
+                                   device_ids(status_of(c).get("allocation"), exclusive_only=True)}  # fmt: skip
+        with self._lock:
+            busy = set(self._reserving)
+        stale: list[str] = []
+
+        def edit(data: dict[str, str]) -> dict[str, str] | None:
+            stale[:] = fence.stale_keys(data, held, busy, self.driver)
+            return fence.without_keys(data, stale) if stale else None
+
+        self._edit_ledger(edit)
+        if stale:
+            self._log.info("released fence ledger entries", count=len(stale))
 
     def verify_allocation(self, claim: Obj, log: Any, *, settled: bool) -> bool:
         """Post-write check of a controller allocation; True when it stands.
@@ -1202,6 +1274,7 @@ class Controller:
             return False
         with self._lock:
             self._written.pop(uid, None)
+        self.release(uid)
         self.emit(mine, EventSpec("Warning", "AllocationRolledBack",
                                   f"device(s) {shared} were allocated to claim {other_key} concurrently; "
                                   "allocation withdrawn, re-resolving", "Allocate"), CLAIMS)
@@ -1226,6 +1299,7 @@ class Controller:
             raise
         with self._lock:
             self._written.pop(uid_of(claim), None)
+        self.release(uid_of(claim))
         log.info("deleted claim deallocated and released")
         return True
 

@@ -81,6 +81,7 @@ PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 
 
 class ApiError(Exception):
@@ -166,8 +167,9 @@ class KubeApi(Protocol):
         """PUT; ``metadata.resourceVersion`` in ``body`` is the optimistic-concurrency precondition."""
         ...
 
-    def replace_status(self, res: Resource, body: Obj) -> Obj:
-        """PUT to the ``status`` subresource, with the same precondition."""
+    def replace_status(self, res: Resource, body: Obj, *, dry_run: bool = False) -> Obj:
+        """PUT to the ``status`` subresource, with the same precondition. ``dry_run``: validated
+        and admitted (admission policies run) but not stored."""
         ...
 
     def merge_patch(self, res: Resource, name: str, patch: Obj, *, namespace: str | None = None) -> Obj:
@@ -423,9 +425,10 @@ class RestKubeApi:
         obj: Obj = self._json("PUT", res.path(m.get("namespace"), str(m.get("name", ""))), body=body)
         return obj
 
-    def replace_status(self, res: Resource, body: Obj) -> Obj:
+    def replace_status(self, res: Resource, body: Obj, *, dry_run: bool = False) -> Obj:
         m = meta(body)
-        obj: Obj = self._json("PUT", res.path(m.get("namespace"), str(m.get("name", "")), "status"), body=body)
+        obj: Obj = self._json("PUT", res.path(m.get("namespace"), str(m.get("name", "")), "status"), body=body,
+                              query=[("dryRun", "All")] if dry_run else None)
         return obj
 
     def merge_patch(self, res: Resource, name: str, patch: Obj, *, namespace: str | None = None) -> Obj:

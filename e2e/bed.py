@@ -21,6 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "deploy" / "examples"
 DEVICECLASSES = REPO / "deploy" / "deviceclasses"
+FENCE_POLICY = REPO / "deploy" / "helm" / "dra-driver" / "files" / "allocation-fence-policy.yaml"
 DRIVER = "gpu.dra-driver.io"
 CONTAINERS_ANNOTATION = "e2e.dra-driver.io/containers"
 EXPLANATION_ANNOTATION = f"{DRIVER}/explanation"
@@ -72,6 +73,17 @@ def load_manifests(path: Path) -> list[dict[str, Any]]:
     for f in files:
         docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
     return docs
+
+
+def fence_manifests(ledger_namespace: str = "kube-system") -> list[dict[str, Any]]:
+    """The allocation-fence policy as the chart ships it, bound to the ledger of a controller whose
+    namespace is ``ledger_namespace`` (the bed's controller runs with kube-system)."""
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "allocation-fence.gpu.dra-driver.io"},
+               "spec": {"policyName": "allocation-fence.gpu.dra-driver.io", "validationActions": ["Deny"],
+                        "paramRef": {"name": "dra-driver-allocations", "namespace": ledger_namespace,
+                                     "parameterNotFoundAction": "Allow"}}}  # fmt: skip
+    return [*load_manifests(FENCE_POLICY), binding]
 
 
 def example(name: str) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.bed import DEVICECLASSES, DRIVER, Bed, env_flag, kubectl_binary, load_manifests, wait_for
+from e2e.bed import DEVICECLASSES, DRIVER, Bed, env_flag, fence_manifests, kubectl_binary, load_manifests, wait_for
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,7 +58,7 @@ def bed() -> Iterator[Bed]:
             fleet.start()
             b = Bed(kubeconfig=cluster.kubeconfig, kubectl_bin=str(cluster.bin_dir / "kubectl"),
                     fleet=fleet, cluster=cluster)
-            b.apply(load_manifests(DEVICECLASSES))
+            b.apply(load_manifests(DEVICECLASSES) + fence_manifests())
             for node in cluster.nodes:
                 wait_for(f"ResourceSlices of {node}",
                          lambda n=node: b.get("resourceslices", selector=f"spec.nodeName={n},spec.driver={DRIVER}")["items"],

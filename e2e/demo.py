@@ -14,7 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import explain
-from e2e.bed import DEVICECLASSES, DRIVER, Bed, allocated, attr, example, load_manifests, names_of, observed, wait_for
+from e2e.bed import (
+    DEVICECLASSES,
+    DRIVER,
+    Bed,
+    allocated,
+    attr,
+    example,
+    fence_manifests,
+    load_manifests,
+    names_of,
+    observed,
+    wait_for,
+)
 from e2e.testbed import binaries
 from e2e.testbed.cluster import Cluster, stop_detached
 from e2e.testbed.nodes import NodeFleet
@@ -84,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet.start()
         (WORKDIR / "fleet.json").write_text(json.dumps(fleet.procs.pids()))
         bed = Bed(kubeconfig=cluster.kubeconfig, kubectl_bin=str(bin_dir / "kubectl"), fleet=fleet, cluster=cluster)
-        bed.apply(load_manifests(DEVICECLASSES))
+        bed.apply(load_manifests(DEVICECLASSES) + fence_manifests())
         for node in cluster.nodes:
             wait_for(f"slices of {node}", lambda n=node: bed.get(
                 "resourceslices", selector=f"spec.nodeName={n},spec.driver={DRIVER}")["items"], 60)

@@ -270,6 +270,27 @@ def _free_round(bed: Bed, ns: str) -> None:
              lambda: not bed.get("resourceclaims", ns=ns)["items"], 90, interval=1.0)
 
 
+def test_allocation_fence_on_the_api_server(bed: Bed, ns: str) -> None:
+    """The fence is what makes opt-in allocation safe: kube-apiserver itself refuses another
+    claim's allocation of a device the controller holds. (Deleting and re-creating the binding
+    here is avoided: kube-apiserver 1.36.3 then keeps enforcing a stale copy of the ConfigMap.)"""
+    bed.apply([claim_doc("fenced", selectors=(H100,), opt_in=True), claim_doc("intruder", selectors=(H100,))], ns=ns)
+    held = wait_for("the controller's allocation", lambda: claim_of_name(bed, ns, "fenced").get("status", {})
+                    .get("allocation"), 60)  # fmt: skip
+    device = held["devices"]["results"][0]
+    intruder = claim_of_name(bed, ns, "intruder")
+    intruder["status"] = {"allocation": {"devices": {"results": [{**device}]}, "nodeSelector": held["nodeSelector"]}}
+    denied = bed.kubectl("replace", "--subresource=status", "-f", "-", input_text=json.dumps(intruder), check=False)
+    assert denied.returncode != 0 and "allocation fence" in denied.stderr, denied.stderr
+    assert not claim_of_name(bed, ns, "intruder").get("status", {}).get("allocation")
+
+
+
+def claim_of_name(bed: Bed, ns: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = bed.get("resourceclaim", name, ns=ns)
+    return obj
+
+
 @pytest.mark.parametrize("rounds", [3])
 def test_opt_in_allocation_beside_the_scheduler(bed: Bed, ns: str, rounds: int) -> None:
     opted_count, pod_count = 5, 5  # 7 GPUs for the controller's claims + 5 for pods > 8 H100s

@@ -9,7 +9,7 @@ from kubefake import FakeKube
 
 from dra_driver.config import ControllerSettings
 from dra_driver.controller import ALLOCATE_ANNOTATION, Controller
-from dra_driver.kube import CLAIMS, DEVICE_CLASSES, PODS, SLICES, Obj
+from dra_driver.kube import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Obj, Resource
 
 DRIVER = "gpu.dra-driver.io"
 CLASS = "gpu.dra-driver.io"
@@ -38,9 +38,32 @@ def settings(**over: Any) -> ControllerSettings:
         identity="test-replica",
         metrics_port=0,
         resync_seconds=30.0,
+        allocation_ledger=("kube-system", "dra-driver-allocations"),
     )
     base.update(over)
     return ControllerSettings(**base)
+
+
+def fence_policy(kube: FakeKube, ledger: str = "kube-system/dra-driver-allocations") -> None:
+    """What the allocation-fence ValidatingAdmissionPolicy does, against ``kube``'s ConfigMap
+    (the policy itself is checked against kube-apiserver in e2e/test_controller.py)."""
+
+    def admit(verb: str, res: Resource, new: Obj, old: Obj | None) -> None:
+        if res.plural != "resourceclaims" or verb not in ("replace_status", "dry_run_status"):
+            return
+        if (old or {}).get("status", {}).get("allocation"):
+            return
+        cm = kube.obj(CONFIGMAPS, ledger)
+        held = (cm or {}).get("data") or {}
+        for r in ((new.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            if r.get("adminAccess"):
+                continue
+            key = f"{r['driver']}_{r['pool'].replace('/', '_')}_{r['device']}"
+            if key in held and held[key] != new["metadata"]["uid"]:
+                raise ApiError(403, "Forbidden", f"ValidatingAdmissionPolicy denied request: allocation fence: "
+                               f"device {key} is held by the dra-driver controller for claim {held[key]}")
+
+    kube.admission.append(admit)
 
 
 def gpu_slice(node: str = "node-a", n: int = 2, driver: str = DRIVER, name: str | None = None) -> Obj:

@@ -28,6 +28,9 @@ class FakeKube:
         self.hooks: dict[str, Callable[[FakeKube, Resource, Obj], None]] = {}
         self.fail: dict[str, ApiError] = {}
         self.unreachable = False
+        # Admission: called with (verb, resource, new object, old object) before a write is
+        # stored (dry runs included); raising ApiError denies it, as an admission policy would.
+        self.admission: list[Callable[[str, Resource, Obj, Obj | None], None]] = []
 
     # -- helpers for tests
 
@@ -149,7 +152,8 @@ class FakeKube:
             raise ApiError(409, "AlreadyExists", f"{key} exists")
         return self.add(res, body)
 
-    def _update(self, verb: str, res: Resource, body: Obj, apply: Callable[[Obj, Obj], Obj]) -> Obj:
+    def _update(self, verb: str, res: Resource, body: Obj, apply: Callable[[Obj, Obj], Obj],
+                dry_run: bool = False) -> Obj:
         key = key_of(body)
         self._check(verb, res, key)
         cur = self._bucket(res).get(key)
@@ -159,6 +163,10 @@ class FakeKube:
         if want and want != cur["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
         new = apply(copy.deepcopy(cur), copy.deepcopy(body))
+        for admit in self.admission:
+            admit(verb, res, new, cur)
+        if dry_run:
+            return copy.deepcopy(new)
         new["metadata"]["resourceVersion"] = self._next_rv()
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             del self._bucket(res)[key]
@@ -185,12 +193,13 @@ class FakeKube:
 
         return self._update("replace", res, body, apply)
 
-    def replace_status(self, res: Resource, body: Obj) -> Obj:
+    def replace_status(self, res: Resource, body: Obj, *, dry_run: bool = False) -> Obj:
         def apply(cur: Obj, new: Obj) -> Obj:
             cur["status"] = new.get("status") or {}
             return cur
 
-        return self._update("replace_status", res, body, apply)
+        # Dry runs are their own verb: hooks and write counts meant for real writes ignore them.
+        return self._update("dry_run_status" if dry_run else "replace_status", res, body, apply, dry_run=dry_run)
 
     def merge_patch(self, res: Resource, name: str, patch: Obj, *, namespace: str | None = None) -> Obj:
         key = f"{namespace}/{name}" if namespace else name

@@ -19,6 +19,7 @@ from ctrlfix import (
     device_class,
     drain,
     events,
+    fence_policy,
     gpu_slice,
     pod,
     settings,
@@ -41,7 +42,7 @@ from dra_driver.controller import (
     Outcome,
     Verdict,
 )
-from dra_driver.kube import CLAIM_TEMPLATES, CLAIMS, DEVICE_CLASSES, SLICES, ApiError
+from dra_driver.kube import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, SLICES, ApiError
 
 # ============================================================================ pure decisions
 
@@ -239,8 +240,12 @@ class TestConflicts:
 FIRST_GPU = 'device.attributes["gpu.dra-driver.io"].index == 0'
 
 
-def make(kube: FakeKube, **kw: Any) -> tuple[Controller, FakeClock]:
+def make(kube: FakeKube, *, fenced: bool = True, **kw: Any) -> tuple[Controller, FakeClock]:
+    """A controller on ``kube``; ``fenced``: the cluster has the allocation-fence policy."""
     clock = FakeClock()
+    if fenced:
+        fence_policy(kube)
+    kw.setdefault("sleep", lambda _s: None)
     c = Controller(kube, settings(), clock=clock, **kw)
     return c, clock
 
@@ -542,7 +547,7 @@ class TestAllocate:
         assert c["status"]["allocation"]["nodeSelector"]
         # finalizer first (update), then status (update of the subresource), no patches of status
         writes = [w for w in kube.writes() if w[1] == "resourceclaims"]
-        assert [w[0] for w in writes] == ["replace", "replace_status"]
+        assert [w[0] for w in writes] == ["replace", "dry_run_status", "replace_status"]
         assert ctrl.metrics.value("claims_allocated_total") == 1
         assert events(kube, "Allocated")[0]["type"] == "Normal"
 
@@ -756,81 +761,113 @@ def test_queue_item_for_missing_objects_is_harmless() -> None:
     assert kube.writes() == []
 
 
-class TestYieldToScheduler:
-    """Opt-in allocation waits while the kube-scheduler has pods with claims in flight.
-
-    Regression from e2e/test_controller.py: a rolled-back conflicting allocation made the real
-    scheduler forget a device it had allocated, and it then gave that GPU to a second pod.
-    """
+class TestAllocationFence:
+    """Opt-in allocation goes through the fence ledger (dra_driver.fence): devices are recorded
+    and the admission policy's denial of a sentinel proves them enforced before the write."""
 
     @staticmethod
-    def bound(p: dict[str, Any]) -> dict[str, Any]:
-        p["spec"]["nodeName"] = "node-a"
-        return p
+    def ledger(kube: FakeKube) -> dict[str, str]:
+        cm = kube.obj(CONFIGMAPS, "kube-system/dra-driver-allocations")
+        return dict((cm or {}).get("data") or {})
 
-    @staticmethod
-    def parked(p: dict[str, Any]) -> dict[str, Any]:
-        p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
-        return p
-
-    def test_pod_being_scheduled(self) -> None:
-        assert ctl.pod_being_scheduled(pod("p", "c"))
-        assert not ctl.pod_being_scheduled(self.bound(pod("p", "c")))
-        assert not ctl.pod_being_scheduled(self.parked(pod("p", "c")))
-        assert not ctl.pod_being_scheduled(pod("p", "c", phase="Failed"))
-        gated = pod("p", "c")
-        gated["spec"]["schedulingGates"] = [{"name": "wait"}]
-        assert not ctl.pod_being_scheduled(gated)
-        plain = pod("p", "c")
-        plain["spec"]["resourceClaims"] = []
-        assert not ctl.pod_being_scheduled(plain)
-        errored = pod("p", "c")
-        errored["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}]
-        assert ctl.pod_being_scheduled(errored)
-
-    def test_waits_while_a_pod_is_scheduled_then_allocates(self) -> None:
+    def test_devices_are_in_the_ledger_before_the_allocation(self) -> None:
         kube = cluster(gpus=2)
-        add_claim(kube, claim("c1", opt_in=True))
-        add_claim(kube, claim("sched"))
-        add_pod(kube, pod("p", "sched"))
-        ctrl, clock = make(kube)
-        step(ctrl)
-        c = kube.obj(CLAIMS, "default/c1")
-        assert c is not None and not (c.get("status") or {}).get("allocation"), "allocated beside a pod being scheduled"
-        assert not [w for w in kube.writes() if w[1] == "resourceclaims" and w[0] == "replace_status"]
-        # The scheduler finished: the pod is bound and its claim allocated.
-        s = kube.obj(CLAIMS, "default/sched")
-        assert s is not None
-        s["status"] = allocated_status(["gpu-0"])
-        kube.add(CLAIMS, s)
-        kube.set(ctl.PODS, self.bound(pod("p", "sched")))
-        clock.advance(ctl.SCHEDULER_WAIT_SECONDS + 0.1)
-        step(ctrl)
-        c = kube.obj(CLAIMS, "default/c1")
-        assert c is not None and ctl.device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-1")}
-
-    def test_parked_unschedulable_pod_does_not_block(self) -> None:
-        kube = cluster(gpus=1)
-        add_claim(kube, claim("c1", opt_in=True))
-        add_pod(kube, self.parked(pod("p", "never", via_template=True)))
+        add_claim(kube, claim(count=2, opt_in=True))
+        seen: list[dict[str, str]] = []
+        kube.hooks["replace_status:resourceclaims"] = lambda k, res, _: seen.append(self.ledger(k))
         ctrl, _ = make(kube)
         step(ctrl)
         c = kube.obj(CLAIMS, "default/c1")
-        assert c is not None and (c.get("status") or {}).get("allocation")
+        assert c is not None and c["status"].get("allocation")
+        uid = c["metadata"]["uid"]
+        held = {k for k, v in seen[0].items() if v == uid}
+        assert held == {f"{DRIVER}_node-a_gpu-0", f"{DRIVER}_node-a_gpu-1"}
+        assert [w[0] for w in kube.calls if w[1] == "resourceclaims" and w[0] == "dry_run_status"] == ["dry_run_status"]
+        # The entries stay while the claim holds the devices.
+        assert {k for k, v in self.ledger(kube).items() if v == uid} == held
 
-    def test_pod_created_during_resolution_is_waited_for(self) -> None:
+    def test_a_scheduler_write_of_a_held_device_is_refused(self) -> None:
         kube = cluster(gpus=1)
         add_claim(kube, claim("c1", opt_in=True))
-        # A pod with a claim appears while the controller adds its finalizer, after its first look.
-        kube.hooks["replace:resourceclaims"] = lambda k, res, _: k.add(ctl.PODS, pod("late", "other"))
+        add_claim(kube, claim("sched"))
+        ctrl, _ = make(kube)
+        step(ctrl)
+        other = kube.obj(CLAIMS, "default/sched")
+        assert other is not None
+        other["status"] = allocated_status(["gpu-0"])
+        with pytest.raises(ApiError) as err:
+            kube.replace_status(CLAIMS, other)
+        assert err.value.status == 403 and "allocation fence" in str(err.value)
+
+    def test_without_the_policy_nothing_is_allocated_and_the_claim_says_why(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        ctrl, _ = make(kube, fenced=False)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation")
+        assert not kube.writes("replace_status")
+        note = events(kube, "AllocationFenceMissing")[0]["note"]
+        assert "allocation-fence.gpu.dra-driver.io" in note and "kube-system/dra-driver-allocations" in note
+        assert ctrl.metrics.value("errors_total", {"kind": "fence_inactive"}) == 1
+        assert not [k for k, v in self.ledger(kube).items() if v == c["metadata"]["uid"]]  # released
+
+    def test_a_stale_ledger_in_admission_is_waited_out(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        stale = {"left": 3}
+
+        def older_ledger(verb: str, res: Any, new: Any, old: Any) -> None:
+            if verb == "dry_run_status" and stale["left"]:
+                stale["left"] -= 1
+                raise ApiError(403, "Forbidden", f"allocation fence: device {DRIVER}_node-a_gpu-0 is held by "
+                                                 "the dra-driver controller for claim released-long-ago")
+
+        kube.admission.insert(0, older_ledger)
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and c["status"].get("allocation")
+        assert stale["left"] == 0 and len([w for w in kube.calls if w[0] == "dry_run_status"]) == 4
+
+    def test_device_held_for_another_claim_is_not_reserved(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        kube.add(CONFIGMAPS, {"metadata": {"name": "dra-driver-allocations", "namespace": "kube-system"},
+                              "data": {f"{DRIVER}_node-a_gpu-0": "someone-else"}})  # fmt: skip
         ctrl, _ = make(kube)
         step(ctrl)
         c = kube.obj(CLAIMS, "default/c1")
         assert c is not None and not (c.get("status") or {}).get("allocation")
-        assert FINALIZER in c["metadata"]["finalizers"]
-        assert not kube.writes("replace_status")
+        assert self.ledger(kube) == {f"{DRIVER}_node-a_gpu-0": "someone-else"}
 
-    def test_device_taken_during_resolution_is_not_written(self) -> None:
+    def test_ledger_entries_go_with_the_claim(self) -> None:
+        kube = cluster(gpus=2)
+        add_claim(kube, claim("c1", opt_in=True))
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and any(v == c["metadata"]["uid"] for v in self.ledger(kube).values())
+        kube.delete(CLAIMS, "c1", namespace="default")
+        step(ctrl)
+        assert kube.obj(CLAIMS, "default/c1") is None  # finalizer released after deallocation
+        assert not any(v == c["metadata"]["uid"] for v in self.ledger(kube).values())
+
+    def test_collection_drops_entries_of_vanished_claims_only(self) -> None:
+        kube = cluster(gpus=2)
+        add_claim(kube, claim("c1", opt_in=True))
+        ctrl, _ = make(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None
+        cm = kube.obj(CONFIGMAPS, "kube-system/dra-driver-allocations")
+        assert cm is not None
+        cm["data"][f"{DRIVER}_node-a_gpu-1"] = "gone-uid"
+        kube.set(CONFIGMAPS, cm)
+        ctrl.collect_ledger()
+        assert {v for k, v in self.ledger(kube).items() if not k.startswith("fence.")} == {c["metadata"]["uid"]}
+
+    def test_device_allocated_before_the_fence_is_not_written(self) -> None:
         kube = cluster(gpus=1)
         add_claim(kube, claim("c1", opt_in=True))
 
