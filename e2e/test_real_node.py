@@ -172,7 +172,9 @@ def test_real_unprepare_on_delete(bed: Bed, ns: str, real_node: Any) -> None:
     bed.delete("pod", pod, ns)
     # The real kubelet calls NodeUnprepareResources once the containers are gone; we drop the spec.
     wait_for(f"CDI spec {spec_file.name} removed", lambda: not spec_file.exists(), 60)
-    gone = bed.kubectl("get", "resourceclaim", claim["metadata"]["name"], "-n", ns, check=False)
-    assert gone.returncode != 0 or not json.loads(
-        bed.kubectl("get", "resourceclaim", claim["metadata"]["name"], "-n", ns, "-o", "json").stdout
-    ).get("status", {}).get("reservedFor")
+    # kube-controller-manager drops the reservation (or the claim) asynchronously after the pod is gone.
+    def released() -> bool:
+        got = bed.kubectl("get", "resourceclaim", claim["metadata"]["name"], "-n", ns, "-o", "json", check=False)
+        return got.returncode != 0 or not json.loads(got.stdout).get("status", {}).get("reservedFor")
+
+    wait_for(f"claim {claim['metadata']['name']} released", released, 30)
