@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver import DEFAULT_DRIVER_NAME, fence
+from dra_driver.names import parse_namespaced_name
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 
@@ -205,9 +205,8 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
 
 def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:
     if not text:
-        return namespace, "dra-driver-allocations"
-    ns, sep, name = text.partition("/")
-    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    if not sep or not label.match(ns) or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
-        raise ValueError(f"--allocation-ledger must be NAMESPACE/NAME of a ConfigMap, got {text!r}")
-    return ns, name
+        return namespace, fence.DEFAULT_LEDGER
+    try:
+        return parse_namespaced_name(text, "ConfigMap")
+    except ValueError as exc:
+        raise ValueError(f"--allocation-ledger: {exc}") from None

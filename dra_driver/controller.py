@@ -1176,7 +1176,7 @@ class Controller:
             log.info("devices are held in the fence ledger for another claim; re-resolving", keys=held)
             self.queue.add_after(_kind_key("claim", key_of(claim)), 0.5)
             return False
-        sentinel = fence.ledger_key(fence.sentinel_driver(self.driver), token, "probe")
+        sentinel = fence.sentinel_key(token, self.driver)
         probe = with_allocation(claim, fence.probe_allocation(allocation, token, self.driver))
         delay = 0.005
         for _ in range(FENCE_PROBES):

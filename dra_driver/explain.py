@@ -15,7 +15,6 @@ no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,9 +46,7 @@ from dra_driver.kube import (
     RestKubeApi,
     meta,
 )
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+from dra_driver.names import parse_namespaced_name
 
 
 class ExplainError(Exception):
@@ -57,15 +54,10 @@ class ExplainError(Exception):
 
 
 def parse_claim_ref(text: str) -> tuple[str, str]:
-    parts = text.split("/")
-    if len(parts) != 2 or not parts[0] or not parts[1]:
-        raise ExplainError(f"claim must be NAMESPACE/NAME, got {text!r}")
-    ns, name = parts
-    if not _DNS_LABEL.match(ns) or len(ns) > 63:
-        raise ExplainError(f"invalid namespace {ns!r} (must be a DNS label)")
-    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
-        raise ExplainError(f"invalid claim name {name!r} (must be a DNS subdomain)")
-    return ns, name
+    try:
+        return parse_namespaced_name(text, "claim")
+    except ValueError as exc:
+        raise ExplainError(str(exc)) from None
 
 
 def device_nodes(slices: list[Obj]) -> dict[tuple[str, str, str], str]:

@@ -51,6 +51,11 @@ def new_token() -> str:
     return "gen-" + secrets.token_hex(8)
 
 
+def sentinel_key(token: str, driver: str) -> str:
+    """The ledger key of the sentinel device a write with ``token`` carries."""
+    return ledger_key(sentinel_driver(driver), token, _SENTINEL_DEVICE)
+
+
 def is_sentinel(key: str, driver: str) -> bool:
     return key.startswith(sentinel_driver(driver) + "_")
 
@@ -61,7 +66,7 @@ def with_reservation(data: Mapping[str, str], devices: Iterable[DeviceKey], uid:
     out = {k: v for k, v in data.items() if not is_sentinel(k, driver)}
     for d in devices:
         out[ledger_key(*d)] = uid
-    out[ledger_key(sentinel_driver(driver), token, _SENTINEL_DEVICE)] = "fence"
+    out[sentinel_key(token, driver)] = "fence"
     return out
 
 

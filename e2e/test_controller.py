@@ -275,20 +275,14 @@ def test_allocation_fence_on_the_api_server(bed: Bed, ns: str) -> None:
     claim's allocation of a device the controller holds. (Deleting and re-creating the binding
     here is avoided: kube-apiserver 1.36.3 then keeps enforcing a stale copy of the ConfigMap.)"""
     bed.apply([claim_doc("fenced", selectors=(H100,), opt_in=True), claim_doc("intruder", selectors=(H100,))], ns=ns)
-    held = wait_for("the controller's allocation", lambda: claim_of_name(bed, ns, "fenced").get("status", {})
+    held = wait_for("the controller's allocation", lambda: bed.get("resourceclaim", "fenced", ns=ns).get("status", {})
                     .get("allocation"), 60)  # fmt: skip
     device = held["devices"]["results"][0]
-    intruder = claim_of_name(bed, ns, "intruder")
-    intruder["status"] = {"allocation": {"devices": {"results": [{**device}]}, "nodeSelector": held["nodeSelector"]}}
+    intruder = bed.get("resourceclaim", "intruder", ns=ns)
+    intruder["status"] = {"allocation": {"devices": {"results": [device]}, "nodeSelector": held["nodeSelector"]}}
     denied = bed.kubectl("replace", "--subresource=status", "-f", "-", input_text=json.dumps(intruder), check=False)
     assert denied.returncode != 0 and "allocation fence" in denied.stderr, denied.stderr
-    assert not claim_of_name(bed, ns, "intruder").get("status", {}).get("allocation")
-
-
-
-def claim_of_name(bed: Bed, ns: str, name: str) -> dict[str, Any]:
-    obj: dict[str, Any] = bed.get("resourceclaim", name, ns=ns)
-    return obj
+    assert not bed.get("resourceclaim", "intruder", ns=ns).get("status", {}).get("allocation")
 
 
 @pytest.mark.parametrize("rounds", [3])

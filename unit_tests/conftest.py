@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``).
+"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv`` fixture.
 
 * ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
   reproducible, a deadline per example; the whole fuzz set stays well under a minute.
@@ -10,8 +10,12 @@ A test that is costlier per example scales its count with :func:`examples`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from unit_tests.kubeserver import Server
 
 settings.register_profile(
     "ci", max_examples=60, deadline=2000, derandomize=True, database=None, print_blob=True,
@@ -22,3 +26,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def srv() -> Iterator[Server]:
+    """A scripted local API server and a RestKubeApi pointed at it (unit_tests/kubeserver.py)."""
+    s = Server()
+    yield s
+    s.httpd.shutdown()
+    s.api.close()

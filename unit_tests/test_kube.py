@@ -20,67 +20,7 @@ import pytest
 from dra_driver import kubeconfig
 from dra_driver.kube import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, Configuration, RestKubeApi
 from dra_driver.kubeconfig import ClientCert, Credentials, ExecCredential, ExecProvider
-
-Reply = tuple[int, Any]
-RawReply = tuple[int, str, bytes]  # status, Content-Type, body
-
-
-class Server:
-    def __init__(self, configuration: Configuration | None = None, **api_kwargs: Any) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.replies: list[Reply | RawReply | list[bytes]] = []
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _handle(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                outer.requests.append({"method": self.command, "path": self.path,
-                                       "ctype": self.headers.get("Content-Type"),
-                                       "auth": self.headers.get("Authorization"),
-                                       "agent": self.headers.get("User-Agent"),
-                                       "accept": self.headers.get("Accept"),
-                                       "body": json.loads(body) if body else None})
-                reply = outer.replies.pop(0)
-                if isinstance(reply, list):  # a watch stream
-                    data = b"".join(reply)
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
-                if len(reply) == 3:
-                    code, ctype, data = reply
-                else:
-                    code, obj = reply
-                    ctype, data = "application/json", json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
-
-            def log_message(self, *a: Any) -> None:
-                return
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        cfg = configuration or Configuration()
-        cfg.host = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.api = RestKubeApi(cfg, **api_kwargs)
-
-
-@pytest.fixture
-def srv() -> Iterator[Server]:
-    s = Server()
-    yield s
-    s.httpd.shutdown()
-    s.api.close()
+from unit_tests.kubeserver import Server
 
 
 def test_paths() -> None:

@@ -7,7 +7,6 @@ on the bed (``e2e/test_controller.py``), against kube-apiserver's own protobuf o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from dra_driver._proto.kubewire import claims_pb2 as pb
 from dra_driver.kube import ApiError
 from dra_driver.kubewire import PROTOBUF, WireError, allocation_view, decode_claim_list
-from unit_tests.test_kube import Server
+from unit_tests.kubeserver import Server
 
 JSON_CLAIMS: list[dict[str, Any]] = [
     {"metadata": {"name": "a", "namespace": "ns", "uid": "u-a", "managedFields": [{"manager": "x"}]},
@@ -86,14 +85,6 @@ def test_fields_the_schema_does_not_declare_are_skipped() -> None:
 def test_bad_bodies_are_named(body: bytes, problem: str) -> None:
     with pytest.raises(WireError, match=problem):
         decode_claim_list(body)
-
-
-@pytest.fixture
-def srv() -> Iterator[Server]:
-    s = Server()
-    yield s
-    s.httpd.shutdown()
-    s.api.close()
 
 
 def test_rest_client_asks_for_protobuf_from_the_watch_cache(srv: Server) -> None:
