@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NODES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: all venv proto proto-check lint unit e2e test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -19,6 +19,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Stops at once, naming the Debian packages to install, instead of failing deep in a build.
+prereqs:
+	$(PYTHON) -m e2e.testbed.prereqs test
+
+prereqs-demo:
+	$(PYTHON) -m e2e.testbed.prereqs demo
+
+# Every Go tool builds from a committed go.mod + go.sum with -mod=readonly: this fails in seconds
+# (warm) when a build would have to resolve anything go.sum does not name.
+pins-check:
+	$(PYTHON) -m e2e.testbed.gotools check
+
+# Re-pin a Go tool and print what changed, e.g. `make pin TOOL=kubernetes@v1.36.4`; then commit.
+pin:
+	$(PYTHON) -m e2e.testbed.gotools pin $(TOOL)
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
@@ -51,7 +67,7 @@ real-node-down: $(STAMP)
 deploy-checks: $(STAMP)
 	$(PY) deploy/checks/helm.py
 
-test: proto-check lint unit e2e
+test: prereqs proto-check pins-check lint unit e2e
 
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench
@@ -63,7 +79,7 @@ cluster-down: $(STAMP)
 	-$(PY) -m e2e.testbed.realnode down
 	$(PY) -m e2e.testbed.cluster down
 
-demo: $(STAMP) binaries
+demo: prereqs-demo $(STAMP) binaries
 	$(PY) -m e2e.demo $(if $(KEEP),--keep)
 
 demo-down: $(STAMP)

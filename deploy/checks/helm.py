@@ -1,10 +1,7 @@
-"""Build a pinned ``helm`` from its Go module, then lint and render the chart.
+"""Build the pinned ``helm`` from its committed Go module, then lint and render the chart.
 
-Same approach as ``e2e/testbed/binaries.py``: nothing is downloaded except through the Go module
-proxy. A throwaway module requires ``helm.sh/helm/v3`` at the pinned version (copying any
-``replace`` directives of Helm's own go.mod, which do not apply to dependents) and builds
-``helm.sh/helm/v3/cmd/helm``. The binary is cached under
-``${XDG_CACHE_HOME:-~/.cache}/dra-driver/tools/helm-<version>/helm``.
+helm is one of the project's Go tools (``e2e/testbed/gotools/helm``: go.mod + go.sum, built with
+``-mod=readonly`` and cached by a hash of the pins; see ``e2e/testbed/gotools.py``).
 
 Usage::
 
@@ -20,7 +17,6 @@ schema or the templates must reject are rejected; a Kubernetes version below 1.3
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -30,11 +26,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-HELM_VERSION = "v3.19.5"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script: `python deploy/checks/helm.py`
+    sys.path.insert(0, str(REPO_ROOT))
+
+from e2e.testbed import gotools  # noqa: E402
+
 CHART_DIR = REPO_ROOT / "deploy" / "helm" / "dra-driver"
-# The Kubernetes version handed to `helm template`/`lint` (the chart refuses anything below 1.34).
-KUBE_VERSION = "1.36.3"
+# The Kubernetes version handed to `helm template`/`lint`: the bed's pinned release (the chart
+# refuses anything below 1.34).
+KUBE_VERSION = gotools.TOOLS["kubernetes"].version().lstrip("v")
 
 # name -> extra `helm template` arguments; each must render and pass the document checks.
 GOOD_COMBOS: dict[str, list[str]] = {
@@ -63,80 +64,16 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
 }
 
 
-def cache_dir(version: str = HELM_VERSION) -> Path:
-    base = os.environ.get("XDG_CACHE_HOME")
-    root = Path(base) if base else Path.home() / ".cache"
-    return root / "dra-driver" / "tools" / f"helm-{version}"
-
-
-def _go_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("CGO_ENABLED", "0")
-    env["GOFLAGS"] = "-buildvcs=false -mod=mod"
-    env.setdefault("GOTOOLCHAIN", "local")
-    return env
+def cache_dir() -> Path:
+    return gotools.bin_dir(["helm"])
 
 
 def _run(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), cwd=cwd, env=env, text=True, capture_output=True, check=False)
 
 
-def _must(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> str:
-    proc = _run(cmd, cwd, env)
-    if proc.returncode != 0:
-        raise SystemExit(f"helm-build: command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
-def _replaces(gomod: str) -> list[str]:
-    """The `replace` lines of a go.mod, single-line and block form, without the keyword."""
-    out: list[str] = []
-    block = False
-    for raw in gomod.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if block:
-            if line == ")":
-                block = False
-            elif line:
-                out.append(line)
-        elif line.startswith("replace ("):
-            block = True
-        elif line.startswith("replace "):
-            out.append(line[len("replace "):].strip())
-    # local-directory replacements cannot be used from outside the repository
-    return [r for r in out if not re.search(r"=>\s*\.{1,2}/", r)]
-
-
-def build(version: str = HELM_VERSION, log: bool = True) -> Path:
-    out = cache_dir(version)
-    binary = out / "helm"
-    if binary.exists():
-        return binary
-    if shutil.which("go") is None:
-        raise SystemExit("helm-build: the Go toolchain is required to build helm (install Go >= 1.24)")
-    out.mkdir(parents=True, exist_ok=True)
-    work = out / "build"
-    work.mkdir(exist_ok=True)
-    env = _go_env()
-    module = "helm.sh/helm/v3"
-    info = json.loads(_must(["go", "mod", "download", "-json", f"{module}@{version}"], work, env))
-    replaces = _replaces(Path(info["GoMod"]).read_text())
-    lines = ["module dra-driver.local/helm-build", "", "go 1.24", "", f"require {module} {version}", ""]
-    if replaces:
-        lines += ["replace (", *[f"\t{r}" for r in replaces], ")"]
-    (work / "go.mod").write_text("\n".join(lines) + "\n")
-    (work / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{module}/cmd/helm"\n')
-    if log:
-        print(f"helm-build: building helm {version} into {out} (a cold build takes a few minutes)", flush=True)
-    _must(["go", "mod", "tidy", "-e"], work, env)
-    pkg = "helm.sh/helm/v3/internal/version"
-    ldflags = f"-s -w -X {pkg}.version={version} -X {pkg}.gitTreeState=clean"
-    tmp = out / "helm.tmp"
-    _must(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), f"{module}/cmd/helm"], work, env)
-    tmp.rename(binary)
-    if log:
-        print(f"helm-build: {_run([str(binary), 'version', '--short']).stdout.strip()} ready", flush=True)
-    return binary
+def build(log: bool = True) -> Path:
+    return gotools.ensure(["helm"], log=log) / "helm"
 
 
 def _isolated_env(home: Path) -> dict[str, str]:
@@ -227,14 +164,13 @@ def run_checks(helm: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", default=HELM_VERSION)
     parser.add_argument("--print-path", action="store_true", help="build if needed, print the helm path, exit")
     parser.add_argument("--skip-if-no-go", action="store_true", help="exit 0 when Go is unavailable and helm is not cached")
     args = parser.parse_args(argv)
-    if args.skip_if_no_go and shutil.which("go") is None and not (cache_dir(args.version) / "helm").exists():
+    if args.skip_if_no_go and shutil.which("go") is None and not (cache_dir() / "helm").exists():
         print("helm checks: skipped (no Go toolchain and no cached helm)")
         return 0
-    helm = build(args.version, log=not args.print_path)
+    helm = build(log=not args.print_path)
     if args.print_path:
         print(helm)
         return 0

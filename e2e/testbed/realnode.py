@@ -496,6 +496,14 @@ def stop_detached(root: Path) -> None:
 OWNER_FILE = "owner.pid"
 
 
+def checkout_root(checkout: Path = REPO) -> Path:
+    """The detached node's root for one checkout: short (unix-socket paths), and its own per clone.
+
+    ``dra-rnd-`` rather than ``dra-rn-``: the sweep of killed test runs must never touch it.
+    """
+    return Path("/tmp") / f"dra-rnd-{hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:10]}"
+
+
 def short_root() -> Path:
     # Unix socket paths are limited to 107 bytes; the kubelet's plugin sockets nest deeply.
     sweep_abandoned_roots()
@@ -551,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Start or stop a real kubelet + containerd node on the test bed.")
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--kubeconfig", type=Path, default=Path(".run/bed/kubeconfig"))
-    parser.add_argument("--root", type=Path, default=Path("/tmp/dra-realnode"))
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the node's root (default: one per checkout, so two clones never share a node)")
     args = parser.parse_args(argv)
-    root = args.root.resolve()
+    root = (args.root or checkout_root()).resolve()
     if args.action == "down":
         stop_detached(root)
         print(f"real node in {root} stopped")
