@@ -45,6 +45,7 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check dra_driver e2e unit_tests scripts deploy
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)
 	$(PY) -m pytest unit_tests -q $(PYTEST_ARGS)

@@ -8,15 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dra_driver import DEFAULT_DRIVER_NAME, __version__, config
+from dra_driver import DEFAULT_DRIVER_NAME, __version__
+from dra_driver.controller import settings as controller_settings
+from dra_driver.node import settings as plugin_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dra-driver", description="Kubernetes DRA driver for NVIDIA GPUs")
     parser.add_argument("--version", action="version", version=f"dra-driver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    config.add_plugin_arguments(sub.add_parser("kubelet-plugin", help="run the node plugin next to the kubelet"))
-    config.add_controller_arguments(sub.add_parser("controller", help="explain and allocate ResourceClaims"))
+    plugin_settings.add_plugin_arguments(sub.add_parser("kubelet-plugin", help="run the node plugin next to the kubelet"))
+    controller_settings.add_controller_arguments(sub.add_parser("controller", help="explain and allocate ResourceClaims"))
     explain = sub.add_parser("explain", help="say why a ResourceClaim can or cannot be allocated")
     explain.add_argument("claim", help="NAMESPACE/NAME of the ResourceClaim")
     explain.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
@@ -31,18 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "kubelet-plugin":
-            from dra_driver import plugin
+            from dra_driver.node import plugin
 
-            return plugin.run(config.plugin_settings(args))
+            return plugin.run(plugin_settings.plugin_settings(args))
         if args.command == "controller":
-            from dra_driver import controller
+            from dra_driver.controller import reconciler
 
-            return controller.run(config.controller_settings(args))
+            return reconciler.run(controller_settings.controller_settings(args))
         if args.command == "probe":
-            from dra_driver import probe
+            from dra_driver.node import probe
 
             return probe.main(args.registration_socket, args.driver_name)
-        from dra_driver import explain
+        from dra_driver.controller import explain
 
         return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)
     except KeyboardInterrupt:

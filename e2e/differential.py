@@ -1,10 +1,10 @@
 """Differential testing of our resolution engine against the real kube-scheduler.
 
-Each generated scenario (``dra_driver.scenarios``) gets its own Node objects, namespace, DeviceClass
+Each generated scenario (``e2e.scenarios``) gets its own Node objects, namespace, DeviceClass
 and ResourceSlices on a dedicated control plane; a Pod pinned to those nodes references the
 scenario's claim.  The scheduler either writes ``status.allocation`` on the claim (feasible) or
 leaves the pod ``PodScheduled=False/Unschedulable`` (infeasible).  The same objects go through
-:func:`dra_driver.allocation.resolve`.  Verdicts must agree, and every allocation either side makes
+:func:`dra_driver.allocator.resolve.resolve`.  Verdicts must agree, and every allocation either side makes
 is re-checked by :func:`check_allocation`, which reads the spec directly instead of trusting either
 allocator.
 
@@ -26,10 +26,12 @@ from typing import Any
 
 import yaml
 
-from dra_driver import scenarios
-from dra_driver.allocation import SCHEDULER_ABORTS, build_inventory, resolve
-from dra_driver.cel_env import CelError, compile_selector
-from dra_driver.quantity import parse_quantity
+from dra_driver.allocator.cel import CelError, compile_selector
+from dra_driver.allocator.inventory import build_inventory
+from dra_driver.allocator.resolve import resolve
+from dra_driver.allocator.search import SCHEDULER_ABORTS
+from dra_driver.k8s.quantity import parse_quantity
+from e2e import scenarios
 
 LABEL = "diff.dra-driver.io/scenario"
 BATCH_LABEL = "diff.dra-driver.io/batch"

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dra_driver import probe
-from dra_driver.cdi import CdiSpecs
-from dra_driver.checkpoint import CheckpointStore, ClaimEntry, ClaimState
+from dra_driver.node import probe
+from dra_driver.node.cdi import CdiSpecs
+from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState
 from e2e.bed import CONTAINERS_ANNOTATION, DRIVER, Bed, slice_devices, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reliability.json"

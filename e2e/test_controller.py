@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.kube import RestKubeApi
-from dra_driver.kubewire import allocation_view
+from dra_driver.k8s.client import RestKubeApi
+from dra_driver.k8s.wire import allocation_view
 from e2e.bed import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
 ALLOCATE_ANNOTATION = f"{DRIVER}/allocate"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.checkpoint import CHECKPOINT_VERSION, CheckpointStore
+from dra_driver.node.checkpoint import CHECKPOINT_VERSION, CheckpointStore
 from e2e.bed import DRIVER, Bed, wait_for
 from e2e.reliability import (
     Supervisor,

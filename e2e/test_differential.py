@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver import scenarios
 from e2e import differential as diff
+from e2e import scenarios
 from e2e.bed import REPO
 from e2e.testbed import cluster as cluster_mod
 from e2e.testbed.cluster import Cluster
@@ -139,7 +139,7 @@ def _engine(case: diff.Case) -> dict[str, Any] | None:
 
 
 def test_checker_catches_selector_and_constraint_violations() -> None:
-    from dra_driver.scenarios import Scenario
+    from e2e.scenarios import Scenario
 
     def dev(name: str, model: str, numa: int) -> dict[str, Any]:
         return {"name": name, "attributes": {"model": {"string": model}, "numaNode": {"int": numa}}}

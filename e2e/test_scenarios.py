@@ -99,7 +99,7 @@ def test_at_least_40gi_of_memory(bed: Bed, ns: str) -> None:
     docs = run_example(bed, ns, "memory-40gi")
     (pod,) = names_of(docs, "Pod")
     devices = check_pod_got_its_devices(bed, ns, docs, pod)
-    from dra_driver.quantity import parse_quantity
+    from dra_driver.k8s.quantity import parse_quantity
 
     assert all(parse_quantity(d["capacity"]["memory"]["value"]) >= parse_quantity("40Gi") for d in devices)
 

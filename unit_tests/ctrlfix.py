@@ -7,9 +7,10 @@ from typing import Any
 
 from kubefake import FakeKube
 
-from dra_driver.config import ControllerSettings
-from dra_driver.controller import ALLOCATE_ANNOTATION, Controller
-from dra_driver.kube import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Obj, Resource
+from dra_driver.controller.keys import ALLOCATE_ANNOTATION
+from dra_driver.controller.reconciler import Controller
+from dra_driver.controller.settings import ControllerSettings
+from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Obj, Resource
 
 DRIVER = "gpu.dra-driver.io"
 CLASS = "gpu.dra-driver.io"

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the API server behind dra_driver.kube.KubeApi.
+"""An in-memory stand-in for the API server behind dra_driver.k8s.client.KubeApi.
 
 Semantics kept from the real thing: resourceVersion bumps on every write, ``update`` with a stale
 resourceVersion fails with 409, ``update`` of the main resource ignores status and the status
@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dra_driver.kube import CLAIMS, ApiError, ListResult, Obj, Resource, key_of
-from dra_driver.kubewire import allocation_view
+from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Obj, Resource, key_of
+from dra_driver.k8s.wire import allocation_view
 
 
 class FakeKube:

@@ -1,5 +1,5 @@
-"""A tiny local HTTP server that answers RestKubeApi with scripted replies (tests of dra_driver.kube
-and dra_driver.kubewire), and the ``srv`` fixture (in conftest.py) around it."""
+"""A tiny local HTTP server that answers RestKubeApi with scripted replies (tests of dra_driver.k8s.client
+and dra_driver.k8s.wire), and the ``srv`` fixture (in conftest.py) around it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dra_driver.kube import Configuration, RestKubeApi
+from dra_driver.k8s.client import Configuration, RestKubeApi
 
 Reply = tuple[int, Any]
 RawReply = tuple[int, str, bytes]  # status, Content-Type, body

@@ -5,14 +5,10 @@ from typing import Any
 
 import pytest
 
-from dra_driver.allocation import (
-    AllocatedState,
-    allocated_state,
-    benchmark_resolve,
-    build_inventory,
-    resolve,
-)
-from dra_driver.scenarios import generate, generate_many, validate_scenario
+from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
+from dra_driver.allocator.resolve import resolve
+from e2e.bench.synthetic import benchmark_resolve
+from e2e.scenarios import generate, generate_many, validate_scenario
 
 D = "gpu.dra-driver.io"
 CLASSES = [
@@ -442,17 +438,17 @@ def test_all_request_is_sized_before_the_search() -> None:
 
 def test_search_budget_is_not_fatal() -> None:
     # Running out of steps is the scheduler's per-node timeout: other nodes are still tried.
-    from dra_driver import allocation
+    from dra_driver.allocator import search
 
     big = slice_("node-a", [dev(f"gpu-{i}", numa=i % 2) for i in range(16)])
     small = slice_("node-b", [dev("gpu-0"), dev("gpu-1")])
     c = claim(request(count=2), constraints=[{"matchAttribute": f"{D}/numa"}])
-    old = allocation.MAX_SEARCH_STEPS
-    allocation.MAX_SEARCH_STEPS = 1
+    old = search.MAX_SEARCH_STEPS
+    search.MAX_SEARCH_STEPS = 1
     try:
         res = resolve(c, build_inventory([big, small]), CLASSES, nodes=["node-a", "node-b"])
     finally:
-        allocation.MAX_SEARCH_STEPS = old
+        search.MAX_SEARCH_STEPS = old
     assert res.allocation is None and not res.explanation.errors
     assert any("too complex" in r for r in res.explanation.nodes["reasons"])
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver import CONFIG_API_VERSION
-from dra_driver.cdi import (
+from dra_driver.gpuconfig import decode
+from dra_driver.node.cdi import (
     CdiError,
     CdiSpecs,
     ClaimDevice,
@@ -21,7 +22,6 @@ from dra_driver.cdi import (
     validate_claim_uid,
     validate_driver_name,
 )
-from dra_driver.sharing import decode
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"

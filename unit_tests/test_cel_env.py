@@ -1,11 +1,11 @@
-"""The DRA CEL environment (dra_driver.cel_env)."""
+"""The DRA CEL environment (dra_driver.allocator.cel)."""
 
 import time
 
 import pytest
 
-from dra_driver import cel_env
-from dra_driver.cel_env import (
+from dra_driver.allocator import cel as cel_env
+from dra_driver.allocator.cel import (
     CelCompileError,
     CelCostError,
     CelRuntimeError,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.checkpoint import (
+from dra_driver.node.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointStore,
     ClaimEntry,
@@ -155,7 +155,7 @@ class TestQuarantine:
         doc["data"]["claims"][UID]["state"] = "Exploded"
         import hashlib
 
-        from dra_driver.checkpoint import canonical
+        from dra_driver.node.checkpoint import canonical
 
         doc["checksum"] = "sha256:" + hashlib.sha256(canonical(doc["data"])).hexdigest()
         path.write_text(json.dumps(doc))

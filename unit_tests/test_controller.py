@@ -29,90 +29,106 @@ from ctrlfix import (
 )
 from kubefake import FakeKube
 
-from dra_driver import controller as ctl
-from dra_driver.controller import (
+from dra_driver.allocator.resolve import Engine
+from dra_driver.controller.annotations import (
+    EventSpec,
+    annotation_patch,
+    content_hash,
+    desired_annotations,
+    explanation_document,
+    make_event,
+    needs_event,
+)
+from dra_driver.controller.keys import (
+    ALLOCATE_ANNOTATION,
     EXPLANATION_ANNOTATION,
-    FINALIZER,
     HASH_ANNOTATION,
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
+)
+from dra_driver.controller.reconciler import ALLOCATION_SETTLE_SECONDS, Controller, allocation_conflicts
+from dra_driver.controller.verdicts import (
     Action,
-    Controller,
-    EventSpec,
     Outcome,
     Verdict,
+    claim_config_errors,
+    classify,
+    config_errors,
+    object_config_errors,
+    one_line,
 )
-from dra_driver.kube import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, SLICES, ApiError
+from dra_driver.k8s.claims import FINALIZER, POD_CLAIM_NAME_ANNOTATION, device_ids, pod_claim_keys
+from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, key_of
 
 # ============================================================================ pure decisions
 
 
 class TestPodClaimKeys:
     def test_direct_and_template_references(self) -> None:
-        assert ctl.pod_claim_keys(pod("p", "c1")) == {"default/c1"}
-        assert ctl.pod_claim_keys(pod("p", "p-gpu-abc", via_template=True)) == {"default/p-gpu-abc"}
+        assert pod_claim_keys(pod("p", "c1")) == {"default/c1"}
+        assert pod_claim_keys(pod("p", "p-gpu-abc", via_template=True)) == {"default/p-gpu-abc"}
 
     def test_template_claim_not_created_yet(self) -> None:
         p = pod("p", "x", via_template=True)
         p["status"].pop("resourceClaimStatuses")
-        assert ctl.pod_claim_keys(p) == set()
+        assert pod_claim_keys(p) == set()
 
     @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
     def test_done_pods_wait_for_nothing(self, phase: str) -> None:
-        assert ctl.pod_claim_keys(pod("p", "c1", phase=phase)) == set()
+        assert pod_claim_keys(pod("p", "c1", phase=phase)) == set()
 
     def test_deleted_unscheduled_pod_is_done_but_scheduled_one_is_not(self) -> None:
         p = pod("p", "c1")
         p["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
-        assert ctl.pod_claim_keys(p) == set()
+        assert pod_claim_keys(p) == set()
         p["spec"]["nodeName"] = "node-a"
-        assert ctl.pod_claim_keys(p) == {"default/c1"}
+        assert pod_claim_keys(p) == {"default/c1"}
 
     def test_garbage_pod(self) -> None:
-        assert ctl.pod_claim_keys({"metadata": {"name": "x"}, "spec": {"resourceClaims": [None, 3]}}) == set()
+        assert pod_claim_keys({"metadata": {"name": "x"}, "spec": {"resourceClaims": [None, 3]}}) == set()
 
 
 class TestClassify:
     def test_allocated(self) -> None:
         c = claim()
         c["status"] = allocated_status(["gpu-0"])
-        assert ctl.classify(c, waited_for=True) is Action.IGNORE
+        assert classify(c, waited_for=True) is Action.IGNORE
         c["metadata"]["annotations"] = {SUMMARY_ANNOTATION: "x"}
-        assert ctl.classify(c, waited_for=True) is Action.CLEAR
+        assert classify(c, waited_for=True) is Action.CLEAR
 
     def test_pending_for_pod_is_explained(self) -> None:
-        assert ctl.classify(claim(), waited_for=True) is Action.EXPLAIN
-        assert ctl.classify(claim(), waited_for=False) is Action.IGNORE
+        assert classify(claim(), waited_for=True) is Action.EXPLAIN
+        assert classify(claim(), waited_for=False) is Action.IGNORE
 
     def test_opt_in(self) -> None:
-        assert ctl.classify(claim(opt_in=True), waited_for=False) is Action.ALLOCATE
-        assert ctl.classify(claim(opt_in=True), waited_for=True) is Action.ALLOCATE
-        other = claim(annotations={ctl.ALLOCATE_ANNOTATION: "scheduler"})
-        assert ctl.classify(other, waited_for=False) is Action.IGNORE
+        assert classify(claim(opt_in=True), waited_for=False) is Action.ALLOCATE
+        assert classify(claim(opt_in=True), waited_for=True) is Action.ALLOCATE
+        other = claim(annotations={ALLOCATE_ANNOTATION: "scheduler"})
+        assert classify(other, waited_for=False) is Action.IGNORE
 
     def test_opt_in_on_generated_claim_only_explains(self) -> None:
-        c = claim(opt_in=True, annotations={ctl.POD_CLAIM_NAME_ANNOTATION: "gpu"})
-        assert ctl.classify(c, waited_for=True) is Action.EXPLAIN
+        c = claim(opt_in=True, annotations={POD_CLAIM_NAME_ANNOTATION: "gpu"})
+        assert classify(c, waited_for=True) is Action.EXPLAIN
         c = claim(opt_in=True)
         c["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "1",
                                              "controller": True}]
-        assert ctl.classify(c, waited_for=False) is Action.EXPLAIN
+        assert classify(c, waited_for=False) is Action.EXPLAIN
 
     def test_stale_explanation_is_cleared_when_nobody_waits(self) -> None:
         c = claim(annotations={HASH_ANNOTATION: "abc"})
-        assert ctl.classify(c, waited_for=False) is Action.CLEAR
+        assert classify(c, waited_for=False) is Action.CLEAR
 
     def test_deletion(self) -> None:
         c = claim(opt_in=True)
         c["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
-        assert ctl.classify(c, waited_for=False) is Action.IGNORE  # no finalizer
+        assert classify(c, waited_for=False) is Action.IGNORE  # no finalizer
         c["metadata"]["finalizers"] = [FINALIZER]
-        assert ctl.classify(c, waited_for=False) is Action.FINALIZE
+        assert classify(c, waited_for=False) is Action.FINALIZE
         c["status"] = {**allocated_status(["gpu-0"]), "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}
-        assert ctl.classify(c, waited_for=True) is Action.IGNORE  # in use: not ours to release
+        assert classify(c, waited_for=True) is Action.IGNORE  # in use: not ours to release
         plain = claim()
         plain["metadata"].update(deletionTimestamp="x", finalizers=[FINALIZER])
-        assert ctl.classify(plain, waited_for=False) is Action.IGNORE  # the scheduler's claim
+        assert classify(plain, waited_for=False) is Action.IGNORE  # the scheduler's claim
 
 
 def outcome(summary: str = "cannot allocate: request gpu: 2 candidates, need 3", **kw: Any) -> Outcome:
@@ -123,48 +139,48 @@ def outcome(summary: str = "cannot allocate: request gpu: 2 candidates, need 3",
 
 class TestAnnotations:
     def test_document_shape(self) -> None:
-        doc = json.loads(ctl.explanation_document(outcome(config_errors=("a: b",))))
+        doc = json.loads(explanation_document(outcome(config_errors=("a: b",))))
         assert doc == {"verdict": "Unsatisfiable", "summary": outcome().summary, "configErrors": ["a: b"],
                        "explanation": {"k": "v"}, "truncated": False}
 
     def test_trimmed_to_32_kib(self) -> None:
         big = {"requests": [{"closest": ["x" * 100] * 1000}]}
         text = "line\n" * 20000
-        doc_text = ctl.explanation_document(outcome(explanation=big, text=text))
+        doc_text = explanation_document(outcome(explanation=big, text=text))
         assert len(doc_text.encode()) <= 32 * 1024
         doc = json.loads(doc_text)
         assert doc["truncated"] is True and doc["explanation"]["text"].startswith("line")
 
     def test_trimmed_even_with_huge_config_errors(self) -> None:
         errs = tuple(f"spec.devices.config[{i}].opaque.parameters: " + "é" * 2000 for i in range(40))
-        doc_text = ctl.explanation_document(outcome(config_errors=errs, text="t" * 50000))
+        doc_text = explanation_document(outcome(config_errors=errs, text="t" * 50000))
         assert len(doc_text.encode()) <= 32 * 1024
         assert json.loads(doc_text)["truncated"] is True
 
     def test_patch_dedup_by_hash(self) -> None:
-        want = ctl.desired_annotations(outcome())
+        want = desired_annotations(outcome())
         assert want is not None and set(want) == {EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION, HASH_ANNOTATION}
-        assert ctl.annotation_patch({}, want) == want
-        assert ctl.annotation_patch(dict(want), want) is None
-        changed = ctl.desired_annotations(outcome("cannot allocate: other reason"))
+        assert annotation_patch({}, want) == want
+        assert annotation_patch(dict(want), want) is None
+        changed = desired_annotations(outcome("cannot allocate: other reason"))
         assert changed is not None
-        assert ctl.annotation_patch(dict(want), changed) == changed
+        assert annotation_patch(dict(want), changed) == changed
 
     def test_clear(self) -> None:
-        assert ctl.annotation_patch({"other": "x"}, None) is None
+        assert annotation_patch({"other": "x"}, None) is None
         cur = {"other": "x", SUMMARY_ANNOTATION: "s", HASH_ANNOTATION: "h"}
-        assert ctl.annotation_patch(cur, None) == {SUMMARY_ANNOTATION: None, HASH_ANNOTATION: None}
-        assert ctl.desired_annotations(outcome(verdict=Verdict.SATISFIABLE)) is None
+        assert annotation_patch(cur, None) == {SUMMARY_ANNOTATION: None, HASH_ANNOTATION: None}
+        assert desired_annotations(outcome(verdict=Verdict.SATISFIABLE)) is None
 
     def test_event_only_when_the_verdict_line_changes(self) -> None:
         o = outcome()
-        assert ctl.needs_event({}, o)
-        assert not ctl.needs_event({SUMMARY_ANNOTATION: o.summary}, o)
-        assert ctl.needs_event({SUMMARY_ANNOTATION: "older"}, o)
-        assert not ctl.needs_event({}, outcome(verdict=Verdict.SATISFIABLE))
+        assert needs_event({}, o)
+        assert not needs_event({SUMMARY_ANNOTATION: o.summary}, o)
+        assert needs_event({SUMMARY_ANNOTATION: "older"}, o)
+        assert not needs_event({}, outcome(verdict=Verdict.SATISFIABLE))
 
     def test_summary_is_one_short_line(self) -> None:
-        s = ctl._one_line("a\nb " + "x" * 5000)
+        s = one_line("a\nb " + "x" * 5000)
         assert "\n" not in s and len(s.encode()) <= 1024
 
 
@@ -173,7 +189,7 @@ class TestEvents:
         c = claim()
         c["metadata"].update(uid="u1", resourceVersion="7")
         c.update(apiVersion="resource.k8s.io/v1", kind="ResourceClaim")
-        ev = ctl.make_event(c, EventSpec("Warning", "Unsatisfiable", "x" * 3000, "Explain"), instance="r1")
+        ev = make_event(c, EventSpec("Warning", "Unsatisfiable", "x" * 3000, "Explain"), instance="r1")
         assert ev["apiVersion"] == "events.k8s.io/v1"
         assert ev["reportingController"] == REPORTING_CONTROLLER == "gpu.dra-driver.io/controller"
         assert ev["type"] == "Warning" and ev["reason"] == "Unsatisfiable" and ev["action"] == "Explain"
@@ -184,7 +200,7 @@ class TestEvents:
         assert ev["eventTime"].endswith("Z")
 
     def test_cluster_scoped_object_events_go_to_default(self) -> None:
-        ev = ctl.make_event(device_class(), EventSpec("Warning", "InvalidConfig", "n", "Validate"),
+        ev = make_event(device_class(), EventSpec("Warning", "InvalidConfig", "n", "Validate"),
                             instance="r", resource=DEVICE_CLASSES)
         assert ev["metadata"]["namespace"] == "default"
         assert "namespace" not in ev["regarding"] and ev["regarding"]["kind"] == "DeviceClass"
@@ -193,29 +209,29 @@ class TestEvents:
 class TestConfigValidation:
     def test_good_and_foreign_configs_pass(self) -> None:
         foreign = {"opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}}
-        assert ctl.config_errors([sharing_config(), foreign], DRIVER, "spec.devices.config") == []
+        assert config_errors([sharing_config(), foreign], DRIVER, "spec.devices.config") == []
 
     def test_bad_config_names_the_field(self) -> None:
-        errs = ctl.config_errors([sharing_config(), sharing_config("Bogus")], DRIVER, "spec.devices.config")
+        errs = config_errors([sharing_config(), sharing_config("Bogus")], DRIVER, "spec.devices.config")
         assert len(errs) == 1
         assert errs[0].startswith("spec.devices.config[1].opaque.parameters.sharing.strategy: ")
 
     def test_not_an_object(self) -> None:
-        errs = ctl.config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
+        errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
         assert errs and errs[0].startswith("p[0].opaque.parameters")
-        assert ctl.config_errors("nope", DRIVER, "p") == ["p: must be a list"]
+        assert config_errors("nope", DRIVER, "p") == ["p: must be a list"]
 
     def test_per_kind_paths(self) -> None:
         bad = sharing_config("Bogus")
         cls = {"kind": "DeviceClass", **device_class(config=[bad])}
-        assert ctl.object_config_errors(cls, DRIVER)[0].startswith("spec.config[0].")
+        assert object_config_errors(cls, DRIVER)[0].startswith("spec.config[0].")
         tmpl = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
                 "spec": {"spec": {"devices": {"config": [bad]}}}}
-        assert ctl.object_config_errors(tmpl, DRIVER)[0].startswith("spec.spec.devices.config[0].")
+        assert object_config_errors(tmpl, DRIVER)[0].startswith("spec.spec.devices.config[0].")
 
     def test_claim_inherits_class_errors(self) -> None:
         classes = {CLASS: device_class(config=[sharing_config("Bogus")])}
-        errs = ctl.claim_config_errors(claim(), classes, DRIVER)
+        errs = claim_config_errors(claim(), classes, DRIVER)
         assert errs and errs[0].startswith(f"deviceclass {CLASS}: spec.config[0]")
 
 
@@ -229,9 +245,9 @@ class TestConflicts:
         admin["metadata"]["uid"] = "a"
         admin["status"] = allocated_status(["gpu-0"])
         admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
-        found = ctl.allocation_conflicts(mine, "me", [other, admin])
-        assert [(ctl.key_of(c), d) for c, d in found] == [("default/o", {(DRIVER, "node-a", "gpu-1")})]
-        assert ctl.allocation_conflicts(mine, "o", [other]) == []  # itself
+        found = allocation_conflicts(mine, "me", [other, admin])
+        assert [(key_of(c), d) for c, d in found] == [("default/o", {(DRIVER, "node-a", "gpu-1")})]
+        assert allocation_conflicts(mine, "o", [other]) == []  # itself
 
 
 # ============================================================================ controller + fake API
@@ -250,27 +266,18 @@ def make(kube: FakeKube, *, fenced: bool = True, **kw: Any) -> tuple[Controller,
     return c, clock
 
 
-class SpyEngine:
+class SpyEngine(Engine):
     """The real engine, counting resolve calls (optionally raising)."""
 
     def __init__(self, raise_on_resolve: Exception | None = None) -> None:
-        from dra_driver import allocation
-
-        self.real = allocation
         self.calls: list[str] = []
         self.raise_on_resolve = raise_on_resolve
 
-    def build_inventory(self, slices: list[Any], previous: Any = None) -> Any:
-        return self.real.build_inventory(slices, previous=previous)
-
-    def allocated_state(self, claims: list[Any], exclude_uid: str | None = None) -> Any:
-        return self.real.allocated_state(claims, exclude_uid=exclude_uid)
-
-    def resolve(self, claim: Any, inventory: Any, classes: Any, allocated: Any, nodes: Any = None) -> Any:
+    def resolve(self, claim: Any, inventory: Any, classes: Any, allocated: Any = None, nodes: Any = None) -> Any:
         self.calls.append(claim["metadata"]["name"])
         if self.raise_on_resolve is not None:
             raise self.raise_on_resolve
-        return self.real.resolve(claim, inventory, classes, allocated, nodes)
+        return super().resolve(claim, inventory, classes, allocated, nodes)
 
 
 class TestInventoryReuse:
@@ -315,7 +322,7 @@ class TestExplain:
         a = ann(kube)
         doc = json.loads(a[EXPLANATION_ANNOTATION])
         assert doc["verdict"] == "Unsatisfiable" and "need 3" in a[SUMMARY_ANNOTATION]
-        assert a[HASH_ANNOTATION] == ctl.content_hash(a[EXPLANATION_ANNOTATION])
+        assert a[HASH_ANNOTATION] == content_hash(a[EXPLANATION_ANNOTATION])
         evs = events(kube, "Unsatisfiable")
         assert len(evs) == 1 and evs[0]["note"] == a[SUMMARY_ANNOTATION] and evs[0]["type"] == "Warning"
         assert ctrl.metrics.value("claims_explained_total") == 1
@@ -390,13 +397,13 @@ class TestExplain:
         step(ctrl)
         assert ann(kube)
         p["status"]["phase"] = "Failed"
-        kube.set(ctl.PODS, p)
+        kube.set(PODS, p)
         step(ctrl)
         assert ann(kube) == {}
 
     def test_template_generated_claim_found_through_pod_status(self) -> None:
         kube = cluster(gpus=1)
-        c = claim("p-gpu-x1", count=2, annotations={ctl.POD_CLAIM_NAME_ANNOTATION: "gpu"})
+        c = claim("p-gpu-x1", count=2, annotations={POD_CLAIM_NAME_ANNOTATION: "gpu"})
         add_claim(kube, c)
         add_pod(kube, pod("p", "p-gpu-x1", via_template=True))
         step(make(kube)[0])
@@ -543,7 +550,7 @@ class TestAllocate:
         c = kube.obj(CLAIMS, "default/c1")
         assert c is not None
         assert FINALIZER in c["metadata"]["finalizers"]
-        assert ctl.device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-0"), (DRIVER, "node-a", "gpu-1")}
+        assert device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-0"), (DRIVER, "node-a", "gpu-1")}
         assert c["status"]["allocation"]["nodeSelector"]
         # finalizer first (update), then status (update of the subresource), no patches of status
         writes = [w for w in kube.writes() if w[1] == "resourceclaims"]
@@ -559,7 +566,7 @@ class TestAllocate:
         ctrl, _ = make(kube)
         step(ctrl)
         got = [kube.obj(CLAIMS, f"default/c{i}") for i in (1, 2, 3)]
-        devs = [ctl.device_ids(c["status"].get("allocation")) for c in got if c and c.get("status")]
+        devs = [device_ids(c["status"].get("allocation")) for c in got if c and c.get("status")]
         allocated = [d for d in devs if d]
         assert len(allocated) == 2 and not (allocated[0] & allocated[1])
         left = [c for c in got if c and not (c.get("status") or {}).get("allocation")]
@@ -576,7 +583,7 @@ class TestAllocate:
         a = kube.obj(CLAIMS, "default/c1")
         b = kube.obj(CLAIMS, "default/c2")
         assert a and b
-        assert not (ctl.device_ids(a["status"]["allocation"]) & ctl.device_ids(b["status"]["allocation"]))
+        assert not (device_ids(a["status"]["allocation"]) & device_ids(b["status"]["allocation"]))
 
     def test_fresh_list_sees_what_the_cache_missed(self) -> None:
         kube = cluster(gpus=1)
@@ -608,12 +615,12 @@ class TestAllocate:
         drain(ctrl)
         c = kube.obj(CLAIMS, "default/c1")
         assert c is not None
-        assert ctl.device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-1")}  # the scheduler's
+        assert device_ids(c["status"]["allocation"]) == {(DRIVER, "node-a", "gpu-1")}  # the scheduler's
         assert ctrl.metrics.value("errors_total", {"kind": "conflict"}) == 1
         assert ctrl.metrics.value("claims_allocated_total") == 0
         clock.advance(1)
         step(ctrl)
-        assert ctl.device_ids(kube.obj(CLAIMS, "default/c1")["status"]["allocation"]) == {
+        assert device_ids(kube.obj(CLAIMS, "default/c1")["status"]["allocation"]) == {
             (DRIVER, "node-a", "gpu-1")}
 
     def test_conflict_on_finalizer_write_retries(self) -> None:
@@ -683,7 +690,7 @@ class TestAllocate:
         ctrl, clock = make(kube)
         step(ctrl)
         assert ctrl._written
-        clock.advance(ctl.ALLOCATION_SETTLE_SECONDS + 0.1)
+        clock.advance(ALLOCATION_SETTLE_SECONDS + 0.1)
         step(ctrl)
         assert not ctrl._written
         lists = len([c for c in kube.calls if c[0] == "list"])
@@ -762,7 +769,7 @@ def test_queue_item_for_missing_objects_is_harmless() -> None:
 
 
 class TestAllocationFence:
-    """Opt-in allocation goes through the fence ledger (dra_driver.fence): devices are recorded
+    """Opt-in allocation goes through the fence ledger (dra_driver.controller.fence): devices are recorded
     and the admission policy's denial of a sentinel proves them enforced before the write."""
 
     @staticmethod

@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import (
+from dra_driver.k8s.quantity import format_canonical, parse_quantity
+from dra_driver.node.devices import (
     ATTR_NUMA_NODE,
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
@@ -13,14 +14,12 @@ from dra_driver.devices import (
     check_device_limits,
     describe,
     enumerate_devices,
-    format_quantity,
     is_semver,
     profile_label,
     to_semver,
 )
-from dra_driver.discovery.model import Gpu, MigPlacement
-from dra_driver.discovery.simulated import SimulatedBackend
-from dra_driver.slices import quantity_value
+from dra_driver.node.discovery.model import Gpu, MigPlacement
+from dra_driver.node.discovery.simulated import SimulatedBackend
 
 DRIVER = "gpu.example.com"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -58,8 +57,8 @@ def test_semver() -> None:
     ],
 )
 def test_format_quantity_is_canonical(value: int, binary: bool, text: str) -> None:
-    assert format_quantity(value, binary) == text
-    assert quantity_value(text) == value
+    assert format_canonical(value, binary) == text
+    assert parse_quantity(text).value == value
 
 
 def test_names_static() -> None:
@@ -176,11 +175,11 @@ def test_check_limits_rejects() -> None:
 
 def _consumption(device: dict[str, Any]) -> dict[str, Fraction]:
     (entry,) = device["consumesCounters"]
-    return {k: quantity_value(v["value"]) or Fraction(0) for k, v in entry["counters"].items()}
+    return {k: parse_quantity(v["value"]).value for k, v in entry["counters"].items()}
 
 
 def _fits(counter_set: dict[str, Any], *devices: dict[str, Any]) -> bool:
-    capacity = {k: quantity_value(v["value"]) for k, v in counter_set["counters"].items()}
+    capacity = {k: parse_quantity(v["value"]).value for k, v in counter_set["counters"].items()}
     used: dict[str, Fraction] = {}
     for d in devices:
         for k, v in _consumption(d).items():

@@ -9,8 +9,8 @@ import pytest
 from ctrlfix import add_claim, allocated_status, claim, cluster, sharing_config
 from kubefake import FakeKube
 
-from dra_driver import explain
-from dra_driver.kube import CLAIMS
+from dra_driver.controller import explain
+from dra_driver.k8s.client import CLAIMS
 
 
 def run(kube: FakeKube | None, ref: str, output: str = "text", **kw: object) -> tuple[int, str, str]:
@@ -89,7 +89,7 @@ def test_unreachable() -> None:
 
 
 def test_forbidden() -> None:
-    from dra_driver.kube import ApiError
+    from dra_driver.k8s.client import ApiError
 
     kube = cluster()
     add_claim(kube, claim())

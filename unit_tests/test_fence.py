@@ -1,4 +1,4 @@
-"""The fence ledger's pure parts (dra_driver.fence) and the --allocation-ledger setting."""
+"""The fence ledger's pure parts (dra_driver.controller.fence) and the --allocation-ledger setting."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from dra_driver import fence
-from dra_driver.config import add_controller_arguments, controller_settings
+from dra_driver.controller import fence
+from dra_driver.controller.settings import add_controller_arguments, controller_settings
 
 D = "gpu.dra-driver.io"
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver import CONFIG_API_VERSION
-from dra_driver.sharing import ConfigError, GpuConfig, decode, encode, resolve_config
+from dra_driver.gpuconfig import ConfigError, GpuConfig, decode, encode, resolve_config
 
 DRIVER = "gpu.dra-driver.io"
 VALID = [

@@ -31,10 +31,10 @@ from dra_driver._proto.dra.v1 import api_pb2 as v1
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_driver.cdi import CdiSpecs
-from dra_driver.checkpoint import CheckpointStore
-from dra_driver.grpc_servers import PluginServers
-from dra_driver.prepare import ClaimNotFoundError, DeviceState
+from dra_driver.node.cdi import CdiSpecs
+from dra_driver.node.checkpoint import CheckpointStore
+from dra_driver.node.grpc import PluginServers
+from dra_driver.node.prepare import ClaimNotFoundError, DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"

@@ -14,18 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_prepare import build_devices
 
-from dra_driver import allocation, controller
-from dra_driver.controller import (
-    MAX_EXPLANATION_BYTES,
-    EventSpec,
-    Verdict,
-    allocation_conflicts,
-    desired_annotations,
-    evaluate,
-    explanation_document,
-    make_event,
-)
-from dra_driver.devices import describe
+from dra_driver.allocator.inventory import allocated_state, build_inventory
+from dra_driver.allocator.resolve import Engine, resolve
+from dra_driver.controller.annotations import EventSpec, desired_annotations, explanation_document, make_event
+from dra_driver.controller.keys import MAX_EXPLANATION_BYTES
+from dra_driver.controller.reconciler import allocation_conflicts
+from dra_driver.controller.verdicts import Verdict, evaluate
+from dra_driver.node.devices import describe
 
 OURS = "gpu.dra-driver.io"
 BUGGY = "buggy.example.com"
@@ -76,15 +71,15 @@ CLAIMS = st.one_of(
 
 
 def check(slices: list[Any], claim: dict[str, Any]) -> None:
-    inventory = allocation.build_inventory(slices)  # must not raise
-    res = allocation.resolve(claim, inventory, CLASSES)
+    inventory = build_inventory(slices)  # must not raise
+    res = resolve(claim, inventory, CLASSES)
     errors = res.explanation.errors
     assert not any("internal error" in e for e in errors), errors
     assert isinstance(res.explanation.summary, str)
     res.explanation.render()
     json.dumps(res.explanation.to_dict())
-    outcome = evaluate(controller.load_engine(), claim, inventory, CLASSES,
-                       allocation.allocated_state([]), driver=OURS, require_own_driver=True)
+    outcome = evaluate(Engine(), claim, inventory, CLASSES,
+                       allocated_state([]), driver=OURS, require_own_driver=True)
     assert outcome.verdict is not Verdict.ERROR, outcome.summary
     doc = explanation_document(outcome)
     assert len(doc.encode()) <= MAX_EXPLANATION_BYTES
@@ -126,17 +121,17 @@ def test_garbage_devices_duplicates_and_huge_counts(device: dict[str, Any], copi
     buggy["spec"]["pool"]["resourceSliceCount"] = count
     buggy["spec"]["pool"]["generation"] = count
     check([BASE[0], buggy], claim)
-    inventory = allocation.build_inventory([BASE[0], buggy])
+    inventory = build_inventory([BASE[0], buggy])
     assert any("duplicate device name" in p for p in inventory.problems) or any(
         "incomplete" in p for p in inventory.problems), inventory.problems
 
 
 def test_duplicate_names_are_explained_and_ours_still_allocate() -> None:
     buggy = good_slice(BUGGY, "node-a", [*BUGGY_DEVICES, BUGGY_DEVICES[0]])
-    inventory = allocation.build_inventory([BASE[0], buggy])
+    inventory = build_inventory([BASE[0], buggy])
     assert any("duplicate device name dev-0" in p for p in inventory.problems)
-    assert allocation.resolve(claim_for("gpu.gpu.dra-driver.io"), inventory, CLASSES).allocated
-    res = allocation.resolve(claim_for("buggy"), inventory, CLASSES)
+    assert resolve(claim_for("gpu.gpu.dra-driver.io"), inventory, CLASSES).allocated
+    res = resolve(claim_for("buggy"), inventory, CLASSES)
     assert not res.allocated
     assert "duplicate device name" in res.explanation.render()
 
@@ -159,14 +154,14 @@ def test_driver_fast_path_agrees_with_cel(attributes: dict[str, Any], capacity: 
     """The engine decides ``device.driver == "x"`` without CEL for devices it digested as clean;
     that must be exactly what CEL says, runtime errors of broken devices included."""
     device = {"name": "dev-0", "attributes": attributes, "capacity": capacity, "allowMultipleAllocations": multi}
-    inventory = allocation.build_inventory([good_slice(driver, "node-a", [device])])
+    inventory = build_inventory([good_slice(driver, "node-a", [device])])
     for dev in inventory.devices:
         assert dev.cel_clean == (dev.activation.error is None), (dev.raw, dev.activation.error)
     for cls in CLASSES:  # the same verdicts with the fast path and through CEL
-        fast = allocation.resolve(claim_for(cls), inventory, CLASSES)
+        fast = resolve(claim_for(cls), inventory, CLASSES)
         slow_classes = {name: {**c, "spec": {"selectors": [{"cel": {"expression": (
             c["spec"]["selectors"][0]["cel"]["expression"] + " && true")}}]}} for name, c in CLASSES.items()}
-        slow = allocation.resolve(claim_for(cls), inventory, slow_classes)
+        slow = resolve(claim_for(cls), inventory, slow_classes)
         assert fast.allocation == slow.allocation
         assert fast.explanation.errors == slow.explanation.errors
         for f, s in zip(fast.explanation.requests, slow.explanation.requests, strict=True):

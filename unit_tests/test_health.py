@@ -15,9 +15,9 @@ import pynvml
 import pytest
 from test_prepare import build_devices
 
-from dra_driver.devices import describe
-from dra_driver.grpc_servers import HealthBoard
-from dra_driver.health import (
+from dra_driver.node.devices import describe
+from dra_driver.node.grpc import HealthBoard
+from dra_driver.node.health import (
     TAINT_KEY,
     HealthFileError,
     HealthFileSource,
@@ -28,7 +28,7 @@ from dra_driver.health import (
     parse_health_file,
     taint_value,
 )
-from dra_driver.slices import InMemorySliceClient, SlicePublisher
+from dra_driver.node.slices import InMemorySliceClient, SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 DEVICES = build_devices()

@@ -1,4 +1,4 @@
-"""The runtime never imports the official ``kubernetes`` client (dra_driver.kube is the boundary).
+"""The runtime never imports the official ``kubernetes`` client (dra_driver.k8s.client is the boundary).
 
 Importing it costs the node plugin ~15 MiB of resident memory up front and more once its
 ApiClient and config loader are used; the plugin's RSS target (≤ 80 MiB, ``make bench``) depends
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ["dra_driver.plugin", "dra_driver.kube", "dra_driver.kubeconfig", "dra_driver.prepare", "dra_driver.slices",
-           "dra_driver.controller", "dra_driver.explain", "dra_driver.cli"]
+MODULES = ["dra_driver.node.plugin", "dra_driver.k8s.client", "dra_driver.k8s.credentials", "dra_driver.node.prepare",
+           "dra_driver.node.slices", "dra_driver.controller.reconciler", "dra_driver.controller.explain", "dra_driver.cli"]
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -8,8 +8,8 @@ from typing import Any
 from ctrlfix import FakeClock, claim
 from kubefake import FakeKube
 
-from dra_driver.informer import Informer, WorkQueue
-from dra_driver.kube import CLAIMS, ApiError
+from dra_driver.k8s.client import CLAIMS, ApiError
+from dra_driver.k8s.informer import Informer, WorkQueue
 
 
 class Recorder:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver import kubeconfig
-from dra_driver.kube import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, Configuration, RestKubeApi
-from dra_driver.kubeconfig import ClientCert, Credentials, ExecCredential, ExecProvider
+from dra_driver.k8s import credentials as kubeconfig
+from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, Configuration, RestKubeApi
+from dra_driver.k8s.credentials import ClientCert, Credentials, ExecCredential, ExecProvider
 from unit_tests.kubeserver import Server
 
 
@@ -279,7 +279,7 @@ def test_exec_plugin_rotating_client_certificate(pki: Path, tls_server: str, mon
 def test_unreachable_server_gives_a_short_clear_error() -> None:
     import socket
 
-    from dra_driver.kube import Configuration
+    from dra_driver.k8s.client import Configuration
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver import kubeconfig as kc
-from dra_driver.kubeconfig import ClientCert, ConfigurationError, CredentialError, load_configuration
+from dra_driver.k8s import credentials as kc
+from dra_driver.k8s.credentials import ClientCert, ConfigurationError, CredentialError, load_configuration
 
 
 def b64(data: bytes) -> str:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dra_driver._proto.kubewire import claims_pb2 as pb
-from dra_driver.kube import ApiError
-from dra_driver.kubewire import PROTOBUF, WireError, allocation_view, decode_claim_list
+from dra_driver.k8s.client import ApiError
+from dra_driver.k8s.wire import PROTOBUF, WireError, allocation_view, decode_claim_list
 from unit_tests.kubeserver import Server
 
 JSON_CLAIMS: list[dict[str, Any]] = [

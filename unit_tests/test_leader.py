@@ -8,8 +8,8 @@ from typing import Any
 from ctrlfix import FakeClock
 from kubefake import FakeKube
 
-from dra_driver.kube import LEASES, ApiError
-from dra_driver.leader import LeaderElector, LeaseConfig
+from dra_driver.k8s.client import LEASES, ApiError
+from dra_driver.k8s.leader import LeaderElector, LeaseConfig
 
 KEY = "kube-system/dra-driver-controller"
 

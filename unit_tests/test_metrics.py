@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from dra_driver.metrics import ControllerMetrics, MetricsServer
+from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
 
 
 def test_metrics_and_health() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.discovery import nvml as nvml_mod
-from dra_driver.discovery import sysfs
-from dra_driver.discovery.model import MigPlacement
-from dra_driver.discovery.nvml import NvmlBackend, NvmlError, format_cuda_version, nvml_available
+from dra_driver.node.discovery import nvml as nvml_mod
+from dra_driver.node.discovery import sysfs
+from dra_driver.node.discovery.model import MigPlacement
+from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError, format_cuda_version, nvml_available
 
 MIB = 1024 * 1024
 

@@ -15,11 +15,11 @@ import pytest
 import structlog
 
 from dra_driver import CONFIG_API_VERSION
-from dra_driver.cdi import CdiSpecs
-from dra_driver.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.devices import AllocatableDevice
-from dra_driver.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
-from dra_driver.prepare import ClaimNotFoundError, ClaimRef, DeviceState
+from dra_driver.node.cdi import CdiSpecs
+from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.node.prepare import ClaimNotFoundError, ClaimRef, DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -418,7 +418,7 @@ class TestDiskFull:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def test_cdi_write_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.cdi as cdi_mod
+        import dra_driver.node.cdi as cdi_mod
 
         monkeypatch.setattr(cdi_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-3-1g-0")])
@@ -433,7 +433,7 @@ class TestDiskFull:
         assert env.state.prepare([ClaimRef(uid, "default", "c")])[uid].error is None
 
     def test_checkpoint_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.checkpoint as cp_mod
+        import dra_driver.node.checkpoint as cp_mod
 
         monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-0")])
@@ -443,7 +443,7 @@ class TestDiskFull:
         assert not env.spec_exists(claim["metadata"]["uid"])
 
     def test_unprepare_checkpoint_enospc_retries(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.checkpoint as cp_mod
+        import dra_driver.node.checkpoint as cp_mod
 
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         env.state.prepare([ref])
@@ -566,7 +566,7 @@ class TestRecovery:
         dev = env.devices[device]
         mig_inst = None
         if with_mig:
-            from dra_driver.checkpoint import MigInstance
+            from dra_driver.node.checkpoint import MigInstance
 
             assert dev.mig_profile is not None and dev.placement is not None
             m = env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)

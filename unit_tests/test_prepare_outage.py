@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_prepare import Env, make_claim
 from test_prepare import env as env  # a fixture, used by name
 
-from dra_driver.prepare import ClaimNotFoundError
+from dra_driver.node.prepare import ClaimNotFoundError
 
 
 def test_prepared_claim_answers_from_checkpoint_during_outage(env: Env) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver import probe
+from dra_driver.node import probe
 
 
 def test_missing_socket_is_reported(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Exact Kubernetes quantity parsing (dra_driver.quantity)."""
+"""Exact Kubernetes quantity parsing (dra_driver.k8s.quantity)."""
 
 from fractions import Fraction
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.quantity import Quantity, QuantityError, compare_quantities, is_quantity, parse_quantity
+from dra_driver.k8s.quantity import Quantity, QuantityError, compare_quantities, is_quantity, parse_quantity
 
 
 @pytest.mark.parametrize(

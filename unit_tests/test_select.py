@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dra_driver.discovery.select import nvml_library_candidates, preload_nvml
+from dra_driver.node.discovery.select import nvml_library_candidates, preload_nvml
 
 
 def test_driver_root_candidates_cover_common_layouts(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dra_driver import CONFIG_API_VERSION, DEFAULT_DRIVER_NAME
-from dra_driver.sharing import (
+from dra_driver.gpuconfig import (
     DEFAULT_CONFIG,
     ConfigError,
     Strategy,

@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.config import PluginSettings
-from dra_driver.discovery.dump import gpus_from_json, gpus_to_json
-from dra_driver.discovery.model import MigPlacement
-from dra_driver.discovery.simulated import (
+from dra_driver.node.discovery.dump import gpus_from_json, gpus_to_json
+from dra_driver.node.discovery.model import MigPlacement
+from dra_driver.node.discovery.simulated import (
     MigError,
     SimulatedBackend,
     builtin_profiles,
@@ -18,6 +17,7 @@ from dra_driver.discovery.simulated import (
     mig_device_paths,
     mig_uuid,
 )
+from dra_driver.node.settings import PluginSettings
 
 
 def test_builtin_profiles_present() -> None:
@@ -185,7 +185,7 @@ def test_custom_profile_file(tmp_path: Path) -> None:
 
 
 def _settings(tmp_path: Path, backend: str) -> PluginSettings:
-    from dra_driver.config import PluginSettings
+    from dra_driver.node.settings import PluginSettings
 
     return PluginSettings(
         node_name="node-a", driver_name="gpu.example.com", backend=backend, simulated_profile="a100-mig",
@@ -198,7 +198,7 @@ def _settings(tmp_path: Path, backend: str) -> PluginSettings:
 
 def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from dra_driver.discovery import nvml, select
+    from dra_driver.node.discovery import nvml, select
 
     backend = select.open_backend(_settings(tmp_path, "simulated"))
     assert backend.name == "simulated" and len(backend.discover()) == 4
@@ -213,7 +213,7 @@ def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: p
 
 
 def test_dump_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from dra_driver.discovery import dump
+    from dra_driver.node.discovery import dump
 
     assert dump.main(["--backend", "simulated", "--profile", "mixed-l4-t4", "--node-name", "n1"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 from kubefake import FakeKube
 
-from dra_driver.devices import describe, enumerate_devices
-from dra_driver.discovery.simulated import SimulatedBackend
-from dra_driver.kube import NODES, SLICES, ApiError
-from dra_driver.slices import (
+from dra_driver.k8s.client import NODES, SLICES, ApiError
+from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.discovery.simulated import SimulatedBackend
+from dra_driver.node.slices import (
     InMemorySliceClient,
     KubeSliceClient,
     PoolOwner,
@@ -358,7 +358,7 @@ def test_publisher_retries_after_errors() -> None:
         def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
             if self.fail:
                 self.fail -= 1
-                from dra_driver.slices import SliceApiError
+                from dra_driver.node.slices import SliceApiError
                 raise SliceApiError(500, "boom")
             return super().create_slice(body)
 

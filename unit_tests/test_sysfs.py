@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.discovery import sysfs
+from dra_driver.node.discovery import sysfs
 
 
 @pytest.mark.parametrize(

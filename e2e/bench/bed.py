@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver import kube
-from dra_driver.kube import ApiError, Resource, RestKubeApi
+from dra_driver.k8s import client as kube
+from dra_driver.k8s.client import ApiError, Resource, RestKubeApi
 from e2e.testbed import cluster as cluster_mod
 
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)

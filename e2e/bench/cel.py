@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from dra_driver.cel_env import _compile, compile_selector, device_activation
-from dra_driver.config import add_plugin_arguments, plugin_settings
-from dra_driver.devices import describe, enumerate_devices
-from dra_driver.discovery.select import open_backend
+from dra_driver.allocator.cel import _compile, compile_selector, device_activation
+from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import BenchBed
 from e2e.bench.common import Result, percentile
 from e2e.testbed.nodes import DRIVER_NAME

@@ -1,6 +1,6 @@
 """``dra-driver explain`` latency for one claim on the resolution benchmark's cluster.
 
-Measured in this process through :func:`dra_driver.explain.main` (a new REST client per call,
+Measured in this process through :func:`dra_driver.controller.explain.main` (a new REST client per call,
 GET of the claim, LIST of slices and classes, the protobuf LIST of every claim's allocation, the
 engine, JSON rendering): that is the command without Python start-up. The fetch and the evaluation
 are also timed apart, and the real command (``python -m dra_driver explain``) is timed as a
@@ -20,9 +20,9 @@ import sys
 import time
 from typing import Any
 
-from dra_driver import explain
-from dra_driver.controller import load_engine
-from dra_driver.kube import CLAIMS, RestKubeApi
+from dra_driver.allocator.resolve import Engine
+from dra_driver.controller import explain
+from dra_driver.k8s.client import CLAIMS, RestKubeApi
 from e2e.bench.bed import BenchBed
 from e2e.bench.common import REPO, Result, summarize_ms
 from e2e.bench.resolution import CLAIM_SPEC, ensure_cluster
@@ -54,7 +54,7 @@ def _time_parts(ref: str, kubeconfig: str, samples: int) -> dict[str, list[float
             t0 = time.perf_counter()
             obj, slices, classes, claims = explain.fetch(api, ns, name)
             t1 = time.perf_counter()
-            explain.build_report(obj, slices, classes, claims, engine=load_engine())
+            explain.build_report(obj, slices, classes, claims, engine=Engine())
             evaluate.append(time.perf_counter() - t1)
             fetch.append(t1 - t0)
     finally:

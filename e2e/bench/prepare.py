@@ -16,7 +16,7 @@ scheduler): device ``gpu-N`` of pool ``bench-node`` with a TimeSlicing ``GpuConf
 claim, so any number of claims may share the 8 simulated H100s without breaking exclusivity.
 
 The fsync floor (write + fsync + rename + directory fsync of a small file in the plugin's state
-directory, i.e. one :func:`dra_driver.checkpoint.atomic_write`) is measured alongside: a prepare
+directory, i.e. one :func:`dra_driver.node.checkpoint.atomic_write`) is measured alongside: a prepare
 cannot be faster than the durable writes it makes.
 """
 
@@ -35,13 +35,13 @@ from typing import Any
 import structlog
 
 from dra_driver import logs
-from dra_driver.checkpoint import atomic_write
-from dra_driver.config import add_plugin_arguments, plugin_settings
-from dra_driver.devices import enumerate_devices
-from dra_driver.discovery.select import open_backend
-from dra_driver.grpc_servers import PluginServers
-from dra_driver.kube import CLAIMS, ApiError
-from dra_driver.prepare import DeviceState, KubeClaimReader, PrepareOutcome
+from dra_driver.k8s.client import CLAIMS, ApiError
+from dra_driver.node.checkpoint import atomic_write
+from dra_driver.node.devices import enumerate_devices
+from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.grpc import PluginServers
+from dra_driver.node.prepare import DeviceState, KubeClaimReader, PrepareOutcome
+from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
 from e2e.bench.common import Result, percentile, summarize_ms
 from e2e.bench.plugin import DraClient, check_errors, start_plugin, wait_get_info

@@ -2,10 +2,10 @@
 
 Cluster: ``NODES`` Node objects (no kubelet) with ``GPUS`` GPUs each published as ResourceSlices
 under a fake driver (``bench.dra-driver.io``, one pool per node, the slices of
-:func:`dra_driver.allocation.synthetic_slices`), a DeviceClass selecting that driver, and pods
+:func:`e2e.bench.synthetic.synthetic_slices`), a DeviceClass selecting that driver, and pods
 each with a 1-GPU claim from a ResourceClaimTemplate.
 
-* engine: :func:`dra_driver.allocation.resolve` for one claim after another over an inventory built
+* engine: :func:`dra_driver.allocator.resolve.resolve` for one claim after another over an inventory built
   from the same slices, every allocation counting as used for the next claim.
 * scheduler: the pods are created in parallel; the clock runs from the first create until the
   last pod has ``spec.nodeName`` (seen on a watch). That includes what a real cluster does for
@@ -25,10 +25,12 @@ import threading
 import time
 from typing import Any
 
-from dra_driver.allocation import AllocatedState, build_inventory, resolve, synthetic_slices
-from dra_driver.kube import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES, ApiError
+from dra_driver.allocator.inventory import AllocatedState, build_inventory
+from dra_driver.allocator.resolve import resolve
+from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES, ApiError
 from e2e.bench.bed import NODES, BenchBed, parallel
 from e2e.bench.common import Result
+from e2e.bench.synthetic import synthetic_slices
 
 FAKE_DRIVER = "bench.dra-driver.io"
 CLASS = "bench-gpu"

@@ -84,7 +84,7 @@ def _device_numbers(rel: str) -> tuple[int, int]:
 
 def make_device_nodes(dev_root: Path, profile: str, node_name: str) -> list[Path]:
     """Create the simulated GPUs' /dev entries under ``dev_root`` as character devices."""
-    from dra_driver.discovery.simulated import SimulatedBackend
+    from dra_driver.node.discovery.simulated import SimulatedBackend
 
     with tempfile.TemporaryDirectory(prefix="dra-devs-") as staging:
         SimulatedBackend(profile, node_name, dev_root=Path(staging))

@@ -1,0 +1,257 @@
+"""Resolve one claim: the entry point of the engine, and the allocation result it writes."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.allocator.cel import CelError
+from dra_driver.allocator.explanation import Explanation
+from dra_driver.allocator.funnel import explain_constraints, funnel
+from dra_driver.allocator.inventory import AllocatedState, Inventory, allocated_state, as_nodes, build_inventory, key_str
+from dra_driver.allocator.search import (
+    MAX_RESULTS,
+    SCHEDULER_ABORTS,
+    SHARE_NS,
+    Abort,
+    Ctx,
+    Search,
+    classes_by_name,
+    parse_constraints,
+    parse_requests,
+    prepare_alt,
+)
+from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
+
+# =========================================================================== resolution
+
+
+@dataclass
+class Resolution:
+    allocation: dict[str, Any] | None
+    explanation: Explanation
+    node: str | None = None
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocation is not None
+
+
+class Engine:
+    """The engine's three entry points as one object, so a caller can be handed another (a spy in
+    tests) where it would otherwise call the module's functions."""
+
+    def build_inventory(self, slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None) -> Inventory:
+        """``previous``: an inventory built before, whose per-device work may be reused."""
+        return build_inventory(slices, previous)
+
+    def allocated_state(self, claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:
+        return allocated_state(claims, exclude_uid)
+
+    def resolve(self, claim: Mapping[str, Any], inventory: Inventory,
+                classes: Mapping[str, Any] | Iterable[Mapping[str, Any]], allocated: AllocatedState | None = None,
+                nodes: Sequence[Any] | None = None) -> Resolution:
+        return resolve(claim, inventory, classes, allocated, nodes)
+
+
+def resolve(
+    claim: Mapping[str, Any],
+    inventory: Inventory,
+    classes: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    allocated: AllocatedState | None = None,
+    nodes: Sequence[Any] | None = None,
+) -> Resolution:
+    """Allocate ``claim`` like the kube-scheduler would; never raises on bad input."""
+    claim = as_mapping(claim)
+    meta = as_mapping(claim.get("metadata"))
+    label = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '<unnamed>'}"
+    explanation = Explanation(claim=label, pools=list(inventory.problems))
+    try:
+        return _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation)
+    except Exception as exc:  # last line of defence: bad input must not crash callers
+        explanation.errors.append(f"internal error: {type(exc).__name__}: {exc}")
+        return Resolution(None, explanation)
+
+
+def _resolve(
+    claim: Mapping[str, Any],
+    inventory: Inventory,
+    classes: Mapping[str, Mapping[str, Any]],
+    allocated: AllocatedState,
+    nodes: Sequence[Any] | None,
+    explanation: Explanation,
+) -> Resolution:
+    errors = explanation.errors
+    requests = parse_requests(claim, errors)
+    constraints = parse_constraints(claim, errors)
+    for alts in requests:
+        for alt in alts:
+            prepare_alt(alt, classes)
+    ctx = Ctx(claim, inventory, allocated, requests, constraints)
+    explanation.requests = [funnel(ctx, alt) for alts in requests for alt in alts]
+    if errors:
+        return Resolution(None, explanation)
+    _precheck(ctx, explanation)
+    if explanation.errors:
+        return Resolution(None, explanation)
+    node_list = as_nodes(nodes, inventory)
+    reasons: Counter[str] = Counter()
+    best: tuple[int, str | None] = (-1, None)
+    tried_lists: set[tuple[int, ...]] = set()
+    # The scheduler filters every candidate node and one fatal error anywhere fails the pod, so
+    # a success only counts once no other node can produce such an error.  Only All requests
+    # and CEL runtime errors can; other claims keep the first-fit shortcut.
+    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or any(
+        v is not None and isinstance(v[1], CelError) for v in ctx.verdicts.values())
+    found: tuple[Search, Node, int] | None = None
+    for number, node in enumerate(node_list, start=1):
+        devices = inventory.devices_on(node)
+        if node.name is not None and not any(d.node_name for d in devices) and tuple(d.index for d in devices) in tried_lists:
+            reasons["same devices as an earlier node"] += 1
+            continue
+        tried_lists.add(tuple(d.index for d in devices))
+        search = Search(ctx, node, devices)
+        try:
+            ok = search.run()
+        except Abort as exc:
+            if exc.fatal:
+                where = f"node {node.name}" if node.name else "a node"
+                explanation.errors.append(f"{exc} (on {where}; {SCHEDULER_ABORTS} on this error, "
+                                          "so no other node is used either)")  # fmt: skip
+                explanation.nodes = {"tried": number, "reasons": dict(reasons)}
+                return Resolution(None, explanation)
+            reasons[str(exc)] += 1
+            continue
+        if ok:
+            found = found or (search, node, number)
+            if not fatal_possible:
+                break
+            continue
+        reasons["not enough suitable devices" if devices else "no devices on node"] += 1
+        usable = sum(1 for d in devices if any(ctx.verdict(a, d) is None for alts in requests for a in alts if not a.error))
+        best = max(best, (usable, node.name), key=lambda b: b[0])
+    if found is not None:
+        search, node, number = found
+        explanation.nodes = {"tried": number, "reasons": dict(reasons)}
+        return _success(ctx, search, node, explanation)
+    explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
+    if best[0] >= 0:
+        explanation.nodes["best"] = {"node": best[1], "selector_matches": best[0]}
+    explain_constraints(ctx, explanation)
+    return Resolution(None, explanation)
+
+
+def _precheck(ctx: Ctx, explanation: Explanation) -> None:
+    """Cheap impossibility checks so absurd claims fail fast with a clear message."""
+    minimum = 0
+    for alts in ctx.requests:
+        counts = [a.count for a in alts if a.mode == "ExactCount" and not a.error]
+        minimum += min(counts) if counts else (1 if any(a.mode == "All" for a in alts) else 0)
+    if minimum > MAX_RESULTS:
+        explanation.errors.append(f"number of requested devices {minimum} exceeds the claim limit of {MAX_RESULTS}")
+        return
+    by_name = {r.request: r for r in explanation.requests}
+    for alts in ctx.requests:
+        feasible = False
+        for alt in alts:
+            info = by_name[alt.name]
+            if alt.error or info.cel_errors:
+                feasible = True  # let the search surface the error in scheduler order
+            elif alt.mode == "All" or info.candidates >= alt.count:
+                feasible = True
+        if not feasible:
+            explanation.errors.append(f"request {alts[0].base}: not enough devices match")
+            return
+
+
+# =========================================================================== result
+
+
+def _success(ctx: Ctx, search: Search, node: Node, explanation: Explanation) -> Resolution:
+    uid = as_str(as_mapping(ctx.claim.get("metadata")).get("uid")) or explanation.claim
+    results = []
+    for n, res in enumerate(search.results):
+        entry: dict[str, Any] = {"request": res.alt.name, "driver": res.dev.key[0], "pool": res.dev.key[1],
+                                 "device": res.dev.key[2]}  # fmt: skip
+        if res.alt.admin:
+            entry["adminAccess"] = True
+        if res.alt.tolerations:
+            entry["tolerations"] = [dict(t) for t in res.alt.tolerations]
+        if res.dev.allow_multi:
+            entry["shareID"] = str(uuid.uuid5(SHARE_NS, f"{uid}/{res.alt.name}/{key_str(res.dev.key)}/{n}"))
+            if res.consumed:
+                entry["consumedCapacity"] = {res.dev.capacity[k][0]: str(v) for k, v in res.consumed.items()}
+        results.append(entry)
+    allocation: dict[str, Any] = {"devices": {"results": results, "config": _configs(ctx, search)}}
+    if not allocation["devices"]["config"]:
+        del allocation["devices"]["config"]
+    selector = _node_selector(search, node)
+    if selector is not None:
+        allocation["nodeSelector"] = selector
+    explanation.allocated = True
+    explanation.node = node.name
+    explanation.devices = [key_str(r.dev.key) for r in search.results]
+    for ri, ai in search.chosen.items():
+        name = ctx.requests[ri][ai].name
+        for info in explanation.requests:
+            info.chosen = info.chosen or info.request == name
+    return Resolution(allocation, explanation, node.name)
+
+
+def _configs(ctx: Ctx, search: Search) -> list[dict[str, Any]]:
+    chosen = [ctx.requests[ri][search.chosen[ri]] for ri in range(len(ctx.requests))]
+    out: list[dict[str, Any]] = []
+    class_rows: dict[str, list[dict[str, Any]]] = {}
+    for alt in chosen:
+        if alt.class_name in class_rows:
+            for row in class_rows[alt.class_name]:
+                row["requests"].append(alt.name)
+            continue
+        rows = []
+        for cfg in as_list(as_mapping(as_mapping(alt.class_obj).get("spec")).get("config")):
+            row = {"source": "FromClass", "requests": [alt.name], **{k: v for k, v in as_mapping(cfg).items() if k != "requests"}}
+            rows.append(row)
+        class_rows[alt.class_name] = rows
+        out.extend(rows)
+    for cfg in as_list(as_mapping(as_mapping(ctx.claim.get("spec")).get("devices")).get("config")):
+        cfg = as_mapping(cfg)
+        wanted = [r for r in as_list(cfg.get("requests")) if isinstance(r, str)]
+        body = {k: v for k, v in cfg.items() if k != "requests"}
+        if not wanted:
+            out.append({"source": "FromClaim", **body})
+            continue
+        # The scheduler appends one copy per claim request the config names; mirrored.
+        for alt in chosen:
+            if alt.base in wanted or (alt.sub and alt.name in wanted):
+                out.append({"source": "FromClaim", "requests": list(wanted), **body})
+    for row in out:
+        if "requests" in row and len(row["requests"]) == len(ctx.requests):
+            del row["requests"]  # empty means "all requests"
+    return out
+
+
+def _node_selector(search: Search, node: Node) -> dict[str, Any] | None:
+    fields: list[dict[str, Any]] = []
+    exprs: list[dict[str, Any]] = []
+    for res in search.results:
+        dev = res.dev
+        if dev.node_name or dev.binds_to_node:
+            return {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node.name]}]}]}  # fmt: skip
+        terms = as_list(as_mapping(dev.node_selector).get("nodeSelectorTerms")) if dev.node_selector else []
+        if len(terms) == 1:
+            for req in as_list(as_mapping(terms[0]).get("matchFields")):
+                if req not in fields:
+                    fields.append(req)
+            for req in as_list(as_mapping(terms[0]).get("matchExpressions")):
+                if req not in exprs:
+                    exprs.append(req)
+    term: dict[str, Any] = {}
+    if exprs:
+        term["matchExpressions"] = exprs
+    if fields:
+        term["matchFields"] = fields
+    return {"nodeSelectorTerms": [term]} if term else None

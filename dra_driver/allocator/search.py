@@ -1,0 +1,562 @@
+"""The scheduler's search: requests, constraints, consumption and backtracking over one node's devices."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from dra_driver.allocator.cel import CelCompileError, CelError, CelRuntimeError, CompiledSelector, compile_selector
+from dra_driver.allocator.inventory import (
+    AllocatedState,
+    Device,
+    DeviceKey,
+    Inventory,
+    key_str,
+    on_node,
+    qualify,
+    quantity_or_none,
+)
+from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str
+from dra_driver.k8s.quantity import Quantity
+
+MAX_RESULTS = 32  # AllocationResultsMaxSize
+MAX_SEARCH_STEPS = 50_000  # allocateOne calls per claim before giving up as "too complex"
+# Marks explanation errors that the scheduler reports as SchedulerError (not Unschedulable).
+SCHEDULER_ABORTS = "the kube-scheduler stops the whole scheduling attempt"
+SHARE_NS = uuid.UUID("6f1d1c2e-5b7a-4c0e-9d51-2f0a4c7b9e11")
+
+
+# =========================================================================== claim parsing
+
+
+@dataclass
+class Alt:
+    """One allocatable alternative: a plain request or one firstAvailable subrequest."""
+
+    name: str  # "req" or "req/sub"
+    base: str
+    sub: str
+    class_name: str
+    selectors: list[str]
+    mode: str
+    count: int
+    admin: bool
+    tolerations: list[Mapping[str, Any]]
+    capacity: dict[str, Quantity]
+    error: str | None = None
+    compiled: list[tuple[str, CompiledSelector]] = field(default_factory=list)
+    class_obj: Mapping[str, Any] | None = None
+
+
+@dataclass
+class _Constraint:
+    kind: str  # match | distinct
+    attribute: str
+    requests: set[str]
+    value: tuple[str, Any] | None = None
+    members: int = 0
+    seen: Counter[tuple[str, Any]] = field(default_factory=Counter)
+
+    def applies(self, alt: Alt) -> bool:
+        return not self.requests or alt.base in self.requests or (bool(alt.sub) and alt.name in self.requests)
+
+
+def _parse_alt(base: str, sub: str, body: Mapping[str, Any], admin_allowed: bool) -> Alt:
+    mode = as_str(body.get("allocationMode")) or "ExactCount"
+    count_raw = body.get("count")
+    count = 1 if count_raw is None and mode == "ExactCount" else as_int(count_raw)
+    alt = Alt(
+        name=f"{base}/{sub}" if sub else base, base=base, sub=sub,
+        class_name=as_str(body.get("deviceClassName")) or "",
+        selectors=[], mode=mode, count=count or 0,
+        admin=admin_allowed and body.get("adminAccess") is True,
+        tolerations=[as_mapping(t) for t in as_list(body.get("tolerations"))], capacity={},
+    )  # fmt: skip
+    for i, sel in enumerate(as_list(body.get("selectors"))):
+        expr = as_str(as_mapping(as_mapping(sel).get("cel")).get("expression"))
+        if expr is None:
+            alt.error = f"selector #{i}: CEL expression empty (unsupported selector type?)"
+        else:
+            alt.selectors.append(expr)
+    for cname, val in as_mapping(as_mapping(body.get("capacity")).get("requests")).items():
+        q = quantity_or_none(val)
+        if q is None or q.value < 0:
+            alt.error = f"capacity request {cname}: invalid quantity {val!r}"
+        else:
+            alt.capacity[cname] = q
+    if mode not in ("ExactCount", "All"):
+        alt.error = f"unsupported allocation mode {mode!r}"
+    elif mode == "ExactCount" and (count is None or count <= 0):
+        alt.error = f"count must be a positive integer, got {count_raw!r}"
+    elif mode == "All" and count_raw is not None:
+        alt.error = "count must not be set with allocationMode All"
+    if not alt.class_name:
+        alt.error = alt.error or "missing device class name"
+    return alt
+
+
+def parse_requests(claim: Mapping[str, Any], errors: list[str]) -> list[list[Alt]]:
+    out: list[list[Alt]] = []
+    names: set[str] = set()
+    for i, req in enumerate(as_list(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("requests"))):
+        req = as_mapping(req)
+        name = as_str(req.get("name")) or f"request-{i}"
+        if name in names:
+            errors.append(f"duplicate request name {name}")
+        names.add(name)
+        if isinstance(req.get("exactly"), Mapping):
+            out.append([_parse_alt(name, "", req["exactly"], admin_allowed=True)])
+        elif as_list(req.get("firstAvailable")):
+            subs = [as_mapping(s) for s in as_list(req.get("firstAvailable"))]
+            out.append([_parse_alt(name, as_str(s.get("name")) or f"sub-{j}", s, False) for j, s in enumerate(subs)])
+        else:
+            errors.append(f"request {name}: neither exactly nor firstAvailable is set")
+    if not out and not errors:
+        errors.append("claim has no requests")
+    return out
+
+
+def parse_constraints(claim: Mapping[str, Any], errors: list[str]) -> list[_Constraint]:
+    out: list[_Constraint] = []
+    for i, c in enumerate(as_list(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("constraints"))):
+        c = as_mapping(c)
+        reqs = {r for r in as_list(c.get("requests")) if isinstance(r, str)}
+        match, distinct = as_str(c.get("matchAttribute")), as_str(c.get("distinctAttribute"))
+        if match and "/" in match:
+            out.append(_Constraint("match", match, reqs))
+        elif distinct and "/" in distinct:
+            out.append(_Constraint("distinct", distinct, reqs))
+        else:
+            errors.append(f"constraint #{i}: needs a fully-qualified matchAttribute or distinctAttribute")
+    return out
+
+
+def classes_by_name(classes: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    if isinstance(classes, Mapping):
+        return {str(k): as_mapping(v) for k, v in classes.items()}
+    out: dict[str, Mapping[str, Any]] = {}
+    for cls in classes:
+        name = as_str(as_mapping(as_mapping(cls).get("metadata")).get("name"))
+        if name:
+            out[name] = as_mapping(cls)
+    return out
+
+
+def prepare_alt(alt: Alt, classes: Mapping[str, Mapping[str, Any]]) -> None:
+    """Look up the class and compile all selectors (class first, like the scheduler)."""
+    if alt.error:
+        return
+    cls = classes.get(alt.class_name)
+    if cls is None:
+        alt.error = f"device class {alt.class_name} not found"
+        return
+    alt.class_obj = cls
+    sources = [(f"class {alt.class_name} selector #{i}", as_mapping(s)) for i, s in enumerate(_class_selectors(cls))]
+    sources += [(f"request {alt.name} selector #{i}", {"cel": {"expression": e}}) for i, e in enumerate(alt.selectors)]
+    for label, sel in sources:
+        expr = as_str(as_mapping(sel.get("cel")).get("expression"))
+        if expr is None:
+            alt.error = f"{label}: CEL expression empty (unsupported selector type?)"
+            return
+        try:
+            alt.compiled.append((label, compile_selector(expr)))
+        except CelCompileError as exc:
+            alt.error = f"{label}: CEL compile error: {exc.message}"
+            return
+
+
+def _class_selectors(cls: Mapping[str, Any]) -> list[Any]:
+    return as_list(as_mapping(cls.get("spec")).get("selectors"))
+
+
+# =========================================================================== per-device checks
+
+
+def _tolerates(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    effect = as_str(tol.get("effect")) or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = as_str(tol.get("key")) or ""
+    operator = as_str(tol.get("operator")) or "Equal"
+    if not key:
+        return operator == "Exists"
+    if key != taint.get("key"):
+        return False
+    return operator == "Exists" or (tol.get("value") or "") == (taint.get("value") or "")
+
+
+def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
+    for taint in dev.taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in alt.tolerations):
+            return taint
+    return None
+
+
+def _round_policy(requested: Quantity, policy: Mapping[str, Any]) -> Quantity | None:
+    """Round a request up as the device's requestPolicy says; None when it violates it."""
+    vr = as_mapping(policy.get("validRange"))
+    lo = quantity_or_none(vr.get("min")) if vr else None
+    if lo is not None:
+        hi, step = quantity_or_none(vr.get("max")), quantity_or_none(vr.get("step"))
+        value = requested if requested.value >= lo.value else lo
+        if step is not None and step.value > 0:
+            steps = -((lo.value - value.value) // step.value)  # ceil((value - min) / step)
+            rounded = lo.value + steps * step.value
+            value = value if rounded == value.value else Quantity(rounded)
+        return None if hi is not None and value.value > hi.value else value
+    parsed = (quantity_or_none(v) for v in as_list(policy.get("validValues")))
+    valid = sorted((q for q in parsed if q is not None), key=lambda q: q.value)
+    if valid:
+        fitting = [v for v in valid if v.value >= requested.value]
+        return fitting[0] if fitting else None
+    return requested
+
+
+def consumption(dev: Device, alt: Alt) -> dict[str, Quantity] | None:
+    """Capacity this request would consume on ``dev`` (per fq name), None if impossible."""
+    requested: dict[str, Quantity] = {}
+    for rname, q in alt.capacity.items():
+        fq = qualify(rname, dev.key[0])
+        if fq not in dev.capacity:
+            return None
+        requested[fq] = q
+    out: dict[str, Quantity] = {}
+    for fq, (_, total, policy) in dev.capacity.items():
+        value: Quantity | None
+        if fq in requested:
+            value = _round_policy(requested[fq], policy) if policy else requested[fq]
+        else:
+            default = quantity_or_none(policy.get("default")) if policy else None
+            value = default if default is not None else total
+        if value is None or value.value > total.value:
+            return None
+        out[fq] = value
+    return out
+
+
+def lookup_attribute(dev: Device, name: str) -> tuple[str, Any] | None:
+    # Keys are stored fully qualified (unqualified ones under the driver's domain),
+    # which is the scheduler's lookup rule.  Versions compare as strings there too:
+    # semver 2.0 demands the minimal spelling.
+    return dev.attributes.get(name)
+
+
+class Abort(Exception):
+    """Stops the search on one node.
+
+    ``fatal`` mirrors the allocator's error kinds: a fatal error (CEL runtime error, a
+    constraint that rejects a device an ``All`` request must take, an ``All`` request over an
+    incomplete pool, a broken request) makes the scheduler's Filter return an error, which ends
+    the whole scheduling attempt, whatever other nodes would have offered.  Only running out of
+    search budget (the scheduler's filter timeout) fails just the one node.
+    """
+
+    def __init__(self, message: str, fatal: bool = True) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+@dataclass
+class _Result:
+    alt: Alt
+    dev: Device
+    consumed: dict[str, Quantity] | None
+
+
+class Search:
+    """Backtracking first-fit search for one claim on one node."""
+
+    def __init__(self, ctx: Ctx, node: Node, devices: list[Device]) -> None:
+        self.ctx = ctx
+        self.node = node
+        self.devices = devices
+        self.allocating: Counter[DeviceKey] = Counter()
+        self.capacity: dict[DeviceKey, dict[str, Fraction]] = {}
+        self.counters: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = {}
+        self.results: list[_Result] = []
+        self.chosen: dict[int, int] = {}
+        self.steps = 0
+        self.all_devices: dict[int, list[Device]] = {}
+        for c in ctx.constraints:
+            c.value, c.members, c.seen = None, 0, Counter()
+
+    def run(self) -> bool:
+        self.validate()
+        return self.request(0)
+
+    def validate(self) -> None:
+        """What the scheduler checks per node before searching, for every request and subrequest.
+
+        ``All`` requests are sized up front: an incomplete pool or a CEL runtime error among
+        the node's devices is an error even when an earlier request would have failed anyway.
+        """
+        for alts in self.ctx.requests:
+            for alt in alts:
+                if alt.error:
+                    raise Abort(f"request {alt.name}: {alt.error}")
+                if alt.mode != "All":
+                    continue
+                for pool in self.ctx.inventory.pools:
+                    if not pool.usable and any(on_node(d, self.node) for d in pool.devices):
+                        state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
+                        raise Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}")
+                self.all_devices[id(alt)] = [
+                    d for d in self.devices if self.ctx.selectable(alt, d) and consumption(d, alt) is not None]
+
+    def request(self, ri: int) -> bool:
+        if ri >= len(self.ctx.requests):
+            return True
+        alts = self.ctx.requests[ri]
+        for ai, alt in enumerate(alts):
+            if self.alt(ri, alt):
+                self.chosen[ri] = ai
+                return True
+        return False
+
+    def alt(self, ri: int, alt: Alt) -> bool:
+        if alt.mode == "All":
+            return self.alt_all(ri, alt)
+        if len(self.results) + alt.count > MAX_RESULTS:
+            return False
+        return self.pick(ri, alt, alt.count, 0)
+
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_SEARCH_STEPS:
+            raise Abort(f"search too complex (more than {MAX_SEARCH_STEPS} steps)", fatal=False)
+
+    def pick(self, ri: int, alt: Alt, remaining: int, start: int) -> bool:
+        self.tick()
+        if remaining == 0:
+            return self.request(ri + 1)
+        for pos in range(start, len(self.devices)):
+            if len(self.devices) - pos < remaining:
+                return False  # not enough devices left for the rest of this request
+            dev = self.devices[pos]
+            if not self.eligible(alt, dev):
+                continue
+            undo = self.allocate(alt, dev, must=False)
+            if undo is None:
+                continue
+            if self.pick(ri, alt, remaining - 1, pos + 1):
+                return True
+            undo()
+        return False
+
+    def alt_all(self, ri: int, alt: Alt) -> bool:
+        wanted = self.all_devices[id(alt)]
+        if not wanted:
+            return False
+        if len(self.results) + len(wanted) > MAX_RESULTS:
+            return False
+        undos = []
+        for dev in wanted:
+            self.tick()
+            undo = self.allocate(alt, dev, must=True)
+            if undo is None:
+                break
+            undos.append(undo)
+        else:
+            if self.request(ri + 1):
+                return True
+        for undo in reversed(undos):
+            undo()
+        return False
+
+    def in_use(self, alt: Alt, dev: Device) -> bool:
+        if dev.allow_multi:
+            return False
+        if alt.admin:
+            return self.allocating[dev.key] > 0
+        return dev.key in self.ctx.allocated.devices or self.allocating[dev.key] > 0
+
+    def eligible(self, alt: Alt, dev: Device) -> bool:
+        # Same order as the scheduler: "in use" is cheap and checked before selectors,
+        # so a CEL error on a device that is in use never surfaces.
+        if self.in_use(alt, dev):
+            return False
+        return self.ctx.selectable(alt, dev)
+
+    def allocate(self, alt: Alt, dev: Device, must: bool) -> Any:
+        """Tentatively allocate; returns an undo callable or None."""
+        if self.in_use(alt, dev):
+            return None
+        shared_in_use = dev.key in self.ctx.allocated.shared or dev.key in self.capacity
+        use_counters = bool(dev.consumes) and not (dev.allow_multi and shared_in_use)
+        if use_counters and not self.take_counters(dev):
+            return None
+        if taint_blocking(dev, alt) is not None:
+            if use_counters:
+                self.release_counters(dev)
+            return None
+        consumed = self.capacity_fits(dev, alt)
+        if consumed is None:
+            if use_counters:
+                self.release_counters(dev)
+            return None
+        added: list[_Constraint] = []
+        for c in self.ctx.constraints:
+            if not c.applies(alt):
+                continue
+            if not _constraint_add(c, dev):
+                for a in added:
+                    _constraint_remove(a, dev)
+                if use_counters:
+                    self.release_counters(dev)
+                if must:
+                    raise Abort(f"request {alt.name}: cannot add device {key_str(dev.key)} "
+                                 "because a claim constraint would not be satisfied")  # fmt: skip
+                return None
+            added.append(c)
+        if not dev.allow_multi:
+            self.allocating[dev.key] += 1
+        if dev.allow_multi:
+            cur = self.capacity.setdefault(dev.key, {})
+            for k, v in consumed.items():
+                cur[k] = cur.get(k, Fraction(0)) + v.value
+        self.results.append(_Result(alt, dev, consumed if dev.allow_multi else None))
+
+        def undo() -> None:
+            self.results.pop()
+            for a in added:
+                _constraint_remove(a, dev)
+            if dev.allow_multi:
+                cur = self.capacity[dev.key]
+                for k, v in consumed.items():
+                    cur[k] -= v.value
+                if all(v == 0 for v in cur.values()):
+                    del self.capacity[dev.key]
+            else:
+                self.allocating[dev.key] -= 1
+            if use_counters:
+                self.release_counters(dev)
+
+        return undo
+
+    def capacity_fits(self, dev: Device, alt: Alt) -> dict[str, Quantity] | None:
+        consumed = consumption(dev, alt)
+        if consumed is None:
+            return None
+        if not dev.allow_multi:
+            return consumed
+        before = self.ctx.allocated.shared.get(dev.key, {})
+        now = self.capacity.get(dev.key, {})
+        for fq, value in consumed.items():
+            if before.get(fq, 0) + now.get(fq, 0) + value.value > dev.capacity[fq][1].value:
+                return None
+        return consumed
+
+    def take_counters(self, dev: Device) -> bool:
+        pool_id = (dev.key[0], dev.key[1])
+        used = self.counters.setdefault(pool_id, {})
+        for cs, counters in dev.consumes:
+            target = used.setdefault(cs, {})
+            for name, value in counters.items():
+                target[name] = target.get(name, Fraction(0)) + value
+        available = self.ctx.available_counters(pool_id)
+        for cs, counters in available.items():
+            for name, value in counters.items():
+                if used.get(cs, {}).get(name, 0) > value:
+                    self.release_counters(dev)
+                    return False
+        return True
+
+    def release_counters(self, dev: Device) -> None:
+        used = self.counters[(dev.key[0], dev.key[1])]
+        for cs, counters in dev.consumes:
+            for name, value in counters.items():
+                used[cs][name] -= value
+
+
+def _constraint_add(c: _Constraint, dev: Device) -> bool:
+    attr = lookup_attribute(dev, c.attribute)
+    if attr is None:
+        return False
+    if c.kind == "match":
+        if c.members > 0 and attr != c.value:
+            return False
+        if c.members == 0:
+            c.value = attr
+        c.members += 1
+        return True
+    if c.seen[attr] > 0:
+        return False
+    c.seen[attr] += 1
+    return True
+
+
+def _constraint_remove(c: _Constraint, dev: Device) -> None:
+    attr = lookup_attribute(dev, c.attribute)
+    if c.kind == "match":
+        c.members -= 1
+    elif attr is not None:
+        c.seen[attr] -= 1
+
+
+@dataclass
+class Ctx:
+    """Everything fixed for one resolve() call (shared by the per-node searches)."""
+
+    claim: Mapping[str, Any]
+    inventory: Inventory
+    allocated: AllocatedState
+    requests: list[list[Alt]]
+    constraints: list[_Constraint]
+    verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
+    alt_ids: dict[int, int] = field(default_factory=dict)
+    available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
+
+    def verdict(self, alt: Alt, dev: Device) -> Verdict:
+        """Selector outcome, cached: evaluation is pure, so each pair is evaluated once."""
+        aid = self.alt_ids.setdefault(id(alt), len(self.alt_ids))
+        key = (aid, dev.index)
+        if key not in self.verdicts:
+            self.verdicts[key] = _evaluate(alt, dev)
+        return self.verdicts[key]
+
+    def selectable(self, alt: Alt, dev: Device) -> bool:
+        v = self.verdict(alt, dev)
+        if v is None:
+            return True
+        if isinstance(v[1], CelError):
+            label, err = alt.compiled[v[0]][0], v[1]
+            raise Abort(f"{label} on device {key_str(dev.key)}: CEL runtime error: {err.message}")
+        return False
+
+    def available_counters(self, pool_id: tuple[str, str]) -> dict[str, dict[str, Fraction]]:
+        if pool_id not in self.available:
+            pool = self.inventory.pool_map[pool_id]
+            avail = {cs: dict(c) for cs, c in pool.counter_sets.items()}
+            consuming = self.allocated.consuming()
+            for dev in pool.devices:
+                if dev.key in consuming:
+                    for cs, counters in dev.consumes:
+                        for name, value in counters.items():
+                            if name in avail.get(cs, {}):
+                                avail[cs][name] -= value
+            self.available[pool_id] = avail
+        return self.available[pool_id]
+
+
+# None: all selectors true; else (index of the first selector that failed, False or the error).
+Verdict = tuple[int, "bool | CelError"] | None
+
+
+def _evaluate(alt: Alt, dev: Device) -> Verdict:
+    for i, (_, sel) in enumerate(alt.compiled):
+        if sel.driver_equals is not None and dev.cel_clean and sel.poisoned is None:
+            # What sel.evaluate would answer (the activation's driver is key[0] and it has no
+            # error), without building the activation (~4 us) for each of the cluster's devices.
+            if dev.key[0] != sel.driver_equals:
+                return (i, False)
+            continue
+        try:
+            if not sel.evaluate(dev.activation):
+                return (i, False)
+        except CelRuntimeError as exc:
+            return (i, exc)
+    return None

@@ -1,0 +1,75 @@
+"""Settings of ``dra-driver controller``: every one a flag with an environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.config import env, env_flag
+from dra_driver.controller import fence
+from dra_driver.k8s.names import parse_namespaced_name
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    driver_name: str
+    kubeconfig: str | None
+    log_format: str
+    log_level: str
+    leader_elect: bool
+    leader_election_namespace: str
+    leader_election_id: str
+    identity: str
+    metrics_port: int
+    resync_seconds: float
+    allocation_ledger: tuple[str, str]
+
+
+def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME), help="DRA driver name [DRIVER_NAME]")
+    add("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
+    add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
+    add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
+    add("--leader-elect", action=argparse.BooleanOptionalAction, default=env_flag(env("LEADER_ELECT", "true")),
+        help="Take a Lease before acting, so only one replica writes [LEADER_ELECT]")
+    add("--leader-election-namespace", default=env("POD_NAMESPACE", "kube-system"),
+        help="Namespace of the leader-election Lease [POD_NAMESPACE]")
+    add("--leader-election-id", default=env("LEADER_ELECTION_ID", "dra-driver-controller"),
+        help="Name of the leader-election Lease [LEADER_ELECTION_ID]")
+    add("--identity", default=env("POD_NAME", os.uname().nodename + f"-{os.getpid()}"),
+        help="This replica's identity in the Lease [POD_NAME]")
+    add("--metrics-port", type=int, default=int(env("METRICS_PORT", "8080") or 8080),
+        help="Port for /metrics and /healthz; 0 disables [METRICS_PORT]")
+    add("--resync-seconds", type=float, default=float(env("RESYNC_SECONDS", "30") or 30),
+        help="Seconds between full re-evaluations of pending claims [RESYNC_SECONDS]")
+    add("--allocation-ledger", default=env("ALLOCATION_LEDGER"),
+        help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
+             "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")
+
+
+def controller_settings(args: argparse.Namespace) -> ControllerSettings:
+    return ControllerSettings(
+        driver_name=args.driver_name,
+        kubeconfig=args.kubeconfig,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        leader_elect=bool(args.leader_elect),
+        leader_election_namespace=args.leader_election_namespace,
+        leader_election_id=args.leader_election_id,
+        identity=args.identity,
+        metrics_port=int(args.metrics_port),
+        resync_seconds=float(args.resync_seconds),
+        allocation_ledger=_ledger_ref(args.allocation_ledger, args.leader_election_namespace),
+    )
+
+
+def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:
+    if not text:
+        return namespace, fence.DEFAULT_LEDGER
+    try:
+        return parse_namespaced_name(text, "ConfigMap")
+    except ValueError as exc:
+        raise ValueError(f"--allocation-ledger: {exc}") from None

@@ -1,0 +1,228 @@
+"""What the controller concludes about one claim: the action it takes and the verdict of resolving it
+(engine + opaque config validation). Pure functions; nothing here writes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from dra_driver.allocator.inventory import AllocatedState, Inventory
+from dra_driver.allocator.resolve import Engine
+from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_CHARS, OUR_ANNOTATIONS, wants_controller_allocation
+from dra_driver.gpuconfig import decode
+from dra_driver.k8s.claims import (
+    annotations_of,
+    device_ids,
+    has_finalizer,
+    is_allocated,
+    is_deleting,
+    is_generated_for_pod,
+    reserved_for,
+)
+from dra_driver.k8s.client import Obj
+
+# --------------------------------------------------------------------------------------------
+# Opaque configuration validation
+
+
+def config_errors(configs: Any, driver: str, path: str) -> list[str]:
+    """Field-path messages for every opaque config of ``driver`` in ``configs`` that does not decode."""
+    errors: list[str] = []
+    if configs is None:
+        return errors
+    if not isinstance(configs, list):
+        return [f"{path}: must be a list"]
+    for i, entry in enumerate(configs):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        where = f"{path}[{i}].opaque.parameters"
+        try:
+            decode(opaque.get("parameters"))
+        except ValueError as exc:  # gpuconfig.ConfigError is a ValueError
+            sub = getattr(exc, "path", None)
+            detail = getattr(exc, "detail", None)
+            if isinstance(sub, str) and isinstance(detail, str):
+                errors.append(f"{where}.{sub}: {detail}" if sub else f"{where}: {detail}")
+            else:
+                errors.append(f"{where}: {exc}")
+        except Exception as exc:
+            errors.append(f"{where}: cannot be decoded ({type(exc).__name__}: {exc})")
+    return errors
+
+
+def object_config_errors(obj: Mapping[str, Any], driver: str) -> list[str]:
+    """Config errors of a ResourceClaim, ResourceClaimTemplate or DeviceClass."""
+    kind = obj.get("kind")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    if kind == "DeviceClass":
+        return config_errors(spec.get("config"), driver, "spec.config")
+    if kind == "ResourceClaimTemplate":
+        inner = spec.get("spec")
+        devices = inner.get("devices") if isinstance(inner, Mapping) else None
+        return config_errors(devices.get("config") if isinstance(devices, Mapping) else None, driver,
+                             "spec.spec.devices.config")
+    devices = spec.get("devices")
+    return config_errors(devices.get("config") if isinstance(devices, Mapping) else None, driver,
+                         "spec.devices.config")
+
+
+def claim_class_names(claim: Mapping[str, Any]) -> list[str]:
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    names: list[str] = []
+    for req in (devices.get("requests") if isinstance(devices, Mapping) else None) or []:
+        if not isinstance(req, Mapping):
+            continue
+        exactly = req.get("exactly")
+        if isinstance(exactly, Mapping) and exactly.get("deviceClassName"):
+            names.append(str(exactly["deviceClassName"]))
+        for sub in req.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
+                names.append(str(sub["deviceClassName"]))
+    return list(dict.fromkeys(names))
+
+
+def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Obj], driver: str) -> list[str]:
+    """The claim's own config errors plus those of the DeviceClasses it uses."""
+    errors = object_config_errors({**claim, "kind": "ResourceClaim"}, driver)
+    for name in claim_class_names(claim):
+        cls = classes.get(name)
+        if cls is not None:
+            errors += [f"deviceclass {name}: {e}" for e in object_config_errors({**cls, "kind": "DeviceClass"}, driver)]
+    return errors
+
+
+# --------------------------------------------------------------------------------------------
+# Pure decisions
+
+
+class Action(StrEnum):
+    IGNORE = "ignore"
+    """Not pending, nothing of ours on it."""
+    CLEAR = "clear"
+    """Allocated or no longer pending: remove our explanation annotations."""
+    EXPLAIN = "explain"
+    """Pending, the scheduler allocates it: explain only."""
+    ALLOCATE = "allocate"
+    """Pending and opted in to controller allocation."""
+    FINALIZE = "finalize"
+    """Opted-in claim being deleted, unreserved, with the finalizer: deallocate and release."""
+
+
+def classify(claim: Mapping[str, Any], *, waited_for: bool) -> Action:
+    """What the controller does with ``claim``; ``waited_for``: a pod that is not done uses it."""
+    opted_in = wants_controller_allocation(claim)
+    if is_deleting(claim):
+        if opted_in and has_finalizer(claim) and not reserved_for(claim) and not is_generated_for_pod(claim):
+            return Action.FINALIZE
+        return Action.IGNORE
+    has_ours = any(a in annotations_of(claim) for a in OUR_ANNOTATIONS)
+    if is_allocated(claim):
+        return Action.CLEAR if has_ours else Action.IGNORE
+    if opted_in and not is_generated_for_pod(claim):
+        return Action.ALLOCATE
+    if waited_for or opted_in:
+        return Action.EXPLAIN
+    return Action.CLEAR if has_ours else Action.IGNORE
+
+
+class Verdict(StrEnum):
+    SATISFIABLE = "Satisfiable"
+    UNSATISFIABLE = "Unsatisfiable"
+    INVALID_CONFIG = "InvalidConfig"
+    NOT_ALLOCATABLE = "NotAllocatable"
+    ERROR = "Error"
+
+
+EVENT_REASON = {
+    Verdict.UNSATISFIABLE: "Unsatisfiable",
+    Verdict.INVALID_CONFIG: "InvalidConfig",
+    Verdict.NOT_ALLOCATABLE: "NotAllocatable",
+    Verdict.ERROR: "ResolveError",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Result of evaluating one claim (engine + config validation), before any write."""
+
+    verdict: Verdict
+    summary: str
+    allocation: dict[str, Any] | None = None
+    explanation: dict[str, Any] | None = None
+    text: str = ""
+    config_errors: tuple[str, ...] = ()
+
+
+def evaluate(
+    engine: Engine,
+    claim: Obj,
+    inventory: Inventory,
+    classes: Mapping[str, Obj],
+    allocated: AllocatedState,
+    *,
+    driver: str,
+    nodes: list[str] | None = None,
+    require_own_driver: bool = False,
+) -> Outcome:
+    """Resolve ``claim`` and validate its config; never raises for bad input."""
+    errors = tuple(claim_config_errors(claim, classes, driver))
+    try:
+        res = engine.resolve(claim, inventory, classes, allocated, nodes)
+        expl = res.explanation
+        summary = str(expl.summary)
+        allocation = res.allocation
+        try:
+            doc = expl.to_dict()
+        except Exception as exc:
+            doc = {"error": f"explanation not serializable: {exc}"}
+        try:
+            text = expl.render()
+        except Exception:
+            text = summary
+    except Exception as exc:  # an engine bug must not take the controller down
+        msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
+        return Outcome(Verdict.ERROR, one_line(msg), None, None, msg, errors)
+    if errors:
+        head = invalid_config_summary(errors, driver, summary if allocation is None else None)
+        return Outcome(Verdict.INVALID_CONFIG, head, None, doc, text, errors)
+    if allocation is None:
+        return Outcome(Verdict.UNSATISFIABLE, one_line(summary), None, doc, text, errors)
+    if require_own_driver:
+        foreign = sorted({d for d, _, _ in device_ids(allocation) if d != driver})
+        if foreign:
+            msg = (
+                f"the controller allocates only claims served entirely by {driver} devices; "
+                f"this claim needs devices of {', '.join(foreign)}: remove the "
+                f"{ALLOCATE_ANNOTATION} annotation and let the scheduler allocate it"
+            )
+            return Outcome(Verdict.NOT_ALLOCATABLE, one_line(msg), None, doc, text, errors)
+    return Outcome(Verdict.SATISFIABLE, one_line(summary), allocation, doc, text, errors)
+
+
+def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: str | None = None) -> str:
+    head = f"invalid configuration for {driver}: {errors[0]}"
+    if len(errors) > 1:
+        head += f" (and {len(errors) - 1} more)"
+    if unsatisfiable:
+        head += f"; also unsatisfiable: {unsatisfiable}"
+    return one_line(head)
+
+
+def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:
+    """The verdict for a claim nobody waits for yet whose configuration is already known bad."""
+    summary = invalid_config_summary(errors, driver)
+    return Outcome(Verdict.INVALID_CONFIG, summary, None, None, summary, tuple(errors))
+
+
+def one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
+    line = " ".join(str(text).split())
+    if len(line.encode()) <= limit:
+        return line
+    cut = line.encode()[: limit - 3].decode("utf-8", errors="ignore")
+    return cut + "..."

@@ -1,0 +1,325 @@
+"""List+watch informers with a local cache, and a de-duplicating work queue.
+
+An :class:`Informer` lists a resource once, then watches from the list's resourceVersion. Every
+object change updates its :class:`Store` (keyed ``namespace/name`` or ``name``) and calls the
+handler with ``(old, new)`` (``new`` is None on deletion). When a watch ends it resumes from the
+last resourceVersion seen (bookmarks included); a ``410 Gone`` or any other error leads to a
+fresh list, which is diffed against the cache so deletions missed meanwhile still reach the
+handler. Errors back off exponentially (1 s doubling to 30 s).
+
+:class:`WorkQueue` has client-go's semantics: a key waiting in the queue is there once however
+often it is added; a key added while a worker holds it is queued again when the worker calls
+:meth:`WorkQueue.done`, so one key is never processed by two workers at once; delayed adds and
+per-key exponential retry back-off.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dra_driver import logs
+from dra_driver.k8s.client import ApiError, KubeApi, Obj, Resource, key_of, meta
+
+Handler = Callable[[Obj | None, Obj | None], None]
+"""``handler(old, new)``: add (old None), update, delete (new None)."""
+
+
+class Store:
+    """Thread-safe cache of one resource's objects."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[str, Obj] = {}
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def values(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def put(self, obj: Obj) -> Obj | None:
+        with self._lock:
+            k = key_of(obj)
+            old = self._items.get(k)
+            self._items[k] = obj
+            return old
+
+    def put_if_unchanged(self, obj: Obj, base_resource_version: str) -> bool:
+        """Store the result of our own write unless the watch already delivered something newer.
+
+        ``base_resource_version`` is the version the write was made against; when the cached
+        object still has it, ours is newer; otherwise the informer has moved on and wins.
+        """
+        if not isinstance(obj.get("metadata"), dict):
+            return False
+        with self._lock:
+            k = key_of(obj)
+            cur = self._items.get(k)
+            if cur is None or _rv(cur) != base_resource_version:
+                return False
+            self._items[k] = obj
+            return True
+
+    def delete(self, obj: Obj) -> Obj | None:
+        with self._lock:
+            return self._items.pop(key_of(obj), None)
+
+    def replace(self, objs: Iterable[Obj]) -> tuple[list[tuple[Obj | None, Obj]], list[Obj]]:
+        """Swap in a full list; returns ``(changed as (old, new), deleted)``."""
+        new = {key_of(o): o for o in objs}
+        with self._lock:
+            old = self._items
+            self._items = new
+        changed: list[tuple[Obj | None, Obj]] = []
+        for k, obj in new.items():
+            before = old.get(k)
+            if before is None or _rv(before) != _rv(obj):
+                changed.append((before, obj))
+        deleted = [o for k, o in old.items() if k not in new]
+        return changed, deleted
+
+
+def _rv(obj: Obj) -> str:
+    return str(meta(obj).get("resourceVersion", ""))
+
+
+class Informer:
+    """List + watch one resource into a :class:`Store`, calling ``handler`` on every change."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        resource: Resource,
+        handler: Handler | None = None,
+        *,
+        watch_timeout: int = 300,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.resource = resource
+        self.store = Store()
+        self.handler = handler
+        self.watch_timeout = watch_timeout
+        self.max_backoff = max_backoff
+        self.resource_version = ""
+        self.synced = threading.Event()
+        self.errors = 0
+        self._log = logs.get("informer", resource=resource.plural)
+
+    # -- one step at a time (what run() loops over; tests drive these directly)
+
+    def relist(self) -> None:
+        result = self.api.list(self.resource)
+        changed, deleted = self.store.replace(result.items)
+        self.resource_version = result.resource_version
+        self.synced.set()
+        for old, new in changed:
+            self._notify(old, new)
+        for obj in deleted:
+            self._notify(obj, None)
+
+    def watch_once(self, stop: threading.Event | None = None) -> None:
+        """Follow one watch connection until the server ends it. Raises ApiError (410 included)."""
+        for event in self.api.watch(
+            self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout
+        ):
+            if stop is not None and stop.is_set():
+                return
+            self.apply(event)
+
+    def apply(self, event: Obj) -> None:
+        etype = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            return
+        rv = _rv(obj)
+        if etype == "BOOKMARK":
+            if rv:
+                self.resource_version = rv
+            return
+        if etype in ("ADDED", "MODIFIED"):
+            obj.setdefault("apiVersion", self.resource.api_version)
+            obj.setdefault("kind", self.resource.kind)
+            old = self.store.put(obj)
+            self._notify(old, obj)
+        elif etype == "DELETED":
+            old = self.store.delete(obj)
+            self._notify(old or obj, None)
+        else:
+            return
+        if rv:
+            self.resource_version = rv
+
+    def _notify(self, old: Obj | None, new: Obj | None) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler(old, new)
+        except Exception:
+            # A handler bug must not stop the informer.
+            self._log.exception("informer handler failed")
+
+    # -- the loop
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = 1.0
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self.relist()
+                    need_list = False
+                self.watch_once(stop)
+                backoff = 1.0
+            except ApiError as exc:
+                self.errors += 1
+                need_list = True
+                if exc.gone:
+                    self._log.info("watch expired, re-listing", resource_version=self.resource_version)
+                    continue
+                self._log.warning("list/watch failed", error=str(exc), retry_in=backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+            except Exception as exc:
+                self.errors += 1
+                need_list = True
+                self._log.exception("list/watch failed unexpectedly", error=str(exc), retry_in=backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        t = threading.Thread(target=self.run, args=(stop,), name=f"informer-{self.resource.plural}", daemon=True)
+        t.start()
+        return t
+
+
+class WorkQueue:
+    """De-duplicating work queue with delayed adds and per-key retry back-off."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        base_delay: float = 0.5,
+        max_delay: float = 60.0,
+    ) -> None:
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._queue: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty: set[str] = set()
+        self._timers: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self._failures: dict[str, int] = {}
+        self._base = base_delay
+        self._max = max_delay
+        self._shutdown = False
+
+    def add(self, key: str) -> None:
+        with self._cond:
+            self._add_locked(key)
+
+    def _add_locked(self, key: str) -> None:
+        if self._shutdown:
+            return
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._queue.append(key)
+        self._cond.notify()
+
+    def add_after(self, key: str, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._timers, (self._clock() + delay, self._seq, key))
+            self._cond.notify()
+
+    def add_rate_limited(self, key: str) -> float:
+        """Re-add ``key`` after a back-off that doubles with every consecutive failure."""
+        with self._cond:
+            n = self._failures.get(key, 0)
+            self._failures[key] = n + 1
+        delay = float(min(self._base * (2**n), self._max))
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: str) -> int:
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def _promote_due_locked(self) -> float | None:
+        now = self._clock()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, key = heapq.heappop(self._timers)
+            self._add_locked(key)
+        return self._timers[0][0] - now if self._timers else None
+
+    def get(self, timeout: float | None = None) -> str | None:
+        """The next key (now held by the caller until :meth:`done`), or None on timeout/shutdown."""
+        deadline = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            while True:
+                wait = self._promote_due_locked()
+                if self._queue:
+                    key = self._queue.popleft()
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                if self._shutdown:
+                    return None
+                if deadline is not None:
+                    left = deadline - self._clock()
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cond.wait(wait)
+
+    def done(self, key: str) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self._add_locked(key)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def pending(self) -> list[str]:
+        with self._cond:
+            return [*self._queue]
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            return {"queued": len(self._queue), "processing": len(self._processing), "delayed": len(self._timers)}

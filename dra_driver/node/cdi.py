@@ -1,0 +1,287 @@
+"""CDI specs: one transient spec file per prepared claim.
+
+* file: ``<cdi_root>/k8s.<driver>-claim_<claimUID>.json`` (mode 0644, written atomically)
+* kind: ``k8s.<driver>/claim``
+* device names: ``<claimUID>-<deviceName>``; fully-qualified ID ``k8s.<driver>/claim=<claimUID>-<deviceName>``
+* ``cdiVersion``: the lowest version the content needs (0.5.0 once ``hostPath`` is used or a device
+  name starts with a digit, else 0.3.0)
+
+Spec-level edits (applied once when any device of the claim is injected): the control nodes
+``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, ``NVIDIA_VISIBLE_DEVICES`` with
+the claim's UUIDs, MPS client limits, and ``DRA_GPU_CLAIM*`` variables. Device-level edits: the GPU
+node ``/dev/nvidiaN``, MIG capability nodes ``/dev/nvidia-caps/nvidia-capN`` and the
+``DRA_GPU_<i>_*`` variables describing that device. With a fake dev root (simulated GPUs) every
+node gets ``hostPath`` under the dev root while ``path`` stays ``/dev/...``.
+
+Every name that ends up in a path is validated first (claim UID, driver name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
+from dra_driver.node.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.discovery import sysfs
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SPEC_FILE = re.compile(r"^k8s\.(?P<driver>[a-z0-9.-]+)-claim_(?P<uid>[0-9a-f-]{36})\.json$")
+
+SPEC_MODE = 0o644
+DIR_MODE = 0o755
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+
+class CdiError(ValueError):
+    """Invalid input for a CDI spec (never a file-system error: those are OSError)."""
+
+
+def validate_claim_uid(uid: str) -> str:
+    if not isinstance(uid, str) or not _UUID.match(uid):
+        raise CdiError(f"claim UID {uid!r} is not a lower-case RFC 4122 UUID")
+    return uid
+
+
+def validate_driver_name(driver: str) -> str:
+    if not isinstance(driver, str) or len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+        raise CdiError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
+    return driver
+
+
+def validate_device_name(name: str) -> str:
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+        raise CdiError(f"device name {name!r} is not a DNS label")
+    return name
+
+
+# --- MIG capability minors ----------------------------------------------------------------------
+
+def mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int,
+                   proc_root: Path | None = Path("/proc")) -> tuple[int, int]:
+    """Minors of the ``nvidia-capN`` nodes granting access to a MIG GPU instance and compute instance.
+
+    Read from ``<proc_root>/driver/nvidia-caps/mig-minors`` when it lists them; otherwise computed
+    with the fixed layout the NVIDIA kernel module uses there (see :mod:`dra_driver.node.discovery.sysfs`).
+    """
+    if proc_root is not None:
+        table = sysfs.read_mig_minors(proc_root)
+        gi_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/access"
+        ci_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
+        if gi_key in table and ci_key in table:
+            return table[gi_key], table[ci_key]
+    return sysfs.mig_cap_minors(gpu_minor, gpu_instance_id, compute_instance_id)
+
+
+# --- spec content -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """What the spec needs to know about one prepared device of a claim."""
+
+    device_name: str
+    request: str
+    """Full request name of the allocation result (``req`` or ``req/sub``)."""
+    uuid: str
+    """GPU UUID, or MIG instance UUID."""
+    gpu_minor: int
+    """N of /dev/nvidiaN (the parent GPU for MIG)."""
+    mig_caps: tuple[int, ...] = ()
+    sharing: SharingConfig = EXCLUSIVE
+    admin_access: bool = False
+    share_id: str | None = None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def minimum_cdi_version(spec: dict[str, Any]) -> str:
+    """The lowest ``cdiVersion`` whose features cover what ``spec`` uses (of what we emit)."""
+    version = "0.3.0"
+
+    def need(v: str) -> None:
+        nonlocal version
+        if _version_tuple(v) > _version_tuple(version):
+            version = v
+
+    edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    for e in edits:
+        if any("hostPath" in n for n in e.get("deviceNodes", [])):
+            need("0.5.0")
+        if any("type" in m for m in e.get("mounts", [])):
+            need("0.4.0")
+        if "intelRdt" in e or "additionalGids" in e:
+            need("0.7.0")
+        if "netDevices" in e:
+            need("1.1.0")
+    for d in spec.get("devices", []):
+        if d["name"][:1].isdigit():
+            need("0.5.0")
+        if "annotations" in d:
+            need("0.6.0")
+    if "annotations" in spec or "." in spec["kind"].split("/", 1)[1]:
+        need("0.6.0")
+    return version
+
+
+def _mps_limit_text(n_bytes: int) -> str:
+    mib = max(1, n_bytes // 2**20)
+    return f"{mib}M"
+
+
+class CdiSpecs:
+    """Writes, deletes and lists the per-claim CDI specs of one driver in one directory."""
+
+    def __init__(self, cdi_root: Path, driver_name: str, dev_root: Path = Path("/"),
+                 *, node_name: str = "") -> None:
+        self.cdi_root = Path(cdi_root)
+        self.driver_name = validate_driver_name(driver_name)
+        self.vendor = f"k8s.{driver_name}"
+        self.kind = f"{self.vendor}/claim"
+        self.dev_root = Path(dev_root)
+        self.node_name = node_name
+        self._fake_dev_root = self.dev_root.resolve() != Path("/")
+
+    # names
+    def cdi_device_name(self, claim_uid: str, device_name: str) -> str:
+        return f"{validate_claim_uid(claim_uid)}-{validate_device_name(device_name)}"
+
+    def cdi_device_id(self, claim_uid: str, device_name: str) -> str:
+        return f"{self.kind}={self.cdi_device_name(claim_uid, device_name)}"
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"{self.vendor}-claim_{validate_claim_uid(claim_uid)}.json"
+
+    # content
+    def _node(self, name: str) -> dict[str, Any]:
+        node: dict[str, Any] = {"path": f"/dev/{name}"}
+        if self._fake_dev_root:
+            node["hostPath"] = str(self.dev_root / "dev" / name)
+        return node
+
+    def build_spec(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
+        validate_claim_uid(claim_uid)
+        if not devices:
+            raise CdiError("a CDI spec needs at least one device")
+        for value in (namespace, name):
+            if "\x00" in value or "\n" in value:
+                raise CdiError(f"invalid claim reference {namespace!r}/{name!r}")
+        spec_devices: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        uuids: list[str] = []
+        mps_pct: list[int] = []
+        mps_mem: list[str] = []
+        names: list[str] = []
+        for dev in devices:
+            cdi_name = self.cdi_device_name(claim_uid, dev.device_name)
+            if cdi_name in seen:
+                continue
+            seen.add(cdi_name)
+            i = len(names)
+            names.append(dev.device_name)
+            if dev.uuid not in uuids:
+                uuids.append(dev.uuid)
+            nodes = [self._node(f"nvidia{int(dev.gpu_minor)}")]
+            nodes += [self._node(f"nvidia-caps/nvidia-cap{int(c)}") for c in dev.mig_caps]
+            prefix = f"DRA_GPU_{i}_"
+            env = [
+                f"{prefix}DEVICE={dev.device_name}",
+                f"{prefix}REQUEST={dev.request}",
+                f"{prefix}UUID={dev.uuid}",
+                f"{prefix}SHARING={dev.sharing.describe()}",
+            ]
+            if dev.admin_access:
+                env.append(f"{prefix}ADMIN_ACCESS=true")
+            if dev.share_id:
+                env.append(f"{prefix}SHARE_ID={dev.share_id}")
+            sharing = dev.sharing
+            if sharing.strategy is Strategy.TIME_SLICING and sharing.interval is not None:
+                env.append(f"{prefix}TIMESLICE_INTERVAL={sharing.interval.value}")
+            if sharing.strategy is Strategy.MPS and sharing.mps is not None:
+                ordinal = uuids.index(dev.uuid)
+                if sharing.mps.default_active_thread_percentage is not None:
+                    mps_pct.append(sharing.mps.default_active_thread_percentage)
+                    env.append(f"{prefix}MPS_ACTIVE_THREAD_PERCENTAGE={sharing.mps.default_active_thread_percentage}")
+                if sharing.mps.default_pinned_device_memory_limit_bytes is not None:
+                    limit = _mps_limit_text(sharing.mps.default_pinned_device_memory_limit_bytes)
+                    mps_mem.append(f"{ordinal}={limit}")
+                    env.append(f"{prefix}MPS_PINNED_DEVICE_MEM_LIMIT={limit}")
+            spec_devices.append({"name": cdi_name, "containerEdits": {"deviceNodes": nodes, "env": env}})
+        claim_env = [
+            f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}",
+            f"DRA_GPU_DRIVER={self.driver_name}",
+            f"DRA_GPU_CLAIM={namespace}/{name}",
+            f"DRA_GPU_CLAIM_UID={claim_uid}",
+            f"DRA_GPU_COUNT={len(names)}",
+            f"DRA_GPU_DEVICES={','.join(names)}",
+        ]
+        if self.node_name:
+            claim_env.append(f"DRA_GPU_NODE={self.node_name}")
+        if mps_pct:
+            # One value per MPS client: the strictest of the claim's devices.
+            claim_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps_pct)}")
+        if mps_mem:
+            claim_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(mps_mem)}")
+        spec: dict[str, Any] = {
+            "cdiVersion": "",
+            "kind": self.kind,
+            "devices": spec_devices,
+            "containerEdits": {
+                "deviceNodes": [self._node(n) for n in CONTROL_NODES],
+                "env": claim_env,
+            },
+        }
+        spec["cdiVersion"] = minimum_cdi_version(spec)
+        return spec
+
+    # files
+    def write_claim_spec(self, claim_uid: str, namespace: str, name: str,
+                         devices: Sequence[ClaimDevice]) -> list[str]:
+        """Write (or replace) the claim's spec; returns the fully-qualified CDI device IDs.
+
+        Raises CdiError for invalid input and OSError (ENOSPC, ...) for write failures.
+        """
+        spec = self.build_spec(claim_uid, namespace, name, devices)
+        ensure_dir(self.cdi_root, DIR_MODE)
+        data = json.dumps(spec, indent=1).encode() + b"\n"
+        atomic_write(self.spec_path(claim_uid), data, SPEC_MODE)
+        return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name) for d in devices))
+
+    def spec_exists(self, claim_uid: str) -> bool:
+        return self.spec_path(claim_uid).is_file()
+
+    def delete_claim_spec(self, claim_uid: str) -> bool:
+        """Remove the claim's spec; False when there was none."""
+        try:
+            os.unlink(self.spec_path(claim_uid))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete temporary spec files of writes interrupted by a crash (only this driver's names)."""
+        # atomic_write names them ".<spec file name>.tmp-<random>".
+        prefix = f".{self.vendor}-claim_"
+        return remove_stale_temp_files(self.cdi_root, lambda name: name.startswith(prefix))
+
+    def list_claim_specs(self) -> list[str]:
+        """Claim UIDs that have a spec of this driver in the directory."""
+        try:
+            names = os.listdir(self.cdi_root)
+        except FileNotFoundError:
+            return []
+        uids = []
+        for entry in names:
+            m = _SPEC_FILE.match(entry)
+            if m and m["driver"] == self.driver_name and _UUID.match(m["uid"]):
+                uids.append(m["uid"])
+        return sorted(uids)

@@ -1,0 +1,473 @@
+"""Prepared claims on disk: ``<state_dir>/checkpoint.json``.
+
+The file survives plugin restarts (and node reboots, when the state dir is on persistent disk) so
+that a re-sent NodePrepareResources returns the same devices, NodeUnprepareResources works in a
+new process, and claims half-prepared by a crashed process can be rolled back.
+
+Format (JSON, one object)::
+
+    {
+      "kind": "DraDriverCheckpoint",
+      "version": 1,
+      "checksum": "sha256:<hex of SHA-256 over the canonical JSON of data>",
+      "data": {
+        "nodeName": "node-a", "driverName": "gpu.dra-driver.io", "bootID": "<boot id at write>",
+        "claims": {
+          "<claim uid>": {
+            "state": "PrepareStarted" | "PrepareCompleted",
+            "namespace": "ns", "name": "claim", "bootID": "<boot id when prepared>",
+            "updated": "2026-01-01T00:00:00.000000Z",
+            "devices": [{"pool": "node-a", "device": "gpu-0", "requests": ["req/sub"],
+                         "cdiDeviceIDs": ["k8s.gpu.dra-driver.io/claim=<uid>-gpu-0"],
+                         "sharing": {"strategy": "Exclusive"}, "shareID": null, "adminAccess": false,
+                         "uuid": "GPU-...", "gpuUUID": "GPU-...", "gpuMinor": 0, "migCaps": [],
+                         "migInstance": null, "kind": "gpu", "placement": null}]
+          }
+        }
+      }
+    }
+
+Canonical JSON = ``json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``.
+
+Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
+fsync of the directory. The file is 0600 inside a 0700 directory.
+
+Loading never raises for bad content: a file that does not parse, is truncated, fails its
+checksum, has a newer version, or belongs to another node or driver is renamed to
+``checkpoint.json.corrupt-<UTC timestamp>`` and recovery starts empty. A different boot ID keeps
+the entries (``/var/run/cdi`` is emptied by a reboot, so re-prepare must re-write the specs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from dra_driver import failpoints, logs
+
+CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_KIND = "DraDriverCheckpoint"
+CHECKPOINT_VERSION = 1
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+_log = logs.get("checkpoint")
+
+
+# --- atomic files -----------------------------------------------------------------------------
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; the file gets exactly ``mode``.
+
+    The temporary file is a hidden ``.<name>.tmp-<random>`` in the same directory (CDI runtimes
+    ignore it: it does not end in ``.json``). On any error the temporary file is removed and the
+    OSError propagates (``errno.ENOSPC`` for a full disk).
+    """
+    directory = path.parent
+    tmp = directory / f"{temp_name_prefix(path)}{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask may have cleared bits we need (0644 for CDI)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        failpoints.hit("atomic-write.before-rename")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def temp_name_prefix(path: Path) -> str:
+    """How :func:`atomic_write` names its temporary files for ``path`` (prefix, a random tail follows)."""
+    return f".{path.name}.tmp-"
+
+
+def remove_stale_temp_files(directory: Path, matches: Callable[[str], bool]) -> list[str]:
+    """Delete temporary files that a process killed inside :func:`atomic_write` left behind.
+
+    ``matches(name)`` says which hidden names are ours: the directory may be shared (``/var/run/cdi``).
+    Call it only while nothing else writes these files (start-up, before serving). Returns the
+    names removed; errors are ignored (a leftover is harmless, just untidy).
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(".") and ".tmp-" in name and matches(name):
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+                removed.append(name)
+    return removed
+
+
+def ensure_dir(directory: Path, mode: int) -> None:
+    """Create ``directory`` (and missing parents); every directory created here gets exactly ``mode``.
+
+    Existing directories are left as they are (they may be shared, like ``/var/run/cdi``).
+    """
+    if directory.is_dir():
+        return
+    missing: list[Path] = []
+    current = directory
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+
+
+def describe_os_error(exc: OSError, what: str) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device while writing {what}: free disk space on the node"
+    if exc.errno == errno.EDQUOT:
+        return f"disk quota exceeded while writing {what}"
+    if exc.errno == errno.EROFS:
+        return f"read-only file system while writing {what}"
+    return f"writing {what}: {exc.strerror or exc}"
+
+
+# --- entries ----------------------------------------------------------------------------------
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance created for a dynamic-MIG device (destroyed at unprepare)."""
+
+    uuid: str
+    profile: str
+    parent_uuid: str
+    memory_bytes: int
+    multiprocessors: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement_start: int
+    placement_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid, "profile": self.profile, "parentUUID": self.parent_uuid,
+            "memoryBytes": self.memory_bytes, "multiprocessors": self.multiprocessors,
+            "gpuInstanceID": self.gpu_instance_id, "computeInstanceID": self.compute_instance_id,
+            "placementStart": self.placement_start, "placementSize": self.placement_size,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MigInstance:
+        return cls(
+            uuid=_str(d, "uuid"), profile=_str(d, "profile"), parent_uuid=_str(d, "parentUUID"),
+            memory_bytes=_int(d, "memoryBytes"), multiprocessors=_int(d, "multiprocessors"),
+            gpu_instance_id=_int(d, "gpuInstanceID"), compute_instance_id=_int(d, "computeInstanceID"),
+            placement_start=_int(d, "placementStart"), placement_size=_int(d, "placementSize"),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    pool: str
+    device: str
+    requests: tuple[str, ...]
+    """Full request names from the allocation result (``req`` or ``req/sub``)."""
+    cdi_device_ids: tuple[str, ...]
+    sharing: dict[str, Any] = field(default_factory=lambda: {"strategy": "Exclusive"}, compare=False)
+    """The effective ``sharing`` object (API form, see :mod:`dra_driver.gpuconfig`)."""
+    share_id: str | None = None
+    admin_access: bool = False
+    uuid: str = ""
+    """UUID handed to the container: the GPU's, or the MIG instance's."""
+    gpu_uuid: str = ""
+    """The physical GPU (the parent for MIG)."""
+    gpu_minor: int = 0
+    mig_caps: tuple[int, ...] = ()
+    """Minors of /dev/nvidia-caps/nvidia-capN for a MIG device."""
+    mig_instance: MigInstance | None = None
+    """Dynamic MIG: the instance this claim created."""
+    kind: str = "gpu"
+    """``gpu`` (a whole GPU) or ``mig`` (a slice of ``gpu_uuid``)."""
+    placement: tuple[int, int] | None = None
+    """MIG: (start, size) of the slice on its parent, for overlap checks."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool, "device": self.device, "requests": list(self.requests),
+            "cdiDeviceIDs": list(self.cdi_device_ids), "sharing": self.sharing, "shareID": self.share_id,
+            "adminAccess": self.admin_access, "uuid": self.uuid, "gpuUUID": self.gpu_uuid,
+            "gpuMinor": self.gpu_minor, "migCaps": list(self.mig_caps),
+            "migInstance": self.mig_instance.to_dict() if self.mig_instance else None,
+            "kind": self.kind, "placement": list(self.placement) if self.placement else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PreparedDevice:
+        share_id = d.get("shareID")
+        mig = d.get("migInstance")
+        sharing = d.get("sharing")
+        if not isinstance(sharing, dict):
+            raise ValueError("sharing must be an object")
+        placement = d.get("placement")
+        kind = d.get("kind", "gpu")
+        if kind not in ("gpu", "mig"):
+            raise ValueError(f"unknown device kind {kind!r}")
+        return cls(
+            pool=_str(d, "pool"), device=_str(d, "device"), requests=_strs(d, "requests"),
+            cdi_device_ids=_strs(d, "cdiDeviceIDs"), sharing=sharing,
+            share_id=share_id if isinstance(share_id, str) else None,
+            admin_access=bool(d.get("adminAccess", False)), uuid=_str(d, "uuid"), gpu_uuid=_str(d, "gpuUUID"),
+            gpu_minor=_int(d, "gpuMinor"), mig_caps=tuple(int(x) for x in d.get("migCaps") or ()),
+            mig_instance=MigInstance.from_dict(mig) if isinstance(mig, Mapping) else None,
+            kind=kind,
+            placement=(int(placement[0]), int(placement[1])) if isinstance(placement, list) else None,
+        )
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...] = ()
+    boot_id: str = ""
+    updated: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value, "namespace": self.namespace, "name": self.name,
+            "bootID": self.boot_id, "updated": self.updated, "devices": [d.to_dict() for d in self.devices],
+        }
+
+    @classmethod
+    def from_dict(cls, uid: str, d: Mapping[str, Any]) -> ClaimEntry:
+        devices = d.get("devices") or []
+        if not isinstance(devices, list):
+            raise ValueError("devices must be a list")
+        return cls(
+            uid=uid, namespace=_str(d, "namespace"), name=_str(d, "name"), state=ClaimState(_str(d, "state")),
+            devices=tuple(PreparedDevice.from_dict(x) for x in devices),
+            boot_id=str(d.get("bootID") or ""), updated=str(d.get("updated") or ""),
+        )
+
+
+def _str(d: Mapping[str, Any], key: str) -> str:
+    value = d.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string")
+    return value
+
+
+def _int(d: Mapping[str, Any], key: str) -> int:
+    value = d.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer")
+    return value
+
+
+def _strs(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = d.get(key)
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ValueError(f"{key} must be a list of strings")
+    return tuple(value)
+
+
+def now_rfc3339() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+class CheckpointError(Exception):
+    """Why a checkpoint file could not be used (it has been quarantined)."""
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+class CheckpointStore:
+    """Loads and saves ``<state_dir>/checkpoint.json`` for one node and driver."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        node_name: str,
+        driver_name: str,
+        *,
+        boot_id: str | None = None,
+        boot_id_path: Path = BOOT_ID_PATH,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / CHECKPOINT_FILE
+        self.node_name = node_name
+        self.driver_name = driver_name
+        self.boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
+        self.rebooted = False
+        """Set by :meth:`load` when the file was written in another boot."""
+        self.quarantined: Path | None = None
+        """Set by :meth:`load` when it moved a bad file aside."""
+        self._log = _log.bind(node=node_name, path=str(self.path))
+
+    def load(self) -> dict[str, ClaimEntry]:
+        """The saved entries; empty (after quarantining the file) when the file is unusable."""
+        self.rebooted = False
+        self.quarantined = None
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            self._log.error("checkpoint unreadable; starting with no prepared claims", error=str(exc))
+            self._quarantine(f"unreadable: {exc}")
+            return {}
+        try:
+            data = self._parse(raw)
+            entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in _claims(data).items()}
+        except (CheckpointError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            self._quarantine(str(exc))
+            return {}
+        saved_boot = str(data.get("bootID") or "")
+        if saved_boot and self.boot_id and saved_boot != self.boot_id:
+            self.rebooted = True
+            self._log.warning(
+                "node rebooted since the checkpoint was written; keeping prepared claims so that "
+                "re-prepare re-creates their CDI specs",
+                saved_boot_id=saved_boot, boot_id=self.boot_id, claims=len(entries),
+            )
+        return entries
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete temporary files of checkpoint writes interrupted by a crash (start-up only)."""
+        prefix = temp_name_prefix(self.path)
+        return remove_stale_temp_files(self.state_dir, lambda name: name.startswith(prefix))
+
+    def _parse(self, raw: bytes) -> dict[str, Any]:
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"not valid JSON (truncated or corrupted): {exc}") from None
+        if not isinstance(doc, dict):
+            raise CheckpointError("not a JSON object")
+        if doc.get("kind") != CHECKPOINT_KIND:
+            raise CheckpointError(f"kind is {doc.get('kind')!r}, want {CHECKPOINT_KIND!r}")
+        version = doc.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise CheckpointError(f"version is {version!r}, want an integer")
+        if version > CHECKPOINT_VERSION:
+            raise CheckpointError(
+                f"version {version} is newer than this driver understands ({CHECKPOINT_VERSION}); "
+                "was the driver downgraded?"
+            )
+        if version < 1:
+            raise CheckpointError(f"unsupported version {version}")
+        data = doc.get("data")
+        if not isinstance(data, dict):
+            raise CheckpointError("data is missing")
+        want = "sha256:" + hashlib.sha256(canonical(data)).hexdigest()
+        if doc.get("checksum") != want:
+            raise CheckpointError(f"checksum mismatch: file says {doc.get('checksum')!r}, content is {want!r}")
+        if data.get("nodeName") != self.node_name:
+            raise CheckpointError(f"written for node {data.get('nodeName')!r}, this is node {self.node_name!r}")
+        if data.get("driverName") != self.driver_name:
+            raise CheckpointError(
+                f"written for driver {data.get('driverName')!r}, this is driver {self.driver_name!r}"
+            )
+        return data
+
+    def _quarantine(self, reason: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        try:
+            os.replace(self.path, target)
+            self.quarantined = target
+            self._log.error(
+                "checkpoint is unusable; moved it aside and starting with no prepared claims",
+                reason=reason, quarantined_to=str(target),
+            )
+        except OSError as exc:
+            self._log.error(
+                "checkpoint is unusable and could not be moved aside; starting with no prepared claims",
+                reason=reason, error=str(exc),
+            )
+
+    def encode(self, entries: Mapping[str, ClaimEntry]) -> bytes:
+        data = {
+            "nodeName": self.node_name,
+            "driverName": self.driver_name,
+            "bootID": self.boot_id,
+            "claims": {uid: entry.to_dict() for uid, entry in sorted(entries.items())},
+        }
+        doc = {
+            "kind": CHECKPOINT_KIND,
+            "version": CHECKPOINT_VERSION,
+            "checksum": "sha256:" + hashlib.sha256(canonical(data)).hexdigest(),
+            "data": data,
+        }
+        return json.dumps(doc, sort_keys=True, indent=1).encode() + b"\n"
+
+    def save(self, entries: Mapping[str, ClaimEntry]) -> None:
+        """Write all entries atomically; OSError (e.g. ENOSPC) propagates, the old file stays."""
+        ensure_dir(self.state_dir, 0o700)
+        atomic_write(self.path, self.encode(entries), 0o600)
+
+
+def _claims(data: Mapping[str, Any]) -> dict[str, Any]:
+    claims = data.get("claims") or {}
+    if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
+        raise CheckpointError("claims must be an object of objects")
+    return claims

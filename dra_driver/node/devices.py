@@ -1,0 +1,280 @@
+"""Describe: turn discovered GPUs into the node's allocatable devices.
+
+Every device the plugin publishes in a ResourceSlice has one ``AllocatableDevice`` here, under the
+same name; prepare looks devices up by that name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.k8s.quantity import format_canonical
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
+
+
+@dataclass(frozen=True)
+class AllocatableDevice:
+    name: str
+    """DNS label, unique within the node's pool."""
+    gpu: Gpu
+    """The full GPU, or the parent of a MIG device."""
+    mig: MigDevice | None = None
+    """A static MIG instance that exists."""
+    mig_profile: MigProfile | None = None
+    """Dynamic MIG: the profile whose instance is created at prepare time."""
+    placement: MigPlacement | None = None
+    """Dynamic MIG: where on the parent the instance goes."""
+
+    @property
+    def kind(self) -> str:
+        return "gpu" if self.mig is None and self.mig_profile is None else "mig"
+
+
+# --- enumerate: discovered GPUs → named allocatable devices -------------------------------------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    return f"gpu-{gpu.index}"
+
+
+def static_mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
+    return f"gpu-{gpu.index}-mig-{mig.gpu_instance_id}-{mig.compute_instance_id}"
+
+
+def profile_label(profile: str) -> str:
+    """``1g.10gb`` → ``1g10gb``; ``1g.10gb+me`` → ``1g10gb-me`` (DNS-label safe)."""
+    text = profile.lower().replace(".", "")
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def dynamic_mig_device_name(gpu: Gpu, profile: MigProfile, placement: MigPlacement) -> str:
+    return f"gpu-{gpu.index}-mig-{profile_label(profile.name)}-{placement.start}"
+
+
+def counter_set_name(gpu: Gpu) -> str:
+    return f"gpu-{gpu.index}-counter-set"
+
+
+def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, AllocatableDevice]:
+    """Every device this node publishes, by name, in publishing (= allocation preference) order.
+
+    * MIG disabled: the full GPU ``gpu-<index>``.
+    * MIG enabled, static MIG: one device per existing MIG instance ``gpu-<index>-mig-<gi>-<ci>``;
+      the full GPU is not published (it is partitioned).
+    * dynamic MIG on a MIG-capable GPU with a known profile catalogue: the full GPU plus every
+      profile x placement ``gpu-<index>-mig-<profile>-<start>``; existing instances are not
+      published separately (the prepare path owns their life cycle).
+    """
+    devices: dict[str, AllocatableDevice] = {}
+
+    def add(device: AllocatableDevice) -> None:
+        if not _DNS_LABEL.match(device.name) or len(device.name) > 63:
+            raise ValueError(f"device name {device.name!r} is not a DNS label")
+        if device.name in devices:
+            raise ValueError(f"duplicate device name {device.name!r}")
+        devices[device.name] = device
+
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if dynamic_mig and gpu.mig_capable and gpu.mig_profiles:
+            add(AllocatableDevice(name=gpu_device_name(gpu), gpu=gpu))
+            for profile in gpu.mig_profiles:
+                for placement in profile.placements:
+                    add(AllocatableDevice(name=dynamic_mig_device_name(gpu, profile, placement), gpu=gpu,
+                                          mig_profile=profile, placement=placement))
+        elif gpu.mig_enabled:
+            for mig in gpu.mig_devices:
+                add(AllocatableDevice(name=static_mig_device_name(gpu, mig), gpu=gpu, mig=mig,
+                                      placement=mig.placement))
+        else:
+            add(AllocatableDevice(name=gpu_device_name(gpu), gpu=gpu))
+    return devices
+
+
+# --- describe: allocatable devices → resource.k8s.io/v1 Device dicts -----------------------------
+
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUE_LENGTH = 64
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMES_COUNTERS = 2
+STANDARD_PREFIX = "resource.kubernetes.io/"
+ATTR_PCI_BUS_ID = STANDARD_PREFIX + "pciBusID"
+ATTR_PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
+ATTR_NUMA_NODE = STANDARD_PREFIX + "numaNode"
+
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
+def to_semver(version: str) -> str:
+    """``580.95.05`` → ``580.95.5``, ``9.0`` → ``9.0.0``, ``13.0`` → ``13.0.0`` (valid semver 2.0.0)."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"cannot express version {version!r} as semver")
+    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    result = ".".join(numbers)
+    if not _SEMVER.match(result) or len(result) > MAX_ATTRIBUTE_VALUE_LENGTH:
+        raise ValueError(f"cannot express version {version!r} as semver")
+    return result
+
+
+def is_semver(text: str) -> bool:
+    return bool(_SEMVER.match(text))
+
+
+def _string(value: str) -> dict[str, Any]:
+    return {"string": value[:MAX_ATTRIBUTE_VALUE_LENGTH]}
+
+
+def _common_attributes(gpu: Gpu) -> dict[str, dict[str, Any]]:
+    attrs: dict[str, dict[str, Any]] = {
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+        "cudaComputeCapability": {"version": to_semver(gpu.cuda_compute_capability)},
+        "driverVersion": {"version": to_semver(gpu.driver_version)},
+        "cudaDriverVersion": {"version": to_semver(gpu.cuda_driver_version)},
+        ATTR_PCI_BUS_ID: _string(gpu.pci.bus_id),
+    }
+    if gpu.pci.pcie_root is not None:
+        attrs[ATTR_PCIE_ROOT] = _string(gpu.pci.pcie_root)
+    if gpu.pci.numa_node is not None:
+        attrs[ATTR_NUMA_NODE] = {"int": gpu.pci.numa_node}
+    return attrs
+
+
+def _counter(value: int, binary: bool = False) -> dict[str, str]:
+    return {"value": format_canonical(value, binary=binary)}
+
+
+def gpu_counter_values(gpu: Gpu) -> dict[str, dict[str, str]]:
+    """The counters of a GPU's counter set (= what its full-GPU device consumes).
+
+    ``memory-slice-<i>`` (value 1) for each of the GPU's memory slices makes overlapping
+    placements mutually exclusive; ``compute-slices``, ``multiprocessors`` and ``memory`` bound the
+    sums. Their totals are at least what any valid MIG layout can use, so they never reject a
+    layout the hardware accepts.
+    """
+    profiles = gpu.mig_profiles
+    slices = max(p.start + p.size for prof in profiles for p in prof.placements)
+    compute = max(prof.compute_slices for prof in profiles)
+    memory = max([gpu.memory_bytes, *(prof.memory_bytes for prof in profiles if prof.compute_slices == compute)])
+    mps = max([gpu.multiprocessors, *(prof.multiprocessors for prof in profiles)])
+    counters = {
+        "memory": _counter(memory, binary=True),
+        "multiprocessors": _counter(mps),
+        "compute-slices": _counter(compute),
+    }
+    for i in range(slices):
+        counters[f"memory-slice-{i}"] = _counter(1)
+    return counters
+
+
+def mig_counter_values(profile: MigProfile, placement: MigPlacement) -> dict[str, dict[str, str]]:
+    counters = {
+        "memory": _counter(profile.memory_bytes, binary=True),
+        "multiprocessors": _counter(profile.multiprocessors),
+        "compute-slices": _counter(profile.compute_slices),
+    }
+    for i in range(placement.start, placement.start + placement.size):
+        counters[f"memory-slice-{i}"] = _counter(1)
+    return counters
+
+
+def describe_device(device: AllocatableDevice, dynamic_mig: bool = False) -> dict[str, Any]:
+    """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device."""
+    gpu = device.gpu
+    attrs = _common_attributes(gpu)
+    capacity: dict[str, dict[str, str]] = {}
+    result: dict[str, Any] = {"name": device.name}
+    partitionable = dynamic_mig and gpu.mig_capable and bool(gpu.mig_profiles)
+    if device.kind == "gpu":
+        attrs.update({
+            "type": _string("gpu"),
+            "uuid": _string(gpu.uuid),
+            "index": {"int": gpu.index},
+            "minor": {"int": gpu.minor},
+        })
+        capacity["memory"] = _counter(gpu.memory_bytes, binary=True)
+        if gpu.multiprocessors > 0:
+            capacity["multiprocessors"] = _counter(gpu.multiprocessors)
+        if partitionable:
+            result["consumesCounters"] = [{"counterSet": counter_set_name(gpu), "counters": gpu_counter_values(gpu)}]
+    else:
+        attrs.update({
+            "type": _string("mig"),
+            "parentUUID": _string(gpu.uuid),
+            "parentIndex": {"int": gpu.index},
+        })
+        if device.mig is not None:
+            attrs["uuid"] = _string(device.mig.uuid)
+            attrs["profile"] = _string(device.mig.profile)
+            capacity["memory"] = _counter(device.mig.memory_bytes, binary=True)
+            capacity["multiprocessors"] = _counter(device.mig.multiprocessors)
+        else:
+            assert device.mig_profile is not None and device.placement is not None
+            attrs["profile"] = _string(device.mig_profile.name)
+            capacity["memory"] = _counter(device.mig_profile.memory_bytes, binary=True)
+            capacity["multiprocessors"] = _counter(device.mig_profile.multiprocessors)
+            result["consumesCounters"] = [{
+                "counterSet": counter_set_name(gpu),
+                "counters": mig_counter_values(device.mig_profile, device.placement),
+            }]
+    result["attributes"] = attrs
+    result["capacity"] = capacity
+    check_device_limits(result)
+    return result
+
+
+def describe(devices: Mapping[str, AllocatableDevice], driver_name: str,
+             dynamic_mig: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(devices, shared counter sets) as resource.k8s.io/v1 JSON, in publishing order.
+
+    Attribute and capacity names are unqualified, i.e. in the driver's domain (``driver_name``),
+    except the standard ``resource.kubernetes.io/`` ones.
+    """
+    if not driver_name:
+        raise ValueError("driver name is required")
+    devices_json = [describe_device(d, dynamic_mig) for d in devices.values()]
+    counter_sets: dict[str, dict[str, Any]] = {}
+    for device in devices.values():
+        gpu = device.gpu
+        if dynamic_mig and gpu.mig_capable and gpu.mig_profiles and counter_set_name(gpu) not in counter_sets:
+            counter_sets[counter_set_name(gpu)] = {"name": counter_set_name(gpu), "counters": gpu_counter_values(gpu)}
+    for counter_set in counter_sets.values():
+        if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
+            raise ValueError(f"counter set {counter_set['name']} has more than {MAX_COUNTERS_PER_SET} counters")
+    return devices_json, list(counter_sets.values())
+
+
+def check_device_limits(device: Mapping[str, Any]) -> None:
+    """Raise ValueError when a Device dict breaks a resource.k8s.io/v1 validation limit."""
+    name = device.get("name", "")
+    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+        raise ValueError(f"device name {name!r} is not a DNS label")
+    attrs = device.get("attributes", {}) or {}
+    capacity = device.get("capacity", {}) or {}
+    if len(attrs) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ValueError(f"device {name}: {len(attrs) + len(capacity)} attributes+capacities, "
+                         f"limit {MAX_ATTRIBUTES_AND_CAPACITIES}")
+    for key, value in attrs.items():
+        if len(value) != 1:
+            raise ValueError(f"device {name}: attribute {key} must have exactly one value type")
+        ((kind, v),) = value.items()
+        if kind in ("string", "version") and len(v) > MAX_ATTRIBUTE_VALUE_LENGTH:
+            raise ValueError(f"device {name}: attribute {key} longer than {MAX_ATTRIBUTE_VALUE_LENGTH}")
+        if kind == "version" and not is_semver(v):
+            raise ValueError(f"device {name}: attribute {key} value {v!r} is not semver")
+    consumes = device.get("consumesCounters") or []
+    if len(consumes) > MAX_CONSUMES_COUNTERS:
+        raise ValueError(f"device {name}: more than {MAX_CONSUMES_COUNTERS} consumesCounters entries")
+    for entry in consumes:
+        if len(entry.get("counters", {})) > MAX_COUNTERS_PER_SET:
+            raise ValueError(f"device {name}: more than {MAX_COUNTERS_PER_SET} counters in one entry")

@@ -1,0 +1,73 @@
+"""Pick the discovery backend the settings ask for."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from dra_driver import logs
+from dra_driver.node.discovery.backend import Backend
+from dra_driver.node.settings import PluginSettings
+
+_log = logs.get("discovery")
+
+SIMULATED_STATE_FILE = "simulated-gpus.json"
+
+# Where distributions put libnvidia-ml below a driver root (a container mounts the host's at /driver-root).
+NVML_LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64")
+
+
+def nvml_library_candidates(driver_root: Path) -> list[Path]:
+    return [driver_root / d / "libnvidia-ml.so.1" for d in NVML_LIBRARY_DIRS]
+
+
+def preload_nvml(driver_root: Path) -> Path | None:
+    """Load libnvidia-ml from the host driver root, so pynvml's load by soname finds it already mapped."""
+    if str(driver_root) == "/":
+        return None
+    for candidate in nvml_library_candidates(driver_root):
+        if candidate.exists():
+            try:
+                ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                _log.warning("could not load libnvidia-ml from the driver root", path=str(candidate), error=str(exc))
+                continue
+            return candidate
+    _log.warning("no libnvidia-ml under the driver root", driver_root=str(driver_root))
+    return None
+
+
+def open_backend(settings: PluginSettings) -> Backend:
+    """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly)."""
+    choice = settings.backend
+    if choice not in ("auto", "nvml", "simulated"):
+        raise ValueError(f"unknown GPU backend {choice!r} (expected auto, nvml or simulated)")
+    if choice in ("auto", "nvml"):
+        preload_nvml(settings.nvidia_driver_root)
+        from dra_driver.node.discovery.nvml import NvmlBackend, nvml_available
+
+        if choice == "nvml":
+            return NvmlBackend(sysfs_root=settings.sysfs_root)
+        ok, reason = nvml_available()
+        if ok:
+            _log.info("using the NVML backend")
+            return NvmlBackend(sysfs_root=settings.sysfs_root)
+        _log.warning(
+            "NVML IS NOT AVAILABLE: FALLING BACK TO SIMULATED GPUS; nothing this node publishes is real hardware",
+            reason=reason, profile=settings.simulated_profile,
+        )
+    return open_simulated(settings)
+
+
+def open_simulated(settings: PluginSettings) -> Backend:
+    from dra_driver.node.discovery.simulated import SimulatedBackend
+
+    backend = SimulatedBackend(
+        settings.simulated_profile,
+        settings.node_name,
+        dev_root=settings.dev_root if str(settings.dev_root) != "/" else None,
+        state_file=settings.state_dir / SIMULATED_STATE_FILE,
+    )
+    _log.info("using the simulated backend", profile=backend.profile.name, gpus=len(backend.profile.gpus),
+              dev_root=str(settings.dev_root))
+    return backend

@@ -1,0 +1,450 @@
+"""The node plugin's gRPC servers: kubelet plugin registration and the DRA service.
+
+* Registration (``pluginregistration.Registration``) on ``settings.registration_socket``:
+  GetInfo answers type ``DRAPlugin``, the driver name, the absolute DRA socket path and
+  ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``.
+* DRA (``settings.dra_socket``): ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` and the v1beta1
+  service with the same handlers (v1beta1 has no ``share_id``), and
+  ``v1alpha1.DRAResourceHealth/NodeWatchResources``, which streams the complete device health list
+  whenever it changes and at least every ``resend_interval`` seconds.
+
+Sockets: gRPC listens on a hidden temporary name in the target directory (the kubelet ignores
+names starting with ``.``); the socket is chmod-ed (0600, or 0660 and chgrp with a socket group)
+and then renamed over the public name, so it never appears with looser permissions and a stale
+socket is replaced atomically. Missing parent directories are created 0750. On stop only a socket
+that is still ours (same inode) is removed: a newer instance's socket survives.
+
+Handlers never raise: every requested claim UID gets an entry, duplicates are handled once, and
+unexpected exceptions become per-claim errors plus a log line.
+"""
+
+from __future__ import annotations
+
+import grp
+import importlib
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from dra_driver import logs
+from dra_driver.node.checkpoint import ensure_dir
+from dra_driver.node.prepare import ClaimRef, PrepareOutcome
+
+
+def _proto(module: str) -> Any:
+    # Imported dynamically so that mypy does not type-check the generated .pyi stubs (they do not
+    # pass --strict); the generated modules are untyped to this code either way.
+    return importlib.import_module(f"dra_driver._proto.{module}")
+
+
+dra_v1 = _proto("dra.v1.api_pb2")
+dra_v1_grpc = _proto("dra.v1.api_pb2_grpc")
+dra_v1beta1 = _proto("dra.v1beta1.api_pb2")
+dra_v1beta1_grpc = _proto("dra.v1beta1.api_pb2_grpc")
+health_v1alpha1 = _proto("drahealth.v1alpha1.api_pb2")
+health_v1alpha1_grpc = _proto("drahealth.v1alpha1.api_pb2_grpc")
+reg_pb = _proto("pluginregistration.api_pb2")
+reg_grpc = _proto("pluginregistration.api_pb2_grpc")
+
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+PLUGIN_TYPE = "DRAPlugin"
+SOCKET_DIR_MODE = 0o750
+MAX_UNIX_PATH = 107
+DEFAULT_RESEND_INTERVAL = 10.0
+
+_log = logs.get("grpc")
+
+
+class PrepareHandler(Protocol):
+    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.DeviceState`)."""
+
+    def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]: ...
+
+    def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]: ...
+
+
+# --- health -----------------------------------------------------------------------------------
+
+HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+_HEALTH_PB = {HEALTHY: health_v1alpha1.HEALTHY, UNHEALTHY: health_v1alpha1.UNHEALTHY, UNKNOWN: health_v1alpha1.UNKNOWN}
+
+
+@dataclass(frozen=True)
+class DeviceHealthReport:
+    device_name: str
+    health: str = HEALTHY
+    """``Healthy``, ``Unhealthy`` or ``Unknown``."""
+    message: str = ""
+    updated: float = 0.0
+    """Unix time the health was determined; 0 = when sent."""
+
+
+class HealthSource(Protocol):
+    def snapshot(self) -> tuple[int, list[DeviceHealthReport]]:
+        """A version number (bumped on every change) and the complete device list."""
+        ...
+
+    def wait_for_change(self, version: int, timeout: float) -> int:
+        """Block until the version differs from ``version`` or ``timeout`` passes; the current version."""
+        ...
+
+
+class HealthBoard:
+    """Thread-safe device health list; the default source (every device Healthy until told otherwise).
+
+    A health monitor calls :meth:`update`; the NodeWatchResources stream picks the change up at once.
+    """
+
+    def __init__(self, device_names: Iterable[str] = ()) -> None:
+        self._cond = threading.Condition()
+        self._version = 0
+        now = time.time()
+        self._reports: dict[str, DeviceHealthReport] = {n: DeviceHealthReport(n, HEALTHY, "", now) for n in device_names}
+
+    def set_devices(self, device_names: Iterable[str]) -> None:
+        """Track exactly these devices: new ones start Healthy, missing ones are dropped."""
+        names = list(device_names)
+        with self._cond:
+            now = time.time()
+            self._reports = {n: self._reports.get(n) or DeviceHealthReport(n, HEALTHY, "", now) for n in names}
+            self._bump()
+
+    def update(self, device_name: str, health: str, message: str = "") -> None:
+        if health not in _HEALTH_PB:
+            raise ValueError(f"health must be one of {', '.join(_HEALTH_PB)}, got {health!r}")
+        with self._cond:
+            old = self._reports.get(device_name)
+            if old is not None and old.health == health and old.message == message:
+                return
+            self._reports[device_name] = DeviceHealthReport(device_name, health, message, time.time())
+            self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._cond.notify_all()
+
+    def snapshot(self) -> tuple[int, list[DeviceHealthReport]]:
+        with self._cond:
+            return self._version, list(self._reports.values())
+
+    def wait_for_change(self, version: int, timeout: float) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != version, timeout=timeout)
+            return self._version
+
+
+# --- sockets ----------------------------------------------------------------------------------
+
+
+def _resolve_group(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"socket group {group!r} does not exist") from None
+
+
+class _SocketServer:
+    """One grpc.Server listening on a Unix socket that it alone owns."""
+
+    def __init__(self, name: str, path: Path, server: grpc.Server, socket_group: str | None) -> None:
+        self.name = name
+        self.path = Path(os.path.abspath(path))
+        self.server = server
+        self.socket_group = socket_group
+        self.inode: tuple[int, int] | None = None
+        self._log = _log.bind(server=name, socket=str(self.path))
+
+    def start(self) -> None:
+        path = self.path
+        if len(os.fsencode(path)) > MAX_UNIX_PATH:
+            raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes")
+        ensure_dir(path.parent, SOCKET_DIR_MODE)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISSOCK(st.st_mode):
+            raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
+        private = path.parent / f".tmp-{secrets.token_hex(4)}.sock"
+        if len(os.fsencode(private)) > MAX_UNIX_PATH:
+            raise ValueError(f"socket directory {path.parent} is too long for a Unix socket path")
+        if self.server.add_insecure_port(f"unix:{private}") == 0:
+            raise RuntimeError(f"could not listen on {private}")
+        self.server.start()
+        try:
+            if self.socket_group:
+                os.chown(private, -1, _resolve_group(self.socket_group))
+                os.chmod(private, 0o660)
+            else:
+                os.chmod(private, 0o600)
+            if st is not None:
+                self._log.info("replacing stale socket")
+            os.replace(private, path)
+        except BaseException:
+            self.server.stop(0)
+            raise
+        new = os.lstat(path)
+        self.inode = (new.st_dev, new.st_ino)
+        self._log.info("listening", mode=oct(stat.S_IMODE(new.st_mode)))
+
+    def stop(self, grace: float) -> None:
+        self.server.stop(grace).wait()
+        if self.inode is None:
+            return
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if (st.st_dev, st.st_ino) == self.inode:
+            os.unlink(self.path)
+            self._log.info("removed socket")
+        else:
+            self._log.info("socket was replaced by another instance; leaving it")
+        self.inode = None
+
+
+# --- services ---------------------------------------------------------------------------------
+
+
+def _claims(request: Any) -> list[ClaimRef]:
+    seen: dict[str, ClaimRef] = {}
+    for c in request.claims:
+        seen.setdefault(c.uid, ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name))
+    return list(seen.values())
+
+
+class _DraService:
+    """The DRA handlers, shared by the v1 and v1beta1 services."""
+
+    def __init__(self, handler: PrepareHandler, node_name: str) -> None:
+        self.handler = handler
+        self.log = _log.bind(node=node_name)
+
+    def prepare(self, request: Any, pb: Any, with_share_id: bool) -> Any:
+        claims = _claims(request)
+        response = pb.NodePrepareResourcesResponse()
+        if not claims:
+            return response
+        try:
+            outcomes: Mapping[str, PrepareOutcome] = self.handler.prepare(claims)
+        except Exception as exc:
+            self.log.exception("prepare handler raised")
+            outcomes = {c.uid: PrepareOutcome(error=f"internal error: {exc}") for c in claims}
+        for claim in claims:
+            outcome = outcomes.get(claim.uid) or PrepareOutcome(error="internal error: no result for this claim")
+            entry = response.claims[claim.uid]
+            if outcome.error is not None:
+                entry.error = outcome.error or "unknown error"
+                continue
+            for d in outcome.devices:
+                dev = entry.devices.add(
+                    request_names=list(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                )
+                if with_share_id and d.share_id:
+                    dev.share_id = d.share_id
+        return response
+
+    def unprepare(self, request: Any, pb: Any) -> Any:
+        claims = _claims(request)
+        response = pb.NodeUnprepareResourcesResponse()
+        if not claims:
+            return response
+        try:
+            errors: Mapping[str, str | None] = self.handler.unprepare(claims)
+        except Exception as exc:
+            self.log.exception("unprepare handler raised")
+            errors = {c.uid: f"internal error: {exc}" for c in claims}
+        for claim in claims:
+            entry = response.claims[claim.uid]
+            if claim.uid not in errors:
+                entry.error = "internal error: no result for this claim"
+            elif errors[claim.uid]:
+                entry.error = str(errors[claim.uid])
+        return response
+
+
+class _DraV1:
+    def __init__(self, service: _DraService) -> None:
+        self.service = service
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return self.service.prepare(request, dra_v1, with_share_id=True)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return self.service.unprepare(request, dra_v1)
+
+
+class _DraV1beta1:
+    def __init__(self, service: _DraService) -> None:
+        self.service = service
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return self.service.prepare(request, dra_v1beta1, with_share_id=False)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return self.service.unprepare(request, dra_v1beta1)
+
+
+class _Health:
+    def __init__(self, source: HealthSource, pool_name: str, resend_interval: float, stopping: threading.Event,
+                 timeout_seconds: int = 0) -> None:
+        self.source = source
+        self.pool_name = pool_name
+        self.resend_interval = resend_interval
+        self.stopping = stopping
+        self.timeout_seconds = timeout_seconds
+
+    def _message(self, reports: Sequence[DeviceHealthReport]) -> Any:
+        now = int(time.time())
+        out = health_v1alpha1.NodeWatchResourcesResponse()
+        for r in reports:
+            out.devices.add(
+                device=health_v1alpha1.DeviceIdentifier(pool_name=self.pool_name, device_name=r.device_name),
+                health=_HEALTH_PB.get(r.health, health_v1alpha1.UNKNOWN),
+                last_updated_time=int(r.updated) or now,
+                health_check_timeout_seconds=self.timeout_seconds,
+                message=r.message[:1024],
+            )
+        return out
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        _log.info("kubelet opened the device health stream")
+        try:
+            while context.is_active() and not self.stopping.is_set():
+                version, reports = self.source.snapshot()
+                yield self._message(reports)
+                deadline = time.monotonic() + self.resend_interval
+                while context.is_active() and not self.stopping.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    if self.source.wait_for_change(version, min(left, 0.5)) != version:
+                        break
+        except Exception:
+            _log.exception("device health stream failed")
+            raise
+        finally:
+            _log.info("device health stream closed")
+
+
+class _Registration:
+    def __init__(self, driver_name: str, endpoint: str, on_status: Callable[[bool, str], None] | None) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.on_status = on_status
+        self.registered = threading.Event()
+        self.log = _log.bind(driver=driver_name)
+
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name, endpoint=self.endpoint,
+                                 supported_versions=list(SUPPORTED_VERSIONS))
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        if request.plugin_registered:
+            self.registered.set()
+            self.log.info("registered with the kubelet", endpoint=self.endpoint)
+        else:
+            self.registered.clear()
+            self.log.error("kubelet rejected the registration", error=request.error)
+        if self.on_status is not None:
+            try:
+                self.on_status(bool(request.plugin_registered), str(request.error))
+            except Exception:
+                self.log.exception("registration status callback failed")
+        return reg_pb.RegistrationStatusResponse()
+
+
+# --- the pair of servers ----------------------------------------------------------------------
+
+
+class PluginServers:
+    """The DRA server and the registration server; :meth:`start` serves DRA first, then registers."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        dra_socket: Path,
+        registration_socket: Path,
+        handler: PrepareHandler,
+        health: HealthSource | None = None,
+        device_names: Iterable[str] = (),
+        socket_group: str | None = None,
+        resend_interval: float = DEFAULT_RESEND_INTERVAL,
+        health_timeout_seconds: int = 0,
+        max_workers: int = 16,
+        on_registration: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.health: HealthSource = health if health is not None else HealthBoard(device_names)
+        self._stopping = threading.Event()
+        dra_path = Path(os.path.abspath(dra_socket))
+        dra = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dra-grpc"))
+        service = _DraService(handler, node_name)
+        dra_v1_grpc.add_DRAPluginServicer_to_server(_DraV1(service), dra)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(service), dra)
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            _Health(self.health, node_name, resend_interval, self._stopping, health_timeout_seconds), dra
+        )
+        reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
+        self.registration = _Registration(driver_name, str(dra_path), on_registration)
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        self._dra = _SocketServer("dra", dra_path, dra, socket_group)
+        self._reg = _SocketServer("registration", Path(registration_socket), reg, socket_group)
+
+    @classmethod
+    def from_settings(cls, settings: Any, handler: PrepareHandler, **kwargs: Any) -> PluginServers:
+        """Build from :class:`dra_driver.node.settings.PluginSettings`."""
+        return cls(
+            driver_name=settings.driver_name,
+            node_name=settings.node_name,
+            dra_socket=settings.dra_socket,
+            registration_socket=settings.registration_socket,
+            handler=handler,
+            socket_group=settings.socket_group,
+            **kwargs,
+        )
+
+    @property
+    def dra_socket(self) -> Path:
+        return self._dra.path
+
+    @property
+    def registration_socket(self) -> Path:
+        return self._reg.path
+
+    @property
+    def registered(self) -> threading.Event:
+        return self.registration.registered
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._dra.start()
+        try:
+            self._reg.start()
+        except BaseException:
+            self._dra.stop(0)
+            raise
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop both servers (registration first) and remove the sockets that are still ours."""
+        self._stopping.set()
+        for server in (self._reg, self._dra):
+            try:
+                server.stop(grace)
+            except Exception:
+                _log.exception("stopping server failed", server=server.name)

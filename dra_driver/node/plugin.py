@@ -1,0 +1,139 @@
+"""`dra-driver kubelet-plugin`: discover → describe → publish, and serve the kubelet.
+
+The DRA socket is up before the registration socket appears, so the kubelet never registers a
+plugin that cannot answer yet; slices are published in the background so a slow API server does
+not delay registration.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from dra_driver import logs
+from dra_driver.k8s import client as kube
+from dra_driver.node import probe
+from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.discovery.backend import Backend
+from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.grpc import HealthBoard, PluginServers
+from dra_driver.node.health import HealthFileSource, HealthMonitor, NvmlEventSource
+from dra_driver.node.prepare import (
+    CLAIM_READ_CONCURRENCY,
+    ClaimNotFoundError,
+    ClaimReader,
+    ClaimRef,
+    DeviceState,
+    KubeClaimReader,
+)
+from dra_driver.node.settings import PluginSettings
+from dra_driver.node.slices import KubeSliceClient, SlicePublisher
+
+
+def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> list[ClaimRef]:
+    """Prepared claims that are gone from the API server, or replaced by a claim with another UID.
+
+    A claim that cannot be read for another reason (API server down) is kept: unpreparing a live
+    claim would pull a GPU from under a running pod.
+    """
+    stale = []
+    for uid, (namespace, name) in prepared.items():
+        try:
+            obj = reader.get_claim(namespace, name)
+        except ClaimNotFoundError:
+            stale.append(ClaimRef(uid, namespace, name))
+            continue
+        except Exception:  # any other failure means "unknown", which keeps the claim
+            continue
+        if obj.get("metadata", {}).get("uid") != uid:
+            stale.append(ClaimRef(uid, namespace, name))
+    return stale
+
+
+def _cleanup_loop(state: DeviceState, reader: ClaimReader, interval: float, stop: threading.Event, log: Any) -> None:
+    while not stop.wait(interval):
+        prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
+        for ref in stale_claims(prepared, reader):
+            error = state.unprepare([ref]).get(ref.uid)
+            log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
+
+
+def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str], monitor: HealthMonitor,
+                 health_file: HealthFileSource | None, stop: threading.Event, log: Any) -> None:
+    """NVML events for real GPUs; the --health-file for simulated ones (or NVML ones, for tests)."""
+    if health_file is not None:
+        health_file.monitor = monitor
+        health_file.start(stop)
+        log.info("watching the health file", path=str(settings.health_file))
+    nv = getattr(backend, "nv", None)
+    if backend.name == "nvml" and nv is not None:
+        try:
+            NvmlEventSource(nv, gpu_uuids, monitor, settings.ignored_xids).start(stop)
+            log.info("watching NVML health events", ignored_xids=list(settings.ignored_xids))
+        except Exception as exc:
+            # Without events the GPUs stay Healthy, as they would with an old driver: serve anyway.
+            log.error("cannot watch NVML health events", error=str(exc))
+    elif health_file is None:
+        log.info("no health source: devices are reported Healthy")
+
+
+def run(settings: PluginSettings) -> int:
+    logs.configure(settings.log_format, settings.log_level)
+    log = logs.get("plugin", node=settings.node_name, driver=settings.driver_name)
+    started = time.monotonic()
+
+    backend = open_backend(settings)
+    gpus = backend.discover()
+    devices = enumerate_devices(gpus, settings.dynamic_mig)
+    log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices))
+
+    # One client (one connection pool) for claim reads and slice publication.
+    api = kube.RestKubeApi.from_kubeconfig(settings.kubeconfig, pool_size=CLAIM_READ_CONCURRENCY,
+                                           request_timeout=20.0, user_agent="dra-driver-plugin")
+    reader = KubeClaimReader(api)
+    state = DeviceState.from_settings(settings, devices, reader, backend=backend)
+    board = HealthBoard(sorted(devices))
+    servers = PluginServers.from_settings(settings, state, health=board)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    health_file = HealthFileSource(settings.health_file, None, settings.ignored_xids) if settings.health_file else None
+    if health_file is not None:
+        health_file.install_signal()  # before anything slow, so an early SIGUSR1 cannot kill the process
+
+    servers.start()
+    log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
+             registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
+
+    publisher = SlicePublisher(KubeSliceClient(api), settings.driver_name, settings.node_name)
+    devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
+    publisher.update(devices_json, counters_json)
+    if settings.health_monitoring:
+        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json))
+        start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
+    else:
+        log.info("health monitoring disabled: devices are reported Healthy")
+    healthz = None
+    if settings.health_port:
+        healthz = probe.serve_healthz(settings.health_port,
+                                      lambda: probe.check(servers.registration_socket, settings.driver_name))
+    publisher.start(stop)
+    threading.Thread(target=_cleanup_loop, args=(state, reader, settings.cleanup_interval, stop, log),
+                     name="stale-claim-cleanup", daemon=True).start()
+
+    stop.wait()
+    if healthz is not None:
+        healthz.shutdown()
+    servers.stop()
+    state.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,874 @@
+"""The node plugin's driver state: NodePrepareResources / NodeUnprepareResources semantics.
+
+Flow of :meth:`DeviceState.prepare` for one request (a batch of claims):
+
+1. GET every ResourceClaim through the injected :class:`ClaimReader`, concurrently and outside
+   the lock (the API round-trip dominates; 100 claims must not take 100 round-trips).
+2. Under the lock, per claim: verify the UID (else "claim was replaced"), ``status.allocation``,
+   that the allocation's node selector admits this node, and for every result of this driver:
+   the pool is this node, the device is known, the opaque config is valid (precedence:
+   class before claim, later wins). Check exclusivity against every other live claim.
+3. Checkpoint all new claims as ``PrepareStarted`` (one write) -> create dynamic MIG instances
+   (checkpointed again when any were created) -> write one CDI spec per claim -> checkpoint
+   ``PrepareCompleted`` (one write) -> respond.
+
+A claim already ``PrepareCompleted`` answers with the stored devices; a missing CDI spec (for
+example after a reboot emptied ``/var/run/cdi``) is re-written first, and dynamic MIG instances of
+an earlier boot are re-created.
+
+Recovery decision for ``PrepareStarted`` entries found at start-up: **roll back** — destroy any
+dynamic MIG instance, delete the CDI spec, drop the entry. Such a claim never got a successful
+answer, so no container can be using it, and the kubelet retries Prepare until it succeeds, which
+then prepares it from scratch. ``PrepareCompleted`` entries are kept and their CDI specs re-written
+when missing (the kubelet does not call Prepare again for claims it already has prepared).
+
+Every failure is a per-claim error string; nothing raises out of ``prepare``/``unprepare``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from dra_driver import failpoints, logs
+from dra_driver.gpuconfig import EXCLUSIVE, ConfigError, SharingConfig, base_request, decode_sharing, resolve_sharing
+from dra_driver.k8s import client as kube
+from dra_driver.k8s.client import KubeApi
+from dra_driver.node.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid
+from dra_driver.node.checkpoint import (
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    MigInstance,
+    PreparedDevice,
+    describe_os_error,
+    now_rfc3339,
+)
+from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.discovery.backend import Backend
+from dra_driver.node.discovery.model import MigDevice, MigPlacement
+
+_log = logs.get("prepare")
+
+
+# --- reading claims ---------------------------------------------------------------------------
+
+
+CLAIM_READ_CONCURRENCY = 32
+"""Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""
+
+
+class ClaimNotFoundError(LookupError):
+    """The ResourceClaim does not exist (HTTP 404)."""
+
+
+class ClaimReader(Protocol):
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim as a ``resource.k8s.io/v1`` JSON dict.
+
+        Raises :class:`ClaimNotFoundError` when it does not exist; any other exception is an API
+        error reported to the kubelet as such.
+        """
+        ...
+
+
+class KubeClaimReader:
+    """:class:`ClaimReader` over :class:`dra_driver.k8s.client.KubeApi` (``resource.k8s.io/v1``, raw JSON)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None = None, *, pool_size: int = CLAIM_READ_CONCURRENCY,
+                        request_timeout: float = 20.0) -> KubeClaimReader:
+        return cls(kube.RestKubeApi.from_kubeconfig(kubeconfig, pool_size=pool_size, request_timeout=request_timeout,
+                                                    user_agent="dra-driver-plugin"))
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            obj = self._api.get(kube.CLAIMS, name, namespace=namespace)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                raise ClaimNotFoundError(f"ResourceClaim {namespace}/{name} not found") from None
+            raise RuntimeError(str(exc) if exc.status == 0 else f"API server: {exc}") from None
+        if not isinstance(obj, dict):
+            raise RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {namespace}/{name}")
+        return obj
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ResponseDevice:
+    """One ``Device`` of a NodePrepareResourceResponse."""
+
+    request_names: tuple[str, ...]
+    """Base request names (``req/sub`` -> ``req``)."""
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[ResponseDevice, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class ClaimFailure(Exception):
+    """A per-claim failure whose message goes to the kubelet as is."""
+
+
+# --- exclusivity ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """A claim's use of a piece of hardware."""
+
+    uid: str
+    ref: str
+    device: str
+    gpu_uuid: str
+    kind: str
+    placement: tuple[int, int] | None
+    sharing: SharingConfig
+    admin: bool
+    share_id: str | None
+
+    def overlaps(self, other: _Hold) -> bool:
+        if self.gpu_uuid != other.gpu_uuid:
+            return False
+        if self.device == other.device or self.kind == "gpu" or other.kind == "gpu":
+            return True
+        if self.placement is None or other.placement is None:
+            return False
+        a0, an = self.placement
+        b0, bn = other.placement
+        return a0 < b0 + bn and b0 < a0 + an
+
+    def may_coexist(self, other: _Hold) -> bool:
+        if self.admin or other.admin:
+            return True  # admin access never takes exclusive ownership
+        if self.share_id and other.share_id and self.device == other.device:
+            return True  # consumable capacity: the scheduler handed out distinct shares
+        return self.sharing.compatible_with(other.sharing)
+
+
+def _hold_of_prepared(entry: ClaimEntry, dev: PreparedDevice) -> _Hold:
+    try:
+        sharing = decode_sharing(dev.sharing)
+    except ConfigError:
+        sharing = EXCLUSIVE
+    return _Hold(entry.uid, entry.ref, dev.device, dev.gpu_uuid, dev.kind, dev.placement, sharing,
+                 dev.admin_access, dev.share_id)
+
+
+def _placement_of(device: AllocatableDevice) -> tuple[int, int] | None:
+    if device.mig is not None:
+        return (device.mig.placement.start, device.mig.placement.size)
+    if device.placement is not None:
+        return (device.placement.start, device.placement.size)
+    return None
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PlannedDevice:
+    result_request: str
+    device: AllocatableDevice
+    sharing: SharingConfig
+    admin: bool
+    share_id: str | None
+    prepared: PreparedDevice
+
+
+@dataclass
+class _Plan:
+    claim: ClaimRef
+    devices: list[_PlannedDevice]
+
+
+def _node_selector_matches(selector: Any, node_name: str) -> bool:
+    """Whether an allocation's nodeSelector admits ``node_name``.
+
+    Only ``matchFields`` on ``metadata.name`` can be evaluated here (that is what the scheduler
+    writes for node-local devices); label expressions are taken as matching.
+    """
+    if not selector:
+        return True
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
+    if not terms:
+        return True
+    for term in terms:
+        if not isinstance(term, Mapping):
+            continue
+        ok = True
+        for req in term.get("matchFields") or []:
+            if not isinstance(req, Mapping) or req.get("key") != "metadata.name":
+                continue
+            values = req.get("values") or []
+            op = req.get("operator")
+            if (op == "In" and node_name not in values) or (op == "NotIn" and node_name in values):
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+def _nested(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _response_device(dev: PreparedDevice) -> ResponseDevice:
+    return ResponseDevice(
+        request_names=tuple(dict.fromkeys(base_request(r) for r in dev.requests)),
+        pool_name=dev.pool,
+        device_name=dev.device,
+        cdi_device_ids=dev.cdi_device_ids,
+        share_id=dev.share_id,
+    )
+
+
+# --- group commit ---
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+@dataclass
+class _Ticket(Generic[_In, _Out]):
+    items: dict[str, _In]
+    results: dict[str, _Out] = field(default_factory=dict)
+
+
+class _GroupCommit(Generic[_In, _Out]):
+    """Runs ``work`` under ``lock`` for everything queued, so that calls arriving while another holds
+    the lock are done together by the next holder: N concurrent kubelet requests then cost one round
+    of durable writes instead of N, which is where the time goes (fsync)."""
+
+    def __init__(self, lock: threading.RLock, work: Callable[[dict[str, _In]], dict[str, _Out]]) -> None:
+        self._lock = lock
+        self._work = work
+        self._queue: list[_Ticket[_In, _Out]] = []
+        self._queue_lock = threading.Lock()
+
+    def run(self, items: dict[str, _In]) -> dict[str, _Out]:
+        ticket: _Ticket[_In, _Out] = _Ticket(items)
+        with self._queue_lock:
+            self._queue.append(ticket)
+        with self._lock:
+            with self._queue_lock:
+                batch, self._queue = self._queue, []
+            if batch:
+                merged: dict[str, _In] = {}
+                for queued in batch:
+                    for key, value in queued.items.items():
+                        merged.setdefault(key, value)
+                results = self._work(merged)
+                for queued in batch:
+                    queued.results = {key: results[key] for key in queued.items if key in results}
+        # Either this thread did the work or an earlier holder did it before releasing the lock.
+        return ticket.results
+
+
+# --- the state --------------------------------------------------------------------------------
+
+
+class DeviceState:
+    """Prepared claims of one node plugin; thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        driver_name: str,
+        devices: Mapping[str, AllocatableDevice],
+        cdi: CdiSpecs,
+        checkpoint: CheckpointStore,
+        claim_reader: ClaimReader,
+        backend: Backend | None = None,
+        proc_root: Path | None = Path("/proc"),
+        max_parallel_gets: int = CLAIM_READ_CONCURRENCY,
+        sharing_strategies: Iterable[str] = ("Exclusive", "TimeSlicing", "MPS"),
+    ) -> None:
+        self.node_name = node_name
+        self.driver_name = driver_name
+        self._devices: dict[str, AllocatableDevice] = dict(devices)
+        self._cdi = cdi
+        self._checkpoint = checkpoint
+        self._reader = claim_reader
+        self._backend = backend
+        self._proc_root = proc_root
+        self._strategies = frozenset(sharing_strategies)
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_parallel_gets), thread_name_prefix="claim-get")
+        self._prepares: _GroupCommit[tuple[ClaimRef, dict[str, Any] | BaseException], PrepareOutcome] = (
+            _GroupCommit(self._lock, self._prepare_batch))
+        self._unprepares: _GroupCommit[ClaimRef, str | None] = _GroupCommit(self._lock, self._unprepare_batch)
+        self._log = _log.bind(node=node_name)
+        self._entries: dict[str, ClaimEntry] = {}
+        self._recover()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Any,
+        devices: Mapping[str, AllocatableDevice],
+        claim_reader: ClaimReader,
+        backend: Backend | None = None,
+        **kwargs: Any,
+    ) -> DeviceState:
+        """Build from :class:`dra_driver.node.settings.PluginSettings`."""
+        return cls(
+            node_name=settings.node_name,
+            driver_name=settings.driver_name,
+            devices=devices,
+            cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name),
+            checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
+                                       boot_id_path=settings.boot_id_path),
+            claim_reader=claim_reader,
+            backend=backend,
+            sharing_strategies=settings.sharing_strategies,
+            **kwargs,
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- queries / updates
+
+    def set_devices(self, devices: Mapping[str, AllocatableDevice]) -> None:
+        """Replace the node's allocatable devices (prepared claims are not touched)."""
+        with self._lock:
+            self._devices = dict(devices)
+
+    def prepared_claims(self) -> dict[str, ClaimEntry]:
+        """A snapshot of the checkpointed claims (both states), by UID."""
+        with self._lock:
+            return dict(self._entries)
+
+    def _claim_log(self, uid: str, ref: str) -> Any:
+        return self._log.bind(claim_uid=uid, claim=ref)
+
+    # -- recovery
+
+    def _recover(self) -> None:
+        with self._lock:
+            self._entries = self._checkpoint.load()
+            changed = False
+            for uid, entry in list(self._entries.items()):
+                log = self._claim_log(uid, entry.ref)
+                if entry.state is ClaimState.PREPARE_STARTED:
+                    try:
+                        self._rollback(entry)
+                        log.warning("rolled back a claim whose preparation was interrupted")
+                    except Exception as exc:
+                        log.error("rolling back an interrupted preparation failed", error=str(exc))
+                    del self._entries[uid]
+                    changed = True
+                    continue
+                if self._needs_rematerialize(entry):
+                    try:
+                        self._entries[uid] = self._rematerialize(entry)
+                        changed = True
+                        log.info("re-created the CDI spec of a prepared claim")
+                    except Exception as exc:
+                        log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
+            if changed:
+                self._save_quietly()
+            leftovers = self._checkpoint.remove_stale_temp_files() + self._cdi.remove_stale_temp_files()
+            if leftovers:
+                self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
+            try:
+                orphans = sorted(set(self._cdi.list_claim_specs()) - set(self._entries))
+            except OSError:
+                orphans = []
+            if orphans:
+                # Kept: a container of such a claim may still be (re)created from it. The kubelet's
+                # Unprepare of an unknown claim removes the spec.
+                self._log.warning("CDI specs without a checkpoint entry", claim_uids=orphans)
+            self._log.info("recovered prepared claims", claims=len(self._entries),
+                           rebooted=self._checkpoint.rebooted)
+
+    def _save_quietly(self) -> None:
+        try:
+            self._checkpoint.save(self._entries)
+        except OSError as exc:
+            self._log.error("could not write the checkpoint", error=describe_os_error(exc, str(self._checkpoint.path)))
+
+    # -- dynamic MIG
+
+    def _destroy_mig(self, inst: MigInstance) -> None:
+        if self._backend is None:
+            raise ClaimFailure(f"cannot destroy MIG instance {inst.uuid}: no GPU backend")
+        self._backend.destroy_mig_instance(
+            MigDevice(
+                uuid=inst.uuid, profile=inst.profile, parent_uuid=inst.parent_uuid, memory_bytes=inst.memory_bytes,
+                multiprocessors=inst.multiprocessors, gpu_instance_id=inst.gpu_instance_id,
+                compute_instance_id=inst.compute_instance_id,
+                placement=MigPlacement(inst.placement_start, inst.placement_size),
+            )
+        )
+
+    def _create_mig(self, device: AllocatableDevice) -> MigInstance:
+        if self._backend is None:
+            raise ClaimFailure(f"device {device.name} needs a MIG instance but there is no GPU backend")
+        if device.mig_profile is None or device.placement is None:
+            raise ClaimFailure(f"device {device.name} has no MIG profile/placement")
+        mig = self._backend.create_mig_instance(device.gpu, device.mig_profile, device.placement)
+        return MigInstance(
+            uuid=mig.uuid, profile=mig.profile, parent_uuid=mig.parent_uuid, memory_bytes=mig.memory_bytes,
+            multiprocessors=mig.multiprocessors, gpu_instance_id=mig.gpu_instance_id,
+            compute_instance_id=mig.compute_instance_id, placement_start=mig.placement.start,
+            placement_size=mig.placement.size,
+        )
+
+    def _with_mig(self, dev: PreparedDevice, inst: MigInstance) -> PreparedDevice:
+        caps = mig_cap_minors(dev.gpu_minor, inst.gpu_instance_id, inst.compute_instance_id, self._proc_root)
+        return replace(dev, mig_instance=inst, uuid=inst.uuid, mig_caps=caps)
+
+    def _rollback(self, entry: ClaimEntry) -> None:
+        """Undo whatever a (partial) preparation did: MIG instances, CDI spec."""
+        errors: list[str] = []
+        for dev in entry.devices:
+            inst = dev.mig_instance
+            if inst is None and dev.kind == "mig" and self._backend is not None:
+                # Interrupted between creating the instance and recording it: creation is
+                # idempotent, so this finds the instance (or makes one) to destroy.
+                known = self._devices.get(dev.device)
+                if known is not None and known.mig_profile is not None:
+                    try:
+                        inst = self._create_mig(known)
+                    except Exception as exc:
+                        errors.append(f"{dev.device}: {exc}")
+            if inst is not None:
+                try:
+                    self._destroy_mig(inst)
+                except Exception as exc:
+                    errors.append(f"destroying MIG instance {inst.uuid} of {dev.device}: {exc}")
+        try:
+            self._cdi.delete_claim_spec(entry.uid)
+        except (OSError, CdiError) as exc:
+            errors.append(f"deleting CDI spec: {exc}")
+        if errors:
+            raise ClaimFailure("; ".join(errors))
+
+    # -- re-materializing a completed claim
+
+    def _needs_rematerialize(self, entry: ClaimEntry) -> bool:
+        if not entry.devices:
+            return False
+        rebooted = bool(entry.boot_id and self._checkpoint.boot_id and entry.boot_id != self._checkpoint.boot_id)
+        try:
+            return rebooted or not self._cdi.spec_exists(entry.uid)
+        except CdiError:
+            return False
+
+    def _rematerialize(self, entry: ClaimEntry) -> ClaimEntry:
+        """Re-create what a reboot wiped: dynamic MIG instances (new boot) and the CDI spec."""
+        rebooted = bool(entry.boot_id and self._checkpoint.boot_id and entry.boot_id != self._checkpoint.boot_id)
+        devices = list(entry.devices)
+        if rebooted:
+            for i, dev in enumerate(devices):
+                if dev.mig_instance is not None:
+                    known = self._devices.get(dev.device)
+                    if known is None:
+                        raise ClaimFailure(f"dynamic MIG device {dev.device} is no longer published on this node")
+                    devices[i] = self._with_mig(dev, self._create_mig(known))
+        self._write_spec(entry.uid, entry.namespace, entry.name, devices)
+        return replace(entry, devices=tuple(devices), boot_id=self._checkpoint.boot_id, updated=now_rfc3339())
+
+    def _write_spec(self, uid: str, namespace: str, name: str, devices: Sequence[PreparedDevice]) -> None:
+        claim_devices = []
+        for dev in devices:
+            try:
+                sharing = decode_sharing(dev.sharing)
+            except ConfigError:
+                sharing = EXCLUSIVE
+            claim_devices.append(ClaimDevice(
+                device_name=dev.device, request=dev.requests[0] if dev.requests else "", uuid=dev.uuid,
+                gpu_minor=dev.gpu_minor, mig_caps=dev.mig_caps, sharing=sharing, admin_access=dev.admin_access,
+                share_id=dev.share_id,
+            ))
+        try:
+            self._cdi.write_claim_spec(uid, namespace, name, claim_devices)
+        except OSError as exc:
+            raise ClaimFailure(describe_os_error(exc, f"CDI spec {self._cdi.spec_path(uid)}")) from None
+
+    # -- prepare
+
+    def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """Prepare a batch of claims; one outcome per distinct UID, never raises."""
+        unique: dict[str, ClaimRef] = {}
+        for claim in claims:
+            unique.setdefault(claim.uid, claim)
+        if not unique:
+            return {}
+        fetched = self._fetch_all(list(unique.values()))
+        outcomes = self._prepares.run({uid: (ref, fetched[uid]) for uid, ref in unique.items()})
+        for uid in unique:
+            outcomes.setdefault(uid, PrepareOutcome(error="internal error: claim was not processed"))
+        return outcomes
+
+    def _prepare_batch(self, items: dict[str, tuple[ClaimRef, dict[str, Any] | BaseException]]) -> dict[str, PrepareOutcome]:
+        outcomes: dict[str, PrepareOutcome] = {}
+        try:
+            self._prepare_locked({uid: ref for uid, (ref, _) in items.items()},
+                                 {uid: obj for uid, (_, obj) in items.items()}, outcomes)
+        except Exception as exc:  # a bug: never let it escape to gRPC
+            self._log.exception("unexpected error while preparing claims")
+            for uid in items:
+                outcomes.setdefault(uid, PrepareOutcome(error=f"internal error preparing the claim: {exc}"))
+        return outcomes
+
+    def _fetch_all(self, claims: Sequence[ClaimRef]) -> dict[str, dict[str, Any] | BaseException]:
+        def get(claim: ClaimRef) -> dict[str, Any] | BaseException:
+            try:
+                return self._reader.get_claim(claim.namespace, claim.name)
+            except Exception as exc:
+                return exc
+
+        if len(claims) == 1:
+            return {claims[0].uid: get(claims[0])}
+        return {c.uid: r for c, r in zip(claims, self._pool.map(get, claims), strict=True)}
+
+    def _prepare_locked(
+        self,
+        claims: Mapping[str, ClaimRef],
+        fetched: Mapping[str, dict[str, Any] | BaseException],
+        outcomes: dict[str, PrepareOutcome],
+    ) -> None:
+        plans: list[_Plan] = []
+        rematerialized: list[ClaimEntry] = []
+        batch_holds: list[_Hold] = []
+        for uid, claim in claims.items():
+            log = self._claim_log(uid, claim.ref)
+            try:
+                obj = fetched[uid]
+                existing = self._entries.get(uid)
+                completed = existing is not None and existing.state is ClaimState.PREPARE_COMPLETED
+                if isinstance(obj, BaseException):
+                    if isinstance(obj, ClaimNotFoundError):
+                        raise ClaimFailure(f"ResourceClaim {claim.ref} not found")
+                    if not completed:
+                        raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
+                    # API server unreachable, but this UID was prepared and checked earlier: the
+                    # kubelet (restarted during an outage) gets the same answer as before instead
+                    # of a pod that cannot start until the API server is back.
+                    log.warning("could not get the ResourceClaim; answering from the checkpoint", error=str(obj))
+                else:
+                    self._verify_claim(claim, obj)
+                if existing is not None and completed:
+                    if self._needs_rematerialize(existing):
+                        existing = self._rematerialize(existing)
+                        self._entries[uid] = existing
+                        rematerialized.append(existing)
+                        log.info("re-created the CDI spec of an already prepared claim")
+                    outcomes[uid] = PrepareOutcome(devices=tuple(_response_device(d) for d in existing.devices))
+                    log.debug("claim already prepared")
+                    continue
+                if isinstance(obj, BaseException):  # not reached: only completed claims get past the error above
+                    raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
+                plan = self._plan(claim, obj)
+                holds = [self._hold_of_plan(uid, claim.ref, d) for d in plan.devices]
+                self._check_exclusive(holds, batch_holds)
+                batch_holds.extend(holds)
+                if not plan.devices:
+                    outcomes[uid] = PrepareOutcome()
+                    log.info("claim has no devices of this driver")
+                    continue
+                plans.append(plan)
+            except ClaimFailure as exc:
+                outcomes[uid] = PrepareOutcome(error=str(exc))
+                log.warning("cannot prepare claim", error=str(exc))
+            except CdiError as exc:
+                outcomes[uid] = PrepareOutcome(error=str(exc))
+                log.warning("cannot prepare claim", error=str(exc))
+            except Exception as exc:
+                outcomes[uid] = PrepareOutcome(error=f"internal error preparing the claim: {exc}")
+                log.exception("unexpected error while preparing claim")
+        if rematerialized and not plans:
+            self._save_quietly()
+        if plans:
+            self._execute(plans, outcomes)
+
+    def _verify_claim(self, claim: ClaimRef, obj: Mapping[str, Any]) -> None:
+        try:
+            validate_claim_uid(claim.uid)
+        except CdiError as exc:
+            raise ClaimFailure(str(exc)) from None
+        actual_uid = _nested(obj, "metadata", "uid")
+        if actual_uid != claim.uid:
+            raise ClaimFailure(
+                f"claim was replaced: ResourceClaim {claim.ref} has UID {actual_uid}, the kubelet asked for {claim.uid}"
+            )
+        allocation = _nested(obj, "status", "allocation")
+        if not isinstance(allocation, Mapping):
+            raise ClaimFailure(f"ResourceClaim {claim.ref} is not allocated (no status.allocation)")
+        if not _node_selector_matches(allocation.get("nodeSelector"), self.node_name):
+            raise ClaimFailure(
+                f"ResourceClaim {claim.ref} is allocated to another node, not {self.node_name} "
+                f"(nodeSelector {allocation.get('nodeSelector')})"
+            )
+
+    def _plan(self, claim: ClaimRef, obj: Mapping[str, Any]) -> _Plan:
+        allocation = _nested(obj, "status", "allocation") or {}
+        results = _nested(allocation, "devices", "results") or []
+        configs = _nested(allocation, "devices", "config") or []
+        if not isinstance(results, list) or not isinstance(configs, list):
+            raise ClaimFailure("status.allocation.devices is malformed")
+        planned: list[_PlannedDevice] = []
+        for i, result in enumerate(results):
+            if not isinstance(result, Mapping) or result.get("driver") != self.driver_name:
+                continue
+            request = str(result.get("request") or "")
+            pool = str(result.get("pool") or "")
+            name = str(result.get("device") or "")
+            where = f"status.allocation.devices.results[{i}]"
+            if pool != self.node_name:
+                raise ClaimFailure(f"{where}: device {name!r} is in pool {pool!r}, this node's pool is {self.node_name!r}")
+            device = self._devices.get(name)
+            if device is None:
+                raise ClaimFailure(f"{where}: device {name!r} is not a device of this driver on node {self.node_name}")
+            try:
+                sharing = resolve_sharing(configs, request, self.driver_name)
+            except ConfigError as exc:
+                raise ClaimFailure(f"invalid {self.driver_name} config for request {request!r}: {exc}") from None
+            if sharing.strategy.value not in self._strategies:
+                raise ClaimFailure(
+                    f"config for request {request!r} asks for sharing strategy {sharing.strategy.value}, which node "
+                    f"{self.node_name} does not allow (allowed: {', '.join(sorted(self._strategies))})")
+            share_id = result.get("shareID")
+            admin = result.get("adminAccess") is True
+            planned.append(_PlannedDevice(
+                result_request=request, device=device, sharing=sharing, admin=admin,
+                share_id=share_id if isinstance(share_id, str) and share_id else None,
+                prepared=self._prepared_device(claim.uid, request, device, sharing, admin, share_id),
+            ))
+        return _Plan(claim, planned)
+
+    def _prepared_device(self, uid: str, request: str, device: AllocatableDevice, sharing: SharingConfig,
+                         admin: bool, share_id: Any) -> PreparedDevice:
+        caps: tuple[int, ...] = ()
+        uuid = device.gpu.uuid
+        if device.mig is not None:
+            uuid = device.mig.uuid
+            caps = mig_cap_minors(device.gpu.minor, device.mig.gpu_instance_id, device.mig.compute_instance_id,
+                                  self._proc_root)
+        return PreparedDevice(
+            pool=self.node_name, device=device.name, requests=(request,),
+            cdi_device_ids=(self._cdi.cdi_device_id(uid, device.name),), sharing=sharing.to_dict(),
+            share_id=share_id if isinstance(share_id, str) and share_id else None, admin_access=admin,
+            uuid=uuid, gpu_uuid=device.gpu.uuid, gpu_minor=device.gpu.minor, mig_caps=caps,
+            kind=device.kind, placement=_placement_of(device),
+        )
+
+    def _hold_of_plan(self, uid: str, ref: str, d: _PlannedDevice) -> _Hold:
+        return _Hold(uid, ref, d.device.name, d.device.gpu.uuid, d.device.kind, _placement_of(d.device), d.sharing,
+                     d.admin, d.share_id)
+
+    def _check_exclusive(self, holds: Sequence[_Hold], batch_holds: Sequence[_Hold]) -> None:
+        if not holds:
+            return
+        uid = holds[0].uid
+        others: list[_Hold] = [h for h in batch_holds if h.uid != uid]
+        for entry in self._entries.values():
+            if entry.uid != uid:
+                others.extend(_hold_of_prepared(entry, d) for d in entry.devices)
+        for mine in holds:
+            for theirs in others:
+                if mine.overlaps(theirs) and not mine.may_coexist(theirs):
+                    what = (f"device {mine.device}" if mine.device == theirs.device
+                            else f"device {mine.device} (GPU {mine.gpu_uuid}, also used by {theirs.device})")
+                    raise ClaimFailure(
+                        f"{what} is already prepared for claim {theirs.ref} ({theirs.uid}) with sharing "
+                        f"{theirs.sharing.describe()}, this claim asks for {mine.sharing.describe()}; a GPU is shared "
+                        "only when both claims use the same TimeSlicing interval or both use MPS"
+                    )
+
+    def _execute(self, plans: list[_Plan], outcomes: dict[str, PrepareOutcome]) -> None:
+        boot = self._checkpoint.boot_id
+        for plan in plans:
+            c = plan.claim
+            self._entries[c.uid] = ClaimEntry(
+                uid=c.uid, namespace=c.namespace, name=c.name, state=ClaimState.PREPARE_STARTED,
+                devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
+            )
+        try:
+            self._checkpoint.save(self._entries)
+        except OSError as exc:
+            msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
+            for plan in plans:
+                del self._entries[plan.claim.uid]
+                outcomes[plan.claim.uid] = PrepareOutcome(error=msg)
+                self._claim_log(plan.claim.uid, plan.claim.ref).error("cannot prepare claim", error=msg)
+            return
+        failpoints.hit("prepare.after-started")
+
+        live: list[_Plan] = []
+        created_mig = False
+        for plan in plans:
+            uid = plan.claim.uid
+            try:
+                entry = self._entries[uid]
+                devices = list(entry.devices)
+                for i, dev in enumerate(devices):
+                    known = self._devices.get(dev.device)
+                    if known is not None and known.mig_profile is not None and dev.mig_instance is None:
+                        devices[i] = self._with_mig(dev, self._create_mig(known))
+                        created_mig = True
+                        self._entries[uid] = replace(entry, devices=tuple(devices))
+                live.append(plan)
+            except Exception as exc:
+                self._fail(plan, exc, outcomes)
+        if created_mig:
+            try:
+                self._checkpoint.save(self._entries)
+            except OSError as exc:
+                msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
+                for plan in live:
+                    self._fail(plan, ClaimFailure(msg), outcomes)
+                return
+
+        written: list[_Plan] = []
+        for plan in live:
+            c = plan.claim
+            try:
+                entry = self._entries[c.uid]
+                self._write_spec(c.uid, c.namespace, c.name, entry.devices)
+                failpoints.hit("prepare.after-cdi-write")
+                self._entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
+                written.append(plan)
+            except Exception as exc:
+                self._fail(plan, exc, outcomes)
+        try:
+            self._checkpoint.save(self._entries)
+        except OSError as exc:
+            msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
+            for plan in written:
+                self._fail(plan, ClaimFailure(msg), outcomes)
+            self._save_quietly()
+            return
+        failpoints.hit("prepare.after-completed")
+        for plan in written:
+            entry = self._entries[plan.claim.uid]
+            outcomes[plan.claim.uid] = PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices))
+            self._claim_log(plan.claim.uid, plan.claim.ref).info(
+                "prepared claim", devices=[d.device for d in entry.devices],
+                cdi_device_ids=[i for d in entry.devices for i in d.cdi_device_ids],
+            )
+
+    def _fail(self, plan: _Plan, exc: BaseException, outcomes: dict[str, PrepareOutcome]) -> None:
+        c = plan.claim
+        log = self._claim_log(c.uid, c.ref)
+        if isinstance(exc, ClaimFailure | CdiError):
+            msg = str(exc)
+            log.error("cannot prepare claim", error=msg)
+        elif isinstance(exc, OSError):
+            msg = describe_os_error(exc, "prepared state")
+            log.error("cannot prepare claim", error=msg)
+        else:
+            msg = f"internal error preparing the claim: {exc}"
+            log.exception("unexpected error while preparing claim")
+        entry = self._entries.pop(c.uid, None)
+        if entry is not None:
+            try:
+                self._rollback(entry)
+            except Exception as rb:
+                log.error("rollback after a failed preparation was incomplete", error=str(rb))
+        outcomes[c.uid] = PrepareOutcome(error=msg)
+
+    # -- unprepare
+
+    def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
+        """Unprepare a batch; ``None`` = success (also for a claim that was never prepared)."""
+        unique: dict[str, ClaimRef] = {}
+        for claim in claims:
+            unique.setdefault(claim.uid, claim)
+        if not unique:
+            return {}
+        out = self._unprepares.run(unique)
+        for uid in unique:
+            out.setdefault(uid, "internal error: claim was not processed")
+        return out
+
+    def _unprepare_batch(self, claims: dict[str, ClaimRef]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        try:
+            self._unprepare_locked(claims, out)
+        except Exception as exc:
+            self._log.exception("unexpected error while unpreparing claims")
+            for uid in claims:
+                out.setdefault(uid, f"internal error unpreparing the claim: {exc}")
+        return out
+
+    def _unprepare_locked(self, claims: Mapping[str, ClaimRef], out: dict[str, str | None]) -> None:
+        removed: dict[str, ClaimEntry] = {}
+        for uid, claim in claims.items():
+            log = self._claim_log(uid, claim.ref)
+            entry = self._entries.get(uid)
+            try:
+                if entry is None:
+                    try:
+                        if self._cdi.delete_claim_spec(uid):
+                            log.info("removed a leftover CDI spec of an unknown claim")
+                    except CdiError:
+                        pass  # not a UUID: we never wrote anything for it
+                    out[uid] = None
+                    log.debug("claim not prepared; nothing to do")
+                    continue
+                self._rollback(entry)
+                failpoints.hit("unprepare.after-spec-delete")
+                removed[uid] = self._entries.pop(uid)
+                out[uid] = None
+            except ClaimFailure as exc:
+                out[uid] = f"unpreparing claim {claim.ref}: {exc}"
+                log.error("cannot unprepare claim", error=str(exc))
+            except Exception as exc:
+                out[uid] = f"internal error unpreparing claim {claim.ref}: {exc}"
+                log.exception("unexpected error while unpreparing claim")
+        if not removed:
+            return
+        try:
+            self._checkpoint.save(self._entries)
+        except OSError as exc:
+            msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
+            for uid, entry in removed.items():
+                # Keep the entry so that the kubelet's retry repeats the (idempotent) cleanup.
+                self._entries[uid] = entry
+                out[uid] = msg
+                self._claim_log(uid, entry.ref).error("cannot unprepare claim", error=msg)
+            return
+        failpoints.hit("unprepare.after-checkpoint")
+        for uid, entry in removed.items():
+            self._claim_log(uid, entry.ref).info("unprepared claim", devices=[d.device for d in entry.devices])
+

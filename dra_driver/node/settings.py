@@ -1,0 +1,139 @@
+"""Settings of the node plugin (``dra-driver kubelet-plugin``): every one a flag with an environment
+variable.
+
+Several node plugins must be able to run side by side on one machine (one per simulated node),
+so every path is configurable."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.config import env, env_flag
+
+SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    node_name: str
+    driver_name: str
+    backend: str
+    simulated_profile: str
+    registry_dir: Path
+    plugins_dir: Path
+    cdi_root: Path
+    state_dir: Path
+    dev_root: Path
+    sysfs_root: Path
+    kubeconfig: str | None
+    log_format: str
+    log_level: str
+    dynamic_mig: bool
+    socket_group: str | None
+    cleanup_interval: float
+    health_file: Path | None
+    ignored_xids: tuple[int, ...]
+    health_port: int
+    health_monitoring: bool = True
+    sharing_strategies: tuple[str, ...] = SHARING_STRATEGIES
+    nvidia_driver_root: Path = Path("/")
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    """Where the boot ID is read; tests point it at a file to simulate a reboot."""
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        return self.plugins_dir / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_data_dir / "dra.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver_name}-reg.sock"
+
+
+# Non-fatal XIDs that NVIDIA documents as application-level errors; a GPU reporting only these
+# is still healthy.
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--node-name", default=env("NODE_NAME"), help="Node this plugin serves [NODE_NAME] (required)")
+    add("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME), help="DRA driver name [DRIVER_NAME]")
+    add("--gpu-backend", default=env("GPU_BACKEND", "auto"), choices=["auto", "nvml", "simulated"],
+        help="GPU discovery backend [GPU_BACKEND]")
+    add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
+        help="Built-in simulated node profile name or a YAML file [SIMULATED_PROFILE]")
+    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="Kubelet plugin-registration directory [KUBELET_REGISTRY_DIR]")
+    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins"),
+        help="Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock [KUBELET_PLUGINS_DIR]")
+    add("--cdi-root", default=env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory [CDI_ROOT]")
+    add("--state-dir", default=env("STATE_DIR"), help="Checkpoint directory; default <plugins-dir>/<driver> [STATE_DIR]")
+    add("--dev-root", default=env("DEV_ROOT", "/"),
+        help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
+    add("--sysfs-root", default=env("SYSFS_ROOT", "/sys"), help="sysfs mount, for PCI NUMA/root lookups [SYSFS_ROOT]")
+    add("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
+    add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
+    add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
+    add("--dynamic-mig", action="store_true", default=env_flag(env("DYNAMIC_MIG")),
+        help="Publish every MIG profile x placement as a partitionable device [DYNAMIC_MIG]")
+    add("--socket-group", default=env("SOCKET_GROUP"), help="Group that may use the sockets (mode 0660) [SOCKET_GROUP]")
+    add("--cleanup-interval", type=float, default=float(env("CLEANUP_INTERVAL", "60") or 60),
+        help="Seconds between sweeps that unprepare claims deleted from the API server [CLEANUP_INTERVAL]")
+    add("--health-file", default=env("HEALTH_FILE"),
+        help="Simulated backend: JSON file of injected health events, re-read on change [HEALTH_FILE]")
+    add("--ignored-xids", default=env("IGNORED_XIDS", ",".join(map(str, DEFAULT_IGNORED_XIDS))),
+        help="Comma-separated XIDs that do not make a GPU unhealthy [IGNORED_XIDS]")
+    # Hidden: only the reboot test needs another boot ID source.
+    add("--boot-id-path", default=env("BOOT_ID_PATH", "/proc/sys/kernel/random/boot_id"), help=argparse.SUPPRESS)
+    add("--health-port", type=int, default=int(env("HEALTH_PORT", "0") or 0),
+        help="Port for /healthz (checks the plugin's own sockets); 0 disables [HEALTH_PORT]")
+    add("--health-monitoring", action=argparse.BooleanOptionalAction, default=env_flag(env("HEALTH_MONITORING", "true")),
+        help="Watch GPU health (NVML events, or the simulated health file) and taint unhealthy devices [HEALTH_MONITORING]")
+    add("--sharing-strategies", default=env("SHARING_STRATEGIES", ",".join(SHARING_STRATEGIES)),
+        help="GpuConfig sharing strategies this node accepts; others fail at prepare [SHARING_STRATEGIES]")
+    add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
+        help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
+
+
+def plugin_settings(args: argparse.Namespace) -> PluginSettings:
+    if not args.node_name:
+        raise ValueError("--node-name (or NODE_NAME) is required")
+    plugins_dir = Path(args.kubelet_plugins_dir)
+    try:
+        xids = tuple(int(x) for x in str(args.ignored_xids).split(",") if x.strip())
+    except ValueError as exc:
+        raise ValueError(f"--ignored-xids must be comma-separated integers: {exc}") from None
+    strategies = tuple(x.strip() for x in str(args.sharing_strategies).split(",") if x.strip())
+    unknown = sorted(set(strategies) - set(SHARING_STRATEGIES))
+    if unknown or not strategies:
+        raise ValueError(
+            f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
+    return PluginSettings(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        backend=args.gpu_backend,
+        simulated_profile=args.simulated_profile,
+        registry_dir=Path(args.kubelet_registry_dir),
+        plugins_dir=plugins_dir,
+        cdi_root=Path(args.cdi_root),
+        state_dir=Path(args.state_dir) if args.state_dir else plugins_dir / args.driver_name,
+        dev_root=Path(args.dev_root),
+        sysfs_root=Path(args.sysfs_root),
+        kubeconfig=args.kubeconfig,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        dynamic_mig=bool(args.dynamic_mig),
+        socket_group=args.socket_group,
+        cleanup_interval=float(args.cleanup_interval),
+        health_file=Path(args.health_file) if args.health_file else None,
+        ignored_xids=xids,
+        health_port=int(args.health_port),
+        boot_id_path=Path(args.boot_id_path),
+    )

@@ -1,0 +1,769 @@
+"""Publish the node's resource pool as ResourceSlices, the way the upstream controller does.
+
+(``k8s.io/dynamic-resource-allocation/resourceslice``; see the reference, interfaces.md §6.)
+
+* one pool per node, named after the node; every slice has ``nodeName`` and a controller
+  ownerReference to the Node (garbage-collected with it);
+* ``metadata.generateName`` = ``<index as hex, ≥5 digits>-<driver>-<node>-``: the index prefix
+  orders slices (the scheduler tries them in name order) and matches existing slices to desired
+  ones;
+* ``pool.resourceSliceCount`` = number of desired slices; ``pool.generation`` is kept when the
+  change is at most one in-place update and bumped (every slice rewritten) otherwise;
+* obsolete slices (older generation, unparsable or out-of-range index, duplicates, other pools)
+  are deleted first, with UID + resourceVersion preconditions;
+* counter sets go in their own slices (1.35+ rejects ``sharedCounters`` next to ``devices``);
+  devices are split at 128 per slice, 64 when a slice has taints or ``consumesCounters``.
+
+:func:`plan` is pure (and heavily unit-tested); :class:`SlicePublisher` does the I/O through a
+:class:`SliceClient` and counts every API request it makes.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dra_driver import logs
+from dra_driver.k8s import client as kube
+from dra_driver.k8s.quantity import QuantityError, parse_quantity
+
+Obj = dict[str, Any]
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_ADVANCED = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+INDEX_MIN_LENGTH = 5
+
+
+# --- desired state -------------------------------------------------------------------------------
+
+
+@dataclass
+class SliceContent:
+    """What one ResourceSlice carries: devices, or shared counter sets (never both, 1.35+)."""
+
+    devices: list[Obj] = field(default_factory=list)
+    shared_counters: list[Obj] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PoolOwner:
+    driver: str
+    node_name: str
+    node_uid: str
+
+    @property
+    def pool_name(self) -> str:
+        return self.node_name
+
+
+def _advanced(device: Mapping[str, Any]) -> bool:
+    return bool(device.get("taints")) or bool(device.get("consumesCounters"))
+
+
+def split_into_slices(devices: Sequence[Obj], shared_counters: Sequence[Obj]) -> list[SliceContent]:
+    """Desired slices of the pool: counter-set slices first (≤8 sets each), then device slices.
+
+    Devices keep their order; a slice takes up to 128 devices, or 64 once one of them has taints
+    or consumesCounters. An empty pool is one empty slice (shows that the driver is alive).
+    """
+    result: list[SliceContent] = []
+    for i in range(0, len(shared_counters), MAX_COUNTER_SETS_PER_SLICE):
+        result.append(SliceContent(shared_counters=list(shared_counters[i : i + MAX_COUNTER_SETS_PER_SLICE])))
+    current: list[Obj] = []
+    advanced = False
+    for device in devices:
+        adv = advanced or _advanced(device)
+        limit = MAX_DEVICES_PER_SLICE_ADVANCED if adv else MAX_DEVICES_PER_SLICE
+        if len(current) + 1 > limit:
+            result.append(SliceContent(devices=current))
+            current, adv = [], _advanced(device)
+        current.append(device)
+        advanced = adv
+    if current:
+        result.append(SliceContent(devices=current))
+    if not result:
+        result.append(SliceContent())
+    return result
+
+
+def validate_pool(slices: Sequence[SliceContent]) -> None:
+    """The client-side checks of the upstream controller; ValueError on the first problem."""
+    names: set[str] = set()
+    counter_sets: dict[str, set[str]] = {}
+    for i, content in enumerate(slices):
+        if content.devices and content.shared_counters:
+            raise ValueError(f"slice {i}: devices and sharedCounters must be in separate slices")
+        if len(content.shared_counters) > MAX_COUNTER_SETS_PER_SLICE:
+            raise ValueError(f"slice {i}: more than {MAX_COUNTER_SETS_PER_SLICE} counter sets")
+        limit = (MAX_DEVICES_PER_SLICE_ADVANCED if any(_advanced(d) for d in content.devices)
+                 else MAX_DEVICES_PER_SLICE)
+        if len(content.devices) > limit:
+            raise ValueError(f"slice {i}: {len(content.devices)} devices, limit {limit}")
+        for cs in content.shared_counters:
+            name = cs.get("name", "")
+            if name in counter_sets:
+                raise ValueError(f"duplicate counter set {name!r}")
+            counter_sets[name] = set((cs.get("counters") or {}).keys())
+        for device in content.devices:
+            name = device.get("name", "")
+            if name in names:
+                raise ValueError(f"duplicate device name {name!r} in the pool")
+            names.add(name)
+    for content in slices:
+        for device in content.devices:
+            for entry in device.get("consumesCounters") or []:
+                set_name = entry.get("counterSet", "")
+                if set_name not in counter_sets:
+                    raise ValueError(f"device {device.get('name')!r} consumes from unknown counter set {set_name!r}")
+                unknown = set((entry.get("counters") or {}).keys()) - counter_sets[set_name]
+                if unknown:
+                    raise ValueError(f"device {device.get('name')!r} consumes unknown counters {sorted(unknown)} "
+                                     f"of {set_name!r}")
+
+
+# --- semantic comparison -------------------------------------------------------------------------
+
+def _normalize(value: Any, key: str = "", in_taints: bool = False) -> Any:
+    """Drop empty/None members, compare quantities by value, ignore server-set taint timeAdded."""
+    if isinstance(value, Mapping):
+        result = {}
+        for k, v in value.items():
+            if in_taints and k == "timeAdded":
+                continue
+            n = _normalize(v, k, in_taints or k == "taints")
+            if n is None or n == {} or n == []:
+                continue
+            result[k] = n
+        return result
+    if isinstance(value, list):
+        return [_normalize(v, key, in_taints) for v in value]
+    if isinstance(value, str) and key == "value" and not in_taints:
+        try:
+            return ("quantity", parse_quantity(value).value)
+        except QuantityError:
+            return value
+    return value
+
+
+def semantically_equal(a: Any, b: Any) -> bool:
+    return bool(_normalize(a) == _normalize(b))
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    kind: str
+    """``delete``, ``update`` or ``create``."""
+    index: int | None
+    """Desired slice index (None for deletes)."""
+    name: str = ""
+    body: Obj | None = None
+    uid: str = ""
+    resource_version: str = ""
+
+
+@dataclass
+class Plan:
+    ops: list[Op]
+    generation: int
+    slice_count: int
+
+    @property
+    def writes(self) -> int:
+        return len(self.ops)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for op in self.ops if op.kind == kind)
+
+
+def index_length(slice_count: int) -> int:
+    return max(INDEX_MIN_LENGTH, len(format(max(slice_count - 1, 0), "x")))
+
+
+def generate_name(index: int, slice_count: int, owner: PoolOwner) -> str:
+    return f"{index:0{index_length(slice_count)}x}-{owner.driver}-{owner.node_name}-"
+
+
+def decode_index(name: str, expected_length: int) -> int | None:
+    """The index encoded in a slice name's prefix; None when the prefix does not have that form."""
+    sep = name.find("-")
+    if sep != expected_length:
+        return None
+    prefix = name[:sep]
+    if not re.fullmatch(r"[0-9a-f]+", prefix):
+        return None
+    return int(prefix, 16)
+
+
+def _pool(owner: PoolOwner, generation: int, count: int) -> Obj:
+    return {"name": owner.pool_name, "generation": generation, "resourceSliceCount": count}
+
+
+def desired_spec(owner: PoolOwner, content: SliceContent, generation: int, count: int) -> Obj:
+    spec: Obj = {"driver": owner.driver, "pool": _pool(owner, generation, count), "nodeName": owner.node_name}
+    if content.devices:
+        spec["devices"] = copy.deepcopy(content.devices)
+    if content.shared_counters:
+        spec["sharedCounters"] = copy.deepcopy(content.shared_counters)
+    return spec
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    pool = _spec(obj).get("pool") or {}
+    try:
+        return int(pool.get("generation", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _content_equal(existing: Mapping[str, Any], content: SliceContent) -> bool:
+    spec = _spec(existing)
+    return semantically_equal(spec.get("devices") or [], content.devices) and semantically_equal(
+        spec.get("sharedCounters") or [], content.shared_counters)
+
+
+def _carry_taint_time(existing_devices: Sequence[Mapping[str, Any]], devices: list[Obj]) -> list[Obj]:
+    """Keep the server-set ``timeAdded`` of taints that did not change (upstream does the same)."""
+    by_name = {d.get("name"): d for d in existing_devices}
+    for device in devices:
+        old = by_name.get(device.get("name"))
+        if not old or not device.get("taints"):
+            continue
+        for taint in device["taints"]:
+            if taint.get("timeAdded"):
+                continue
+            for old_taint in old.get("taints") or []:
+                if all(old_taint.get(k) == taint.get(k) for k in ("key", "value", "effect")) and old_taint.get(
+                        "timeAdded"):
+                    taint["timeAdded"] = old_taint["timeAdded"]
+                    break
+    return devices
+
+
+def plan(desired: Sequence[SliceContent], existing: Sequence[Mapping[str, Any]], owner: PoolOwner,
+         *, min_generation: int = 0) -> Plan:
+    """The API writes that turn ``existing`` slices into ``desired``, in execution order.
+
+    ``existing`` are the slices listed for this driver and node (other drivers' or nodes' slices
+    are ignored). Deletes come first, then updates, then creates.
+    """
+    ours = [s for s in existing
+            if _spec(s).get("driver") == owner.driver and _spec(s).get("nodeName") == owner.node_name]
+    count = len(desired)
+    obsolete: list[Mapping[str, Any]] = [s for s in ours if (_spec(s).get("pool") or {}).get("name") != owner.pool_name]
+    pool_slices = [s for s in ours if (_spec(s).get("pool") or {}).get("name") == owner.pool_name]
+    generation = max((_generation(s) for s in pool_slices), default=0)
+
+    matched: dict[int, Mapping[str, Any]] = {}
+    expected_length = index_length(count)
+    for s in sorted(pool_slices, key=lambda s: str(_meta(s).get("name", ""))):
+        index = decode_index(str(_meta(s).get("name", "")), expected_length)
+        if _generation(s) < generation or index is None or not 0 <= index < count or index in matched:
+            obsolete.append(s)
+            continue
+        matched[index] = s
+
+    desired_pool_now = _pool(owner, generation, count)
+    changed = {
+        i for i, s in matched.items()
+        if _spec(s).get("pool") != desired_pool_now
+        or _spec(s).get("nodeSelector") is not None
+        or _spec(s).get("allNodes")
+        or _spec(s).get("perDeviceNodeSelection")
+        or not _content_equal(s, desired[i])
+    }
+    new = count - len(matched)
+    bumped = False
+    if min_generation > generation:
+        generation, bumped = min_generation, True
+    elif new == 0 and len(changed) <= 1:
+        pass
+    else:
+        generation, bumped = generation + 1, True
+
+    ops: list[Op] = []
+    for s in obsolete:
+        meta = _meta(s)
+        ops.append(Op("delete", None, name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
+                      resource_version=str(meta.get("resourceVersion", ""))))
+    for i in sorted(matched):
+        if i not in changed and not bumped:
+            continue
+        current = matched[i]
+        body: Obj = copy.deepcopy(dict(current))
+        spec = desired_spec(owner, desired[i], generation, count)
+        if "devices" in spec:
+            spec["devices"] = _carry_taint_time(_spec(current).get("devices") or [], spec["devices"])
+        body["spec"] = spec
+        body.pop("status", None)
+        meta = _meta(current)
+        ops.append(Op("update", i, name=str(meta.get("name", "")), body=body, uid=str(meta.get("uid", "")),
+                      resource_version=str(meta.get("resourceVersion", ""))))
+    for i in range(count):
+        if i in matched:
+            continue
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "generateName": generate_name(i, count, owner),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": owner.node_name,
+                                     "uid": owner.node_uid, "controller": True}],
+            },
+            "spec": desired_spec(owner, desired[i], generation, count),
+        }
+        ops.append(Op("create", i, body=body))
+    return Plan(ops=ops, generation=generation, slice_count=count)
+
+
+# --- dropped fields ------------------------------------------------------------------------------
+
+
+def dropped_features(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """Feature gates that are probably off, judging by what the apiserver did not store.
+
+    Empty when nothing was dropped; ``["unknown"]`` when something differs for another reason.
+    """
+    sent_spec, stored_spec = _spec(sent), _spec(stored)
+    sent_devices = list(sent_spec.get("devices") or [])
+    stored_devices = list(stored_spec.get("devices") or [])
+    if semantically_equal(sent_devices, stored_devices) and semantically_equal(
+            sent_spec.get("sharedCounters") or [], stored_spec.get("sharedCounters") or []):
+        return []
+    gates: list[str] = []
+    pairs = list(zip(sent_devices, stored_devices, strict=False))
+    if any(len(a.get("taints") or []) > len(b.get("taints") or []) for a, b in pairs):
+        gates.append("DRADeviceTaints")
+    if len(sent_spec.get("sharedCounters") or []) > len(stored_spec.get("sharedCounters") or []) or any(
+            len(a.get("consumesCounters") or []) != len(b.get("consumesCounters") or []) for a, b in pairs):
+        gates.append("DRAPartitionableDevices")
+    if any(len(a.get("bindingConditions") or []) != len(b.get("bindingConditions") or [])
+           or len(a.get("bindingFailureConditions") or []) != len(b.get("bindingFailureConditions") or [])
+           for a, b in pairs):
+        gates.append("DRADeviceBindingConditions")
+    if any(a.get("allowMultipleAllocations") is not None and b.get("allowMultipleAllocations") is None
+           for a, b in pairs):
+        gates.append("DRAConsumableCapacity")
+    return gates or ["unknown"]
+
+
+# --- API access ----------------------------------------------------------------------------------
+
+
+class SliceApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+class SliceClient(Protocol):
+    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
+        """(items, list resourceVersion)."""
+        ...
+
+    def create_slice(self, body: Obj) -> Obj: ...
+
+    def replace_slice(self, name: str, body: Obj) -> Obj: ...
+
+    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
+        """Raise SliceApiError(404) when already gone, (409) when the preconditions fail."""
+        ...
+
+    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
+        """(event type, object) pairs; SliceApiError(410) when the resourceVersion is too old."""
+        ...
+
+    def get_node_uid(self, name: str) -> str: ...
+
+
+class KubeSliceClient:
+    """:class:`SliceClient` over :class:`dra_driver.k8s.client.KubeApi` (the project's one Kubernetes
+    boundary), so the node plugin shares one connection pool between claim reads and slices."""
+
+    def __init__(self, api: kube.KubeApi) -> None:
+        self._api = api
+
+    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
+        try:
+            result = self._api.list(kube.SLICES, field_selector=field_selector)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+        return result.items, result.resource_version
+
+    def create_slice(self, body: Obj) -> Obj:
+        try:
+            return self._api.create(kube.SLICES, body)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+
+    def replace_slice(self, name: str, body: Obj) -> Obj:
+        if _meta(body).get("name") != name:
+            body = dict(body, metadata=dict(_meta(body), name=name))
+        try:
+            return self._api.replace(kube.SLICES, body)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+
+    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
+        try:
+            self._api.delete(kube.SLICES, name, uid=uid or None, resource_version=resource_version or None)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+
+    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
+        try:
+            for event in self._api.watch(kube.SLICES, resource_version=resource_version, timeout_seconds=timeout_seconds,
+                                         field_selector=field_selector):
+                obj = event.get("object")
+                yield str(event.get("type", "")), obj if isinstance(obj, dict) else {}
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+
+    def get_node_uid(self, name: str) -> str:
+        try:
+            node = self._api.get(kube.NODES, name)
+        except kube.ApiError as exc:
+            raise _slice_error(exc) from None
+        return str(_meta(node).get("uid", ""))
+
+
+def _slice_error(exc: kube.ApiError) -> SliceApiError:
+    return SliceApiError(exc.status, exc.message or exc.reason or str(exc))
+
+
+class InMemorySliceClient:
+    """A small in-memory apiserver for ResourceSlices (tests, and a dry-run mode).
+
+    ``drop_fields`` lists device/spec fields to strip on write, imitating a disabled feature gate
+    (e.g. ``{"consumesCounters", "sharedCounters", "taints"}``).
+    """
+
+    def __init__(self, node_uid: str = "node-uid", drop_fields: Sequence[str] = ()) -> None:
+        self.objects: dict[str, Obj] = {}
+        self.node_uid = node_uid
+        self.drop_fields = set(drop_fields)
+        self._rv = 0
+        self._lock = threading.Lock()
+        self.events: list[tuple[str, Obj]] = []
+        self._cond = threading.Condition(self._lock)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _store(self, body: Obj) -> Obj:
+        obj = copy.deepcopy(body)
+        spec = obj.setdefault("spec", {})
+        for key in ("sharedCounters", "perDeviceNodeSelection"):
+            if key in self.drop_fields:
+                spec.pop(key, None)
+        for device in spec.get("devices") or []:
+            for key in ("consumesCounters", "taints", "allowMultipleAllocations", "bindingConditions",
+                        "bindingFailureConditions", "bindsToNode"):
+                if key in self.drop_fields:
+                    device.pop(key, None)
+            for taint in device.get("taints") or []:
+                taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
+        return obj
+
+    @staticmethod
+    def _matches(obj: Mapping[str, Any], field_selector: str) -> bool:
+        for term in filter(None, field_selector.split(",")):
+            key, _, want = term.partition("=")
+            spec = _spec(obj)
+            have = spec.get(key.removeprefix("spec.")) if key.startswith("spec.") else None
+            if (have or "") != want:
+                return False
+        return True
+
+    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
+        with self._lock:
+            items = [copy.deepcopy(o) for o in self.objects.values() if self._matches(o, field_selector)]
+            return items, str(self._rv)
+
+    def create_slice(self, body: Obj) -> Obj:
+        with self._lock:
+            obj = self._store(body)
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name"):
+                meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
+            if meta["name"] in self.objects:
+                raise SliceApiError(409, f"{meta['name']} already exists")
+            meta["uid"] = str(uuid.uuid4())
+            meta["resourceVersion"] = self._next_rv()
+            self.objects[meta["name"]] = obj
+            self.events.append(("ADDED", copy.deepcopy(obj)))
+            self._cond.notify_all()
+            return copy.deepcopy(obj)
+
+    def replace_slice(self, name: str, body: Obj) -> Obj:
+        with self._lock:
+            current = self.objects.get(name)
+            if current is None:
+                raise SliceApiError(404, f"{name} not found")
+            if _meta(body).get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                raise SliceApiError(409, f"{name}: resourceVersion conflict")
+            obj = self._store(body)
+            obj["metadata"] = dict(current["metadata"], resourceVersion=self._next_rv())
+            self.objects[name] = obj
+            self.events.append(("MODIFIED", copy.deepcopy(obj)))
+            self._cond.notify_all()
+            return copy.deepcopy(obj)
+
+    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
+        with self._lock:
+            current = self.objects.get(name)
+            if current is None:
+                raise SliceApiError(404, f"{name} not found")
+            meta = current["metadata"]
+            if (uid and meta["uid"] != uid) or (resource_version and meta["resourceVersion"] != resource_version):
+                raise SliceApiError(409, f"{name}: precondition failed")
+            del self.objects[name]
+            self._next_rv()
+            self.events.append(("DELETED", copy.deepcopy(current)))
+            self._cond.notify_all()
+
+    def wipe(self) -> None:
+        """Delete every slice behind the publisher's back (what a kubelet does at start-up)."""
+        with self._lock:
+            for name in list(self.objects):
+                self.events.append(("DELETED", self.objects.pop(name)))
+            self._next_rv()
+            self._cond.notify_all()
+
+    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
+        deadline = time.monotonic() + timeout_seconds
+        seen = len(self.events)
+        while time.monotonic() < deadline:
+            with self._cond:
+                if len(self.events) == seen:
+                    self._cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+                fresh = self.events[seen:]
+                seen = len(self.events)
+            for kind, obj in fresh:
+                if self._matches(obj, field_selector):
+                    yield kind, copy.deepcopy(obj)
+
+    def get_node_uid(self, name: str) -> str:
+        return self.node_uid
+
+
+# --- the publisher -------------------------------------------------------------------------------
+
+_log = logs.get("slices")
+
+
+class SlicePublisher:
+    """Keeps the node's ResourceSlices equal to the latest :meth:`update`.
+
+    ``run(stop_event)`` watches the node's slices (field selectors ``spec.nodeName`` and
+    ``spec.driver``) and re-syncs ``sync_delay`` seconds after a change made by someone else (e.g.
+    the kubelet wiping slices), every ``resync_interval`` seconds regardless, and with back-off
+    after errors. ``requests`` counts API requests by verb.
+    """
+
+    def __init__(self, client: SliceClient, driver_name: str, node_name: str, *, node_uid: str | None = None,
+                 resync_interval: float = 300.0, sync_delay: float = 1.0, watch_timeout: int = 300,
+                 max_backoff: float = 30.0) -> None:
+        self.client = client
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.node_uid = node_uid
+        self.resync_interval = resync_interval
+        self.sync_delay = sync_delay
+        self.watch_timeout = watch_timeout
+        self.max_backoff = max_backoff
+        self.requests: Counter[str] = Counter()
+        self.field_selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
+        self.last_plan: Plan | None = None
+        self.dropped: list[str] = []
+        self._lock = threading.RLock()
+        self._desired: list[SliceContent] | None = None
+        self._accepted: dict[int, SliceContent] = {}
+        self._devices: list[Obj] = []
+        self._counters: list[Obj] = []
+        self._min_generation = 0
+        self._wake = threading.Event()
+        self._due: float | None = None
+        self._own_versions: set[str] = set()
+        self._list_rv = ""
+        self._log = _log.bind(node=node_name, driver=driver_name)
+
+    # -- desired state ----------------------------------------------------------------------------
+
+    def update(self, devices_json: Sequence[Obj], shared_counters_json: Sequence[Obj] = ()) -> None:
+        """Replace the desired devices and counter sets; a sync follows promptly (``run``)."""
+        devices = copy.deepcopy(list(devices_json))
+        counters = copy.deepcopy(list(shared_counters_json))
+        slices = split_into_slices(devices, counters)
+        validate_pool(slices)
+        with self._lock:
+            self._devices, self._counters = devices, counters
+            self._desired = slices
+            self._accepted = {}
+        self.request_sync(0.0)
+
+    @property
+    def devices(self) -> list[Obj]:
+        """A copy of the desired devices (edit and pass back to :meth:`update`)."""
+        with self._lock:
+            return copy.deepcopy(self._devices)
+
+    @property
+    def shared_counters(self) -> list[Obj]:
+        with self._lock:
+            return copy.deepcopy(self._counters)
+
+    def request_sync(self, delay: float) -> None:
+        with self._lock:
+            due = time.monotonic() + delay
+            self._due = due if self._due is None else min(self._due, due)
+        self._wake.set()
+
+    # -- one reconcile ----------------------------------------------------------------------------
+
+    def sync(self) -> Plan | None:
+        """List, plan and apply once. None when no desired state has been given yet."""
+        with self._lock:
+            if self._desired is None:
+                return None
+            desired = [self._accepted.get(i, s) for i, s in enumerate(self._desired)]
+        if not self.node_uid:
+            self.requests["get"] += 1
+            self.node_uid = self.client.get_node_uid(self.node_name)
+        owner = PoolOwner(self.driver_name, self.node_name, self.node_uid)
+        self.requests["list"] += 1
+        existing, self._list_rv = self.client.list_slices(self.field_selector)
+        result = plan(desired, existing, owner, min_generation=self._min_generation)
+        for op in result.ops:
+            self._apply(op)
+        self._min_generation = max(self._min_generation, result.generation)
+        self.last_plan = result
+        if result.ops:
+            self._log.info("published ResourceSlices", generation=result.generation, slices=result.slice_count,
+                           creates=result.count("create"), updates=result.count("update"),
+                           deletes=result.count("delete"))
+        return result
+
+    def _apply(self, op: Op) -> None:
+        if op.kind == "delete":
+            self.requests["delete"] += 1
+            try:
+                self.client.delete_slice(op.name, op.uid, op.resource_version)
+            except SliceApiError as exc:
+                if exc.status != 404:
+                    raise
+            return
+        assert op.body is not None and op.index is not None
+        if op.kind == "update":
+            self.requests["update"] += 1
+            stored = self.client.replace_slice(op.name, op.body)
+        else:
+            self.requests["create"] += 1
+            stored = self.client.create_slice(op.body)
+        rv = str(_meta(stored).get("resourceVersion", ""))
+        if rv:
+            if len(self._own_versions) > 1000:
+                self._own_versions.clear()
+            self._own_versions.add(rv)
+        self._check_dropped(op.index, op.body, stored)
+
+    def _check_dropped(self, index: int, sent: Obj, stored: Obj) -> None:
+        gates = dropped_features(sent, stored)
+        if not gates:
+            return
+        spec = _spec(stored)
+        with self._lock:
+            self._accepted[index] = SliceContent(devices=list(spec.get("devices") or []),
+                                                 shared_counters=list(spec.get("sharedCounters") or []))
+        self.dropped = sorted(set(self.dropped) | set(gates))
+        self._log.warning(
+            "the apiserver dropped fields of a ResourceSlice; the feature gates are probably disabled",
+            slice=_meta(stored).get("name"), index=index, feature_gates=gates,
+        )
+
+    # -- background loop --------------------------------------------------------------------------
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Reconcile until ``stop_event`` is set (blocking; run it in a thread)."""
+        watcher = threading.Thread(target=self._watch_loop, args=(stop_event,), name="slice-watch", daemon=True)
+        watcher.start()
+        backoff = min(1.0, self.max_backoff)
+        next_resync = time.monotonic()
+        while not stop_event.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = self._due
+            wake_at = min(next_resync, due) if due is not None else next_resync
+            if now < wake_at:
+                self._wake.wait(timeout=min(wake_at - now, 1.0))
+                self._wake.clear()
+                continue
+            with self._lock:
+                self._due = None
+            try:
+                self.sync()
+                backoff = min(1.0, self.max_backoff)
+                next_resync = time.monotonic() + self.resync_interval
+            except Exception as exc:
+                self._log.error("publishing ResourceSlices failed; retrying", error=str(exc), retry_in=backoff)
+                self.request_sync(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+        self._wake.set()
+
+    def start(self, stop_event: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop_event,), name="slice-publisher", daemon=True)
+        thread.start()
+        return thread
+
+    def _watch_loop(self, stop_event: threading.Event) -> None:
+        backoff = 1.0
+        while not stop_event.is_set():
+            try:
+                self.requests["watch"] += 1
+                for kind, obj in self.client.watch_slices(self.field_selector, self._list_rv,
+                                                          self.watch_timeout):
+                    if stop_event.is_set():
+                        return
+                    if kind == "BOOKMARK":
+                        continue
+                    rv = str(_meta(obj).get("resourceVersion", ""))
+                    if kind in ("ADDED", "MODIFIED") and rv in self._own_versions:
+                        continue
+                    self._log.debug("ResourceSlice changed", watch_event=kind, slice=_meta(obj).get("name"))
+                    self.request_sync(self.sync_delay)
+                backoff = 1.0
+            except SliceApiError as exc:
+                if exc.status == 410:
+                    self._list_rv = ""
+                    self.request_sync(0.0)
+                    continue
+                self._log.warning("watching ResourceSlices failed", error=str(exc))
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+            except Exception as exc:
+                self._log.warning("watching ResourceSlices failed", error=str(exc))
+                stop_event.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff)

@@ -1,0 +1,253 @@
+"""Seeded generator of (ResourceSlices, DeviceClasses, ResourceClaim) scenarios.
+
+Pure and deterministic: the same seed always yields the same objects.  Every
+object is meant to be accepted by a real API server (``resource.k8s.io/v1``)
+so that verdicts of :func:`dra_driver.allocator.resolve.resolve` can be compared with
+the kube-scheduler's on a live cluster.  :func:`validate_scenario` re-checks
+the name formats and limits the generator relies on.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DEFAULT_FEATURES", "DRIVER", "Scenario", "generate", "generate_many", "validate_scenario"]
+
+DRIVER = "gpu.dra-driver.io"
+# Feature areas the generator may use; drop one for clusters with the gate off.
+# "taint-none" (effect None) needs 1.35+, "counters" DRAPartitionableDevices,
+# "taints" DRADeviceTaints, "firstAvailable" DRAPrioritizedList.
+DEFAULT_FEATURES = frozenset({"selectors", "all", "constraints", "firstAvailable", "counters", "taints"})
+
+_MODELS = ("H100", "A100", "L4")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SELECTORS = (
+    'device.attributes["gpu.dra-driver.io"].model == "{model}"',
+    'device.attributes["gpu.dra-driver.io"].model != "{model}"',
+    'device.capacity["gpu.dra-driver.io"].memory.compareTo(quantity("{mem}")) >= 0',
+    'device.attributes["gpu.dra-driver.io"].index < {index}',
+    'device.attributes["gpu.dra-driver.io"].driverVersion.isGreaterThan(semver("{version}"))',
+    'has(device.attributes["gpu.dra-driver.io"].migCapable) && device.attributes["gpu.dra-driver.io"].migCapable',
+    'device.attributes["gpu.dra-driver.io"].model.lowerAscii().startsWith("{prefix}")',
+    '"gpu.dra-driver.io" in device.attributes',
+)
+
+
+@dataclass
+class Scenario:
+    seed: int
+    slices: list[dict[str, Any]]
+    classes: list[dict[str, Any]]
+    claim: dict[str, Any]
+    features: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        reqs = self.claim["spec"]["devices"]["requests"]
+        return f"seed {self.seed}: {len(self.slices)} slices, {len(reqs)} requests, features {','.join(self.features)}"
+
+
+def generate(
+    seed: int,
+    nodes: tuple[str, ...] = ("node-0", "node-1"),
+    features: frozenset[str] = DEFAULT_FEATURES,
+    namespace: str = "default",
+) -> Scenario:
+    """One scenario; ``nodes`` must be real node names when used on a cluster."""
+    rng = random.Random(seed)
+    prefix = f"s{seed}"
+    used: set[str] = set()
+    slices: list[dict[str, Any]] = []
+    for node in nodes:
+        slices.extend(_node_slices(rng, prefix, node, features, used))
+    class_name = f"{prefix}-gpu"
+    classes = [_device_class(class_name)]
+    claim = _claim(rng, prefix, class_name, namespace, features, used)
+    return Scenario(seed, slices, classes, claim, sorted(used))
+
+
+def generate_many(first_seed: int, count: int, **kwargs: Any) -> list[Scenario]:
+    return [generate(first_seed + i, **kwargs) for i in range(count)]
+
+
+def _node_slices(rng: random.Random, prefix: str, node: str, features: frozenset[str], used: set[str]) -> list[dict[str, Any]]:
+    pool = f"{prefix}-{node}"
+    n = rng.randint(1, 8)
+    partitioned = "counters" in features and rng.random() < 0.3
+    devices = [_device(rng, i, n, features, used) for i in range(n)]
+    counter_slice: dict[str, Any] | None = None
+    if partitioned:
+        used.add("counters")
+        # Separate slice for the counters (required in 1.35+); two partitions per GPU.
+        counter_slice = _slice(f"{pool}-counters", pool, node, 2, [])
+        counter_slice["spec"]["sharedCounters"] = [
+            {"name": f"gpu-{i}-counters", "counters": {"memory": {"value": "80Gi"}}} for i in range(n)
+        ]
+        devices = []
+        for i in range(n):
+            for half in range(2):
+                dev = _device(rng, i, n, features, used)
+                dev["name"] = f"gpu-{i}-part-{half}"
+                dev["consumesCounters"] = [{"counterSet": f"gpu-{i}-counters", "counters": {"memory": {"value": "48Gi"}}}]
+                devices.append(dev)
+    device_slice = _slice(f"{pool}-devices", pool, node, 2 if counter_slice else 1, devices)
+    return [device_slice] + ([counter_slice] if counter_slice else [])
+
+
+def _slice(name: str, pool: str, node: str, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "driver": DRIVER,
+        "nodeName": node,
+        "pool": {"name": pool, "generation": 1, "resourceSliceCount": count},
+    }
+    if devices:
+        spec["devices"] = devices
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+
+
+def _device(rng: random.Random, index: int, total: int, features: frozenset[str], used: set[str]) -> dict[str, Any]:
+    dev: dict[str, Any] = {
+        "name": f"gpu-{index}",
+        "attributes": {
+            "model": {"string": rng.choice(_MODELS)},
+            "index": {"int": index},
+            "numaNode": {"int": 0 if index < max(total // 2, 1) else 1},
+            "driverVersion": {"version": rng.choice(("535.104.5", "550.54.15", "560.1.0"))},
+        },
+        "capacity": {"memory": {"value": rng.choice(("24Gi", "40Gi", "80Gi"))}},
+    }
+    if rng.random() < 0.5:
+        dev["attributes"]["migCapable"] = {"bool": rng.random() < 0.5}
+    if "taints" in features and rng.random() < 0.2:
+        used.add("taints")
+        effects = ["NoSchedule", "NoExecute"] + (["None"] if "taint-none" in features else [])
+        dev["taints"] = [{"key": "gpu.dra-driver.io/unhealthy", "value": "xid", "effect": rng.choice(effects)}]
+    return dev
+
+
+def _device_class(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+
+
+def _selector(rng: random.Random) -> dict[str, Any]:
+    template = rng.choice(_SELECTORS)
+    expr = template.format(
+        model=rng.choice(_MODELS), mem=rng.choice(("20Gi", "40Gi", "64Gi")), index=rng.randint(1, 6),
+        version=rng.choice(("535.0.0", "550.0.0")), prefix=rng.choice(("h", "a", "l")),
+    )  # fmt: skip
+    return {"cel": {"expression": expr}}
+
+
+def _exact(rng: random.Random, class_name: str, features: frozenset[str], used: set[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": class_name}
+    if "selectors" in features and rng.random() < 0.6:
+        used.add("selectors")
+        body["selectors"] = [_selector(rng) for _ in range(rng.randint(1, 2))]
+    if "all" in features and rng.random() < 0.15:
+        used.add("all")
+        body["allocationMode"] = "All"
+    else:
+        body["allocationMode"] = "ExactCount"
+        body["count"] = rng.choice((1, 1, 2, 2, 3, 4, 6))
+    if "taints" in features and rng.random() < 0.3:
+        used.add("tolerations")
+        body["tolerations"] = [{"key": "gpu.dra-driver.io/unhealthy", "operator": "Exists"}]
+    return body
+
+
+def _claim(
+    rng: random.Random, prefix: str, class_name: str, namespace: str, features: frozenset[str], used: set[str]
+) -> dict[str, Any]:
+    requests: list[dict[str, Any]] = []
+    for r in range(rng.randint(1, 2)):
+        name = f"r{r}"
+        if "firstAvailable" in features and rng.random() < 0.3:
+            used.add("firstAvailable")
+            subs = []
+            for j in range(rng.randint(2, 3)):
+                sub = _exact(rng, class_name, features - {"all"}, used)
+                subs.append({"name": f"alt{j}", **sub})
+            requests.append({"name": name, "firstAvailable": subs})
+        else:
+            requests.append({"name": name, "exactly": _exact(rng, class_name, features, used)})
+    devices: dict[str, Any] = {"requests": requests}
+    if "constraints" in features and rng.random() < 0.4:
+        used.add("constraints")
+        scope = [] if rng.random() < 0.5 else [requests[0]["name"]]
+        constraint: dict[str, Any] = {"matchAttribute": f"{DRIVER}/numaNode"}
+        if scope:
+            constraint["requests"] = scope
+        devices["constraints"] = [constraint]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"{prefix}-claim", "namespace": namespace, "uid": f"{prefix}-uid"},
+        "spec": {"devices": devices},
+    }
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_name(kind: str, value: Any, pattern: re.Pattern[str], limit: int, problems: list[str]) -> None:
+    if not isinstance(value, str) or len(value) > limit or not pattern.fullmatch(value):
+        problems.append(f"{kind} {value!r} is not valid")
+
+
+def _check_key(key: str, problems: list[str]) -> None:
+    domain, sep, ident = key.rpartition("/")
+    if (sep and (len(domain) > 63 or not _DNS_SUBDOMAIN.fullmatch(domain))) or len(ident) > 32 or not _C_IDENT.fullmatch(ident):
+        problems.append(f"attribute/capacity key {key!r} is not valid")
+
+
+def validate_scenario(s: Scenario) -> list[str]:
+    """Problems the API server would reject (subset of its validation); empty when fine."""
+    problems: list[str] = []
+    pools: dict[str, list[dict[str, Any]]] = {}
+    for sl in s.slices:
+        _check_name("slice name", sl["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
+        spec = sl["spec"]
+        _check_name("driver", spec["driver"], _DNS_SUBDOMAIN, 63, problems)
+        pools.setdefault(spec["pool"]["name"], []).append(spec)
+        devices = spec.get("devices", [])
+        advanced = any("taints" in d or "consumesCounters" in d for d in devices)
+        if len(devices) > (64 if advanced else 128):
+            problems.append(f"slice {sl['metadata']['name']}: too many devices")
+        if devices and spec.get("sharedCounters"):
+            problems.append(f"slice {sl['metadata']['name']}: devices and sharedCounters together")
+        for d in devices:
+            _check_name("device name", d["name"], _DNS_LABEL, 63, problems)
+            if len(d.get("attributes", {})) + len(d.get("capacity", {})) > 32:
+                problems.append(f"device {d['name']}: too many attributes")
+            for key in [*d.get("attributes", {}), *d.get("capacity", {})]:
+                _check_key(key, problems)
+    for name, specs in pools.items():
+        counts = {sp["pool"]["resourceSliceCount"] for sp in specs}
+        if counts != {len(specs)}:
+            problems.append(f"pool {name}: resourceSliceCount {counts} != {len(specs)} slices")
+        names = [d["name"] for sp in specs for d in sp.get("devices", [])]
+        if len(names) != len(set(names)):
+            problems.append(f"pool {name}: duplicate device names")
+    for cls in s.classes:
+        _check_name("class name", cls["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
+    _check_name("claim name", s.claim["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
+    for req in s.claim["spec"]["devices"]["requests"]:
+        _check_name("request name", req["name"], _DNS_LABEL, 63, problems)
+        bodies = [req["exactly"]] if "exactly" in req else req["firstAvailable"]
+        if len(bodies) > 8:
+            problems.append(f"request {req['name']}: too many subrequests")
+        for b in bodies:
+            if b.get("allocationMode") == "All" and "count" in b:
+                problems.append(f"request {req['name']}: count with All")
+            if len(b.get("selectors", [])) > 32:
+                problems.append(f"request {req['name']}: too many selectors")
+    return problems
