@@ -31,6 +31,7 @@ from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES,
 from e2e.bench.bed import NODES, BenchBed, parallel
 from e2e.bench.common import Result
 from e2e.bench.synthetic import synthetic_slices
+from e2e.testbed import binaries
 
 FAKE_DRIVER = "bench.dra-driver.io"
 CLASS = "bench-gpu"
@@ -210,7 +211,8 @@ def run(bed: BenchBed, quick: bool) -> Result:
     pods = 200 if quick else CLAIMS
     result = Result("resolution", "Resolution throughput", {
         "nodes": NODE_COUNT, "gpus_per_node": GPUS, "claims": pods, "driver": FAKE_DRIVER,
-        "claim": "1 GPU via a DeviceClass selecting the driver (CEL)", "scheduler": "kube-scheduler v1.36.3 on the bed",
+        "claim": "1 GPU via a DeviceClass selecting the driver (CEL)",
+        "scheduler": f"kube-scheduler {binaries.kubernetes_version()} on the bed",
     })
     t0 = time.monotonic()
     slices = ensure_cluster(bed)

@@ -157,7 +157,7 @@ _go_version_memo: list[str] = []
 
 def _go_version() -> str:
     if not _go_version_memo:
-        _require_go(["anything"])
+        _require_go(["the pinned Go tools"])
         _go_version_memo.append(_run(["go", "env", "GOVERSION"], PINS, go_env(), "go env").strip())
     return _go_version_memo[0]
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed import binaries, images, runtime
+from e2e.testbed import binaries, gotools, images, runtime
 from e2e.testbed.cluster import FEATURE_GATES, free_port
 from e2e.testbed.nodes import DRIVER_NAME, REPO, Processes
 
@@ -550,8 +550,10 @@ def preflight() -> list[str]:
         images.find_busybox()
     except RuntimeError as exc:
         problems.append(str(exc))
-    if shutil.which("go") is None and not (runtime.bin_dir() / ".complete").exists():
-        problems.append("the Go toolchain is needed to build containerd and runc")
+    try:
+        runtime.bin_dir()  # its cache key reads Go's version and libseccomp's: either may be missing
+    except gotools.ToolError as exc:
+        problems.append(str(exc))
     return problems
 
 
