@@ -31,10 +31,11 @@ from dra_driver._proto.dra.v1 import api_pb2 as v1
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver.k8s.client import ApiError, Resource
 from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore
 from dra_driver.node.grpc import PluginServers
-from dra_driver.node.prepare import ClaimNotFoundError, DeviceState
+from dra_driver.node.prepare import DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -49,10 +50,10 @@ class FuzzReader:
 
     claims: dict[tuple[str, str], Any] = field(default_factory=dict)
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         value = self.claims.get((namespace, name))
         if value is None:
-            raise ClaimNotFoundError(f"{namespace}/{name}")
+            raise ApiError(404, "NotFound", f"{namespace}/{name}")
         if isinstance(value, Exception):
             raise value
         return json.loads(json.dumps(value)) if isinstance(value, dict) else value
@@ -87,7 +88,7 @@ def rig() -> Iterator[Rig]:
     state = DeviceState(node_name=NODE, driver_name=DRIVER, devices=build_devices(),
                         cdi=CdiSpecs(cdi, DRIVER, base / "dev", node_name=NODE),
                         checkpoint=CheckpointStore(state_dir, NODE, DRIVER, boot_id="boot"),
-                        claim_reader=reader, backend=FakeBackend(), proc_root=None)
+                        api=reader, backend=FakeBackend(), proc_root=None)
     servers = PluginServers(driver_name=DRIVER, node_name=NODE, dra_socket=base / "s" / "dra.sock",
                             registration_socket=base / "r" / "reg.sock", handler=state)
     servers.start()

@@ -23,12 +23,13 @@ from dra_driver._proto.drahealth.v1alpha1 import api_pb2 as health
 from dra_driver._proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
+from dra_driver.k8s.client import ApiError, Resource
 from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore
 from dra_driver.node.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, PciInfo
 from dra_driver.node.grpc import SUPPORTED_VERSIONS, HealthBoard, PluginServers
-from dra_driver.node.prepare import ClaimNotFoundError, ClaimRef, DeviceState, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare import ClaimRef, DeviceState, PrepareOutcome, ResponseDevice
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -44,11 +45,11 @@ class Reader:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         try:
             return json.loads(json.dumps(self.claims[(namespace, name)]))
         except KeyError:
-            raise ClaimNotFoundError(name) from None
+            raise ApiError(404, "NotFound", name) from None
 
     def add(self, name: str, results: list[dict[str, Any]]) -> ClaimRef:
         uid = str(uuid.uuid4())
@@ -95,7 +96,7 @@ class Plugin:
         self.devices = {"gpu-0": AllocatableDevice("gpu-0", gpu(0)), "gpu-1": AllocatableDevice("gpu-1", gpu(1))}
         self.state = DeviceState(
             node_name=NODE, driver_name=DRIVER, devices=self.devices, cdi=CdiSpecs(root / "cdi", DRIVER),
-            checkpoint=CheckpointStore(root / "state", NODE, DRIVER, boot_id="b"), claim_reader=self.reader,
+            checkpoint=CheckpointStore(root / "state", NODE, DRIVER, boot_id="b"), api=self.reader,
         )
         self.dra_sock = root / "plugins" / DRIVER / "dra.sock"
         self.reg_sock = root / "registry" / f"{DRIVER}-reg.sock"

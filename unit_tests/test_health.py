@@ -13,8 +13,10 @@ from typing import Any
 
 import pynvml
 import pytest
+from sliceapi import InMemorySliceApi
 from test_prepare import build_devices
 
+from dra_driver.k8s.client import SLICES
 from dra_driver.node.devices import describe
 from dra_driver.node.grpc import HealthBoard
 from dra_driver.node.health import (
@@ -28,7 +30,7 @@ from dra_driver.node.health import (
     parse_health_file,
     taint_value,
 )
-from dra_driver.node.slices import InMemorySliceClient, SlicePublisher
+from dra_driver.node.slices import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 DEVICES = build_devices()
@@ -119,7 +121,7 @@ def test_foreign_taints_are_kept() -> None:
 
 def test_monitor_through_a_real_slice_publisher() -> None:
     devices_json, counters = describe(DEVICES, DRIVER, True)
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     publisher = SlicePublisher(client, DRIVER, "node-a", node_uid="uid")
     publisher.update(devices_json, counters)
     publisher.sync()
@@ -127,12 +129,12 @@ def test_monitor_through_a_real_slice_publisher() -> None:
                             lambda tainted: publisher.update(tainted, counters))
     monitor.set_reports({GPU2: HealthReport("Unhealthy", "XID 48", 48)})
     publisher.sync()
-    stored = {d["name"]: d for s in client.list_slices("")[0] for d in s["spec"].get("devices", [])}
+    stored = {d["name"]: d for s in client.list(SLICES).items for d in s["spec"].get("devices", [])}
     assert [t["value"] for t in stored["gpu-2-mig-0"]["taints"]] == ["XID-48"]
     assert "taints" not in stored["gpu-0"]
     monitor.set_reports({})
     publisher.sync()
-    stored = {d["name"]: d for s in client.list_slices("")[0] for d in s["spec"].get("devices", [])}
+    stored = {d["name"]: d for s in client.list(SLICES).items for d in s["spec"].get("devices", [])}
     assert not any(d.get("taints") for d in stored.values())
 
 

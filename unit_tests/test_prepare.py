@@ -15,11 +15,12 @@ import pytest
 import structlog
 
 from dra_driver import CONFIG_API_VERSION
+from dra_driver.k8s.client import ApiError, Resource
 from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.node.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
-from dra_driver.node.prepare import ClaimNotFoundError, ClaimRef, DeviceState
+from dra_driver.node.prepare import ClaimRef, DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -100,7 +101,7 @@ class FakeReader:
     errors: dict[tuple[str, str], Exception] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         with self.lock:
             self.calls += 1
         if self.delay:
@@ -110,7 +111,7 @@ class FakeReader:
         try:
             return json.loads(json.dumps(self.claims[(namespace, name)]))
         except KeyError:
-            raise ClaimNotFoundError(f"{namespace}/{name}") from None
+            raise ApiError(404, "NotFound", f"{namespace}/{name}") from None
 
     def add(self, claim: dict[str, Any]) -> ClaimRef:
         m = claim["metadata"]
@@ -173,7 +174,7 @@ class Env:
             node_name=NODE, driver_name=DRIVER, devices=self.devices,
             cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE),
             checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
-            claim_reader=self.reader, backend=self.backend, proc_root=self.proc,
+            api=self.reader, backend=self.backend, proc_root=self.proc,
         )
 
     def spec(self, uid: str) -> dict[str, Any]:
@@ -494,7 +495,7 @@ class TestExclusivity:
             node_name=NODE, driver_name=DRIVER, devices=env.devices,
             cdi=CdiSpecs(env.cdi_root, DRIVER, env.tmp / "devroot", node_name=NODE),
             checkpoint=CheckpointStore(env.tmp / "state", NODE, DRIVER, boot_id=env.boot),
-            claim_reader=env.reader, backend=env.backend, proc_root=env.proc,
+            api=env.reader, backend=env.backend, proc_root=env.proc,
             sharing_strategies=("Exclusive", "TimeSlicing"),
         )
         a = env.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_prepare import Env, make_claim
 from test_prepare import env as env  # a fixture, used by name
 
-from dra_driver.node.prepare import ClaimNotFoundError
+from dra_driver.k8s.client import ApiError
 
 
 def test_prepared_claim_answers_from_checkpoint_during_outage(env: Env) -> None:
@@ -33,6 +33,6 @@ def test_unknown_claim_fails_with_the_api_error_during_outage(env: Env) -> None:
 def test_deleted_claim_is_not_answered_from_checkpoint(env: Env) -> None:
     ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
     assert env.state.prepare([ref])[ref.uid].ok
-    env.reader.errors[(ref.namespace, ref.name)] = ClaimNotFoundError("gone")
+    env.reader.errors[(ref.namespace, ref.name)] = ApiError(404, "NotFound", "gone")
     out = env.state.prepare([ref])[ref.uid]
     assert out.error and "not found" in out.error

@@ -5,15 +5,13 @@ from typing import Any
 
 import pytest
 from kubefake import FakeKube
+from sliceapi import InMemorySliceApi
 
-from dra_driver.k8s.client import NODES, SLICES, ApiError
+from dra_driver.k8s.client import NODES, SLICES, ApiError, Resource
 from dra_driver.node.devices import describe, enumerate_devices
 from dra_driver.node.discovery.simulated import SimulatedBackend
 from dra_driver.node.slices import (
-    InMemorySliceClient,
-    KubeSliceClient,
     PoolOwner,
-    SliceApiError,
     SliceContent,
     SlicePublisher,
     decode_index,
@@ -34,22 +32,22 @@ def dev(name: str, **extra: Any) -> dict[str, Any]:
             **extra}
 
 
-def apply(client: InMemorySliceClient, desired: list[SliceContent], **kw: Any) -> Any:
-    existing, _ = client.list_slices(f"spec.nodeName={OWNER.node_name},spec.driver={DRIVER}")
+def apply(client: InMemorySliceApi, desired: list[SliceContent], **kw: Any) -> Any:
+    existing = client.list(SLICES, field_selector=f"spec.nodeName={OWNER.node_name},spec.driver={DRIVER}").items
     p = plan(desired, existing, OWNER, **kw)
     for op in p.ops:
         if op.kind == "delete":
-            client.delete_slice(op.name, op.uid, op.resource_version)
+            client.delete(SLICES, op.name, uid=op.uid, resource_version=op.resource_version)
         elif op.kind == "update":
             assert op.body is not None
-            client.replace_slice(op.name, op.body)
+            client.replace(SLICES, op.body)
         else:
             assert op.body is not None
-            client.create_slice(op.body)
+            client.create(SLICES, op.body)
     return p
 
 
-def slices_of(client: InMemorySliceClient) -> list[dict[str, Any]]:
+def slices_of(client: InMemorySliceApi) -> list[dict[str, Any]]:
     return sorted(client.objects.values(), key=lambda o: o["metadata"]["name"])
 
 
@@ -113,7 +111,7 @@ def test_names_and_index() -> None:
 
 
 def test_first_publish() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev("gpu-0"), dev("gpu-1")])]
     p = apply(client, desired)
     assert [op.kind for op in p.ops] == ["create"] and p.generation == 1
@@ -130,7 +128,7 @@ def test_first_publish() -> None:
 
 
 def test_no_op() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev("gpu-0")])]
     apply(client, desired)
     p = apply(client, copy.deepcopy(desired))
@@ -138,7 +136,7 @@ def test_no_op() -> None:
 
 
 def test_no_op_despite_equivalent_quantities_and_taint_time() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev("gpu-0", taints=[{"key": "k", "effect": "NoSchedule"}])])]
     apply(client, desired)
     (obj,) = client.objects.values()
@@ -148,7 +146,7 @@ def test_no_op_despite_equivalent_quantities_and_taint_time() -> None:
 
 
 def test_one_in_place_update_keeps_generation() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev("gpu-0")]), SliceContent(devices=[dev("gpu-1")])]
     apply(client, desired)
     names_before = {o["metadata"]["name"] for o in client.objects.values()}
@@ -160,7 +158,7 @@ def test_one_in_place_update_keeps_generation() -> None:
 
 
 def test_taint_time_is_carried_on_update() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     taint = {"key": "gpu.example.com/xid", "value": "79", "effect": "NoSchedule"}
     apply(client, [SliceContent(devices=[dev("gpu-0", taints=[dict(taint)]), dev("gpu-1")])])
     p = apply(client, [SliceContent(devices=[dev("gpu-0", taints=[dict(taint)]),
@@ -172,7 +170,7 @@ def test_taint_time_is_carried_on_update() -> None:
 
 
 def test_multi_slice_change_bumps_generation_and_rewrites_all() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev(f"gpu-{i}")]) for i in range(3)]
     apply(client, desired)
     desired[0] = SliceContent(devices=[dev("gpu-0", attributes={})])
@@ -183,7 +181,7 @@ def test_multi_slice_change_bumps_generation_and_rewrites_all() -> None:
 
 
 def test_new_slice_bumps_generation() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     apply(client, [SliceContent(devices=[dev("gpu-0")])])
     p = apply(client, [SliceContent(devices=[dev("gpu-0")]), SliceContent(devices=[dev("gpu-1")])])
     assert [op.kind for op in p.ops] == ["update", "create"] and p.generation == 2
@@ -192,7 +190,7 @@ def test_new_slice_bumps_generation() -> None:
 
 
 def test_shrink_deletes_obsolete_first() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     apply(client, [SliceContent(devices=[dev(f"gpu-{i}")]) for i in range(3)])
     p = apply(client, [SliceContent(devices=[dev("gpu-0")])])
     kinds = [op.kind for op in p.ops]
@@ -203,7 +201,7 @@ def test_shrink_deletes_obsolete_first() -> None:
 
 
 def test_obsolete_kinds_deleted_first() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     apply(client, [SliceContent(devices=[dev("gpu-0")])])
     # a slice with an old generation, one with a foreign name, one of another pool on our node,
     # one of another driver (ignored), one of another node (ignored)
@@ -212,7 +210,7 @@ def test_obsolete_kinds_deleted_first() -> None:
         body = copy.deepcopy(base)
         body["metadata"] = {"name": name}
         body["spec"].update(spec)
-        client.create_slice(body)
+        client.create(SLICES, body)
     extra("00000-old-gen", pool={"name": "node-a", "generation": 0, "resourceSliceCount": 1})
     extra("legacy-name-abcde")
     extra("00001-other-pool", pool={"name": "other", "generation": 5, "resourceSliceCount": 1})
@@ -225,17 +223,17 @@ def test_obsolete_kinds_deleted_first() -> None:
 
 
 def test_duplicate_index_is_obsolete() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     apply(client, [SliceContent(devices=[dev("gpu-0")])])
     body = copy.deepcopy(next(iter(client.objects.values())))
     body["metadata"] = {"name": "00000-gpu.example.com-node-a-zzzzz"}
-    client.create_slice(body)
+    client.create(SLICES, body)
     p = apply(client, [SliceContent(devices=[dev("gpu-0")])])
     assert [op.kind for op in p.ops] == ["delete"] and p.ops[0].name.endswith("zzzzz")
 
 
 def test_wiped_slices_are_recreated() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     desired = [SliceContent(devices=[dev("gpu-0")]), SliceContent(devices=[dev("gpu-1")])]
     apply(client, desired)
     client.wipe()
@@ -244,13 +242,13 @@ def test_wiped_slices_are_recreated() -> None:
     assert p.generation == 1  # nothing left to compare against: starts again
     # a partial wipe: the survivor is rewritten with a bumped generation
     victim = sorted(client.objects)[1]
-    client.delete_slice(victim, "", "")
+    client.delete(SLICES, victim)
     p = apply(client, desired)
     assert sorted(op.kind for op in p.ops) == ["create", "update"] and p.generation == 2
 
 
 def test_driver_generation_wins() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     apply(client, [SliceContent(devices=[dev("gpu-0")])])
     p = apply(client, [SliceContent(devices=[dev("gpu-0")])], min_generation=7)
     assert p.generation == 7 and [op.kind for op in p.ops] == ["update"]
@@ -270,7 +268,7 @@ def test_simulated_node_dynamic_mig_layout() -> None:
     assert len(slices[0].shared_counters) == 8 and not slices[0].devices
     assert all(len(s.devices) <= 64 for s in slices[1:])
     assert sum(len(s.devices) for s in slices) == 8 * 19
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     p = apply(client, slices)
     assert p.count("create") == len(slices) == len(client.objects)
 
@@ -295,7 +293,7 @@ def test_dropped_features() -> None:
 
 
 def test_publisher_one_write_per_slice_and_dropped_fields_settle() -> None:
-    client = InMemorySliceClient(drop_fields=["consumesCounters", "sharedCounters"])
+    client = InMemorySliceApi(drop_fields=["consumesCounters", "sharedCounters"])
     pub = SlicePublisher(client, DRIVER, "node-a")
     gpus = SimulatedBackend("a100-mig", "node-a").discover()
     devices, counters = describe(enumerate_devices(gpus, True), DRIVER, True)
@@ -312,7 +310,7 @@ def test_publisher_one_write_per_slice_and_dropped_fields_settle() -> None:
 
 
 def test_publisher_update_replaces_devices() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     pub = SlicePublisher(client, DRIVER, "node-a", node_uid="u")
     pub.update([dev("gpu-0"), dev("gpu-1")])
     pub.sync()
@@ -327,7 +325,7 @@ def test_publisher_update_replaces_devices() -> None:
 
 
 def test_publisher_run_republishes_after_wipe() -> None:
-    client = InMemorySliceClient()
+    client = InMemorySliceApi()
     pub = SlicePublisher(client, DRIVER, "node-a", sync_delay=0.05, resync_interval=60, watch_timeout=2)
     pub.update([dev("gpu-0")])
     stop = threading.Event()
@@ -352,15 +350,14 @@ def test_publisher_run_republishes_after_wipe() -> None:
 
 
 def test_publisher_retries_after_errors() -> None:
-    class Flaky(InMemorySliceClient):
+    class Flaky(InMemorySliceApi):
         fail = 2
 
-        def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        def create(self, res: Resource, body: dict[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
             if self.fail:
                 self.fail -= 1
-                from dra_driver.node.slices import SliceApiError
-                raise SliceApiError(500, "boom")
-            return super().create_slice(body)
+                raise ApiError(500, "InternalError", "boom")
+            return super().create(res, body)
 
     client = Flaky()
     pub = SlicePublisher(client, DRIVER, "node-a", max_backoff=0.05, watch_timeout=1)
@@ -384,7 +381,7 @@ def test_publisher_over_kube_api() -> None:
     kube = FakeKube()
     kube.add(NODES, {"metadata": {"name": "node-a", "uid": "node-uid-a"}})
     kube.add(SLICES, {"metadata": {"name": "someone-else"}, "spec": {"nodeName": "node-b", "driver": DRIVER}})
-    pub = SlicePublisher(KubeSliceClient(kube), DRIVER, "node-a")
+    pub = SlicePublisher(kube, DRIVER, "node-a")
     pub.update([dev(f"gpu-{i}") for i in range(130)])
     first = pub.sync()
     assert first is not None and first.slice_count == 2
@@ -398,24 +395,23 @@ def test_publisher_over_kube_api() -> None:
     shrink = pub.sync()
     assert shrink is not None and shrink.count("delete") == len(kube.writes("delete")) == 1
     assert sorted(kube.objects["resourceslices"])[-1] == "someone-else" and len(kube.objects["resourceslices"]) == 2
-    events = list(KubeSliceClient(kube).watch_slices("spec.nodeName=node-a", "0", 1))
-    assert events and all(o["spec"]["nodeName"] == "node-a" for _, o in events)
+    events = list(kube.watch(SLICES, resource_version="0", timeout_seconds=1, field_selector="spec.nodeName=node-a"))
+    assert events and all(e["object"]["spec"]["nodeName"] == "node-a" for e in events)
 
 
-def test_kube_slice_client_maps_errors() -> None:
+def test_publisher_errors_are_the_api_clients() -> None:
     kube = FakeKube()
-    client = KubeSliceClient(kube)
-    with pytest.raises(SliceApiError) as e:
-        client.delete_slice("missing", "uid", "1")
-    assert e.value.status == 404
-    created = client.create_slice({"metadata": {"generateName": "x-"}, "spec": {"nodeName": "n", "driver": DRIVER}})
-    with pytest.raises(SliceApiError) as e:
-        client.delete_slice(created["metadata"]["name"], "other-uid", "")
-    assert e.value.status == 409
-    kube.fail["watch:resourceslices"] = ApiError(410, "Expired", "too old")
-    with pytest.raises(SliceApiError) as e:
-        list(client.watch_slices("", "1", 1))
-    assert e.value.status == 410
-    with pytest.raises(SliceApiError) as e:
-        client.get_node_uid("nope")
-    assert e.value.status == 404
+    pub = SlicePublisher(kube, DRIVER, "node-a", node_uid="u")
+    pub.update([dev(f"gpu-{i}") for i in range(130)])
+    pub.sync()
+    pub.update([dev("gpu-0")])
+    kube.fail["delete:resourceslices"] = ApiError(404, "NotFound", "gone")
+    shrink = pub.sync()  # a slice someone else deleted first is deleted
+    assert shrink is not None and shrink.count("delete") == 1
+    kube.fail["delete:resourceslices"] = ApiError(409, "Conflict", "precondition failed")
+    pub.update([dev(f"gpu-{i}") for i in range(130)])
+    pub.sync()
+    pub.update([dev("gpu-0")])
+    with pytest.raises(ApiError) as e:
+        pub.sync()
+    assert e.value.conflict

@@ -107,6 +107,7 @@ class Informer:
         resource: Resource,
         handler: Handler | None = None,
         *,
+        field_selector: str | None = None,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
     ) -> None:
@@ -114,6 +115,7 @@ class Informer:
         self.resource = resource
         self.store = Store()
         self.handler = handler
+        self.field_selector = field_selector
         self.watch_timeout = watch_timeout
         self.max_backoff = max_backoff
         self.resource_version = ""
@@ -124,7 +126,7 @@ class Informer:
     # -- one step at a time (what run() loops over; tests drive these directly)
 
     def relist(self) -> None:
-        result = self.api.list(self.resource)
+        result = self.api.list(self.resource, field_selector=self.field_selector)
         changed, deleted = self.store.replace(result.items)
         self.resource_version = result.resource_version
         self.synced.set()
@@ -136,7 +138,8 @@ class Informer:
     def watch_once(self, stop: threading.Event | None = None) -> None:
         """Follow one watch connection until the server ends it. Raises ApiError (410 included)."""
         for event in self.api.watch(
-            self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout
+            self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
+            field_selector=self.field_selector,
         ):
             if stop is not None and stop.is_set():
                 return

@@ -21,19 +21,19 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.grpc import HealthBoard, PluginServers
 from dra_driver.node.health import HealthFileSource, HealthMonitor, NvmlEventSource
-from dra_driver.node.prepare import (
-    CLAIM_READ_CONCURRENCY,
-    ClaimNotFoundError,
-    ClaimReader,
-    ClaimRef,
-    DeviceState,
-    KubeClaimReader,
-)
+from dra_driver.node.prepare import CLAIM_READ_CONCURRENCY, ClaimRef, DeviceState
 from dra_driver.node.settings import PluginSettings
-from dra_driver.node.slices import KubeSliceClient, SlicePublisher
+from dra_driver.node.slices import SlicePublisher
 
 
-def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> list[ClaimRef]:
+def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
+    """The plugin's one API client: one connection pool, sized for a batch of claim reads, shared
+    with slice publication."""
+    return kube.RestKubeApi.from_kubeconfig(kubeconfig, pool_size=CLAIM_READ_CONCURRENCY, request_timeout=20.0,
+                                            user_agent="dra-driver-plugin")
+
+
+def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> list[ClaimRef]:
     """Prepared claims that are gone from the API server, or replaced by a claim with another UID.
 
     A claim that cannot be read for another reason (API server down) is kept: unpreparing a live
@@ -42,21 +42,22 @@ def stale_claims(prepared: dict[str, tuple[str, str]], reader: ClaimReader) -> l
     stale = []
     for uid, (namespace, name) in prepared.items():
         try:
-            obj = reader.get_claim(namespace, name)
-        except ClaimNotFoundError:
-            stale.append(ClaimRef(uid, namespace, name))
-            continue
-        except Exception:  # any other failure means "unknown", which keeps the claim
+            obj = api.get(kube.CLAIMS, name, namespace=namespace)
+        except kube.ApiError as exc:
+            if exc.not_found:
+                stale.append(ClaimRef(uid, namespace, name))
+            continue  # any other failure means "unknown", which keeps the claim
+        except Exception:
             continue
         if obj.get("metadata", {}).get("uid") != uid:
             stale.append(ClaimRef(uid, namespace, name))
     return stale
 
 
-def _cleanup_loop(state: DeviceState, reader: ClaimReader, interval: float, stop: threading.Event, log: Any) -> None:
+def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any) -> None:
     while not stop.wait(interval):
         prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
-        for ref in stale_claims(prepared, reader):
+        for ref in stale_claims(prepared, api):
             error = state.unprepare([ref]).get(ref.uid)
             log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
 
@@ -90,11 +91,8 @@ def run(settings: PluginSettings) -> int:
     devices = enumerate_devices(gpus, settings.dynamic_mig)
     log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices))
 
-    # One client (one connection pool) for claim reads and slice publication.
-    api = kube.RestKubeApi.from_kubeconfig(settings.kubeconfig, pool_size=CLAIM_READ_CONCURRENCY,
-                                           request_timeout=20.0, user_agent="dra-driver-plugin")
-    reader = KubeClaimReader(api)
-    state = DeviceState.from_settings(settings, devices, reader, backend=backend)
+    api = api_client(settings.kubeconfig)
+    state = DeviceState.from_settings(settings, devices, api, backend=backend)
     board = HealthBoard(sorted(devices))
     servers = PluginServers.from_settings(settings, state, health=board)
 
@@ -114,7 +112,7 @@ def run(settings: PluginSettings) -> int:
     log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
              registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
 
-    publisher = SlicePublisher(KubeSliceClient(api), settings.driver_name, settings.node_name)
+    publisher = SlicePublisher(api, settings.driver_name, settings.node_name)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
     publisher.update(devices_json, counters_json)
     if settings.health_monitoring:
@@ -127,7 +125,7 @@ def run(settings: PluginSettings) -> int:
         healthz = probe.serve_healthz(settings.health_port,
                                       lambda: probe.check(servers.registration_socket, settings.driver_name))
     publisher.start(stop)
-    threading.Thread(target=_cleanup_loop, args=(state, reader, settings.cleanup_interval, stop, log),
+    threading.Thread(target=_cleanup_loop, args=(state, api, settings.cleanup_interval, stop, log),
                      name="stale-claim-cleanup", daemon=True).start()
 
     stop.wait()

@@ -2,7 +2,7 @@
 
 Flow of :meth:`DeviceState.prepare` for one request (a batch of claims):
 
-1. GET every ResourceClaim through the injected :class:`ClaimReader`, concurrently and outside
+1. GET every ResourceClaim through the injected :class:`KubeApi`, concurrently and outside
    the lock (the API round-trip dominates; 100 claims must not take 100 round-trips).
 2. Under the lock, per claim: verify the UID (else "claim was replaced"), ``status.allocation``,
    that the allocation's node selector admits this node, and for every result of this driver:
@@ -32,12 +32,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dra_driver import failpoints, logs
 from dra_driver.gpuconfig import EXCLUSIVE, ConfigError, SharingConfig, base_request, decode_sharing, resolve_sharing
-from dra_driver.k8s import client as kube
-from dra_driver.k8s.client import KubeApi
+from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.node.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid
 from dra_driver.node.checkpoint import (
     CheckpointStore,
@@ -62,42 +61,10 @@ CLAIM_READ_CONCURRENCY = 32
 """Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""
 
 
-class ClaimNotFoundError(LookupError):
-    """The ResourceClaim does not exist (HTTP 404)."""
-
-
-class ClaimReader(Protocol):
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """The ResourceClaim as a ``resource.k8s.io/v1`` JSON dict.
-
-        Raises :class:`ClaimNotFoundError` when it does not exist; any other exception is an API
-        error reported to the kubelet as such.
-        """
-        ...
-
-
-class KubeClaimReader:
-    """:class:`ClaimReader` over :class:`dra_driver.k8s.client.KubeApi` (``resource.k8s.io/v1``, raw JSON)."""
-
-    def __init__(self, api: KubeApi) -> None:
-        self._api = api
-
-    @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None, *, pool_size: int = CLAIM_READ_CONCURRENCY,
-                        request_timeout: float = 20.0) -> KubeClaimReader:
-        return cls(kube.RestKubeApi.from_kubeconfig(kubeconfig, pool_size=pool_size, request_timeout=request_timeout,
-                                                    user_agent="dra-driver-plugin"))
-
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            obj = self._api.get(kube.CLAIMS, name, namespace=namespace)
-        except kube.ApiError as exc:
-            if exc.not_found:
-                raise ClaimNotFoundError(f"ResourceClaim {namespace}/{name} not found") from None
-            raise RuntimeError(str(exc) if exc.status == 0 else f"API server: {exc}") from None
-        if not isinstance(obj, dict):
-            raise RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {namespace}/{name}")
-        return obj
+def _read_error(exc: BaseException) -> str:
+    """How a failed claim read is reported to the kubelet: the server's answer marked as such, or the
+    transport failure as it is."""
+    return f"API server: {exc}" if isinstance(exc, ApiError) and exc.status else str(exc)
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -314,7 +281,7 @@ class DeviceState:
         devices: Mapping[str, AllocatableDevice],
         cdi: CdiSpecs,
         checkpoint: CheckpointStore,
-        claim_reader: ClaimReader,
+        api: KubeApi,
         backend: Backend | None = None,
         proc_root: Path | None = Path("/proc"),
         max_parallel_gets: int = CLAIM_READ_CONCURRENCY,
@@ -325,7 +292,7 @@ class DeviceState:
         self._devices: dict[str, AllocatableDevice] = dict(devices)
         self._cdi = cdi
         self._checkpoint = checkpoint
-        self._reader = claim_reader
+        self._api = api
         self._backend = backend
         self._proc_root = proc_root
         self._strategies = frozenset(sharing_strategies)
@@ -343,7 +310,7 @@ class DeviceState:
         cls,
         settings: Any,
         devices: Mapping[str, AllocatableDevice],
-        claim_reader: ClaimReader,
+        api: KubeApi,
         backend: Backend | None = None,
         **kwargs: Any,
     ) -> DeviceState:
@@ -355,7 +322,7 @@ class DeviceState:
             cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name),
             checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
                                        boot_id_path=settings.boot_id_path),
-            claim_reader=claim_reader,
+            api=api,
             backend=backend,
             sharing_strategies=settings.sharing_strategies,
             **kwargs,
@@ -553,9 +520,12 @@ class DeviceState:
     def _fetch_all(self, claims: Sequence[ClaimRef]) -> dict[str, dict[str, Any] | BaseException]:
         def get(claim: ClaimRef) -> dict[str, Any] | BaseException:
             try:
-                return self._reader.get_claim(claim.namespace, claim.name)
+                obj = self._api.get(CLAIMS, claim.name, namespace=claim.namespace)
             except Exception as exc:
                 return exc
+            if not isinstance(obj, dict):
+                return RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {claim.ref}")
+            return obj
 
         if len(claims) == 1:
             return {claims[0].uid: get(claims[0])}
@@ -577,14 +547,14 @@ class DeviceState:
                 existing = self._entries.get(uid)
                 completed = existing is not None and existing.state is ClaimState.PREPARE_COMPLETED
                 if isinstance(obj, BaseException):
-                    if isinstance(obj, ClaimNotFoundError):
+                    if isinstance(obj, ApiError) and obj.not_found:
                         raise ClaimFailure(f"ResourceClaim {claim.ref} not found")
                     if not completed:
-                        raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
+                        raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {_read_error(obj)}")
                     # API server unreachable, but this UID was prepared and checked earlier: the
                     # kubelet (restarted during an outage) gets the same answer as before instead
                     # of a pod that cannot start until the API server is back.
-                    log.warning("could not get the ResourceClaim; answering from the checkpoint", error=str(obj))
+                    log.warning("could not get the ResourceClaim; answering from the checkpoint", error=_read_error(obj))
                 else:
                     self._verify_claim(claim, obj)
                 if existing is not None and completed:
@@ -597,7 +567,7 @@ class DeviceState:
                     log.debug("claim already prepared")
                     continue
                 if isinstance(obj, BaseException):  # not reached: only completed claims get past the error above
-                    raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {obj}")
+                    raise ClaimFailure(f"could not get ResourceClaim {claim.ref}: {_read_error(obj)}")
                 plan = self._plan(claim, obj)
                 holds = [self._hold_of_plan(uid, claim.ref, d) for d in plan.devices]
                 self._check_exclusive(holds, batch_holds)

@@ -14,8 +14,9 @@
 * counter sets go in their own slices (1.35+ rejects ``sharedCounters`` next to ``devices``);
   devices are split at 128 per slice, 64 when a slice has taints or ``consumesCounters``.
 
-:func:`plan` is pure (and heavily unit-tested); :class:`SlicePublisher` does the I/O through a
-:class:`SliceClient` and counts every API request it makes.
+:func:`plan` is pure (and heavily unit-tested); :class:`SlicePublisher` does the I/O through
+:class:`dra_driver.k8s.client.KubeApi`, follows changes with a :class:`dra_driver.k8s.informer.Informer`
+and counts every API request it makes.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import copy
 import re
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from dra_driver import logs
-from dra_driver.k8s import client as kube
+from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi
+from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 
 Obj = dict[str, Any]
@@ -369,207 +370,6 @@ def dropped_features(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list
     return gates or ["unknown"]
 
 
-# --- API access ----------------------------------------------------------------------------------
-
-
-class SliceApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-
-
-class SliceClient(Protocol):
-    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
-        """(items, list resourceVersion)."""
-        ...
-
-    def create_slice(self, body: Obj) -> Obj: ...
-
-    def replace_slice(self, name: str, body: Obj) -> Obj: ...
-
-    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
-        """Raise SliceApiError(404) when already gone, (409) when the preconditions fail."""
-        ...
-
-    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
-        """(event type, object) pairs; SliceApiError(410) when the resourceVersion is too old."""
-        ...
-
-    def get_node_uid(self, name: str) -> str: ...
-
-
-class KubeSliceClient:
-    """:class:`SliceClient` over :class:`dra_driver.k8s.client.KubeApi` (the project's one Kubernetes
-    boundary), so the node plugin shares one connection pool between claim reads and slices."""
-
-    def __init__(self, api: kube.KubeApi) -> None:
-        self._api = api
-
-    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
-        try:
-            result = self._api.list(kube.SLICES, field_selector=field_selector)
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-        return result.items, result.resource_version
-
-    def create_slice(self, body: Obj) -> Obj:
-        try:
-            return self._api.create(kube.SLICES, body)
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-
-    def replace_slice(self, name: str, body: Obj) -> Obj:
-        if _meta(body).get("name") != name:
-            body = dict(body, metadata=dict(_meta(body), name=name))
-        try:
-            return self._api.replace(kube.SLICES, body)
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-
-    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
-        try:
-            self._api.delete(kube.SLICES, name, uid=uid or None, resource_version=resource_version or None)
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-
-    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
-        try:
-            for event in self._api.watch(kube.SLICES, resource_version=resource_version, timeout_seconds=timeout_seconds,
-                                         field_selector=field_selector):
-                obj = event.get("object")
-                yield str(event.get("type", "")), obj if isinstance(obj, dict) else {}
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-
-    def get_node_uid(self, name: str) -> str:
-        try:
-            node = self._api.get(kube.NODES, name)
-        except kube.ApiError as exc:
-            raise _slice_error(exc) from None
-        return str(_meta(node).get("uid", ""))
-
-
-def _slice_error(exc: kube.ApiError) -> SliceApiError:
-    return SliceApiError(exc.status, exc.message or exc.reason or str(exc))
-
-
-class InMemorySliceClient:
-    """A small in-memory apiserver for ResourceSlices (tests, and a dry-run mode).
-
-    ``drop_fields`` lists device/spec fields to strip on write, imitating a disabled feature gate
-    (e.g. ``{"consumesCounters", "sharedCounters", "taints"}``).
-    """
-
-    def __init__(self, node_uid: str = "node-uid", drop_fields: Sequence[str] = ()) -> None:
-        self.objects: dict[str, Obj] = {}
-        self.node_uid = node_uid
-        self.drop_fields = set(drop_fields)
-        self._rv = 0
-        self._lock = threading.Lock()
-        self.events: list[tuple[str, Obj]] = []
-        self._cond = threading.Condition(self._lock)
-
-    def _next_rv(self) -> str:
-        self._rv += 1
-        return str(self._rv)
-
-    def _store(self, body: Obj) -> Obj:
-        obj = copy.deepcopy(body)
-        spec = obj.setdefault("spec", {})
-        for key in ("sharedCounters", "perDeviceNodeSelection"):
-            if key in self.drop_fields:
-                spec.pop(key, None)
-        for device in spec.get("devices") or []:
-            for key in ("consumesCounters", "taints", "allowMultipleAllocations", "bindingConditions",
-                        "bindingFailureConditions", "bindsToNode"):
-                if key in self.drop_fields:
-                    device.pop(key, None)
-            for taint in device.get("taints") or []:
-                taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
-        return obj
-
-    @staticmethod
-    def _matches(obj: Mapping[str, Any], field_selector: str) -> bool:
-        for term in filter(None, field_selector.split(",")):
-            key, _, want = term.partition("=")
-            spec = _spec(obj)
-            have = spec.get(key.removeprefix("spec.")) if key.startswith("spec.") else None
-            if (have or "") != want:
-                return False
-        return True
-
-    def list_slices(self, field_selector: str) -> tuple[list[Obj], str]:
-        with self._lock:
-            items = [copy.deepcopy(o) for o in self.objects.values() if self._matches(o, field_selector)]
-            return items, str(self._rv)
-
-    def create_slice(self, body: Obj) -> Obj:
-        with self._lock:
-            obj = self._store(body)
-            meta = obj.setdefault("metadata", {})
-            if not meta.get("name"):
-                meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
-            if meta["name"] in self.objects:
-                raise SliceApiError(409, f"{meta['name']} already exists")
-            meta["uid"] = str(uuid.uuid4())
-            meta["resourceVersion"] = self._next_rv()
-            self.objects[meta["name"]] = obj
-            self.events.append(("ADDED", copy.deepcopy(obj)))
-            self._cond.notify_all()
-            return copy.deepcopy(obj)
-
-    def replace_slice(self, name: str, body: Obj) -> Obj:
-        with self._lock:
-            current = self.objects.get(name)
-            if current is None:
-                raise SliceApiError(404, f"{name} not found")
-            if _meta(body).get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                raise SliceApiError(409, f"{name}: resourceVersion conflict")
-            obj = self._store(body)
-            obj["metadata"] = dict(current["metadata"], resourceVersion=self._next_rv())
-            self.objects[name] = obj
-            self.events.append(("MODIFIED", copy.deepcopy(obj)))
-            self._cond.notify_all()
-            return copy.deepcopy(obj)
-
-    def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
-        with self._lock:
-            current = self.objects.get(name)
-            if current is None:
-                raise SliceApiError(404, f"{name} not found")
-            meta = current["metadata"]
-            if (uid and meta["uid"] != uid) or (resource_version and meta["resourceVersion"] != resource_version):
-                raise SliceApiError(409, f"{name}: precondition failed")
-            del self.objects[name]
-            self._next_rv()
-            self.events.append(("DELETED", copy.deepcopy(current)))
-            self._cond.notify_all()
-
-    def wipe(self) -> None:
-        """Delete every slice behind the publisher's back (what a kubelet does at start-up)."""
-        with self._lock:
-            for name in list(self.objects):
-                self.events.append(("DELETED", self.objects.pop(name)))
-            self._next_rv()
-            self._cond.notify_all()
-
-    def watch_slices(self, field_selector: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
-        deadline = time.monotonic() + timeout_seconds
-        seen = len(self.events)
-        while time.monotonic() < deadline:
-            with self._cond:
-                if len(self.events) == seen:
-                    self._cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-                fresh = self.events[seen:]
-                seen = len(self.events)
-            for kind, obj in fresh:
-                if self._matches(obj, field_selector):
-                    yield kind, copy.deepcopy(obj)
-
-    def get_node_uid(self, name: str) -> str:
-        return self.node_uid
-
-
 # --- the publisher -------------------------------------------------------------------------------
 
 _log = logs.get("slices")
@@ -584,10 +384,10 @@ class SlicePublisher:
     after errors. ``requests`` counts API requests by verb.
     """
 
-    def __init__(self, client: SliceClient, driver_name: str, node_name: str, *, node_uid: str | None = None,
+    def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, node_uid: str | None = None,
                  resync_interval: float = 300.0, sync_delay: float = 1.0, watch_timeout: int = 300,
                  max_backoff: float = 30.0) -> None:
-        self.client = client
+        self.api = api
         self.driver_name = driver_name
         self.node_name = node_name
         self.node_uid = node_uid
@@ -608,8 +408,9 @@ class SlicePublisher:
         self._wake = threading.Event()
         self._due: float | None = None
         self._own_versions: set[str] = set()
-        self._list_rv = ""
         self._log = _log.bind(node=node_name, driver=driver_name)
+        self.informer = Informer(api, SLICES, self._on_change, field_selector=self.field_selector,
+                                 watch_timeout=watch_timeout, max_backoff=max_backoff)
 
     # -- desired state ----------------------------------------------------------------------------
 
@@ -652,10 +453,10 @@ class SlicePublisher:
             desired = [self._accepted.get(i, s) for i, s in enumerate(self._desired)]
         if not self.node_uid:
             self.requests["get"] += 1
-            self.node_uid = self.client.get_node_uid(self.node_name)
+            self.node_uid = str(_meta(self.api.get(NODES, self.node_name)).get("uid", ""))
         owner = PoolOwner(self.driver_name, self.node_name, self.node_uid)
         self.requests["list"] += 1
-        existing, self._list_rv = self.client.list_slices(self.field_selector)
+        existing = self.api.list(SLICES, field_selector=self.field_selector).items
         result = plan(desired, existing, owner, min_generation=self._min_generation)
         for op in result.ops:
             self._apply(op)
@@ -671,18 +472,18 @@ class SlicePublisher:
         if op.kind == "delete":
             self.requests["delete"] += 1
             try:
-                self.client.delete_slice(op.name, op.uid, op.resource_version)
-            except SliceApiError as exc:
-                if exc.status != 404:
+                self.api.delete(SLICES, op.name, uid=op.uid or None, resource_version=op.resource_version or None)
+            except ApiError as exc:
+                if not exc.not_found:
                     raise
             return
         assert op.body is not None and op.index is not None
         if op.kind == "update":
             self.requests["update"] += 1
-            stored = self.client.replace_slice(op.name, op.body)
+            stored = self.api.replace(SLICES, dict(op.body, metadata=dict(_meta(op.body), name=op.name)))
         else:
             self.requests["create"] += 1
-            stored = self.client.create_slice(op.body)
+            stored = self.api.create(SLICES, op.body)
         rv = str(_meta(stored).get("resourceVersion", ""))
         if rv:
             if len(self._own_versions) > 1000:
@@ -708,8 +509,7 @@ class SlicePublisher:
 
     def run(self, stop_event: threading.Event) -> None:
         """Reconcile until ``stop_event`` is set (blocking; run it in a thread)."""
-        watcher = threading.Thread(target=self._watch_loop, args=(stop_event,), name="slice-watch", daemon=True)
-        watcher.start()
+        self.informer.start(stop_event)
         backoff = min(1.0, self.max_backoff)
         next_resync = time.monotonic()
         while not stop_event.is_set():
@@ -738,32 +538,10 @@ class SlicePublisher:
         thread.start()
         return thread
 
-    def _watch_loop(self, stop_event: threading.Event) -> None:
-        backoff = 1.0
-        while not stop_event.is_set():
-            try:
-                self.requests["watch"] += 1
-                for kind, obj in self.client.watch_slices(self.field_selector, self._list_rv,
-                                                          self.watch_timeout):
-                    if stop_event.is_set():
-                        return
-                    if kind == "BOOKMARK":
-                        continue
-                    rv = str(_meta(obj).get("resourceVersion", ""))
-                    if kind in ("ADDED", "MODIFIED") and rv in self._own_versions:
-                        continue
-                    self._log.debug("ResourceSlice changed", watch_event=kind, slice=_meta(obj).get("name"))
-                    self.request_sync(self.sync_delay)
-                backoff = 1.0
-            except SliceApiError as exc:
-                if exc.status == 410:
-                    self._list_rv = ""
-                    self.request_sync(0.0)
-                    continue
-                self._log.warning("watching ResourceSlices failed", error=str(exc))
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.max_backoff)
-            except Exception as exc:
-                self._log.warning("watching ResourceSlices failed", error=str(exc))
-                stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.max_backoff)
+    def _on_change(self, old: Obj | None, new: Obj | None) -> None:
+        # Our own writes come back as watch events; only someone else's change (the kubelet wiping
+        # the node's slices) needs a sync.
+        if new is not None and str(_meta(new).get("resourceVersion", "")) in self._own_versions:
+            return
+        self._log.debug("ResourceSlice changed", slice=_meta(new or old or {}).get("name"), deleted=new is None)
+        self.request_sync(self.sync_delay)

@@ -5,7 +5,7 @@ Two ways, both over a real Unix socket with the generated v1 stubs:
 * **process**: the plugin as its own process with the bed's flags (what a node runs). Gives the
   end-to-end latency the kubelet sees, the batch figures (100 claims in one request, 100
   concurrent single-claim requests) and, separately, the time of a claim GET made with the same
-  client settings the plugin uses (:meth:`KubeClaimReader.from_kubeconfig`).
+  client settings the plugin uses (:func:`dra_driver.node.plugin.api_client`).
 * **instrumented**: the same DeviceState and gRPC servers built in this process, with a claim
   reader that times its own GET and a counter on ``os.fsync``. Each sample's GET is subtracted
   from that same sample's round trip, which is what the target is about ("p99 excluding the
@@ -35,12 +35,13 @@ from typing import Any
 import structlog
 
 from dra_driver import logs
-from dra_driver.k8s.client import CLAIMS, ApiError
+from dra_driver.k8s.client import CLAIMS, ApiError, Resource, RestKubeApi
 from dra_driver.node.checkpoint import atomic_write
 from dra_driver.node.devices import enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.grpc import PluginServers
-from dra_driver.node.prepare import DeviceState, KubeClaimReader, PrepareOutcome
+from dra_driver.node.plugin import api_client
+from dra_driver.node.prepare import DeviceState, PrepareOutcome
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
 from e2e.bench.common import Result, percentile, summarize_ms
@@ -118,16 +119,17 @@ def fsync_floor(directory: Path, samples: int) -> dict[str, float]:
 
 
 class _TimedReader:
-    """The plugin's claim reader, recording how long each GET took (per thread, per request)."""
+    """The plugin's API client for claim reads, recording how long each GET took (per thread, per
+    request)."""
 
-    def __init__(self, inner: KubeClaimReader) -> None:
+    def __init__(self, inner: RestKubeApi) -> None:
         self.inner = inner
         self.local = threading.local()
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            return self.inner.get_claim(namespace, name)
+            return self.inner.get(res, name, namespace=namespace)
         finally:
             self.local.last = time.perf_counter() - t0
 
@@ -203,7 +205,7 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
         structlog.configure(logger_factory=structlog.WriteLoggerFactory(file=log))
         backend = open_backend(settings)
         devices = enumerate_devices(backend.discover(), settings.dynamic_mig)
-        reader = _TimedReader(KubeClaimReader.from_kubeconfig(str(kubeconfig)))
+        reader = _TimedReader(api_client(str(kubeconfig)))
         state = DeviceState.from_settings(settings, devices, reader, backend=backend)
         handler = _TimedHandler(state, reader)
         servers = PluginServers.from_settings(settings, handler, device_names=sorted(devices))
@@ -219,7 +221,7 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
 # --- the benchmark ----------------------------------------------------------------------------
 
 
-def _sequential(client: DraClient, claims: list[Claim], samples: int, reader: KubeClaimReader | None
+def _sequential(client: DraClient, claims: list[Claim], samples: int, api: RestKubeApi | None
                 ) -> dict[str, list[float]]:
     prep, unprep, gets = [], [], []
     for i in range(samples):
@@ -232,9 +234,9 @@ def _sequential(client: DraClient, claims: list[Claim], samples: int, reader: Ku
         t2 = time.perf_counter()
         prep.append(t1 - t0)
         unprep.append(t2 - t1)
-        if reader is not None:
+        if api is not None:
             t3 = time.perf_counter()
-            reader.get_claim(claim[0], claim[1])
+            api.get(CLAIMS, claim[1], namespace=claim[0])
             gets.append(time.perf_counter() - t3)
     return {"prepare": prep, "unprepare": unprep, "get": gets}
 
@@ -287,7 +289,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
     try:
         wait_get_info(plugin)
         client = DraClient(plugin.dra_socket)
-        reader = KubeClaimReader.from_kubeconfig(str(bed.kubeconfig))
+        reader = api_client(str(bed.kubeconfig))
         _sequential(client, singles, 20, None)  # warm-up: connections, imports, caches
         seq = _sequential(client, singles, samples, reader)
         bat = _batch(client, many, reps)

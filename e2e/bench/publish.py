@@ -18,7 +18,7 @@ from dra_driver.k8s import client as kube
 from dra_driver.node.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from dra_driver.node.slices import KubeSliceClient, SlicePublisher
+from dra_driver.node.slices import SlicePublisher
 from e2e.bench.bed import NODES, BenchBed
 from e2e.bench.common import Result, summarize_ms
 from e2e.testbed.nodes import DRIVER_NAME
@@ -39,7 +39,7 @@ def catalogue(node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], fl
 def run(bed: BenchBed, quick: bool) -> Result:
     reps = 3 if quick else 10
     result = Result("mig_publish", "Dynamic-MIG catalogue publish", {
-        "profile": "h100-8x", "dynamic_mig": True, "repetitions": reps, "client": "KubeSliceClient",
+        "profile": "h100-8x", "dynamic_mig": True, "repetitions": reps, "client": "RestKubeApi",
     })
     devices_json, counters_json, describe_s = catalogue("bench-mig-0")
     result.parameters["devices"] = len(devices_json)
@@ -50,7 +50,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
     for r in range(reps):
         node = f"bench-mig-{r}"
         bed.api.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-        publisher = SlicePublisher(KubeSliceClient(api), DRIVER_NAME, node)
+        publisher = SlicePublisher(api, DRIVER_NAME, node)
         t0 = time.perf_counter()
         publisher.update(devices_json, counters_json)
         plan = publisher.sync()
