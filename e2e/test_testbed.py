@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from e2e.bed import REPO, wait_for
-from e2e.testbed import binaries
+from e2e.testbed import binaries, cluster
 
 pytestmark = pytest.mark.testbed_only
 
@@ -29,12 +29,8 @@ with cluster.running(nodes=("n1",), workdir=Path(sys.argv[1])) as c:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    """Running, or a zombie whose other threads have not all exited yet (they still hold its sockets)."""
+    return cluster._alive(pid)
 
 
 def port_open(port: int) -> bool:

@@ -313,6 +313,10 @@ def stop_detached(workdir: Path) -> None:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+    # Down means gone: a killed process still holds its sockets until its exit completes.
+    killed = time.monotonic() + 10
+    while time.monotonic() < killed and any(_alive(pid) for pid in pids.values()):
+        time.sleep(0.05)
     shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -321,11 +325,18 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie left for its parent counts as gone.
+    # A zombie left for its parent counts as gone, but only once all its threads are: a thread-group
+    # leader shows Z while its other threads are still exiting and still hold its sockets and files.
+    return any(state != "Z" for state in _task_states(pid))
+
+
+def _task_states(pid: int) -> list[str]:
+    states = []
     with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                states.append((task / "stat").read_text().rsplit(")", 1)[-1].split()[0])
+    return states
 
 
 @contextlib.contextmanager
