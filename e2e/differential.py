@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from dra_driver.allocator.cel import CelError, compile_selector
+from dra_driver.allocator.cel.compile import compile_selector
+from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.inventory import build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.allocator.search import SCHEDULER_ABORTS

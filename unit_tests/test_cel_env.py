@@ -4,21 +4,17 @@ import time
 
 import pytest
 
-from dra_driver.allocator import cel as cel_env
-from dra_driver.allocator.cel import (
-    CelCompileError,
-    CelCostError,
-    CelRuntimeError,
-    compile_selector,
-    device_activation,
-    parse_semver,
-)
+from dra_driver.allocator.cel import compile as cel_compile
+from dra_driver.allocator.cel.compile import DeviceActivation, compile_selector, device_activation
+from dra_driver.allocator.cel.cost import MAX_COST
+from dra_driver.allocator.cel.errors import CelCompileError, CelCostError, CelRuntimeError
+from dra_driver.allocator.cel.functions import SemverError, parse_semver
 
 D = "gpu.dra-driver.io"
 
 
 @pytest.fixture(scope="module")
-def act() -> cel_env.DeviceActivation:
+def act() -> DeviceActivation:
     return device_activation(
         D,
         {
@@ -33,7 +29,7 @@ def act() -> cel_env.DeviceActivation:
     )
 
 
-def ev(expr: str, act: cel_env.DeviceActivation) -> bool:
+def ev(expr: str, act: DeviceActivation) -> bool:
     return compile_selector(expr).evaluate(act)
 
 
@@ -68,11 +64,11 @@ def ev(expr: str, act: cel_env.DeviceActivation) -> bool:
         f'has(device.attributes["{D}"].model) && !has(device.attributes["{D}"].nokey)',
     ],
 )
-def test_true_expressions(expr: str, act: cel_env.DeviceActivation) -> None:
+def test_true_expressions(expr: str, act: DeviceActivation) -> None:
     assert ev(expr, act) is True
 
 
-def test_unknown_domain_is_empty_map(act: cel_env.DeviceActivation) -> None:
+def test_unknown_domain_is_empty_map(act: DeviceActivation) -> None:
     assert ev('size(device.attributes["nope.example.com"]) == 0', act)
     assert ev('size(device.capacity["nope.example.com"]) == 0', act)
     assert not ev('has(device.attributes["nope.example.com"].model)', act)
@@ -80,14 +76,14 @@ def test_unknown_domain_is_empty_map(act: cel_env.DeviceActivation) -> None:
     assert not ev('"nope.example.com" in device.attributes', act)
 
 
-def test_unknown_key_is_runtime_error(act: cel_env.DeviceActivation) -> None:
+def test_unknown_key_is_runtime_error(act: DeviceActivation) -> None:
     with pytest.raises(CelRuntimeError, match="no such key"):
         ev(f'device.attributes["{D}"].nokey == "x"', act)
     with pytest.raises(CelRuntimeError, match="no such key"):
         ev('device.attributes["nope.example.com"].model == "x"', act)
 
 
-def test_runtime_error_is_not_false(act: cel_env.DeviceActivation) -> None:
+def test_runtime_error_is_not_false(act: DeviceActivation) -> None:
     with pytest.raises(CelRuntimeError) as info:
         ev(f'device.attributes["{D}"].model + 1 == 2', act)
     assert info.value.expression.startswith("device.attributes")
@@ -95,7 +91,7 @@ def test_runtime_error_is_not_false(act: cel_env.DeviceActivation) -> None:
         ev(f'device.capacity["{D}"].memory.compareTo(quantity("bad")) > 0', act)
 
 
-def test_non_bool_result_is_error(act: cel_env.DeviceActivation) -> None:
+def test_non_bool_result_is_error(act: DeviceActivation) -> None:
     with pytest.raises(CelRuntimeError, match="bool"):
         ev("device.driver", act)
     with pytest.raises(CelCompileError, match="bool"):
@@ -125,15 +121,15 @@ def test_cost_bomb_rejected_quickly() -> None:
     with pytest.raises(CelCostError):
         compile_selector("lists.range(100000).all(a, lists.range(100000).all(b, true))")
     assert time.perf_counter() - start < 1.0
-    assert compile_selector("lists.range(100).all(a, lists.range(100).all(b, true))").estimated_cost < cel_env.MAX_COST
+    assert compile_selector("lists.range(100).all(a, lists.range(100).all(b, true))").estimated_cost < MAX_COST
 
 
-def test_runtime_budget_poisons(act: cel_env.DeviceActivation, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cel_env, "RUNTIME_LIMIT_S", 0.0)
+def test_runtime_budget_poisons(act: DeviceActivation, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cel_compile, "RUNTIME_LIMIT_S", 0.0)
     sel = compile_selector("lists.range(50).all(a, lists.range(50).all(b, a >= 0))")
     with pytest.raises(CelRuntimeError, match="cost limit"):
         sel.evaluate(act)
-    monkeypatch.setattr(cel_env, "RUNTIME_LIMIT_S", 10.0)
+    monkeypatch.setattr(cel_compile, "RUNTIME_LIMIT_S", 10.0)
     with pytest.raises(CelRuntimeError, match="cost limit"):
         sel.evaluate(act)  # stays poisoned
     sel.poisoned = None
@@ -158,7 +154,7 @@ def test_allow_multiple_allocations_variable() -> None:
 def test_semver_parsing() -> None:
     assert parse_semver("1.2.3-rc.1+build.5").pre == ("rc", "1")
     assert parse_semver("v01.2", normalize=True) == parse_semver("1.2.0")
-    with pytest.raises(cel_env.SemverError):
+    with pytest.raises(SemverError):
         parse_semver("01.2.3")
 
 

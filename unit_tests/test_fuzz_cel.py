@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_prepare import build_devices
 
-from dra_driver.allocator.cel import CelCompileError, CelCostError, CelError, CelRuntimeError, compile_selector, device_activation
+from dra_driver.allocator.cel.compile import compile_selector, device_activation
+from dra_driver.allocator.cel.errors import CelCompileError, CelCostError, CelError, CelRuntimeError
 from dra_driver.node.devices import describe
 
 DRIVER = "gpu.dra-driver.io"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from dra_driver.allocator.cel import CelError, CompiledSelector
+from dra_driver.allocator.cel.compile import CompiledSelector
+from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
 from dra_driver.allocator.inventory import Device, key_str
 from dra_driver.allocator.search import Alt, Ctx, Verdict, consumption, lookup_attribute, taint_blocking

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.cel import DeviceActivation, SemverError, device_activation, parse_semver
+from dra_driver.allocator.cel.compile import DeviceActivation, device_activation
+from dra_driver.allocator.cel.functions import SemverError, parse_semver
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str, selector_matches
 from dra_driver.k8s.quantity import Quantity, QuantityError, parse_quantity
 

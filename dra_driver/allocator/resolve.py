@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.allocator.cel import CelError
+from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import Explanation
 from dra_driver.allocator.funnel import explain_constraints, funnel
 from dra_driver.allocator.inventory import AllocatedState, Inventory, allocated_state, as_nodes, build_inventory, key_str

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.cel import CelCompileError, CelError, CelRuntimeError, CompiledSelector, compile_selector
+from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
+from dra_driver.allocator.cel.errors import CelCompileError, CelError, CelRuntimeError
 from dra_driver.allocator.inventory import (
     AllocatedState,
     Device,

@@ -27,10 +27,10 @@ from urllib.parse import urlencode
 import orjson
 import urllib3
 
-from dra_driver.k8s import wire as kubewire
+from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import ClientCert, Configuration, ConfigurationError, CredentialError, load_configuration
 
-__all__ = ["Configuration", "ConfigurationError", "load_configuration"]  # re-exported: kube is the one boundary
+__all__ = ["Configuration", "ConfigurationError", "load_configuration"]  # re-exported: this client is the one boundary
 
 Obj = dict[str, Any]
 """A Kubernetes object as a JSON dict."""
@@ -363,16 +363,16 @@ class RestKubeApi:
         # JSON stays acceptable: a proxy or an aggregated server may not speak protobuf.
         path = CLAIMS.path()
         resp = self._send("GET", path, query=[("resourceVersion", "0")],
-                          accept=f"{kubewire.PROTOBUF}, application/json")
+                          accept=f"{wire.PROTOBUF}, application/json")
         try:
             data = resp.data
-            if str(resp.headers.get("Content-Type", "")).startswith(kubewire.PROTOBUF):
-                items, rv = kubewire.decode_claim_list(data)
+            if str(resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
+                items, rv = wire.decode_claim_list(data)
                 return ListResult(items, rv)
             page = orjson.loads(data) if data else {}
         except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
-        items = [kubewire.allocation_view(i) for i in page.get("items") or [] if isinstance(i, Mapping)]
+        items = [wire.allocation_view(i) for i in page.get("items") or [] if isinstance(i, Mapping)]
         return ListResult(items, str((page.get("metadata") or {}).get("resourceVersion") or ""))
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,

@@ -1,0 +1,274 @@
+"""Compile a selector (parse, check, estimate, hand to cel-rust) and build the activation of a device."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import cel
+
+from dra_driver.allocator.cel.cost import MAX_COST, estimate_cost, obviously_not_bool
+from dra_driver.allocator.cel.errors import CelCompileError, CelCostError, CelRuntimeError
+from dra_driver.allocator.cel.functions import FUNCTIONS, SemverError, parse_semver, quantity_value, semver_value, type_name
+from dra_driver.allocator.cel.syntax import MAX_EXPRESSION_LENGTH, Binary, Ident, Lit, Node, Parser, Rewriter, Select, unparse
+from dra_driver.k8s.quantity import QuantityError, parse_quantity
+
+RUNTIME_LIMIT_S = 0.5
+
+
+# --------------------------------------------------------------------------- compile
+
+
+@dataclass
+class CompiledSelector:
+    """A compiled selector; evaluate with :meth:`evaluate`."""
+
+    expression: str
+    rewritten: str
+    program: Any  # cel.Program (untyped package)
+    estimated_cost: int
+    poisoned: str | None = None
+    # Set when the expression is exactly ``device.driver == "<literal>"`` (either order), the
+    # usual DeviceClass selector: it is then answered by comparing strings, which gives the same
+    # result as cel-rust and spares the device its CEL context (~40 us to build).
+    driver_equals: str | None = None
+
+    def evaluate(self, activation: DeviceActivation) -> bool:
+        """Evaluate against one device; raises :class:`CelRuntimeError` (never returns False on error)."""
+        if self.poisoned is not None:
+            raise CelRuntimeError(self.expression, self.poisoned)
+        if activation.error is not None:
+            raise CelRuntimeError(self.expression, activation.error)
+        if self.driver_equals is not None:
+            driver = activation.variables.get("driver")
+            if isinstance(driver, str):
+                return driver == self.driver_equals
+        start = time.perf_counter()
+        try:
+            result = self.program.execute(activation.context())
+        except Exception as exc:  # cel raises KeyError/TypeError/RuntimeError/ValueError...
+            raise CelRuntimeError(self.expression, _runtime_message(exc)) from None
+        finally:
+            elapsed = time.perf_counter() - start
+            if elapsed > RUNTIME_LIMIT_S:
+                self.poisoned = f"operation cancelled: actual cost limit exceeded ({elapsed:.2f}s > {RUNTIME_LIMIT_S}s budget)"
+        if self.poisoned is not None:
+            raise CelRuntimeError(self.expression, self.poisoned)
+        if not isinstance(result, bool):
+            raise CelRuntimeError(self.expression, f"must evaluate to bool, got {type_name(result)}")
+        return result
+
+
+_PY_FAILURE = re.compile(r"Function '([\w.]+)' error: Python function call failed: \w+: (.*)", re.DOTALL)
+
+
+def _runtime_message(exc: Exception) -> str:
+    """Shorten cel-rust's verbose messages to what the scheduler would say."""
+    if isinstance(exc, KeyError):
+        return f"no such key: {exc.args[0] if exc.args else ''}"
+    text = str(exc)
+    m = _PY_FAILURE.match(text)
+    if m:
+        text = f"{m.group(1)}(): {m.group(2)}"
+    for noise in (". Check ", " CEL does not coerce"):
+        text = text.split(noise)[0]
+    return text.rstrip(". ")[:500]
+
+
+_COMPILE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=2048)
+def _compile_cached(expression: str) -> CompiledSelector | CelCompileError:
+    # Errors are cached too: a broken class selector is evaluated per device.
+    try:
+        return compile_uncached(expression)
+    except CelCompileError as exc:
+        return exc
+
+
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile (once, cached by text) a DRA selector. Raises :class:`CelCompileError`."""
+    if not isinstance(expression, str):
+        raise CelCompileError(str(expression), "CEL expression must be a string")
+    with _COMPILE_LOCK:
+        result = _compile_cached(expression)
+    if isinstance(result, CelCompileError):
+        raise result
+    return result
+
+
+def compile_uncached(expression: str) -> CompiledSelector:
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CelCompileError(expression, f"expression too long: {len(expression)} > {MAX_EXPRESSION_LENGTH} characters")
+    if not expression.strip():
+        raise CelCompileError(expression, "compilation failed: empty expression")
+    try:
+        ast = Parser(expression).parse()
+        rewritten_ast = Rewriter().rw(ast)
+    except (SyntaxError, RecursionError) as exc:
+        message = exc.msg if isinstance(exc, SyntaxError) else "expression nested too deeply"
+        raise CelCompileError(expression, f"compilation failed: {message}") from None
+    wrong = obviously_not_bool(ast)
+    if wrong is not None:
+        raise CelCompileError(expression, f"must evaluate to bool, not {wrong}")
+    cost = estimate_cost(rewritten_ast)
+    if cost > MAX_COST:
+        raise CelCostError(
+            expression, f"estimated cost {cost} exceeds the limit of {MAX_COST} (nested comprehensions over large lists)"
+        )
+    rewritten = unparse(rewritten_ast)
+    try:
+        program = cel.compile(rewritten)
+    except Exception as exc:
+        raise CelCompileError(expression, f"compilation failed: {exc}") from None
+    return CompiledSelector(expression, rewritten, program, cost, driver_equals=_driver_equality(ast))
+
+
+def _driver_equality(ast: Node) -> str | None:
+    """The literal of a ``device.driver == "..."`` selector, None for any other expression.
+
+    Only plain quoted literals without escapes qualify, so the text between the quotes is the
+    value; anything else (raw, bytes, triple-quoted, escapes, other operators) stays with CEL.
+    """
+    if not isinstance(ast, Binary) or ast.op != "==":
+        return None
+    for field_side, lit_side in ((ast.left, ast.right), (ast.right, ast.left)):
+        if (
+            isinstance(field_side, Select)
+            and field_side.field == "driver"
+            and not field_side.optional
+            and not field_side.test
+            and isinstance(field_side.operand, Ident)
+            and field_side.operand.name == "device"
+            and isinstance(lit_side, Lit)
+            and lit_side.kind == "string"
+        ):
+            text = lit_side.text
+            if (len(text) >= 2 and text[0] in "\"'" and text[-1] == text[0] and "\\" not in text
+                    and not text.startswith(text[0] * 3)):
+                return text[1:-1]
+    return None
+
+
+# --------------------------------------------------------------------------- activation
+
+
+def split_qualified_name(name: str, driver: str) -> tuple[str, str]:
+    """``domain/id`` -> (domain, id); an unqualified name belongs to ``driver``."""
+    domain, sep, ident = name.partition("/")
+    return (domain, ident) if sep else (driver, name)
+
+
+_ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
+
+
+def _attribute_value(raw: Any) -> Any:
+    # Runs for every attribute of every device that meets CEL, hence the plain-dict fast path.
+    if type(raw) is not dict and not isinstance(raw, Mapping):
+        raise ValueError("attribute is not an object")
+    kind = ""
+    for k in _ATTRIBUTE_TYPES:
+        if raw.get(k) is not None:
+            if kind:
+                kind = "?"
+                break
+            kind = k
+    if kind in ("", "?"):
+        raise ValueError("exactly one of int, bool, string, version must be set")
+    value = raw[kind]
+    if not isinstance(value, _ATTRIBUTE_TYPES[kind]) or (kind == "int" and isinstance(value, bool)):
+        raise ValueError(f"{kind} attribute has a {type(value).__name__} value")
+    if kind == "version":
+        try:
+            return semver_value(parse_semver(value))
+        except SemverError as exc:
+            raise ValueError(f"parse semantic version: {exc}") from None
+    return value
+
+
+class DeviceActivation:
+    """Per-device CEL input, built once and reused for every expression.
+
+    ``error`` is set when the device data itself is broken (bad attribute or
+    capacity); the scheduler reports that as an evaluation error.
+    """
+
+    __slots__ = ("_context", "error", "variables")
+
+    def __init__(self, variables: dict[str, Any], error: str | None) -> None:
+        self.variables = variables
+        self.error = error
+        self._context: Any = None
+
+    @property
+    def has_context(self) -> bool:
+        return self._context is not None
+
+    def context(self) -> Any:
+        # Building a cel.Context converts the dict into CEL values and wraps the functions on
+        # first use (~40 us together), so it happens once per device and only for devices that
+        # reach a CEL evaluation.  The context is published only after a first execution has
+        # built its environment: cel.Context is not thread-safe while that cache is filled.
+        ctx = self._context
+        if ctx is None:
+            with _CONTEXT_LOCK:
+                ctx = self._context
+                if ctx is None:
+                    ctx = cel.Context(variables={"device": self.variables}, functions=FUNCTIONS)
+                    _warm_up().execute(ctx)
+                    self._context = ctx
+        return ctx
+
+
+_CONTEXT_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _warm_up() -> Any:
+    return cel.compile("true")
+
+
+def device_activation(
+    driver: str,
+    attributes: Mapping[str, Any] | None,
+    capacity: Mapping[str, Any] | None,
+    allow_multiple_allocations: bool = False,
+) -> DeviceActivation:
+    """Build the ``device`` variable from API-shaped attribute and capacity maps."""
+    attrs: dict[str, dict[str, Any]] = {}
+    caps: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    for name, raw in _items(attributes):
+        try:
+            value = _attribute_value(raw)
+        except ValueError as exc:
+            errors.append(f"attribute {name}: {exc}")
+            continue
+        domain, ident = split_qualified_name(str(name), driver)
+        attrs.setdefault(domain, {})[ident] = value
+    for name, raw in _items(capacity):
+        try:
+            value = raw.get("value") if type(raw) is dict or isinstance(raw, Mapping) else None
+            q = parse_quantity(value)  # type: ignore[arg-type]
+        except QuantityError as exc:
+            errors.append(f"capacity {name}: {exc}")
+            continue
+        domain, ident = split_qualified_name(str(name), driver)
+        caps.setdefault(domain, {})[ident] = quantity_value(q)
+    variables = {
+        "driver": driver,
+        "attributes": attrs,
+        "capacity": caps,
+        "allowMultipleAllocations": bool(allow_multiple_allocations),
+    }
+    return DeviceActivation(variables, "; ".join(errors) or None)
+
+
+def _items(value: Mapping[str, Any] | None) -> Iterable[tuple[str, Any]]:
+    return value.items() if type(value) is dict or isinstance(value, Mapping) else ()
