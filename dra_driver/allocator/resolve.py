@@ -19,11 +19,11 @@ from dra_driver.allocator.search import (
     Abort,
     Ctx,
     Search,
-    classes_by_name,
     parse_constraints,
     parse_requests,
     prepare_alt,
 )
+from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
 
 # =========================================================================== resolution

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -133,17 +133,6 @@ def parse_constraints(claim: Mapping[str, Any], errors: list[str]) -> list[_Cons
             out.append(_Constraint("distinct", distinct, reqs))
         else:
             errors.append(f"constraint #{i}: needs a fully-qualified matchAttribute or distinctAttribute")
-    return out
-
-
-def classes_by_name(classes: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    if isinstance(classes, Mapping):
-        return {str(k): as_mapping(v) for k, v in classes.items()}
-    out: dict[str, Mapping[str, Any]] = {}
-    for cls in classes:
-        name = as_str(as_mapping(as_mapping(cls).get("metadata")).get("name"))
-        if name:
-            out[name] = as_mapping(cls)
     return out
 
 

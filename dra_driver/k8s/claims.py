@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from dra_driver.k8s.client import Obj, meta
 
@@ -111,8 +111,14 @@ def device_ids(allocation: Mapping[str, Any] | None, *, exclusive_only: bool = F
     return out
 
 
-def classes_by_name(classes: Iterable[Obj]) -> dict[str, Obj]:
-    return {str(meta(c).get("name", "")): c for c in classes if meta(c).get("name")}
+ClassT = TypeVar("ClassT", bound=Mapping[str, Any])
+
+
+def classes_by_name(classes: Mapping[str, ClassT] | Iterable[ClassT]) -> dict[str, ClassT]:
+    """DeviceClasses by name, from a list of objects or a mapping that is already keyed by name."""
+    if isinstance(classes, Mapping):
+        return {str(k): v for k, v in cast("Mapping[str, ClassT]", classes).items()}
+    return {str(meta(c).get("name", "")): c for c in classes if isinstance(c, Mapping) and meta(c).get("name")}
 
 
 def with_finalizer(claim: Obj) -> Obj:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi
+from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi, meta
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 
@@ -226,11 +226,6 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def _generation(obj: Mapping[str, Any]) -> int:
     pool = _spec(obj).get("pool") or {}
     try:
@@ -279,8 +274,8 @@ def plan(desired: Sequence[SliceContent], existing: Sequence[Mapping[str, Any]],
 
     matched: dict[int, Mapping[str, Any]] = {}
     expected_length = index_length(count)
-    for s in sorted(pool_slices, key=lambda s: str(_meta(s).get("name", ""))):
-        index = decode_index(str(_meta(s).get("name", "")), expected_length)
+    for s in sorted(pool_slices, key=lambda s: str(meta(s).get("name", ""))):
+        index = decode_index(str(meta(s).get("name", "")), expected_length)
         if _generation(s) < generation or index is None or not 0 <= index < count or index in matched:
             obsolete.append(s)
             continue
@@ -306,9 +301,9 @@ def plan(desired: Sequence[SliceContent], existing: Sequence[Mapping[str, Any]],
 
     ops: list[Op] = []
     for s in obsolete:
-        meta = _meta(s)
-        ops.append(Op("delete", None, name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
-                      resource_version=str(meta.get("resourceVersion", ""))))
+        m = meta(s)
+        ops.append(Op("delete", None, name=str(m.get("name", "")), uid=str(m.get("uid", "")),
+                      resource_version=str(m.get("resourceVersion", ""))))
     for i in sorted(matched):
         if i not in changed and not bumped:
             continue
@@ -319,9 +314,9 @@ def plan(desired: Sequence[SliceContent], existing: Sequence[Mapping[str, Any]],
             spec["devices"] = _carry_taint_time(_spec(current).get("devices") or [], spec["devices"])
         body["spec"] = spec
         body.pop("status", None)
-        meta = _meta(current)
-        ops.append(Op("update", i, name=str(meta.get("name", "")), body=body, uid=str(meta.get("uid", "")),
-                      resource_version=str(meta.get("resourceVersion", ""))))
+        m = meta(current)
+        ops.append(Op("update", i, name=str(m.get("name", "")), body=body, uid=str(m.get("uid", "")),
+                      resource_version=str(m.get("resourceVersion", ""))))
     for i in range(count):
         if i in matched:
             continue
@@ -453,7 +448,7 @@ class SlicePublisher:
             desired = [self._accepted.get(i, s) for i, s in enumerate(self._desired)]
         if not self.node_uid:
             self.requests["get"] += 1
-            self.node_uid = str(_meta(self.api.get(NODES, self.node_name)).get("uid", ""))
+            self.node_uid = str(meta(self.api.get(NODES, self.node_name)).get("uid", ""))
         owner = PoolOwner(self.driver_name, self.node_name, self.node_uid)
         self.requests["list"] += 1
         existing = self.api.list(SLICES, field_selector=self.field_selector).items
@@ -480,11 +475,11 @@ class SlicePublisher:
         assert op.body is not None and op.index is not None
         if op.kind == "update":
             self.requests["update"] += 1
-            stored = self.api.replace(SLICES, dict(op.body, metadata=dict(_meta(op.body), name=op.name)))
+            stored = self.api.replace(SLICES, dict(op.body, metadata=dict(meta(op.body), name=op.name)))
         else:
             self.requests["create"] += 1
             stored = self.api.create(SLICES, op.body)
-        rv = str(_meta(stored).get("resourceVersion", ""))
+        rv = str(meta(stored).get("resourceVersion", ""))
         if rv:
             if len(self._own_versions) > 1000:
                 self._own_versions.clear()
@@ -502,7 +497,7 @@ class SlicePublisher:
         self.dropped = sorted(set(self.dropped) | set(gates))
         self._log.warning(
             "the apiserver dropped fields of a ResourceSlice; the feature gates are probably disabled",
-            slice=_meta(stored).get("name"), index=index, feature_gates=gates,
+            slice=meta(stored).get("name"), index=index, feature_gates=gates,
         )
 
     # -- background loop --------------------------------------------------------------------------
@@ -541,7 +536,7 @@ class SlicePublisher:
     def _on_change(self, old: Obj | None, new: Obj | None) -> None:
         # Our own writes come back as watch events; only someone else's change (the kubelet wiping
         # the node's slices) needs a sync.
-        if new is not None and str(_meta(new).get("resourceVersion", "")) in self._own_versions:
+        if new is not None and str(meta(new).get("resourceVersion", "")) in self._own_versions:
             return
-        self._log.debug("ResourceSlice changed", slice=_meta(new or old or {}).get("name"), deleted=new is None)
+        self._log.debug("ResourceSlice changed", slice=meta(new or old or {}).get("name"), deleted=new is None)
         self.request_sync(self.sync_delay)

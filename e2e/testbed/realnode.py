@@ -569,6 +569,10 @@ def main(argv: list[str] | None = None) -> int:
         stop_detached(root)
         print(f"real node in {root} stopped")
         return 0
+    if not args.kubeconfig.exists():
+        print(f"real node: no control plane at {args.kubeconfig}: start one with `make cluster-up` "
+              "(or pass --kubeconfig of a bed kept by `make demo KEEP=1`)", file=sys.stderr)
+        return 1
     if (root / "state.json").exists():
         stop_detached(root)
     problems = preflight()
