@@ -336,6 +336,64 @@ def test_capacity_request_on_exclusive_device() -> None:
     assert res.allocation is not None and "consumedCapacity" not in res.allocation["devices"]["results"][0]
 
 
+def shareable(name: str, capacity: dict[str, Any]) -> dict[str, Any]:
+    return dev(name, allowMultipleAllocations=True, capacity=capacity)
+
+
+def test_capacity_names_are_looked_up_exactly_as_written() -> None:
+    # Like the scheduler (requestsContainNonExistCapacity): no driver domain is added to either
+    # side, so "<driver>/memory" does not name a device's "memory"; the device is skipped.
+    plain = shareable("gpu-0", {"memory": {"value": "80Gi"}})
+    qualified = shareable("gpu-1", {f"{D}/memory": {"value": "80Gi"}})
+    inv = build_inventory([slice_("node-a", [plain])])
+    res = resolve(claim(request(capacity={"requests": {f"{D}/memory": "10Gi"}})), inv, CLASSES)
+    assert res.allocation is None
+    [note] = res.explanation.requests[0].closest
+    assert note.failed == f"capacity `{D}/memory` is not published by this device; it publishes `memory`"
+    assert resolve(claim(request(capacity={"requests": {"memory": "10Gi"}})), inv, CLASSES).allocation is not None
+    # The other way round: an unqualified request does not name a qualified capacity.
+    inv = build_inventory([slice_("node-a", [plain, qualified])])
+    res = resolve(claim(request(capacity={"requests": {f"{D}/memory": "10Gi"}})), inv, CLASSES)
+    assert picked(res) == ["node-a/gpu-1"]
+    assert res.allocation is not None
+    assert res.allocation["devices"]["results"][0]["consumedCapacity"] == {f"{D}/memory": "10Gi"}
+    # firstAvailable: the first subrequest's name is not published, so the second one is chosen.
+    inv = build_inventory([slice_("node-a", [plain])])
+    fa = {"name": "gpu", "firstAvailable": [
+        {"name": "qualified", "deviceClassName": "gpu", "capacity": {"requests": {f"{D}/memory": "10Gi"}}},
+        {"name": "plain", "deviceClassName": "gpu", "capacity": {"requests": {"memory": "10Gi"}}}]}  # fmt: skip
+    res = resolve(claim(fa), inv, CLASSES)
+    assert res.allocation is not None and res.allocation["devices"]["results"][0]["request"] == "gpu/plain"
+
+
+def test_capacity_spelled_both_ways_is_two_capacities() -> None:
+    both = shareable("gpu-0", {"memory": {"value": "80Gi"}, f"{D}/memory": {"value": "40Gi"}})
+    inv = build_inventory([slice_("node-a", [both])])
+    res = resolve(claim(request(capacity={"requests": {"memory": "50Gi", f"{D}/memory": "30Gi"}})), inv, CLASSES)
+    assert res.allocation is not None
+    assert res.allocation["devices"]["results"][0]["consumedCapacity"] == {"memory": "50Gi", f"{D}/memory": "30Gi"}
+    state = allocated_state([{"status": {"allocation": {"devices": {"results": [
+        {"request": "x", "driver": D, "pool": "node-a", "device": "gpu-0", "shareID": "a",
+         "consumedCapacity": {f"{D}/memory": "20Gi"}}]}}}}])  # fmt: skip
+    # Only the qualified capacity is used by the other claim: 20Gi of it are left, 80Gi of "memory".
+    assert resolve(claim(request(capacity={"requests": {"memory": "70Gi", f"{D}/memory": "20Gi"}})), inv, CLASSES,
+                   state).allocation is not None  # fmt: skip
+    assert resolve(claim(request(capacity={"requests": {"memory": "1Gi", f"{D}/memory": "21Gi"}})), inv, CLASSES,
+                   state).allocation is None  # fmt: skip
+
+
+def test_unrequested_capacity_must_satisfy_the_request_policy() -> None:
+    # Unrequested capacity is consumed at the policy's default, else in full, and the scheduler
+    # checks that amount against the policy like a requested one (violatesPolicy).
+    no_default = shareable("gpu-0", {"memory": {"value": "80Gi", "requestPolicy": {"validRange": {"min": "1Gi", "max": "40Gi"}}}})
+    with_default = shareable("gpu-1", {"memory": {"value": "80Gi", "requestPolicy": {
+        "default": "8Gi", "validRange": {"min": "1Gi", "max": "40Gi"}}}})  # fmt: skip
+    inv = build_inventory([slice_("node-a", [no_default, with_default])])
+    res = resolve(claim(request()), inv, CLASSES)
+    assert picked(res) == ["node-a/gpu-1"]
+    assert res.allocation is not None and res.allocation["devices"]["results"][0]["consumedCapacity"] == {"memory": "8Gi"}
+
+
 def test_network_attached_and_node_selector_slices() -> None:
     shared = slice_(None, [dev("gpu-0")], pool="fabric")
     res = resolve(claim(request()), build_inventory([shared]), CLASSES)
@@ -526,4 +584,4 @@ def test_allocated_state_over_many_claims() -> None:
     claims.append({"metadata": {"uid": "pending"}})
     state = allocated_state(claims, exclude_uid="u0")
     assert len(state.devices) == 799 and (D, "node-0", "gpu-0") not in state.devices
-    assert state.shared == {(D, "node-0", "gpu-0"): {f"{D}/memory": 2**30}}
+    assert state.shared == {(D, "node-0", "gpu-0"): {"memory": 2**30}}  # as written, like the device's name

@@ -9,7 +9,15 @@ from dra_driver.allocator.cel.compile import CompiledSelector
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
 from dra_driver.allocator.inventory import Device, key_str
-from dra_driver.allocator.search import Alt, Ctx, Verdict, consumption, lookup_attribute, taint_blocking
+from dra_driver.allocator.search import (
+    Alt,
+    Ctx,
+    Verdict,
+    consumption,
+    lookup_attribute,
+    missing_capacity,
+    taint_blocking,
+)
 
 MAX_CLOSEST = 5
 
@@ -47,7 +55,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
         stage(label, lambda d, i=i, label=label, sel=sel: _sel_reason(info, ctx.verdict(alt, d), d, i, label, sel))
     stage("taints tolerated", lambda d: _taint_reason(d, alt))
     if alt.capacity or any(d.allow_multi for d in alive):
-        stage("capacity fits", lambda d: None if consumption(d, alt) is not None else "capacity request does not fit")
+        stage("capacity fits", lambda d: _capacity_reason(d, alt))
     if not alt.admin:
         stage("not allocated to other claims", lambda d: "allocated to another claim" if d.key in ctx.allocated.devices else None)
     if any(d.consumes for d in alive):
@@ -71,6 +79,15 @@ def _sel_reason(info: RequestExplanation, verdict: Verdict, d: Device, i: int, l
 def _taint_reason(d: Device, alt: Alt) -> str | None:
     taint = taint_blocking(d, alt)
     return None if taint is None else f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
+
+
+def _capacity_reason(d: Device, alt: Alt) -> str | None:
+    missing = missing_capacity(d, alt)
+    if missing is not None:
+        # Names must match as written (no driver domain is added), so say what the device does publish.
+        published = ", ".join(f"`{n}`" for n in d.capacity) or "no capacity"
+        return f"capacity `{missing}` is not published by this device; it publishes {published}"
+    return None if consumption(d, alt) is not None else "capacity request does not fit"
 
 
 def _counter_reason(ctx: Ctx, d: Device) -> str | None:

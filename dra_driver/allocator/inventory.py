@@ -39,10 +39,6 @@ def key_str(key: DeviceKey) -> str:
     return "/".join(key)
 
 
-def qualify(name: str, driver: str) -> str:
-    return name if "/" in name else f"{driver}/{name}"
-
-
 # =========================================================================== inventory
 
 
@@ -55,7 +51,10 @@ class Device:
     slice_name: str
     raw: Mapping[str, Any]
     attributes: dict[str, tuple[str, Any]]  # fully-qualified name -> (kind, value)
-    capacity: dict[str, tuple[str, Quantity, Mapping[str, Any]]]  # fq -> (published name, value, requestPolicy)
+    # Published name, exactly as written in the slice -> (value, requestPolicy).  Not qualified:
+    # the scheduler looks capacity names up as written (requestsContainNonExistCapacity), so
+    # ``memory`` and ``<driver>/memory`` are two different capacities to it.
+    capacity: dict[str, tuple[Quantity, Mapping[str, Any]]]
     consumes: list[tuple[str, dict[str, Fraction]]]
     taints: list[Mapping[str, Any]]
     node_name: str | None
@@ -292,17 +291,14 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         else:
             cel_clean = False
             local.append(f"attribute {aname}: exactly one value type must be set")
-    capacity: dict[str, tuple[str, Quantity, Mapping[str, Any]]] = {}
+    capacity: dict[str, tuple[Quantity, Mapping[str, Any]]] = {}
     for cname, cval in as_mapping(raw.get("capacity")).items():
         q = quantity_or_none(as_mapping(cval).get("value"))
         if q is None:
             cel_clean = False
             local.append(f"capacity {cname}: invalid quantity")
             continue
-        fq = qualify(cname, driver)
-        if fq in capacity and "/" not in cname:
-            continue  # an explicitly qualified spelling wins over the implicit one
-        capacity[fq] = (cname, q, as_mapping(as_mapping(cval).get("requestPolicy")))
+        capacity[cname] = (q, as_mapping(as_mapping(cval).get("requestPolicy")))
     consumes: list[tuple[str, dict[str, Fraction]]] = []
     for entry in as_list(raw.get("consumesCounters")):
         counters: dict[str, Fraction] = {}
@@ -360,9 +356,8 @@ def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None
             used = state.shared.setdefault(key, {})
             for cname, val in as_mapping(res.get("consumedCapacity")).items():
                 q = quantity_or_none(val)
-                if q is not None:
-                    fq = qualify(cname, key[0])
-                    used[fq] = used.get(fq, Fraction(0)) + q.value
+                if q is not None:  # keyed as written, like the device's capacity (see Device.capacity)
+                    used[cname] = used.get(cname, Fraction(0)) + q.value
     return state
 
 

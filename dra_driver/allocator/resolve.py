@@ -183,7 +183,7 @@ def _success(ctx: Ctx, search: Search, node: Node, explanation: Explanation) -> 
         if res.dev.allow_multi:
             entry["shareID"] = str(uuid.uuid5(SHARE_NS, f"{uid}/{res.alt.name}/{key_str(res.dev.key)}/{n}"))
             if res.consumed:
-                entry["consumedCapacity"] = {res.dev.capacity[k][0]: str(v) for k, v in res.consumed.items()}
+                entry["consumedCapacity"] = {k: str(v) for k, v in res.consumed.items()}
         results.append(entry)
     allocation: dict[str, Any] = {"devices": {"results": results, "config": _configs(ctx, search)}}
     if not allocation["devices"]["config"]:

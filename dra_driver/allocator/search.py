@@ -18,7 +18,6 @@ from dra_driver.allocator.inventory import (
     Inventory,
     key_str,
     on_node,
-    qualify,
     quantity_or_none,
 )
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str
@@ -186,45 +185,71 @@ def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
     return None
 
 
-def _round_policy(requested: Quantity, policy: Mapping[str, Any]) -> Quantity | None:
-    """Round a request up as the device's requestPolicy says; None when it violates it."""
+def _round_up(requested: Quantity, policy: Mapping[str, Any]) -> Quantity:
+    """The amount a request consumes under the device's requestPolicy (scheduler's
+    calculateConsumedCapacity): up to ``min`` and then to the next ``step`` of a validRange, or
+    up to the next validValue; unchanged when nothing fits (``_violates`` then rejects it)."""
     vr = as_mapping(policy.get("validRange"))
     lo = quantity_or_none(vr.get("min")) if vr else None
     if lo is not None:
-        hi, step = quantity_or_none(vr.get("max")), quantity_or_none(vr.get("step"))
-        value = requested if requested.value >= lo.value else lo
-        if step is not None and step.value > 0:
-            steps = -((lo.value - value.value) // step.value)  # ceil((value - min) / step)
-            rounded = lo.value + steps * step.value
-            value = value if rounded == value.value else Quantity(rounded)
-        return None if hi is not None and value.value > hi.value else value
+        if requested.value < lo.value:
+            return lo
+        step = quantity_or_none(vr.get("step"))
+        if step is None or step.value <= 0:
+            return requested
+        steps = -((lo.value - requested.value) // step.value)  # ceil((requested - min) / step)
+        rounded = lo.value + steps * step.value
+        return requested if rounded == requested.value else Quantity(rounded)
     parsed = (quantity_or_none(v) for v in as_list(policy.get("validValues")))
-    valid = sorted((q for q in parsed if q is not None), key=lambda q: q.value)
-    if valid:
-        fitting = [v for v in valid if v.value >= requested.value]
-        return fitting[0] if fitting else None
-    return requested
+    return next((v for v in sorted((q for q in parsed if q is not None), key=lambda q: q.value)
+                 if v.value >= requested.value), requested)  # fmt: skip
+
+
+def _violates(value: Quantity, policy: Mapping[str, Any]) -> bool:
+    """Whether ``value`` breaks the device's requestPolicy (scheduler's violatesPolicy): the
+    default never does; a validRange bounds it by ``max`` and the ``step`` grid from ``min``;
+    validValues must contain it."""
+    default = quantity_or_none(policy.get("default"))
+    if default is not None and default.value == value.value:
+        return False
+    vr = policy.get("validRange")
+    if isinstance(vr, Mapping):
+        hi, lo, step = (quantity_or_none(vr.get(k)) for k in ("max", "min", "step"))
+        if hi is not None and value.value > hi.value:
+            return True
+        return step is not None and step.value > 0 and (value.value - (lo.value if lo else 0)) % step.value != 0
+    valid = [q.value for q in (quantity_or_none(v) for v in as_list(policy.get("validValues"))) if q is not None]
+    return bool(valid) and value.value not in valid
+
+
+def missing_capacity(dev: Device, alt: Alt) -> str | None:
+    """The first capacity the request names that ``dev`` does not publish, else None.
+
+    Names are compared exactly as written, with no driver domain added to either side, like the
+    scheduler's requestsContainNonExistCapacity: ``<driver>/memory`` does not name ``memory``.
+    Such a device is skipped (not an error): another device may publish the name."""
+    return next((name for name in alt.capacity if name not in dev.capacity), None)
 
 
 def consumption(dev: Device, alt: Alt) -> dict[str, Quantity] | None:
-    """Capacity this request would consume on ``dev`` (per fq name), None if impossible."""
-    requested: dict[str, Quantity] = {}
-    for rname, q in alt.capacity.items():
-        fq = qualify(rname, dev.key[0])
-        if fq not in dev.capacity:
-            return None
-        requested[fq] = q
+    """Capacity this request would consume on ``dev`` (per published name), None if impossible.
+
+    Every capacity the device publishes is consumed, the unrequested ones at the policy's default
+    or in full, and each amount must satisfy the requestPolicy and fit the total."""
+    if missing_capacity(dev, alt) is not None:
+        return None
     out: dict[str, Quantity] = {}
-    for fq, (_, total, policy) in dev.capacity.items():
-        value: Quantity | None
-        if fq in requested:
-            value = _round_policy(requested[fq], policy) if policy else requested[fq]
+    for name, (total, policy) in dev.capacity.items():
+        requested = alt.capacity.get(name)
+        value: Quantity
+        if requested is not None:
+            value = _round_up(requested, policy) if policy else requested
         else:
             default = quantity_or_none(policy.get("default")) if policy else None
             value = default if default is not None else total
-        if value is None or value.value > total.value:
+        if (policy and _violates(value, policy)) or value.value > total.value:
             return None
-        out[fq] = value
+        out[name] = value
     return out
 
 
@@ -294,8 +319,9 @@ class Search:
                     if not pool.usable and any(on_node(d, self.node) for d in pool.devices):
                         state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
                         raise Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}")
+                # Sized before anything is allocated, so only other claims' shares count here.
                 self.all_devices[id(alt)] = [
-                    d for d in self.devices if self.ctx.selectable(alt, d) and consumption(d, alt) is not None]
+                    d for d in self.devices if self.ctx.selectable(alt, d) and self.capacity_fits(d, alt) is not None]
 
     def request(self, ri: int) -> bool:
         if ri >= len(self.ctx.requests):
@@ -435,8 +461,8 @@ class Search:
             return consumed
         before = self.ctx.allocated.shared.get(dev.key, {})
         now = self.capacity.get(dev.key, {})
-        for fq, value in consumed.items():
-            if before.get(fq, 0) + now.get(fq, 0) + value.value > dev.capacity[fq][1].value:
+        for name, value in consumed.items():
+            if before.get(name, 0) + now.get(name, 0) + value.value > dev.capacity[name][0].value:
                 return None
         return consumed
 
