@@ -7,6 +7,7 @@ import pytest
 
 from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.allocator.search import SCHEDULER_ABORTS
 from e2e.bench.synthetic import benchmark_resolve
 from e2e.scenarios import generate, generate_many, validate_scenario
 
@@ -585,3 +586,37 @@ def test_allocated_state_over_many_claims() -> None:
     state = allocated_state(claims, exclude_uid="u0")
     assert len(state.devices) == 799 and (D, "node-0", "gpu-0") not in state.devices
     assert state.shared == {(D, "node-0", "gpu-0"): {"memory": 2**30}}  # as written, like the device's name
+
+
+def mig_node() -> dict[str, Any]:
+    # gpu-1 is a MIG device without a "profile" attribute: selecting on it is a CEL runtime error.
+    full = dev("gpu-0")
+    full["attributes"]["profile"] = {"string": "full"}
+    return slice_("node-a", [full, {"name": "mig-1", "attributes": {"index": {"int": 1}}}])
+
+
+def test_earlier_cel_error_beats_a_later_unsatisfiable_request() -> None:
+    # Issue 20: the scheduler searches requests in order and stops with an error on request "a"
+    # (no such key on mig-1) before it finds "b" unsatisfiable; the precheck must not answer first.
+    c = claim(request("a", selectors=(f'device.attributes["{D}"].profile == "1g"',)), request("b", count=10))
+    res = resolve(c, build_inventory([mig_node()]), CLASSES)
+    assert res.allocation is None
+    assert "CEL runtime error" in res.explanation.summary and SCHEDULER_ABORTS in res.explanation.summary
+    assert not any("not enough devices match" in e for e in res.explanation.errors)
+    # Without the error the precheck still answers for the later request.
+    c = claim(request("a", selectors=(f'device.attributes["{D}"].index == 0',)), request("b", count=10))
+    res = resolve(c, build_inventory([mig_node()]), CLASSES)
+    assert res.explanation.errors == ["request b: not enough devices match"]
+
+
+def test_claim_limit_counts_all_requests_at_their_size_and_is_an_error() -> None:
+    # The scheduler sizes "All" requests per node and checks the claim limit after validating
+    # every request; exceeding it is an error (SchedulerError), never a plain "unschedulable".
+    devices = [dev(f"gpu-{i}") for i in range(4)]
+    c = claim(request("all", count=None, allocationMode="All"), request("b", count=29))
+    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES)
+    assert "number of requested devices 33 exceeds the claim limit of 32" in res.explanation.summary
+    assert SCHEDULER_ABORTS in res.explanation.summary
+    c = claim(request("all", count=None, allocationMode="All"), request("b", count=28))
+    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES)
+    assert res.allocation is None and SCHEDULER_ABORTS not in res.explanation.summary  # 32: within the limit

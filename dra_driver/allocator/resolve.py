@@ -145,24 +145,25 @@ def _resolve(
 
 
 def _precheck(ctx: Ctx, explanation: Explanation) -> None:
-    """Cheap impossibility checks so absurd claims fail fast with a clear message."""
-    minimum = 0
-    for alts in ctx.requests:
-        counts = [a.count for a in alts if a.mode == "ExactCount" and not a.error]
-        minimum += min(counts) if counts else (1 if any(a.mode == "All" for a in alts) else 0)
-    if minimum > MAX_RESULTS:
-        explanation.errors.append(f"number of requested devices {minimum} exceeds the claim limit of {MAX_RESULTS}")
+    """Fail fast, without a search, on a request that no device of the cluster can satisfy.
+
+    Only where the scheduler cannot come to another verdict first: it validates every request
+    on each node before searching (an error there, an ``All`` request's sizing and the claim's
+    result limit can each make it stop with an error), and it searches the requests in order,
+    so a CEL runtime error in an earlier request (or in this one) stops it before it finds this
+    request unsatisfiable.  In any of these cases the search decides.
+    """
+    alternatives = [a for alts in ctx.requests for a in alts]
+    if any(a.error or a.mode == "All" for a in alternatives):
+        return
+    if sum(min(a.count for a in alts) for alts in ctx.requests) > MAX_RESULTS:
         return
     by_name = {r.request: r for r in explanation.requests}
     for alts in ctx.requests:
-        feasible = False
-        for alt in alts:
-            info = by_name[alt.name]
-            if alt.error or info.cel_errors:
-                feasible = True  # let the search surface the error in scheduler order
-            elif alt.mode == "All" or info.candidates >= alt.count:
-                feasible = True
-        if not feasible:
+        infos = [by_name[a.name] for a in alts]
+        if any(info.cel_errors for info in infos):
+            return
+        if not any(info.candidates >= a.count for a, info in zip(alts, infos, strict=True)):
             explanation.errors.append(f"request {alts[0].base}: not enough devices match")
             return
 

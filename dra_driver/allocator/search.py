@@ -308,12 +308,17 @@ class Search:
 
         ``All`` requests are sized up front: an incomplete pool or a CEL runtime error among
         the node's devices is an error even when an earlier request would have failed anyway.
+        Then the claim's fewest possible results (per request, its smallest alternative, an
+        ``All`` one at its size on this node) must stay within the limit, else it is an error.
         """
+        minimum = 0
         for alts in self.ctx.requests:
+            sizes = []
             for alt in alts:
                 if alt.error:
                     raise Abort(f"request {alt.name}: {alt.error}")
                 if alt.mode != "All":
+                    sizes.append(alt.count)
                     continue
                 for pool in self.ctx.inventory.pools:
                     if not pool.usable and any(on_node(d, self.node) for d in pool.devices):
@@ -322,6 +327,10 @@ class Search:
                 # Sized before anything is allocated, so only other claims' shares count here.
                 self.all_devices[id(alt)] = [
                     d for d in self.devices if self.ctx.selectable(alt, d) and self.capacity_fits(d, alt) is not None]
+                sizes.append(len(self.all_devices[id(alt)]))
+            minimum += min(sizes)
+        if minimum > MAX_RESULTS:
+            raise Abort(f"number of requested devices {minimum} exceeds the claim limit of {MAX_RESULTS}")
 
     def request(self, ri: int) -> bool:
         if ri >= len(self.ctx.requests):
