@@ -620,3 +620,20 @@ def test_claim_limit_counts_all_requests_at_their_size_and_is_an_error() -> None
     c = claim(request("all", count=None, allocationMode="All"), request("b", count=28))
     res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES)
     assert res.allocation is None and SCHEDULER_ABORTS not in res.explanation.summary  # 32: within the limit
+
+
+def test_first_available_evaluates_a_subrequest_that_cannot_fit() -> None:
+    # Issue 20: "big" wants 3 devices of 2.  The scheduler still tries them in order, evaluates
+    # the selector on mig-1 (no such key) and stops with an error instead of moving on to "one".
+    fa = {"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu", "count": 3,
+         "selectors": [{"cel": {"expression": f'device.attributes["{D}"].profile == "full"'}}]},
+        {"name": "one", "deviceClassName": "gpu", "count": 1}]}  # fmt: skip
+    res = resolve(claim(fa), build_inventory([mig_node()]), CLASSES)
+    assert res.allocation is None
+    assert "request gpu/big selector #0 on device" in res.explanation.summary
+    assert SCHEDULER_ABORTS in res.explanation.summary
+    # Where no remaining device errors, giving up early is still exact: "one" is chosen.
+    fa["firstAvailable"][0]["selectors"] = [{"cel": {"expression": f'device.attributes["{D}"].index >= 0'}}]
+    res = resolve(claim(fa), build_inventory([mig_node()]), CLASSES)
+    assert res.allocation is not None and res.allocation["devices"]["results"][0]["request"] == "gpu/one"

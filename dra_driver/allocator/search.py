@@ -359,8 +359,12 @@ class Search:
         if remaining == 0:
             return self.request(ri + 1)
         for pos in range(start, len(self.devices)):
-            if len(self.devices) - pos < remaining:
-                return False  # not enough devices left for the rest of this request
+            if len(self.devices) - pos < remaining and not any(
+                    self.ctx.raises(alt, d) for d in self.devices[pos:] if not self.in_use(alt, d)):
+                # Not enough devices left for the rest of this request.  The scheduler still tries
+                # each of them, so stopping early is only right when none of them would stop it
+                # with a CEL runtime error (as in eligible(), a device in use is not evaluated).
+                return False
             dev = self.devices[pos]
             if not self.eligible(alt, dev):
                 continue
@@ -551,6 +555,11 @@ class Ctx:
             label, err = alt.compiled[v[0]][0], v[1]
             raise Abort(f"{label} on device {key_str(dev.key)}: CEL runtime error: {err.message}")
         return False
+
+    def raises(self, alt: Alt, dev: Device) -> bool:
+        """Whether evaluating ``alt``'s selectors on ``dev`` is a CEL runtime error."""
+        v = self.verdict(alt, dev)
+        return v is not None and isinstance(v[1], CelError)
 
     def available_counters(self, pool_id: tuple[str, str]) -> dict[str, dict[str, Fraction]]:
         if pool_id not in self.available:
