@@ -318,7 +318,7 @@ def test_capacity_sharing() -> None:
     res = resolve(claim(req), inv, CLASSES)
     assert res.allocation is not None
     result = res.allocation["devices"]["results"][0]
-    assert result["consumedCapacity"] == {"memory": "32212254720"}  # rounded up to 30Gi
+    assert result["consumedCapacity"] == {"memory": "30Gi"}  # 25Gi rounded up, written in canonical form
     assert len(result["shareID"]) == 36
     # The same device twice in one claim, then the third request does not fit.
     res = resolve(claim(req, request("b", capacity={"requests": {"memory": "50Gi"}})), inv, CLASSES)

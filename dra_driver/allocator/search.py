@@ -21,7 +21,7 @@ from dra_driver.allocator.inventory import (
     quantity_or_none,
 )
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str
-from dra_driver.k8s.quantity import Quantity
+from dra_driver.k8s.quantity import Quantity, format_canonical
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 MAX_SEARCH_STEPS = 50_000  # allocateOne calls per claim before giving up as "too complex"
@@ -199,7 +199,10 @@ def _round_up(requested: Quantity, policy: Mapping[str, Any]) -> Quantity:
             return requested
         steps = -((lo.value - requested.value) // step.value)  # ceil((requested - min) / step)
         rounded = lo.value + steps * step.value
-        return requested if rounded == requested.value else Quantity(rounded)
+        if rounded == requested.value:
+            return requested
+        # The scheduler builds this amount as a new BinarySI quantity, so its status says "30Gi".
+        return Quantity(rounded, format_canonical(rounded.numerator) if rounded.denominator == 1 else "")
     parsed = (quantity_or_none(v) for v in as_list(policy.get("validValues")))
     return next((v for v in sorted((q for q in parsed if q is not None), key=lambda q: q.value)
                  if v.value >= requested.value), requested)  # fmt: skip
