@@ -367,6 +367,21 @@ def test_capacity_names_are_looked_up_exactly_as_written() -> None:
     assert res.allocation is not None and res.allocation["devices"]["results"][0]["request"] == "gpu/plain"
 
 
+def test_all_request_checks_constraints_before_capacity() -> None:
+    # Differential seed 281: r0 takes a share of gpu-0, then the All request r1 must take gpu-0 as
+    # well (sized alone, its full 80Gi fit).  The scheduler's allocateDevice checks the claim's
+    # constraints before capacity, so the repeated numa is an error, not a quiet misfit.
+    inv = build_inventory([slice_("node-a", [shareable("gpu-0", {"memory": {"value": "80Gi"}})])])
+    c = claim(request("r0", capacity={"requests": {"memory": "1Gi"}}), request("r1", count=None, allocationMode="All"),
+              constraints=[{"distinctAttribute": f"{D}/numa"}])  # fmt: skip
+    res = resolve(c, inv, CLASSES)
+    assert res.allocation is None
+    assert any(SCHEDULER_ABORTS in e and "constraint" in e for e in res.explanation.errors), res.explanation.errors
+    # Without the constraint, the capacity check alone rejects gpu-0 for r1: unschedulable, no error.
+    res = resolve(claim(*c["spec"]["devices"]["requests"]), inv, CLASSES)
+    assert res.allocation is None and not any(SCHEDULER_ABORTS in e for e in res.explanation.errors)
+
+
 def test_capacity_spelled_both_ways_is_two_capacities() -> None:
     both = shareable("gpu-0", {"memory": {"value": "80Gi"}, f"{D}/memory": {"value": "40Gi"}})
     inv = build_inventory([slice_("node-a", [both])])

@@ -425,11 +425,9 @@ class Search:
             if use_counters:
                 self.release_counters(dev)
             return None
-        consumed = self.capacity_fits(dev, alt)
-        if consumed is None:
-            if use_counters:
-                self.release_counters(dev)
-            return None
+        # Constraints before capacity, in the scheduler's allocateDevice order: for an ``All``
+        # request (``must``) a constraint that rejects the device is an error even where its
+        # capacity would not have fitted either.
         added: list[_Constraint] = []
         for c in self.ctx.constraints:
             if not c.applies(alt):
@@ -444,6 +442,13 @@ class Search:
                                  "because a claim constraint would not be satisfied")  # fmt: skip
                 return None
             added.append(c)
+        consumed = self.capacity_fits(dev, alt)
+        if consumed is None:
+            for a in added:
+                _constraint_remove(a, dev)
+            if use_counters:
+                self.release_counters(dev)
+            return None
         if not dev.allow_multi:
             self.allocating[dev.key] += 1
         if dev.allow_multi:
