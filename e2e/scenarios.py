@@ -19,8 +19,11 @@ __all__ = ["DEFAULT_FEATURES", "DRIVER", "Scenario", "generate", "generate_many"
 DRIVER = "gpu.dra-driver.io"
 # Feature areas the generator may use; drop one for clusters with the gate off.
 # "taint-none" (effect None) needs 1.35+, "counters" DRAPartitionableDevices,
-# "taints" DRADeviceTaints, "firstAvailable" DRAPrioritizedList.
+# "taints" DRADeviceTaints, "firstAvailable" DRAPrioritizedList, "shares" DRAConsumableCapacity.
 DEFAULT_FEATURES = frozenset({"selectors", "all", "constraints", "firstAvailable", "counters", "taints"})
+# Of every SHARE_PERIOD consecutive seeds, the first SHARE_SEEDS get shareable devices and capacity
+# requests (when "shares" is a feature), so that any long enough corpus holds a known share of them.
+SHARE_PERIOD, SHARE_SEEDS = 5, 2
 
 _MODELS = ("H100", "A100", "L4")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -36,6 +39,14 @@ _SELECTORS = (
     'device.attributes["gpu.dra-driver.io"].model.lowerAscii().startsWith("{prefix}")',
     '"gpu.dra-driver.io" in device.attributes',
 )
+# No has() guard: a CEL runtime error ("no such key") on the devices without migCapable, which
+# makes the scheduler stop with an error if it evaluates the selector on one of them.
+_RAISING_SELECTOR = 'device.attributes["gpu.dra-driver.io"].migCapable'
+_NO_SUCH_MODEL = 'device.attributes["gpu.dra-driver.io"].model == "B200"'
+# Shareable devices' capacity: the name as published (unqualified or with the driver's domain,
+# which the scheduler treats as two different names) and the requestPolicy variants.
+_CAPACITY_NAMES = ("memory", "gpu.dra-driver.io/memory")
+_SHARE_AMOUNTS = ("1Gi", "7Gi", "10Gi", "25Gi", "40Gi", "41Gi", "64Gi", "100Gi")
 
 
 @dataclass
@@ -61,6 +72,8 @@ def generate(
     rng = random.Random(seed)
     prefix = f"s{seed}"
     used: set[str] = set()
+    if "shares" not in features or seed % SHARE_PERIOD >= SHARE_SEEDS:
+        features = features - {"shares"}
     slices: list[dict[str, Any]] = []
     for node in nodes:
         slices.extend(_node_slices(rng, prefix, node, features, used))
@@ -76,8 +89,9 @@ def generate_many(first_seed: int, count: int, **kwargs: Any) -> list[Scenario]:
 
 def _node_slices(rng: random.Random, prefix: str, node: str, features: frozenset[str], used: set[str]) -> list[dict[str, Any]]:
     pool = f"{prefix}-{node}"
-    n = rng.randint(1, 8)
-    partitioned = "counters" in features and rng.random() < 0.3
+    # Share scenarios keep nodes small, so that several shares must meet on one device.
+    n = rng.randint(1, 3) if "shares" in features else rng.randint(1, 8)
+    partitioned = "counters" in features and "shares" not in features and rng.random() < 0.3
     devices = [_device(rng, i, n, features, used) for i in range(n)]
     counter_slice: dict[str, Any] | None = None
     if partitioned:
@@ -126,7 +140,30 @@ def _device(rng: random.Random, index: int, total: int, features: frozenset[str]
         used.add("taints")
         effects = ["NoSchedule", "NoExecute"] + (["None"] if "taint-none" in features else [])
         dev["taints"] = [{"key": "gpu.dra-driver.io/unhealthy", "value": "xid", "effect": rng.choice(effects)}]
+    if "shares" in features and rng.random() < 0.7:  # the rest stay ordinary devices among shareable ones
+        _make_shareable(rng, dev, used)
     return dev
+
+
+def _make_shareable(rng: random.Random, dev: dict[str, Any], used: set[str]) -> None:
+    used.add("shares")
+    total = dev["capacity"]["memory"]["value"]
+    cap: dict[str, Any] = {"value": total}
+    policy = rng.choice(("none", "range-step", "range", "values"))
+    if policy == "range-step":
+        used.add("validRange-step")
+        cap["requestPolicy"] = {"default": "8Gi", "validRange": {"min": "8Gi", "max": total, "step": "8Gi"}}
+    elif policy == "range":
+        used.add("validRange")
+        cap["requestPolicy"] = {"default": "4Gi", "validRange": {"min": "4Gi"}}
+    elif policy == "values":
+        used.add("validValues")
+        cap["requestPolicy"] = {"default": "10Gi", "validValues": ["10Gi", "20Gi"] + (["40Gi"] if total != "24Gi" else [])}
+    name = rng.choice(_CAPACITY_NAMES)
+    if name != "memory":
+        used.add("capacity-qualified")
+    dev["capacity"] = {name: cap}
+    dev["allowMultipleAllocations"] = True
 
 
 def _device_class(name: str) -> dict[str, Any]:
@@ -161,6 +198,12 @@ def _exact(rng: random.Random, class_name: str, features: frozenset[str], used: 
     if "taints" in features and rng.random() < 0.3:
         used.add("tolerations")
         body["tolerations"] = [{"key": "gpu.dra-driver.io/unhealthy", "operator": "Exists"}]
+    if "shares" in features and rng.random() < 0.75:
+        name = rng.choice(_CAPACITY_NAMES)
+        used.add("share-request-qualified" if "/" in name else "share-request")
+        body["capacity"] = {"requests": {name: rng.choice(_SHARE_AMOUNTS)}}
+        if body["allocationMode"] == "ExactCount" and rng.random() < 0.3:
+            body["count"] = rng.choice((2, 3))  # several shares of one device, on a small node
     return body
 
 
@@ -168,7 +211,7 @@ def _claim(
     rng: random.Random, prefix: str, class_name: str, namespace: str, features: frozenset[str], used: set[str]
 ) -> dict[str, Any]:
     requests: list[dict[str, Any]] = []
-    for r in range(rng.randint(1, 2)):
+    for r in range(rng.randint(1, 3) if "shares" in features else rng.randint(1, 2)):
         name = f"r{r}"
         if "firstAvailable" in features and rng.random() < 0.3:
             used.add("firstAvailable")
@@ -176,23 +219,47 @@ def _claim(
             for j in range(rng.randint(2, 3)):
                 sub = _exact(rng, class_name, features - {"all"}, used)
                 subs.append({"name": f"alt{j}", **sub})
+            if rng.random() < 0.4:
+                # A later alternative that errors on some devices: whether the scheduler reaches
+                # it (and so fails with an error) depends on the earlier ones failing first.
+                used.add("firstAvailable-error")
+                subs[-1].setdefault("selectors", []).append({"cel": {"expression": _RAISING_SELECTOR}})
             requests.append({"name": name, "firstAvailable": subs})
         else:
             requests.append({"name": name, "exactly": _exact(rng, class_name, features, used)})
+    if len(requests) > 1 and rng.random() < 0.15:
+        # A later request no device satisfies: the earlier ones decide whether the verdict is an
+        # error (a CEL runtime error reached first) or unschedulable.
+        used.add("later-empty")
+        last = requests[-1].get("exactly") or requests[-1]["firstAvailable"][-1]
+        last["selectors"] = [*last.get("selectors", []), {"cel": {"expression": _NO_SUCH_MODEL}}]
     devices: dict[str, Any] = {"requests": requests}
     if "constraints" in features and rng.random() < 0.4:
-        used.add("constraints")
-        scope = [] if rng.random() < 0.5 else [requests[0]["name"]]
-        constraint: dict[str, Any] = {"matchAttribute": f"{DRIVER}/numaNode"}
-        if scope:
-            constraint["requests"] = scope
-        devices["constraints"] = [constraint]
+        devices["constraints"] = [_constraint(rng, requests, used)]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": f"{prefix}-claim", "namespace": namespace, "uid": f"{prefix}-uid"},
         "spec": {"devices": devices},
     }
+
+
+def _constraint(rng: random.Random, requests: list[dict[str, Any]], used: set[str]) -> dict[str, Any]:
+    scope = [] if rng.random() < 0.5 else [requests[0]["name"]]
+    first = requests[0].get("exactly")
+    if first is not None and first.get("allocationMode") == "ExactCount" and rng.random() < 0.4:
+        # Three or more devices under one constraint: the 1.36 scheduler's distinctAttribute
+        # compares each device only with the previous one of its request.
+        first["count"] = rng.choice((3, 4))
+        used.add("constraint-count3")
+    kind = "distinctAttribute" if rng.random() < 0.35 else "matchAttribute"
+    used.add("constraints" if kind == "matchAttribute" else "distinct")
+    if kind == "matchAttribute" and any((r.get("exactly") or {}).get("allocationMode") == "All" for r in requests):
+        used.add("all-match")
+    constraint: dict[str, Any] = {kind: f"{DRIVER}/{rng.choice(('numaNode', 'numaNode', 'model'))}"}
+    if scope:
+        constraint["requests"] = scope
+    return constraint
 
 
 # --------------------------------------------------------------------------- validation
