@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,8 +30,7 @@ def test_every_tool_is_pinned_with_go_mod_and_go_sum() -> None:
         gomod = (tool.folder / "go.mod").read_text()
         assert (tool.folder / "go.sum").stat().st_size > 0, tool.name
         assert tool.version().startswith("v"), tool.name
-        for package in tool.commands:
-            assert re.search(rf"^(tool\s+|\t){re.escape(package)}$", gomod, re.M), f"{tool.name}: no tool line for {package}"
+        assert set(gotools.directive(gomod, "tool")) == set(tool.commands), f"{tool.name}: tool lines"
         # Local replaces cannot resolve outside upstream's repository.
         assert not any(right.startswith(".") for _, right in gotools._replaces(gomod)), tool.name
 
@@ -44,6 +42,14 @@ def test_kubernetes_staging_modules_are_pinned_to_their_published_twins() -> Non
     replaces = dict(gotools._replaces(gomod))
     assert replaces["k8s.io/api"] == f"k8s.io/api {twin}"
     assert replaces["k8s.io/kubectl"] == f"k8s.io/kubectl {twin}"
+
+
+def test_directive_reads_single_line_and_block_forms() -> None:
+    gomod = ("module m\nrequire a.io/x v1.0.0 // indirect\nrequire (\n\tb.io/y v2.0.0\n\n)\n"
+             "tool c.io/z/cmd\nreplace (\n\td.io/w => e.io/w v1.1.0\n)\n")
+    assert gotools.requirements(gomod) == {"a.io/x": "v1.0.0", "b.io/y": "v2.0.0"}
+    assert gotools.directive(gomod, "tool") == ["c.io/z/cmd"]
+    assert gotools._replaces(gomod) == [("d.io/w", "e.io/w v1.1.0")]
 
 
 def test_upstream_replaces_keep_remote_ones_and_map_staging() -> None:
@@ -121,4 +127,5 @@ def test_prereqs_name_the_missing_packages(monkeypatch: pytest.MonkeyPatch) -> N
                                                      ("gcc", lambda: True, "cgo")]})
     found = prereqs.problems("test")
     assert "install them with: apt-get install -y libseccomp-dev" in found
+    assert prereqs.missing_packages("test") == [("libseccomp-dev", "runc")]
     assert not any(line.startswith("gcc") for line in found)

@@ -12,18 +12,12 @@ from pathlib import Path
 
 from e2e.testbed import gotools
 
-K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")
-ALL_BINARIES = (*K8S_COMMANDS, "etcd")
 TOOLS = ("kubernetes", "etcd")
 
 
 def kubernetes_version() -> str:
     """The pinned Kubernetes release, e.g. ``v1.36.3``."""
     return gotools.TOOLS["kubernetes"].version()
-
-
-def cache_root() -> Path:
-    return gotools.cache_root()
 
 
 def bin_dir() -> Path:

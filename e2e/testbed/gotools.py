@@ -117,11 +117,33 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
 )}
 
 
+def directive(gomod: str, keyword: str) -> list[str]:
+    """The entries of one go.mod directive (``require``, ``replace``, ``tool``), single-line and block form."""
+    entries: list[str] = []
+    block = False
+    for raw in gomod.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if block:
+            if line == ")":
+                block = False
+            elif line:
+                entries.append(line)
+        elif line == f"{keyword} (":
+            block = True
+        elif line.startswith(f"{keyword} "):
+            entries.append(line[len(keyword) + 1:].strip())
+    return entries
+
+
+def requirements(gomod: str) -> dict[str, str]:
+    return {parts[0]: parts[1] for parts in (entry.split() for entry in directive(gomod, "require")) if len(parts) == 2}
+
+
 def pinned_version(gomod: Path, module: str) -> str:
-    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", gomod.read_text(), re.M)
-    if not match:
+    version = requirements(gomod.read_text()).get(module)
+    if not version:
         raise ToolError(f"gotools: {gomod} does not require {module}; re-pin it with `python -m e2e.testbed.gotools pin`")
-    return match.group(1)
+    return version
 
 
 def cache_root() -> Path:
@@ -149,7 +171,7 @@ def _run(cmd: Sequence[str], cwd: Path, env: dict[str, str], what: str) -> str:
 
 def _require_go(names: Sequence[str]) -> None:
     if not _have("go"):
-        raise ToolError(f"gotools: building {', '.join(names)} needs the Go toolchain (Go >= 1.25): https://go.dev/doc/install")
+        raise ToolError(f"gotools: building {', '.join(names)} needs the Go toolchain (`make prereqs` says which version): https://go.dev/doc/install")
 
 
 _go_version_memo: list[str] = []
@@ -226,8 +248,9 @@ def ensure(names: Sequence[str], log: bool = True) -> Path:
                 t = time.monotonic()
                 _build_one(TOOLS[name], tmp, log)
                 timings[name] = round(time.monotonic() - t, 1)
+            features = {n: TOOLS[n].features() for n in names}
             stamp = {"tools": {n: TOOLS[n].version() for n in names}, "go": _go_version(),
-                     "features": {n: TOOLS[n].features() for n in names if TOOLS[n].features()},
+                     "features": {n: f for n, f in features.items() if f},
                      "build_seconds": timings}
             (tmp / ".complete").write_text(json.dumps(stamp, indent=2))
             shutil.rmtree(out, ignore_errors=True)
@@ -255,26 +278,9 @@ def check(names: Sequence[str]) -> list[str]:
 # --- pinning: the only place where the module graph is resolved, by a person, before a commit ---
 
 def _replaces(gomod: str) -> list[tuple[str, str]]:
-    """(left, right) of every ``replace`` of a go.mod, single-line and block form."""
-    out: list[tuple[str, str]] = []
-    block = False
-    for raw in gomod.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if block:
-            if line == ")":
-                block = False
-                continue
-        elif line.startswith("replace ("):
-            block = True
-            continue
-        elif line.startswith("replace "):
-            line = line[len("replace "):].strip()
-        else:
-            continue
-        if "=>" in line:
-            left, right = (part.strip() for part in line.split("=>", 1))
-            out.append((left, right))
-    return out
+    """(left, right) of every ``replace`` of a go.mod."""
+    return [(left.strip(), right.strip()) for left, _, right in
+            (entry.partition("=>") for entry in directive(gomod, "replace")) if right]
 
 
 def upstream_replaces(gomod: str, version: str) -> list[str]:
@@ -293,27 +299,6 @@ def upstream_replaces(gomod: str, version: str) -> list[str]:
             continue
         lines.append(f"{left} => {right}")
     return lines
-
-
-def _requirements(gomod_text: str) -> dict[str, str]:
-    reqs: dict[str, str] = {}
-    block = False
-    for raw in gomod_text.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if line.startswith("require ("):
-            block = True
-            continue
-        if block and line == ")":
-            block = False
-            continue
-        if line.startswith("require "):
-            line = line[len("require "):]
-        elif not block:
-            continue
-        parts = line.split()
-        if len(parts) == 2:
-            reqs[parts[0]] = parts[1]
-    return reqs
 
 
 def pin(name: str, version: str | None = None) -> list[str]:
@@ -342,7 +327,7 @@ def pin(name: str, version: str | None = None) -> list[str]:
     (folder / "go.mod").write_text("\n".join(lines) + "\n")
     (folder / "go.sum").unlink(missing_ok=True)
     _run(["go", "mod", "tidy"], folder, go_env(cgo=tool.cgo, mod="mod"), f"pinning {name}")
-    before, after = _requirements(old), _requirements((folder / "go.mod").read_text())
+    before, after = requirements(old), requirements((folder / "go.mod").read_text())
     changes = [f"{m}: {before.get(m, '(new)')} -> {after.get(m, '(removed)')}"
                for m in sorted(set(before) | set(after)) if before.get(m) != after.get(m)]
     return changes

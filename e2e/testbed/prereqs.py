@@ -73,12 +73,17 @@ CHECKS: dict[str, list[tuple[str, Callable[[], bool], str]]] = {
 }
 
 
+def missing_packages(purpose: str) -> list[tuple[str, str]]:
+    """(Debian package, what needs it) for each one this machine lacks."""
+    return [(pkg, why) for pkg, present, why in CHECKS[purpose] if not present()]
+
+
 def problems(purpose: str) -> list[str]:
     found = []
     go = _go_problem()
     if go:
         found.append(go)
-    missing = [(pkg, why) for pkg, present, why in CHECKS[purpose] if not present()]
+    missing = missing_packages(purpose)
     if missing:
         found += [f"{pkg}: needed for {why}" for pkg, why in missing]
         found.append("install them with: apt-get install -y " + " ".join(pkg for pkg, _ in missing))
@@ -90,7 +95,12 @@ def problems(purpose: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check this machine's prerequisites, naming what is missing.")
     parser.add_argument("purpose", choices=sorted(CHECKS))
+    parser.add_argument("--print-missing-packages", action="store_true",
+                        help="print the missing Debian packages, space-separated, and exit 0 (for .ci/run)")
     args = parser.parse_args(argv)
+    if args.print_missing_packages:
+        print(" ".join(pkg for pkg, _ in missing_packages(args.purpose)))
+        return 0
     found = problems(args.purpose)
     if found:
         print(f"make {args.purpose}: this machine lacks what it needs:\n  " + "\n  ".join(found), file=sys.stderr)

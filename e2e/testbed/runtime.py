@@ -19,9 +19,6 @@ from pathlib import Path
 
 from e2e.testbed import gotools
 
-CONTAINERD_COMMANDS = ("containerd", "ctr", "containerd-shim-runc-v2")
-CNI_PLUGINS = ("loopback", "bridge", "host-local")
-ALL_BINARIES = (*CONTAINERD_COMMANDS, "runc")
 RUNTIME_TOOLS = ("containerd", "runc")
 CNI_TOOLS = ("cni-plugins",)
 
