@@ -117,7 +117,14 @@ def wait_running(bed: Bed, ns: str, pod: str, timeout: float = 90.0) -> dict[str
             raise AssertionError(f"pod {ns}/{pod} failed: {obj['status'].get('message')}")
         return obj if phase == "Running" else None
 
-    result: dict[str, Any] = wait_for(f"pod {ns}/{pod} to run", probe, timeout)
+    try:
+        result: dict[str, Any] = wait_for(f"pod {ns}/{pod} to run", probe, timeout)
+    except AssertionError as exc:
+        # "last seen: None" alone says nothing; the scheduler's and kubelet's own words do.
+        status = bed.get("pod", pod, ns).get("status", {})
+        said = [f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"
+                for c in status.get("conditions", [])]
+        raise AssertionError(f"{exc}; phase {status.get('phase')!r}, conditions {said}") from None
     return result
 
 

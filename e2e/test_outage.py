@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from dra_driver.node import probe
-from e2e.bed import DRIVER, EXPLANATION_ANNOTATION, Bed, claim_of, example, wait_for
+from e2e.bed import DRIVER, EXPLANATION_ANNOTATION, Bed, claim_of, example, wait_for, wait_running
 from e2e.dra_calls import DraCaller, dra_socket
 from e2e.reliability import plugin_name, record, registration_socket
-from e2e.test_crash import phases, pod, templates
+from e2e.test_crash import pod, templates
 
 pytestmark = pytest.mark.testbed_only
 NODES = ("gpu-node-1", "gpu-node-2")
@@ -32,7 +32,7 @@ def outage(bed: Bed, ns: str, seconds: float, key: str) -> None:
     cluster = bed.cluster
     bed.apply(templates(), ns=ns)
     bed.apply([pod("before", "gpu-node-1")], ns=ns)
-    wait_for("pod running", lambda: phases(bed, ns).get("before") == "Running", 120)
+    wait_running(bed, ns, "before", 120)
     claim = claim_of(bed, ns, "before", "gpu")
     prepared = (ns, claim["metadata"]["name"], claim["metadata"]["uid"])
     plugin_pids = {n: bed.fleet.procs.procs[plugin_name(n)].pid for n in NODES}
@@ -84,7 +84,7 @@ def outage(bed: Bed, ns: str, seconds: float, key: str) -> None:
     explained_s = time.monotonic() - back
     # And the node side still prepares new pods.
     bed.apply([pod("after", "gpu-node-1")], ns=ns)
-    wait_for("pod after the outage running", lambda: phases(bed, ns).get("after") == "Running", 120)
+    wait_running(bed, ns, "after", 120)
     control_plane_exits = {k: p.returncode for k, p in cluster.procs.items() if p.poll() is not None}
     restarted = [n for n, pid in plugin_pids.items()
                  if bed.fleet.procs.procs[plugin_name(n)].pid != pid or bed.fleet.procs.procs[plugin_name(n)].poll() is not None]
