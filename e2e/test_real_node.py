@@ -178,3 +178,48 @@ def test_real_unprepare_on_delete(bed: Bed, ns: str, real_node: Any) -> None:
         return got.returncode != 0 or not json.loads(got.stdout).get("status", {}).get("reservedFor")
 
     wait_for(f"claim {claim['metadata']['name']} released", released, 30)
+
+
+def health_stream_versions(node: Any) -> list[str]:
+    """The health API versions the kubelet opened streams of, from our plugin's log."""
+    lines = (node.logs / "plugin.log").read_text(errors="replace").splitlines()
+    return [json.loads(line).get("version", "") for line in lines if "kubelet opened the device health stream" in line]
+
+
+def resource_health(bed: Bed, ns: str, pod: str) -> dict[str, tuple[str, str]]:
+    """The kubelet's view in the pod's own status: resource ID -> (health, message)."""
+    status = bed.get("pod", pod, ns).get("status", {})
+    out = {}
+    for c in status.get("containerStatuses", []):
+        for rs in c.get("allocatedResourcesStatus") or []:
+            for r in rs.get("resources") or []:
+                out[r["resourceID"]] = (r.get("health", ""), r.get("message", ""))
+    return out
+
+
+def test_real_unhealthy_gpu_in_pod_status(bed: Bed, ns: str, real_node: Any) -> None:
+    """The real kubelet reads our health stream (v1 on 1.37) and puts a GPU's health into the
+    status of the pod using it; recovery puts it back to Healthy."""
+    from e2e.testbed.binaries import kubernetes_version
+
+    minor = int(kubernetes_version().split(".")[1])
+    versions = health_stream_versions(real_node)
+    assert versions, "the kubelet never opened a device health stream"
+    assert versions[-1] == ("v1" if minor >= 37 else "v1alpha1"), f"kubelet {kubernetes_version()} opened {versions}"
+
+    docs = run_on_real_node(bed, ns, real_node, "single-gpu")
+    (pod,) = names_of(docs, "Pod")
+    (device,) = check_real_pod(bed, ns, real_node, docs, pod)
+    uid = claim_of(bed, ns, pod, "gpu")["metadata"]["uid"]
+    cdi_id = f"k8s.{node_driver()}/claim={uid}-{device['name']}"  # the kubelet names a device by its first CDI ID
+    wait_for("the pod's device reported Healthy",
+             lambda: resource_health(bed, ns, pod).get(cdi_id, ("",))[0] == "Healthy", 60)
+    real_node.health_file.write_text(json.dumps({device["name"]: {"health": "Unhealthy", "reason": "XID 79", "xid": 79}}))
+    try:
+        got = wait_for("the pod's device reported Unhealthy",
+                       lambda: (h := resource_health(bed, ns, pod).get(cdi_id)) and h[0] == "Unhealthy" and h, 60)
+        assert "XID 79" in got[1], got
+    finally:
+        real_node.health_file.write_text("{}")
+    wait_for("the pod's device Healthy again",
+             lambda: resource_health(bed, ns, pod).get(cdi_id, ("",))[0] == "Healthy", 60)

@@ -19,6 +19,8 @@ from dra_driver._proto.dra.v1 import api_pb2 as v1
 from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver._proto.drahealth.v1 import api_pb2 as health_v1
+from dra_driver._proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from dra_driver._proto.drahealth.v1alpha1 import api_pb2 as health
 from dra_driver._proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg
@@ -143,7 +145,8 @@ class TestRegistration:
         assert info.type == "DRAPlugin"
         assert info.name == DRIVER
         assert info.endpoint == str(plugin.dra_sock) and os.path.isabs(info.endpoint)
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                                 "v1alpha1.DRAResourceHealth"]
         assert tuple(info.supported_versions) == SUPPORTED_VERSIONS
 
     def test_notify(self, short_tmp: Path) -> None:
@@ -325,24 +328,26 @@ class TestSockets:
 
 
 class TestHealth:
-    def test_stream(self, short_tmp: Path) -> None:
+    # v1 for the 1.37 kubelet, v1alpha1 for 1.36: the same messages, both served.
+    @pytest.mark.parametrize(("pb", "pb_grpc"), [(health_v1, health_v1_grpc), (health, health_grpc)], ids=["v1", "v1alpha1"])
+    def test_stream(self, short_tmp: Path, pb: Any, pb_grpc: Any) -> None:
         board = HealthBoard(["gpu-0", "gpu-1"])
         p = make_plugin(short_tmp, health=board, resend_interval=0.3)
         p.servers.start()
         try:
-            stub = health_grpc.DRAResourceHealthStub(p.channel(p.dra_sock))
-            stream = stub.NodeWatchResources(health.NodeWatchResourcesRequest(), timeout=10)
+            stub = pb_grpc.DRAResourceHealthStub(p.channel(p.dra_sock))
+            stream = stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=10)
             first = next(stream)
             assert {(d.device.pool_name, d.device.device_name, d.health) for d in first.devices} == {
-                (NODE, "gpu-0", health.HEALTHY), (NODE, "gpu-1", health.HEALTHY)}
+                (NODE, "gpu-0", pb.HEALTHY), (NODE, "gpu-1", pb.HEALTHY)}
             assert all(d.last_updated_time > 0 for d in first.devices)
             t0 = time.monotonic()
             board.update("gpu-1", "Unhealthy", "XID 79")
             second = next(stream)
             assert time.monotonic() - t0 < 0.25  # pushed on change, not on the timer
             by_name = {d.device.device_name: d for d in second.devices}
-            assert by_name["gpu-1"].health == health.UNHEALTHY and by_name["gpu-1"].message == "XID 79"
-            assert by_name["gpu-0"].health == health.HEALTHY
+            assert by_name["gpu-1"].health == pb.UNHEALTHY and by_name["gpu-1"].message == "XID 79"
+            assert by_name["gpu-0"].health == pb.HEALTHY
             t0 = time.monotonic()
             third = next(stream)  # no change: re-sent on the timer
             assert 0.15 < time.monotonic() - t0 < 2

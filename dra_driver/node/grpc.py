@@ -2,11 +2,13 @@
 
 * Registration (``pluginregistration.Registration``) on ``settings.registration_socket``:
   GetInfo answers type ``DRAPlugin``, the driver name, the absolute DRA socket path and
-  ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``.
+  ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``.
 * DRA (``settings.dra_socket``): ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` and the v1beta1
   service with the same handlers (v1beta1 has no ``share_id``), and
-  ``v1alpha1.DRAResourceHealth/NodeWatchResources``, which streams the complete device health list
-  whenever it changes and at least every ``resend_interval`` seconds.
+  ``DRAResourceHealth/NodeWatchResources`` in v1 (which a 1.37 kubelet prefers) and v1alpha1
+  (which 1.36 speaks, and 1.37 to 1.39 still accept): the same messages, so one stream serves both.
+  It sends the complete device health list whenever it changes and at least every
+  ``resend_interval`` seconds.
 
 Sockets: gRPC listens on a hidden temporary name in the target directory (the kubelet ignores
 names starting with ``.``); the socket is chmod-ed (0600, or 0660 and chgrp with a socket group)
@@ -50,12 +52,14 @@ dra_v1 = _proto("dra.v1.api_pb2")
 dra_v1_grpc = _proto("dra.v1.api_pb2_grpc")
 dra_v1beta1 = _proto("dra.v1beta1.api_pb2")
 dra_v1beta1_grpc = _proto("dra.v1beta1.api_pb2_grpc")
+health_v1 = _proto("drahealth.v1.api_pb2")
+health_v1_grpc = _proto("drahealth.v1.api_pb2_grpc")
 health_v1alpha1 = _proto("drahealth.v1alpha1.api_pb2")
 health_v1alpha1_grpc = _proto("drahealth.v1alpha1.api_pb2_grpc")
 reg_pb = _proto("pluginregistration.api_pb2")
 reg_grpc = _proto("pluginregistration.api_pb2_grpc")
 
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 PLUGIN_TYPE = "DRAPlugin"
 SOCKET_DIR_MODE = 0o750
 MAX_UNIX_PATH = 107
@@ -75,7 +79,7 @@ class PrepareHandler(Protocol):
 # --- health -----------------------------------------------------------------------------------
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
-_HEALTH_PB = {HEALTHY: health_v1alpha1.HEALTHY, UNHEALTHY: health_v1alpha1.UNHEALTHY, UNKNOWN: health_v1alpha1.UNKNOWN}
+HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,8 @@ class HealthBoard:
             self._bump()
 
     def update(self, device_name: str, health: str, message: str = "") -> None:
-        if health not in _HEALTH_PB:
-            raise ValueError(f"health must be one of {', '.join(_HEALTH_PB)}, got {health!r}")
+        if health not in HEALTH_VALUES:
+            raise ValueError(f"health must be one of {', '.join(HEALTH_VALUES)}, got {health!r}")
         with self._cond:
             old = self._reports.get(device_name)
             if old is not None and old.health == health and old.message == message:
@@ -298,8 +302,10 @@ class _DraV1beta1:
 
 
 class _Health:
-    def __init__(self, source: HealthSource, pool_name: str, resend_interval: float, stopping: threading.Event,
-                 timeout_seconds: int = 0) -> None:
+    def __init__(self, pb: Any, source: HealthSource, pool_name: str, resend_interval: float,
+                 stopping: threading.Event, timeout_seconds: int = 0) -> None:
+        self.pb = pb  # health_v1 or health_v1alpha1: the same messages under two package names
+        self.version = pb.DESCRIPTOR.package
         self.source = source
         self.pool_name = pool_name
         self.resend_interval = resend_interval
@@ -308,11 +314,12 @@ class _Health:
 
     def _message(self, reports: Sequence[DeviceHealthReport]) -> Any:
         now = int(time.time())
-        out = health_v1alpha1.NodeWatchResourcesResponse()
+        pb = self.pb
+        out = pb.NodeWatchResourcesResponse()
         for r in reports:
             out.devices.add(
-                device=health_v1alpha1.DeviceIdentifier(pool_name=self.pool_name, device_name=r.device_name),
-                health=_HEALTH_PB.get(r.health, health_v1alpha1.UNKNOWN),
+                device=pb.DeviceIdentifier(pool_name=self.pool_name, device_name=r.device_name),
+                health={HEALTHY: pb.HEALTHY, UNHEALTHY: pb.UNHEALTHY}.get(r.health, pb.UNKNOWN),
                 last_updated_time=int(r.updated) or now,
                 health_check_timeout_seconds=self.timeout_seconds,
                 message=r.message[:1024],
@@ -320,7 +327,7 @@ class _Health:
         return out
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
-        _log.info("kubelet opened the device health stream")
+        _log.info("kubelet opened the device health stream", version=self.version)
         try:
             while context.is_active() and not self.stopping.is_set():
                 version, reports = self.source.snapshot()
@@ -333,10 +340,10 @@ class _Health:
                     if self.source.wait_for_change(version, min(left, 0.5)) != version:
                         break
         except Exception:
-            _log.exception("device health stream failed")
+            _log.exception("device health stream failed", version=self.version)
             raise
         finally:
-            _log.info("device health stream closed")
+            _log.info("device health stream closed", version=self.version)
 
 
 class _Registration:
@@ -397,9 +404,10 @@ class PluginServers:
         service = _DraService(handler, node_name)
         dra_v1_grpc.add_DRAPluginServicer_to_server(_DraV1(service), dra)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(service), dra)
-        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            _Health(self.health, node_name, resend_interval, self._stopping, health_timeout_seconds), dra
-        )
+        for pb, pb_grpc in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
+            pb_grpc.add_DRAResourceHealthServicer_to_server(
+                _Health(pb, self.health, node_name, resend_interval, self._stopping, health_timeout_seconds), dra
+            )
         reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
         self.registration = _Registration(driver_name, str(dra_path), on_registration)
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)

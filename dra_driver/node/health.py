@@ -2,7 +2,7 @@
 
 The :class:`HealthMonitor` is the one place health turns into effects:
 
-* the device health stream (``v1alpha1.DRAResourceHealth``) through :class:`HealthBoard.update`;
+* the device health stream (``DRAResourceHealth``, v1 and v1alpha1) through :class:`HealthBoard.update`;
 * a device taint ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on every unhealthy device,
   re-published through :class:`dra_driver.node.slices.SlicePublisher`, so the scheduler stops placing
   new claims there. Recovery removes the taint; nothing restarts.

@@ -24,6 +24,7 @@ PROTO_FILES = (
     "pluginregistration/api.proto",
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
+    "drahealth/v1/api.proto",
     "drahealth/v1alpha1/api.proto",
 )
 
@@ -33,8 +34,9 @@ DRA_SERVICES: dict[str, str] = {
     "v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
     "v1beta1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
 }
-HEALTH_VERSION = "v1alpha1.DRAResourceHealth"
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+# Health stream versions in the 1.37 kubelet's order of preference; the version string is also
+# the service name (the health protos use an unqualified package).
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 def default_proto_root() -> Path:

@@ -23,7 +23,7 @@ from .draclient import CALL_TIMEOUT_S, DRAClient
 from .health import HealthStore, health_entries
 from .logutil import kv
 from .model import ClaimRef, ClaimResult, DriverCallError
-from .protos import DRA_SERVICES, HEALTH_SERVICE, HEALTH_VERSION, REGISTRATION_SERVICE, Protos
+from .protos import DRA_SERVICES, HEALTH_SERVICES, REGISTRATION_SERVICE, Protos
 
 log = logging.getLogger("kubelet_peer.registration")
 
@@ -52,7 +52,7 @@ class Accepted:
     driver: str
     endpoint: str
     version: str
-    health: bool
+    health: str | None  # the health service to watch, None when the plugin offers none we know
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ def validate_plugin_info(
     version = negotiate_version(supported)
     if version is None:
         return Rejected(f"none of the supported versions {list(supported)} is known (known: {list(KNOWN_DRA_VERSIONS)})")
-    return Accepted(driver=name, endpoint=endpoint, version=version, health=HEALTH_VERSION in supported)
+    health = next((h for h in HEALTH_SERVICES if h in supported), None)
+    return Accepted(driver=name, endpoint=endpoint, version=version, health=health)
 
 
 def discover_sockets(root: str) -> dict[str, SocketIdent]:
@@ -105,7 +106,7 @@ class Instance:
     driver: str
     endpoint: str
     version: str
-    health: bool
+    health: str | None
     channel: grpc.Channel
     client: DRAClient
     registered_at: float
@@ -359,8 +360,9 @@ class PluginManager:
 
     def _health_loop(self, inst: Instance) -> None:
         assert self._health is not None
-        req = self._protos.request_type(HEALTH_SERVICE, "NodeWatchResources")
-        watch = self._protos.server_stream(inst.channel, HEALTH_SERVICE, "NodeWatchResources")
+        assert inst.health is not None
+        req = self._protos.request_type(inst.health, "NodeWatchResources")
+        watch = self._protos.server_stream(inst.channel, inst.health, "NodeWatchResources")
         while not inst.stop.is_set():
             try:
                 call = watch(req())

@@ -169,6 +169,11 @@ class RealNode:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def health_file(self) -> Path:
+        """The plugin's ``--health-file``: absent or ``{}`` is all healthy; tests write faults here."""
+        return self.root / "health.json"
+
     # helpers -----------------------------------------------------------------------------------
     def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([str(self.k8s_bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
@@ -382,6 +387,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             f"--cdi-root={self.cdi_dir}",
             f"--state-dir={self.root / 'plugin-state'}",
             f"--dev-root={self.dev_root}",
+            f"--health-file={self.health_file}",
             f"--kubeconfig={self.kubeconfig}",
             "--log-format=json",
             "--cleanup-interval=5",

@@ -18,7 +18,7 @@ import pytest
 
 from e2e.kubelet_peer.health import HealthStore
 from e2e.kubelet_peer.model import ClaimRef, DriverCallError
-from e2e.kubelet_peer.protos import DRA_SERVICES, HEALTH_SERVICE, REGISTRATION_SERVICE, Protos, load_protos
+from e2e.kubelet_peer.protos import DRA_SERVICES, HEALTH_SERVICES, REGISTRATION_SERVICE, Protos, load_protos
 from e2e.kubelet_peer.registration import (
     Accepted,
     PluginManager,
@@ -48,7 +48,13 @@ def test_negotiate_version(supported: list[str], expected: str | None) -> None:
 
 def test_validate_plugin_info() -> None:
     ok = validate_plugin_info("DRAPlugin", DRIVER, "", ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"], "/r/x.sock")
-    assert ok == Accepted(driver=DRIVER, endpoint="/r/x.sock", version="v1.DRAPlugin", health=True)
+    assert ok == Accepted(driver=DRIVER, endpoint="/r/x.sock", version="v1.DRAPlugin", health="v1alpha1.DRAResourceHealth")
+    # Like the 1.37 kubelet: v1 health is preferred whatever the plugin's order.
+    both = validate_plugin_info("DRAPlugin", DRIVER, "", ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth",
+                                                          "v1.DRAResourceHealth"], "/r/x.sock")
+    assert isinstance(both, Accepted) and both.health == "v1.DRAResourceHealth"
+    no_health = validate_plugin_info("DRAPlugin", DRIVER, "", ["v1.DRAPlugin"], "/r/x.sock")
+    assert isinstance(no_health, Accepted) and no_health.health is None
     assert isinstance(validate_plugin_info("CSIPlugin", DRIVER, "/e", ["v1.DRAPlugin"], "/r"), Rejected)
     assert isinstance(validate_plugin_info("DRAPlugin", "", "/e", ["v1.DRAPlugin"], "/r"), Rejected)
     assert isinstance(validate_plugin_info("DRAPlugin", DRIVER, "rel/dra.sock", ["v1.DRAPlugin"], "/r"), Rejected)
@@ -111,18 +117,20 @@ class FakePlugin:
                 return out
 
             handlers.append(protos.server_handler(service, {"NodePrepareResources": prepare}))
-        health_resp = protos.message("v1alpha1.NodeWatchResourcesResponse")
-        dh = protos.message("v1alpha1.DeviceHealth")
-        di = protos.message("v1alpha1.DeviceIdentifier")
+        for service in (h for h in HEALTH_SERVICES if h in versions):
+            pkg = service.split(".", 1)[0]
+            health_resp = protos.message(f"{pkg}.NodeWatchResourcesResponse")
+            dh = protos.message(f"{pkg}.DeviceHealth")
+            di = protos.message(f"{pkg}.DeviceIdentifier")
 
-        def watch(req: Any, ctx: Any) -> Iterator[Any]:
-            yield health_resp(
-                devices=[dh(device=di(pool_name="node", device_name="gpu-0"), health=2, last_updated_time=123, message="XID 79")]
-            )
-            while ctx.is_active():
-                time.sleep(0.05)
+            def watch(req: Any, ctx: Any, health_resp: Any = health_resp, dh: Any = dh, di: Any = di,
+                      message: str = f"XID 79 ({pkg})") -> Iterator[Any]:
+                device = di(pool_name="node", device_name="gpu-0")
+                yield health_resp(devices=[dh(device=device, health=2, last_updated_time=123, message=message)])
+                while ctx.is_active():
+                    time.sleep(0.05)
 
-        handlers.append(protos.server_handler(HEALTH_SERVICE, {"NodeWatchResources": watch}))
+            handlers.append(protos.server_handler(service, {"NodeWatchResources": watch}))
         self.server = grpc.server(ThreadPoolExecutor(max_workers=8))
         self.server.add_generic_rpc_handlers(handlers)
         self.server.add_insecure_port("unix:" + self.dra_sock)
@@ -147,10 +155,14 @@ def dirs() -> Iterator[tuple[str, str, Path]]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_registration_round_trip(dirs: tuple[str, str, Path]) -> None:
+@pytest.mark.parametrize(("health_versions", "watched"), [
+    (["v1alpha1.DRAResourceHealth"], "v1alpha1"),  # a 1.36-era plugin
+    (["v1alpha1.DRAResourceHealth", "v1.DRAResourceHealth"], "v1"),  # both: v1 wins, as in the 1.37 kubelet
+])
+def test_registration_round_trip(dirs: tuple[str, str, Path], health_versions: list[str], watched: str) -> None:
     reg_dir, plug_dir, state_dir = dirs
     protos = load_protos()
-    plugin = FakePlugin(protos, reg_dir, plug_dir, ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"])
+    plugin = FakePlugin(protos, reg_dir, plug_dir, ["v1.DRAPlugin", "v1beta1.DRAPlugin", *health_versions])
     clock = FakeClock()
     wipes: list[str] = []
     mgr = PluginManager(
@@ -166,7 +178,7 @@ def test_registration_round_trip(dirs: tuple[str, str, Path]) -> None:
         wait_for(lambda: plugin.notifications)
         assert plugin.notifications == [(True, "")]
         inst = mgr.drivers()[DRIVER][0]
-        assert (inst.version, inst.endpoint, inst.health) == ("v1.DRAPlugin", plugin.dra_sock, True)
+        assert (inst.version, inst.endpoint, inst.health) == ("v1.DRAPlugin", plugin.dra_sock, f"{watched}.DRAResourceHealth")
 
         res = mgr.prepare(DRIVER, [ClaimRef("ns", "c", "uid-1")])
         assert plugin.prepared == [["uid-1"]]
@@ -174,7 +186,7 @@ def test_registration_round_trip(dirs: tuple[str, str, Path]) -> None:
         assert res["uid-1"].devices[0].cdi_device_ids == (f"k8s.{DRIVER}/gpu=uid-1",)
 
         health = wait_for(lambda: (state_dir / "health.json").exists() and json.loads((state_dir / "health.json").read_text()))
-        assert health == {DRIVER: {"node/gpu-0": {"health": "Unhealthy", "message": "XID 79", "last_updated": 123}}}
+        assert health == {DRIVER: {"node/gpu-0": {"health": "Unhealthy", "message": f"XID 79 ({watched})", "last_updated": 123}}}
 
         # Rescanning does not register twice.
         mgr.scan()
