@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 NODES ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -59,6 +59,11 @@ runtime: $(STAMP)
 e2e: $(STAMP) binaries runtime
 	$(PY) -m pytest e2e -q $(PYTEST_ARGS)
 
+# The smoke subset (registration, prepare/unprepare, slices, health) on the oldest supported minor.
+e2e-oldest: $(STAMP) runtime
+	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m e2e.testbed.binaries
+	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e -q -m smoke $(PYTEST_ARGS)
+
 real-node-up: $(STAMP) binaries runtime
 	$(PY) -m e2e.testbed.realnode up --kubeconfig .run/bed/kubeconfig
 
@@ -68,7 +73,7 @@ real-node-down: $(STAMP)
 deploy-checks: $(STAMP)
 	$(PY) deploy/checks/helm.py
 
-test: prereqs proto-check pins-check lint unit e2e
+test: prereqs proto-check pins-check lint unit e2e e2e-oldest
 
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench

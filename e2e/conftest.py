@@ -25,6 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "testbed_only: needs the local bed's processes (not on kind)")
     config.addinivalue_line("markers", "long: long variant, only with --long")
+    config.addinivalue_line("markers", "smoke: also run on the oldest supported Kubernetes minor (make e2e-oldest)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from e2e.bed import REPO, Bed
 
 
+@pytest.mark.smoke
 def test_server_side_dry_run_and_rbac(bed: Bed) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "deploy" / "checks" / "server_check.py"),

@@ -59,6 +59,7 @@ def explain(bed: Bed, ns: str) -> str:
 
 
 @pytest.mark.testbed_only
+@pytest.mark.smoke
 def test_unhealthy_gpu_is_tainted_reported_and_recovers(bed: Bed, ns: str) -> None:
     node = bed.fleet.nodes[NODE]
     health_file = node.root / "health.json"

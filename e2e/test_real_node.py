@@ -23,7 +23,8 @@ import pytest
 
 from e2e.bed import Bed, allocated, attr, claim_of, env_flag, example, names_of, wait_for, wait_running
 
-pytestmark = pytest.mark.testbed_only
+# Registration with the real kubelet, prepare/unprepare, health: all of it is the smoke subset.
+pytestmark = [pytest.mark.testbed_only, pytest.mark.smoke]
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,7 @@ def check_pod_got_its_devices(bed: Bed, ns: str, docs: list[dict[str, Any]], pod
     return devices
 
 
+@pytest.mark.smoke
 def test_one_gpu(bed: Bed, ns: str) -> None:
     docs = run_example(bed, ns, "single-gpu")
     (pod,) = names_of(docs, "Pod")
@@ -104,6 +105,7 @@ def test_at_least_40gi_of_memory(bed: Bed, ns: str) -> None:
     assert all(parse_quantity(d["capacity"]["memory"]["value"]) >= parse_quantity("40Gi") for d in devices)
 
 
+@pytest.mark.smoke
 def test_mig_profile(bed: Bed, ns: str) -> None:
     docs = run_example(bed, ns, "mig-1g")
     (pod,) = names_of(docs, "Pod")
@@ -175,6 +177,7 @@ def test_unsatisfiable_claim_is_explained(bed: Bed, ns: str) -> None:
 
 
 @pytest.mark.testbed_only
+@pytest.mark.smoke
 def test_deleted_pod_is_unprepared_and_its_gpu_reusable(bed: Bed, ns: str) -> None:
     docs = run_example(bed, ns, "single-gpu")
     (pod,) = names_of(docs, "Pod")

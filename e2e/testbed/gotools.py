@@ -13,7 +13,7 @@ place only when every binary is there, so a failed or partial build is never cac
 
 Usage::
 
-    python -m e2e.testbed.gotools pin kubernetes@v1.36.4   # re-pin one tool, print what changed
+    python -m e2e.testbed.gotools pin kubernetes@v1.37.3   # re-pin one tool, print what changed
     python -m e2e.testbed.gotools pin --all                # regenerate every pin at its version
     python -m e2e.testbed.gotools check                    # go list -mod=readonly -deps, per tool
     python -m e2e.testbed.gotools build kubernetes etcd    # build (or find) and print the folder
@@ -93,11 +93,14 @@ class Tool:
         return pinned_version(self.folder / "go.mod", self.module)
 
 
+_K8S_COMMANDS = {f"k8s.io/kubernetes/cmd/{c}": c for c in
+                 ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")}
+
 TOOLS: dict[str, Tool] = {t.name: t for t in (
-    Tool("kubernetes", "k8s.io/kubernetes",
-         {f"k8s.io/kubernetes/cmd/{c}": c for c in
-          ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet")},
-         ldflags=_k8s_ldflags),
+    # The current minor, which the bed runs by default; and the oldest supported one, for the
+    # smoke subset (e2e/testbed/binaries.py picks between them).
+    Tool("kubernetes", "k8s.io/kubernetes", _K8S_COMMANDS, ldflags=_k8s_ldflags),
+    Tool("kubernetes-1.36", "k8s.io/kubernetes", _K8S_COMMANDS, ldflags=_k8s_ldflags),
     Tool("etcd", "go.etcd.io/etcd/server/v3", {"go.etcd.io/etcd/server/v3": "etcd"}),
     Tool("containerd", "github.com/containerd/containerd/v2",
          {f"github.com/containerd/containerd/v2/cmd/{c}": c for c in ("containerd", "ctr", "containerd-shim-runc-v2")},
