@@ -51,10 +51,12 @@ from dra_driver.node.discovery.nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
+    count_error,
     error_code,
     nvml_text,
 )
 from dra_driver.node.grpc import HEALTHY, UNHEALTHY, UNKNOWN, HealthBoard
+from dra_driver.node.metrics import METRICS, xid_label
 
 _log = logs.get("health")
 
@@ -81,6 +83,63 @@ class DeviceHealth:
     message: str
     taint_value: str | None
     """Set when the device must carry the NoSchedule taint."""
+    xid: int | None = None
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """Devices whose health changed the same way at the same moment (a GPU and its MIG devices)."""
+
+    devices: tuple[str, ...]
+    health: str
+    reason: str
+    previous: str
+    previous_reason: str
+    xid: int | None
+    taint_value: str | None
+
+    @property
+    def recovered(self) -> bool:
+        return self.health == HEALTHY
+
+    def describe(self) -> str:
+        """The Event note: which devices, what happened, what the scheduler now sees."""
+        names = ", ".join(self.devices[:8]) + (f" and {len(self.devices) - 8} more" if len(self.devices) > 8 else "")
+        which = f"{names} ({len(self.devices)} devices)" if len(self.devices) > 1 else names
+        if self.recovered:
+            after = f" after {self.previous_reason}" if self.previous_reason else ""
+            return f"{which} healthy again{after}; taint {TAINT_KEY} removed"
+        why = f": {self.reason}" if self.reason else ""
+        taint = (f"; tainted {TAINT_KEY}={self.taint_value}:{TAINT_EFFECT}, new claims go elsewhere"
+                 if self.taint_value else "")
+        return f"{which} {self.health}{why}{taint}"
+
+
+def health_changes(old: Mapping[str, DeviceHealth], new: Mapping[str, DeviceHealth]) -> list[HealthChange]:
+    """What changed from ``old`` to ``new``, grouped; a device first seen Healthy is no change."""
+    groups: dict[tuple[str, str, str, str, int | None, str | None], list[str]] = {}
+    for name, state in sorted(new.items()):
+        before = old.get(name) or DeviceHealth(HEALTHY, "", None)
+        if (before.health, before.message) == (state.health, state.message):
+            continue
+        key = (state.health, state.message, before.health, before.message, state.xid, state.taint_value)
+        groups.setdefault(key, []).append(name)
+    return [HealthChange(tuple(names), health, reason, prev, prev_reason, xid, taint)
+            for (health, reason, prev, prev_reason, xid, taint), names in groups.items()]
+
+
+def device_counts(devices: Mapping[str, AllocatableDevice], health: Mapping[str, DeviceHealth]) -> dict[tuple[str, str], int]:
+    """Published devices by (type, health): the ``devices`` gauge."""
+    counts: dict[tuple[str, str], int] = {}
+    for name, dev in devices.items():
+        state = health.get(name)
+        key = (dev.kind, state.health if state is not None else HEALTHY)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def publish_device_counts(devices: Mapping[str, AllocatableDevice], health: Mapping[str, DeviceHealth]) -> None:
+    METRICS.set_devices(device_counts(devices, health), (d.kind for d in devices.values()), HEALTH_VALUES)
 
 
 def taint_value(reason: str) -> str:
@@ -103,7 +162,7 @@ def device_health(devices: Mapping[str, AllocatableDevice], reports: Mapping[str
             continue
         message = report.reason or ("" if report.health == HEALTHY else report.health.lower())
         taint = taint_value(report.reason or "unhealthy") if report.health == UNHEALTHY else None
-        out[name] = DeviceHealth(report.health, message, taint)
+        out[name] = DeviceHealth(report.health, message, taint, report.xid)
     return out
 
 
@@ -135,17 +194,20 @@ def tainted_devices(devices_json: Sequence[Mapping[str, Any]], health: Mapping[s
 class HealthMonitor:
     """Applies health reports: the health board always, the slices when the set of taints changes.
 
-    ``publish`` receives the complete device list (with taints) to hand to ``SlicePublisher.update``.
-    Sources call :meth:`set_reports` (complete picture, e.g. the health file) or :meth:`report`
-    (one GPU, e.g. an NVML event); both are thread-safe.
+    ``publish`` receives the complete device list (with taints) to hand to ``SlicePublisher.update``;
+    ``on_change`` hears every change (for Events). Sources call :meth:`set_reports` (complete
+    picture, e.g. the health file) or :meth:`report` (one GPU, e.g. an NVML event); both are
+    thread-safe.
     """
 
     def __init__(self, devices: Mapping[str, AllocatableDevice], devices_json: Sequence[Mapping[str, Any]],
-                 board: HealthBoard, publish: Callable[[list[dict[str, Any]]], None]) -> None:
+                 board: HealthBoard, publish: Callable[[list[dict[str, Any]]], None],
+                 on_change: Callable[[HealthChange], None] | None = None) -> None:
         self._devices = dict(devices)
         self._devices_json = [copy.deepcopy(dict(d)) for d in devices_json]
         self._board = board
         self._publish = publish
+        self._on_change = on_change
         self._lock = threading.Lock()
         self._reports: dict[str, HealthReport] = {}
         self._taints: dict[str, str] = {}
@@ -188,7 +250,11 @@ class HealthMonitor:
                 self._board.update(name, state.health, state.message)
                 if old is not None or state.health != HEALTHY:
                     _log.info("device health changed", device=name, health=state.health, reason=state.message)
+        if self._on_change is not None:
+            for change in health_changes(self._health, health):
+                self._on_change(change)
         self._health = health
+        publish_device_counts(self._devices, health)
         taints = {n: s.taint_value for n, s in health.items() if s.taint_value is not None}
         if taints != self._taints:
             self._taints = taints
@@ -293,6 +359,10 @@ class HealthFileSource:
                 _log.error("health file ignored; keeping the previous health", path=str(self.path), error=str(exc))
                 return False
         self.reads += 1
+        before = self.monitor.reports
+        for key, report in reports.items():
+            if report.xid is not None and before.get(key) != report:
+                METRICS.xid_events.labels(xid=xid_label(report.xid)).inc()
         for key in reports:
             if not self._known(key):
                 self._warn_once(f"key:{key}", "health file names an unknown device", key=key)
@@ -372,6 +442,7 @@ class NvmlEventSource:
                 elif error_code(exc) == NVML_ERROR_NOT_SUPPORTED:
                     _log.warning("GPU does not support health events; its health is not watched", gpu=uuid)
                 else:
+                    count_error(nv.nvmlDeviceRegisterEvents)
                     _log.error("registering health events failed; GPU health not watched", gpu=uuid, error=str(exc))
 
     def _supported(self, handle: Any) -> int:
@@ -424,6 +495,7 @@ class NvmlEventSource:
             _log.warning("health event for an unknown GPU", event_type=etype, data=xid)
             return
         if etype & int(getattr(self.nv, "nvmlEventTypeXidCriticalError", 0x8)):
+            METRICS.xid_events.labels(xid=xid_label(xid)).inc()
             if xid in self.ignored_xids:
                 self.ignored_seen += 1
                 _log.info("non-fatal XID ignored", gpu=uuid, xid=xid)
@@ -447,6 +519,7 @@ class NvmlEventSource:
             if code == NVML_ERROR_GPU_IS_LOST:
                 self.check_lost()
                 return
+            count_error(wait)
             raise
         self.handle_event(data)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -47,18 +47,28 @@ def main(registration_socket: str, driver_name: str) -> int:
     return 0
 
 
-def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem."""
+def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.0.0.0",
+                  pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None) -> ThreadingHTTPServer:
+    """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem;
+    ``pages`` adds more paths (``/metrics``), each answering ``(body, content type)``."""
+    extra = dict(pages or {})
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/healthz", "/livez", "/readyz"):
+            path = self.path.split("?")[0]
+            if path in extra:
+                body, ctype = extra[path]()
+                self._reply(200, body, ctype)
+                return
+            if path not in ("/healthz", "/livez", "/readyz"):
                 self.send_error(404)
                 return
             problem = check_fn()
-            body = (f"{problem}\n" if problem else "ok\n").encode()
-            self.send_response(503 if problem else 200)
-            self.send_header("Content-Type", "text/plain")
+            self._reply(503 if problem else 200, (f"{problem}\n" if problem else "ok\n").encode(), "text/plain")
+
+        def _reply(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

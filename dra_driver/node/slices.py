@@ -34,6 +34,7 @@ from dra_driver import logs
 from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi, meta
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
+from dra_driver.node.metrics import METRICS
 
 Obj = dict[str, Any]
 
@@ -471,6 +472,7 @@ class SlicePublisher:
             except ApiError as exc:
                 if not exc.not_found:
                     raise
+            METRICS.slice_writes.labels(operation="delete").inc()
             return
         assert op.body is not None and op.index is not None
         if op.kind == "update":
@@ -479,6 +481,7 @@ class SlicePublisher:
         else:
             self.requests["create"] += 1
             stored = self.api.create(SLICES, op.body)
+        METRICS.slice_writes.labels(operation=op.kind).inc()
         rv = str(meta(stored).get("resourceVersion", ""))
         if rv:
             if len(self._own_versions) > 1000:
@@ -523,6 +526,7 @@ class SlicePublisher:
                 backoff = min(1.0, self.max_backoff)
                 next_resync = time.monotonic() + self.resync_interval
             except Exception as exc:
+                METRICS.slice_errors.inc()
                 self._log.error("publishing ResourceSlices failed; retrying", error=str(exc), retry_in=backoff)
                 self.request_sync(backoff)
                 backoff = min(backoff * 2, self.max_backoff)

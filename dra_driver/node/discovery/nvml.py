@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from dra_driver import logs
 from dra_driver.node.discovery import sysfs
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
+from dra_driver.node.metrics import METRICS
 
 _log = logs.get("discovery.nvml")
 T = TypeVar("T")
@@ -88,6 +89,11 @@ def explain(exc: BaseException, what: str) -> NvmlError:
     return NvmlError(f"{what}: {detail}{suffix}", code)
 
 
+def count_error(fn: Callable[..., Any]) -> None:
+    """One failed NVML call, labelled by the NVML function's name (a fixed set)."""
+    METRICS.nvml_errors.labels(function=getattr(fn, "__name__", "unknown")).inc()
+
+
 def nvml_text(value: Any) -> str:
     """A string NVML returned (bytes, NUL-padded, in older bindings) as text."""
     if isinstance(value, bytes):
@@ -130,8 +136,12 @@ def nvml_available(nvml_module: ModuleType | None = None) -> tuple[bool, str]:
     """Whether NVML initialises here; the reason when it does not."""
     try:
         nv = nvml_module or load_pynvml()
+    except Exception as exc:  # OSError from ctypes, ImportError
+        return False, str(explain(exc, "NVML initialisation failed"))
+    try:
         nv.nvmlInit()
-    except Exception as exc:  # NVMLError, OSError from ctypes, ImportError
+    except Exception as exc:
+        count_error(nv.nvmlInit)
         return False, str(explain(exc, "NVML initialisation failed"))
     with contextlib.suppress(Exception):
         nv.nvmlShutdown()
@@ -170,6 +180,7 @@ class NvmlBackend:
         except Exception as exc:
             if isinstance(exc, NvmlError):
                 raise
+            count_error(fn)
             raise explain(exc, what) from exc
 
     def _try(self, fn: Callable[..., T], *args: Any) -> T | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 from dra_driver import logs
@@ -37,8 +38,9 @@ def preload_nvml(driver_root: Path) -> Path | None:
     return None
 
 
-def open_backend(settings: PluginSettings) -> Backend:
-    """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly)."""
+def open_backend(settings: PluginSettings, on_fallback: Callable[[str], None] | None = None) -> Backend:
+    """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly:
+    ``on_fallback`` hears why)."""
     choice = settings.backend
     if choice not in ("auto", "nvml", "simulated"):
         raise ValueError(f"unknown GPU backend {choice!r} (expected auto, nvml or simulated)")
@@ -56,6 +58,8 @@ def open_backend(settings: PluginSettings) -> Backend:
             "NVML IS NOT AVAILABLE: FALLING BACK TO SIMULATED GPUS; nothing this node publishes is real hardware",
             reason=reason, profile=settings.simulated_profile,
         )
+        if on_fallback is not None:
+            on_fallback(reason)
     return open_simulated(settings)
 
 

@@ -1,0 +1,311 @@
+"""Kubernetes Events (``events.k8s.io/v1``) written in the background, repeats folded into one series.
+
+An Event's name is derived from everything that makes it the same occurrence (what it is about,
+type, reason, action, note, reporter), so a repeat — in this process or in the next one after a
+crash — lands on the same object: the first occurrence creates it, later ones raise
+``series.count`` and ``series.lastObservedTime``. A crash loop therefore costs one Event, not one
+per restart, and within a process repeats are written at most every ``min_interval`` seconds.
+
+The recorder needs only ``create`` and ``patch`` on events: when a new process finds the Event
+already there, an empty merge patch returns it (a read without the ``get`` verb), and the count is
+written with its resourceVersion as precondition.
+
+Events are best effort: a failure is retried a few times, then counted through ``on_drop`` and
+forgotten; nothing here ever blocks or fails the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dra_driver import logs
+from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, Obj
+from dra_driver.k8s.leader import micro_time
+
+_log = logs.get("events")
+
+MAX_NOTE_BYTES = 1024
+"""The API server refuses longer notes."""
+MAX_FIELD = 128
+"""reportingInstance, action and reason: at most 128 characters each."""
+ATTEMPTS = 4
+MAX_SERIES = 1024
+"""Series remembered for folding; the oldest quiet one is forgotten beyond this."""
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about (``regarding``)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str = ""
+    namespace: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
+        if self.uid:
+            out["uid"] = self.uid
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
+
+
+def node_ref(name: str) -> ObjectRef:
+    """A Node, with the node name as UID as the kubelet does: ``kubectl describe node`` finds Events
+    under either the Node's UID or its name, and this needs no read of the Node."""
+    return ObjectRef("v1", "Node", name, uid=name)
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    type: str
+    """``Normal`` or ``Warning``."""
+    reason: str
+    """UpperCamelCase, what happened (``CheckpointQuarantined``)."""
+    action: str
+    """What the reporter was doing (``Recover``, ``Prepare``)."""
+    note: str
+
+
+def fit_note(text: str) -> str:
+    """One line, within the API server's 1024-byte limit (cut at a character boundary with …)."""
+    line = " ".join(text.split())
+    data = line.encode()
+    if len(data) <= MAX_NOTE_BYTES:
+        return line
+    return data[: MAX_NOTE_BYTES - 3].decode(errors="ignore") + "…"
+
+
+def event_name(regarding: ObjectRef, what: Occurrence, controller: str, instance: str) -> str:
+    """Stable for one kind of occurrence: the folding key. ``<object name>.<16 hex>``, a valid name."""
+    key = "\x00".join((regarding.api_version, regarding.kind, regarding.namespace, regarding.name, regarding.uid,
+                       what.type, what.reason, what.action, fit_note(what.note), controller, instance))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{regarding.name[:200].rstrip('.-')}.{digest}"
+
+
+def event_namespace(regarding: ObjectRef) -> str:
+    """Events about cluster-scoped objects live in ``default``, as the kubelet's Node events do."""
+    return regarding.namespace or "default"
+
+
+def event_body(regarding: ObjectRef, what: Occurrence, *, controller: str, instance: str, now: datetime,
+               count: int = 1) -> Obj:
+    body: Obj = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(regarding, what, controller, instance), "namespace": event_namespace(regarding)},
+        "eventTime": micro_time(now),
+        "reportingController": controller,
+        "reportingInstance": instance[:MAX_FIELD],
+        "action": what.action[:MAX_FIELD],
+        "reason": what.reason[:MAX_FIELD],
+        "type": what.type,
+        "note": fit_note(what.note),
+        "regarding": regarding.as_dict(),
+    }
+    if count > 1:
+        body["series"] = {"count": count, "lastObservedTime": micro_time(now)}
+    return body
+
+
+def series_count(event: Obj) -> int:
+    """How many occurrences a stored Event stands for."""
+    series = event.get("series")
+    count = series.get("count") if isinstance(series, dict) else None
+    return count if isinstance(count, int) and count > 1 else 1
+
+
+class _Expired(Exception):
+    """The Event of a series is gone from the API server."""
+
+
+@dataclass
+class _Series:
+    regarding: ObjectRef
+    what: Occurrence
+    occurrences: int
+    """Everything known to have happened, other processes' occurrences included once adopted."""
+    written: int = 0
+    """What the stored Event says; 0 while it has not been created by this process."""
+    last_seen: float = 0.0
+    last_write: float = 0.0
+    failures: int = 0
+
+
+class EventRecorder:
+    """Writes Events from a background thread; :meth:`record` never blocks and never raises."""
+
+    def __init__(self, api: KubeApi, controller: str, instance: str, *, min_interval: float = 10.0,
+                 on_drop: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.controller = controller
+        self.instance = instance
+        self.min_interval = min_interval
+        self._on_drop = on_drop
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._dirty: set[tuple[str, str]] = set()
+
+    def record(self, regarding: ObjectRef, what: Occurrence) -> None:
+        key = (event_namespace(regarding), event_name(regarding, what, self.controller, self.instance))
+        now = self._clock()
+        with self._lock:
+            series = self._series.get(key)
+            if series is None:
+                self._forget_quiet_locked()
+                series = self._series[key] = _Series(regarding, what, occurrences=0)
+            series.occurrences += 1
+            series.last_seen = now
+            self._dirty.add(key)
+        self._wake.set()
+
+    def _forget_quiet_locked(self) -> None:
+        while len(self._series) >= MAX_SERIES:
+            quiet = [k for k in self._series if k not in self._dirty]
+            if not quiet:
+                # Everything is waiting to be written: drop the oldest pending occurrence instead.
+                quiet = [min(self._series, key=lambda k: self._series[k].last_seen)]
+                self._dirty.discard(quiet[0])
+                self._dropped(self._series[quiet[0]], "too many pending Events")
+            oldest = min(quiet, key=lambda k: self._series[k].last_seen)
+            del self._series[oldest]
+
+    # -- the writer
+
+    def flush(self, timeout: float) -> bool:
+        """Write everything pending now (ignoring ``min_interval``); whether it finished in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.write_due(force=True) is None:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def write_due(self, force: bool = False) -> float | None:
+        """Write the series that are due; seconds until the next one is due, None when none is pending."""
+        now = self._clock()
+        with self._lock:
+            due = [k for k in self._dirty if force or self._due_at(self._series[k]) <= now]
+        for key in due:
+            self._write(key)
+        with self._lock:
+            if not self._dirty:
+                return None
+            return max(0.0, min(self._due_at(self._series[k]) for k in self._dirty) - self._clock())
+
+    def _due_at(self, series: _Series) -> float:
+        if series.written == 0 and series.failures == 0:
+            return 0.0  # a new Event goes out at once
+        backoff = min(30.0, 0.5 * 2 ** series.failures) if series.failures else 0.0
+        return series.last_write + max(self.min_interval if series.written else 0.0, backoff)
+
+    def _write(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            series = self._series.get(key)
+            if series is None or key not in self._dirty:
+                return
+            self._dirty.discard(key)
+            want = series.occurrences
+        namespace, name = key
+        log = _log.bind(event=name, namespace=namespace, reason=series.what.reason,
+                        regarding=f"{series.regarding.kind}/{series.regarding.name}")
+        try:
+            written = self._store(namespace, name, series, want)
+        except _Expired:
+            # The API server keeps Events for an hour: a new one counts what the old one did not show.
+            with self._lock:
+                series.occurrences -= series.written
+                series.written = 0
+                self._dirty.add(key)
+            return
+        except Exception as exc:
+            series.failures += 1
+            series.last_write = self._clock()
+            if series.failures >= ATTEMPTS:
+                self._dropped(series, str(exc))
+                series.failures = 0
+                series.written = max(series.written, 1)  # do not re-create on the next occurrence
+                return
+            log.warning("cannot write Event; will retry", error=str(exc), attempt=series.failures)
+            with self._lock:
+                self._dirty.add(key)
+            return
+        with self._lock:
+            series.occurrences += written - want  # adopting another process's count raises it
+            series.written = written
+            series.failures = 0
+            series.last_write = self._clock()
+            if series.occurrences > series.written:
+                self._dirty.add(key)
+
+    def _store(self, namespace: str, name: str, series: _Series, want: int) -> int:
+        """Make the stored Event say ``want`` occurrences (more when another process counted some
+        already); returns what it says now."""
+        now = datetime.now(UTC)
+        if series.written == 0:
+            body = event_body(series.regarding, series.what, controller=self.controller, instance=self.instance,
+                              now=now, count=want)
+            try:
+                self.api.create(EVENTS, body, namespace=namespace)
+                return want
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            return self._adopt(namespace, name, want, now)
+        try:
+            self.api.merge_patch(EVENTS, name, {"series": {"count": want, "lastObservedTime": micro_time(now)}},
+                                 namespace=namespace)
+            return want
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+        raise _Expired()
+
+    def _adopt(self, namespace: str, name: str, new: int, now: datetime) -> int:
+        """The Event exists (written by an earlier process): add ``new`` occurrences to its count."""
+        last: ApiError | None = None
+        for _ in range(3):
+            current = self.api.merge_patch(EVENTS, name, {}, namespace=namespace)
+            total = series_count(current) + new
+            rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            patch: Obj = {"metadata": {"resourceVersion": rv},
+                          "series": {"count": total, "lastObservedTime": micro_time(now)}}
+            try:
+                self.api.merge_patch(EVENTS, name, patch, namespace=namespace)
+                return total
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+                last = exc
+        raise last or ApiError(409, "Conflict", f"event {namespace}/{name} kept changing")
+
+    def _dropped(self, series: _Series, why: str) -> None:
+        _log.error("Event dropped", reason=series.what.reason, regarding=f"{series.regarding.kind}/{series.regarding.name}",
+                   note=series.what.note[:200], error=why)
+        if self._on_drop is not None:
+            self._on_drop()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                wait = self.write_due()
+            except Exception:  # a bug must not end Event writing for the process's lifetime
+                _log.exception("writing Events failed")
+                wait = 1.0
+            self._wake.wait(timeout=1.0 if wait is None else min(max(wait, 0.05), 1.0))
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(stop,), name="events", daemon=True)
+        thread.start()
+        return thread

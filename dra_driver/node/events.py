@@ -1,0 +1,68 @@
+"""What the node plugin tells operators through Events, and where they look for it.
+
+On the **Node** (``kubectl describe node``): a quarantined checkpoint, a GPU backend that is not
+available, a device turning unhealthy or recovering, a stale claim cleaned up. On the
+**ResourceClaim** (``kubectl describe resourceclaim``): a failed prepare, with the error the
+kubelet received. Reporting controller ``gpu.dra-driver.io/kubelet-plugin``, instance = the node
+name; :class:`dra_driver.k8s.events.EventRecorder` folds repeats into one series.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dra_driver import CONFIG_API_GROUP
+from dra_driver.k8s.client import CLAIMS
+from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
+from dra_driver.node.health import HealthChange
+from dra_driver.node.prepare import ClaimRef
+
+REPORTING_CONTROLLER = f"{CONFIG_API_GROUP}/kubelet-plugin"
+
+
+def checkpoint_quarantined(path: Path, reason: str, copy: Path | None) -> Occurrence:
+    where = f"moved to {copy}" if copy is not None else "could not be moved aside"
+    return Occurrence("Warning", "CheckpointQuarantined", "Recover",
+                      f"checkpoint {path} is unusable ({reason}); {where}; started with no prepared claims")
+
+
+def backend_unavailable(reason: str, fallback: str | None) -> Occurrence:
+    then = (f"publishing simulated GPUs ({fallback}) instead, nothing this node publishes is real hardware"
+            if fallback else "the plugin cannot start")
+    return Occurrence("Warning", "GpuBackendUnavailable", "Discover", f"NVML is not available: {reason}; {then}")
+
+
+def health_changed(change: HealthChange) -> Occurrence:
+    if change.recovered:
+        return Occurrence("Normal", "DeviceRecovered", "MonitorHealth", change.describe())
+    return Occurrence("Warning", "DeviceUnhealthy", "MonitorHealth", change.describe())
+
+
+def stale_claim_unprepared(claim: ClaimRef, error: str | None) -> Occurrence:
+    if error is None:
+        return Occurrence("Normal", "StaleClaimUnprepared", "CleanUp",
+                          f"unprepared claim {claim.ref} ({claim.uid}): it is gone from the API server")
+    return Occurrence("Warning", "StaleClaimCleanupFailed", "CleanUp",
+                      f"claim {claim.ref} ({claim.uid}) is gone from the API server but unpreparing it failed: {error}")
+
+
+def prepare_failed(error: str) -> Occurrence:
+    return Occurrence("Warning", "PrepareFailed", "Prepare", error)
+
+
+def claim_ref(claim: ClaimRef) -> ObjectRef:
+    return ObjectRef(CLAIMS.api_version, CLAIMS.kind, claim.name, uid=claim.uid, namespace=claim.namespace)
+
+
+class NodeEvents:
+    """The plugin's recorder, bound to its node."""
+
+    def __init__(self, recorder: EventRecorder, node_name: str) -> None:
+        self.recorder = recorder
+        self.node = node_ref(node_name)
+
+    def on_node(self, what: Occurrence) -> None:
+        self.recorder.record(self.node, what)
+
+    def on_claim(self, claim: ClaimRef, what: Occurrence) -> None:
+        self.recorder.record(claim_ref(claim), what)

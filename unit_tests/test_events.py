@@ -1,0 +1,169 @@
+"""Events with repeats folded into one series (dra_driver.k8s.events) and the node plugin's Events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kubefake import FakeKube
+
+from dra_driver.k8s.client import EVENTS, ApiError
+from dra_driver.k8s.events import (
+    ATTEMPTS,
+    MAX_NOTE_BYTES,
+    EventRecorder,
+    ObjectRef,
+    Occurrence,
+    event_name,
+    fit_note,
+    node_ref,
+)
+from dra_driver.node import events as notices
+from dra_driver.node.health import DeviceHealth, health_changes
+from dra_driver.node.prepare import ClaimRef
+
+CONTROLLER = "gpu.dra-driver.io/kubelet-plugin"
+NODE = node_ref("gpu-node-1")
+BROKEN = Occurrence("Warning", "CheckpointQuarantined", "Recover", "checkpoint /x is unusable (truncated)")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def recorder(api: FakeKube, clock: Clock | None = None, **kw: object) -> EventRecorder:
+    return EventRecorder(api, CONTROLLER, "gpu-node-1", clock=clock or Clock(), **kw)  # type: ignore[arg-type]
+
+
+def stored(api: FakeKube) -> list[dict[str, object]]:
+    return list(api.objects.get("events", {}).values())
+
+
+def test_first_occurrence_is_an_event_about_the_node() -> None:
+    api = FakeKube()
+    rec = recorder(api)
+    rec.record(NODE, BROKEN)
+    assert rec.write_due() is None
+    [event] = stored(api)
+    assert event["metadata"]["namespace"] == "default"  # type: ignore[index]
+    assert event["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1", "uid": "gpu-node-1"}
+    assert event["reportingController"] == CONTROLLER and event["reportingInstance"] == "gpu-node-1"
+    assert (event["type"], event["reason"], event["action"]) == ("Warning", "CheckpointQuarantined", "Recover")
+    assert "series" not in event and str(event["eventTime"]).endswith("Z")
+
+
+def test_repeats_fold_into_one_series_written_at_most_every_interval() -> None:
+    api, clock = FakeKube(), Clock()
+    rec = recorder(api, clock, min_interval=10.0)
+    rec.record(NODE, BROKEN)
+    rec.write_due()
+    for _ in range(5):
+        rec.record(NODE, BROKEN)
+    wait = rec.write_due()
+    assert wait is not None and 0 < wait <= 10.0, "a repeat within the interval waits"
+    assert len(api.writes("create")) == 1 and not api.writes("merge_patch")
+    clock.now += 10.0
+    assert rec.write_due() is None
+    [event] = stored(api)
+    assert event["series"]["count"] == 6  # type: ignore[index]
+    assert len(api.writes("merge_patch")) == 1, "five repeats, one write"
+
+
+def test_a_new_process_adds_to_the_existing_series() -> None:
+    """A crash loop: each process finds the Event of the one before and raises its count."""
+    api = FakeKube()
+    for _ in range(3):
+        rec = recorder(api)
+        rec.record(NODE, BROKEN)
+        assert rec.flush(timeout=2.0)
+    [event] = stored(api)
+    assert event["series"]["count"] == 3  # type: ignore[index]
+    assert len(api.writes("create")) == 3  # each tried; two found it there (409)
+
+
+def test_different_notes_are_different_events_and_names_are_stable() -> None:
+    other = Occurrence("Warning", "CheckpointQuarantined", "Recover", "checkpoint /x is unusable (empty)")
+    assert event_name(NODE, BROKEN, CONTROLLER, "n") == event_name(NODE, BROKEN, CONTROLLER, "n")
+    assert event_name(NODE, BROKEN, CONTROLLER, "n") != event_name(NODE, other, CONTROLLER, "n")
+    api = FakeKube()
+    rec = recorder(api)
+    rec.record(NODE, BROKEN)
+    rec.record(NODE, other)
+    rec.write_due()
+    assert len(stored(api)) == 2
+
+
+def test_expired_event_starts_a_new_series() -> None:
+    api, clock = FakeKube(), Clock()
+    rec = recorder(api, clock, min_interval=0.0)
+    rec.record(NODE, BROKEN)
+    rec.write_due()
+    [event] = stored(api)
+    api.delete(EVENTS, f"default/{event['metadata']['name']}")  # type: ignore[index]
+    rec.record(NODE, BROKEN)
+    assert rec.flush(timeout=2.0)
+    [event] = stored(api)
+    assert "series" not in event, "the new Event counts only what the expired one did not show"
+
+
+def test_failures_retry_then_drop_and_count() -> None:
+    api, clock = FakeKube(), Clock()
+    api.fail["create:events"] = ApiError(403, "Forbidden", "events is forbidden")
+    drops: list[int] = []
+    rec = recorder(api, clock, on_drop=lambda: drops.append(1))
+    rec.record(NODE, BROKEN)
+    for _ in range(ATTEMPTS):
+        rec.write_due()
+        clock.now += 60
+    assert drops == [1] and not stored(api)
+    assert len(api.writes("create")) == ATTEMPTS
+
+
+def test_claim_event_lives_in_the_claims_namespace() -> None:
+    api = FakeKube()
+    rec = recorder(api)
+    claim = ClaimRef("0b1c2d3e-0000-4000-8000-000000000001", "team-a", "train")
+    rec.record(notices.claim_ref(claim), notices.prepare_failed("device gpu-9 is not a device of this driver"))
+    rec.write_due()
+    [event] = stored(api)
+    assert event["metadata"]["namespace"] == "team-a"  # type: ignore[index]
+    assert event["regarding"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "train",
+                                  "uid": claim.uid, "namespace": "team-a"}
+    assert event["reason"] == "PrepareFailed" and "gpu-9" in str(event["note"])
+
+
+def test_note_fits_the_api_limit() -> None:
+    note = fit_note("x" * 5000 + "\n" + "é" * 10)
+    assert len(note.encode()) <= MAX_NOTE_BYTES and note.endswith("…")
+    assert fit_note("two\nlines") == "two lines"
+    ref = ObjectRef("v1", "Node", "n" * 300)
+    assert len(event_name(ref, BROKEN, CONTROLLER, "i")) <= 253
+
+
+def test_plugin_notes_say_what_and_where() -> None:
+    q = notices.checkpoint_quarantined(Path("/s/checkpoint.json"), "checksum mismatch", Path("/s/checkpoint.json.corrupt-1"))
+    assert q.reason == "CheckpointQuarantined" and "checksum mismatch" in q.note and "corrupt-1" in q.note
+    b = notices.backend_unavailable("libnvidia-ml.so.1 was not found", "h100-8x")
+    assert b.reason == "GpuBackendUnavailable" and "libnvidia-ml" in b.note and "simulated" in b.note
+    assert "cannot start" in notices.backend_unavailable("no driver", None).note
+    stale = notices.stale_claim_unprepared(ClaimRef("u", "ns", "c"), None)
+    assert stale.type == "Normal" and "ns/c" in stale.note
+
+
+def test_health_changes_group_a_gpu_and_name_the_xid() -> None:
+    xid = DeviceHealth("Unhealthy", "XID 79", "XID-79", 79)
+    ok = DeviceHealth("Healthy", "", None)
+    old = {"gpu-2": ok, "gpu-2-mig-1-0": ok, "gpu-3": ok}
+    new = {"gpu-2": xid, "gpu-2-mig-1-0": xid, "gpu-3": ok}
+    [change] = health_changes(old, new)
+    assert change.devices == ("gpu-2", "gpu-2-mig-1-0") and change.xid == 79
+    event = notices.health_changed(change)
+    assert (event.type, event.reason) == ("Warning", "DeviceUnhealthy")
+    assert "XID 79" in event.note and "2 devices" in event.note and "XID-79:NoSchedule" in event.note
+    [back] = health_changes(new, old)
+    recovered = notices.health_changed(back)
+    assert (recovered.type, recovered.reason) == ("Normal", "DeviceRecovered") and "after XID 79" in recovered.note
+    assert health_changes({}, old) == [], "devices first seen healthy are no change"
