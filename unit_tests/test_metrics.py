@@ -19,9 +19,13 @@ def test_metrics_and_health() -> None:
     try:
         base = f"http://127.0.0.1:{srv.port}"
         body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
-        assert "claims_explained_total 1.0" in body
-        assert 'errors_total{kind="conflict"} 1.0' in body
-        assert "resolve_seconds_bucket" in body and "claims_allocated_total 0.0" in body
+        assert "dra_driver_controller_claims_explained_total 1.0" in body
+        assert 'dra_driver_controller_errors_total{kind="conflict"} 1.0' in body
+        assert "dra_driver_controller_resolve_duration_seconds_bucket" in body
+        assert "dra_driver_controller_claims_allocated_total 0.0" in body
+        assert 'dra_driver_controller_build_info{version="' in body
+        names = {line.split()[2] for line in body.splitlines() if line.startswith("# TYPE")}
+        assert all(n.startswith("dra_driver_controller_") for n in names), names
         assert urllib.request.urlopen(f"{base}/healthz", timeout=5).status == 200
         healthy[0] = False
         try:

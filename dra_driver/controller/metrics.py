@@ -1,4 +1,8 @@
-"""Prometheus metrics of the controller and a small HTTP server for ``/metrics`` and ``/healthz``."""
+"""Prometheus metrics of the controller and a small HTTP server for ``/metrics`` and ``/healthz``.
+
+Every name starts with ``dra_driver_controller_`` (the node plugin's with ``dra_driver_plugin_``),
+so one prefix finds all of the driver's series.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,10 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from dra_driver import __version__
+
+PREFIX = "dra_driver_controller"
+
 
 class ControllerMetrics:
     """The controller's metrics, in their own registry (tests create as many as they like)."""
@@ -17,27 +25,29 @@ class ControllerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.claims_explained = Counter(
-            "claims_explained_total", "Explanations written for pending ResourceClaims (verdict changes)", registry=r
+            f"{PREFIX}_claims_explained_total", "Explanations written for pending ResourceClaims (verdict changes)", registry=r
         )
         self.claims_allocated = Counter(
-            "claims_allocated_total", "ResourceClaims allocated by the controller", registry=r
+            f"{PREFIX}_claims_allocated_total", "ResourceClaims allocated by the controller", registry=r
         )
-        self.errors = Counter("errors_total", "Errors by kind", ["kind"], registry=r)
+        self.errors = Counter(f"{PREFIX}_errors_total", "Errors by kind", ["kind"], registry=r)
         self.resolve_seconds = Histogram(
-            "resolve_seconds",
+            f"{PREFIX}_resolve_duration_seconds",
             "Time to resolve one ResourceClaim against the inventory",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r,
         )
-        self.is_leader = Gauge("leader", "1 while this replica holds the leader lease", registry=r)
-        self.queue_depth = Gauge("workqueue_depth", "Claim keys waiting to be processed", registry=r)
+        self.is_leader = Gauge(f"{PREFIX}_leader", "1 while this replica holds the leader lease", registry=r)
+        self.queue_depth = Gauge(f"{PREFIX}_workqueue_depth", "Claim keys waiting to be processed", registry=r)
+        self.build_info = Gauge(f"{PREFIX}_build_info", "Always 1; the label says what runs", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
 
     def error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's current value (tests and health checks)."""
-        v = self.registry.get_sample_value(name, labels or {})
+        """A sample's current value (tests and health checks); ``name`` without the prefix."""
+        v = self.registry.get_sample_value(f"{PREFIX}_{name}", labels or {})
         return float(v) if v is not None else 0.0
 
 

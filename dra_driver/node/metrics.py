@@ -87,8 +87,8 @@ class PluginMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
-        """A sample's current value, 0 when absent (tests)."""
-        v = self.registry.get_sample_value(name, dict(labels or {}))
+        """A sample's current value, 0 when absent (tests); ``name`` without the prefix."""
+        v = self.registry.get_sample_value(f"{PREFIX}_{name}", dict(labels or {}))
         return float(v) if v is not None else 0.0
 
 
