@@ -8,14 +8,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dra_driver.k8s.client import Configuration, RestKubeApi
+from kubernetes.config import load_kube_config_from_dict
+
+from dra_driver.k8s.client import Credentials, RestKubeApi
 
 Reply = tuple[int, Any]
 RawReply = tuple[int, str, bytes]  # status, Content-Type, body
 
 
 class Server:
-    def __init__(self, configuration: Configuration | None = None, **api_kwargs: Any) -> None:
+    def __init__(self, user: dict[str, Any] | None = None, **api_kwargs: Any) -> None:
         self.requests: list[dict[str, Any]] = []
         self.replies: list[Reply | RawReply | list[bytes]] = []
         outer = self
@@ -59,6 +61,19 @@ class Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        cfg = configuration or Configuration()
-        cfg.host = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.api = RestKubeApi(cfg, **api_kwargs)
+        self.host = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.api = RestKubeApi(plain_credentials(self.host, user or {}), **api_kwargs)
+
+
+def kubeconfig_dict(server: str, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "ctx",
+            "clusters": [{"name": "c", "cluster": {"server": server, **(cluster or {})}}],
+            "users": [{"name": "u", "user": user}],
+            "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}]}
+
+
+def plain_credentials(server: str, user: dict[str, Any] | None = None) -> Credentials:
+    """Credentials for ``server`` read by the official loader from an in-memory kubeconfig."""
+    doc = kubeconfig_dict(server, user or {})
+    return Credentials(lambda cfg: load_kube_config_from_dict(doc, client_configuration=cfg, persist_config=False),
+                       "test kubeconfig")

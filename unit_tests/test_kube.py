@@ -1,26 +1,15 @@
-"""RestKubeApi request formation, auth and TLS against tiny local HTTP(S) servers (no cluster needed)."""
+"""RestKubeApi request formation against a tiny local HTTP server (no cluster needed); credentials and
+TLS are in test_credentials.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import ssl
-import subprocess
-import threading
-import time
-import warnings
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dra_driver.k8s import credentials as kubeconfig
-from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, Configuration, RestKubeApi
-from dra_driver.k8s.credentials import ClientCert, Credentials, ExecCredential, ExecProvider
-from unit_tests.kubeserver import Server
+from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, RestKubeApi
+from unit_tests.kubeserver import Server, plain_credentials
 
 
 def test_paths() -> None:
@@ -79,7 +68,7 @@ def test_errors(srv: Server) -> None:
 
 
 def test_unreachable() -> None:
-    api = RestKubeApi(Configuration(host="http://127.0.0.1:9"), request_timeout=2)
+    api = RestKubeApi(plain_credentials("http://127.0.0.1:9"), request_timeout=2)
     with pytest.raises(ApiError) as e:
         api.get(CLAIMS, "c", namespace="ns")
     assert e.value.status == 0
@@ -119,46 +108,9 @@ def test_selectors_delete_and_node(srv: Server) -> None:
     assert "preconditions" not in r[3]["body"]
 
 
-def test_headers_and_401_refresh(tmp_path: Any) -> None:
-    tok = tmp_path / "token"
-    tok.write_text("old")
-    s = Server(Configuration(credentials=Credentials(token_file=str(tok))), user_agent="ua/1")
-    try:
-        s.replies = [(200, {}), (401, {"kind": "Status", "reason": "Unauthorized", "code": 401}), (200, {"ok": 1}),
-                     (401, {"kind": "Status", "reason": "Unauthorized", "code": 401}),
-                     (401, {"kind": "Status", "reason": "Unauthorized", "code": 401})]
-        s.api.get(PODS, "p", namespace="ns")
-        tok.write_text("new")  # rotated; the cached token is still the old one
-        assert s.api.get(PODS, "p", namespace="ns") == {"ok": 1}
-        assert [(q["auth"], q["agent"]) for q in s.requests] == [
-            ("Bearer old", "ua/1"), ("Bearer old", "ua/1"), ("Bearer new", "ua/1")]
-        with pytest.raises(ApiError) as e:  # still 401 after one refresh: reported
-            s.api.get(PODS, "p", namespace="ns")
-        assert e.value.status == 401 and len(s.requests) == 5
-    finally:
-        s.httpd.shutdown()
-        s.api.close()
-
-
-def test_static_token_401_is_not_retried(srv: Server) -> None:
-    srv.api = RestKubeApi(Configuration(host=srv.api._base, credentials=Credentials(token="t")))
-    srv.replies = [(401, {"kind": "Status", "reason": "Unauthorized", "code": 401})]
-    with pytest.raises(ApiError) as e:
-        srv.api.get(PODS, "p", namespace="ns")
-    assert e.value.status == 401 and len(srv.requests) == 1 and srv.requests[0]["auth"] == "Bearer t"
-
-
-def test_credential_failure_is_an_api_error(srv: Server) -> None:
-    srv.api = RestKubeApi(Configuration(host=srv.api._base, credentials=Credentials(
-        exec_provider=ExecProvider(command="/nonexistent/plugin"))))
-    with pytest.raises(ApiError) as e:
-        srv.api.get(PODS, "p", namespace="ns")
-    assert e.value.status == 0 and e.value.reason == "CredentialError" and not srv.requests
-
-
 def test_concurrent_requests_share_the_pool(srv: Server) -> None:
     srv.replies = [(200, {"metadata": {"name": f"c{i}"}}) for i in range(40)]
-    api = RestKubeApi(Configuration(host=srv.api._base), pool_size=4)
+    api = RestKubeApi(plain_credentials(srv.host), pool_size=4)
     with ThreadPoolExecutor(16) as ex:
         got = list(ex.map(lambda i: api.get(CLAIMS, f"c{i}", namespace="ns"), range(40)))
     assert len(got) == 40 and len(srv.requests) == 40
@@ -167,124 +119,20 @@ def test_concurrent_requests_share_the_pool(srv: Server) -> None:
 def test_watch_abandoned_midway_does_not_poison_the_pool(srv: Server) -> None:
     ev = lambda n: (json.dumps({"type": "ADDED", "object": {"metadata": {"name": n}}}) + "\n").encode()  # noqa: E731
     srv.replies = [[ev("a"), ev("b"), ev("c")], (200, {"metadata": {"name": "after"}})]
-    api = RestKubeApi(Configuration(host=srv.api._base), pool_size=1)
+    api = RestKubeApi(plain_credentials(srv.host), pool_size=1)
     stream = api.watch(CLAIMS, resource_version="1", timeout_seconds=5)
     assert next(stream)["object"]["metadata"]["name"] == "a"
     stream.close()
     assert api.get(CLAIMS, "x", namespace="ns") == {"metadata": {"name": "after"}}
 
 
-# --- TLS ------------------------------------------------------------------------------------------
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, a server certificate for the name ``kubernetes`` only, and a client certificate."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    d = tmp_path_factory.mktemp("pki")
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650", "-subj", "/CN=test-ca", cwd=d)
-    for name, ext in (("server", "subjectAltName=DNS:kubernetes"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}-cn", cwd=d)
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "3650", "-extfile", f"{name}.ext", cwd=d)
-    return d
-
-
-@pytest.fixture
-def tls_server(pki: Path) -> Iterator[str]:
-    """An HTTPS server that requires a client certificate and answers with its common name."""
-
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            peer = self.connection.getpeercert()  # type: ignore[attr-defined]
-            cn = dict(x[0] for x in peer["subject"])["commonName"]
-            data = json.dumps({"client": cn}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a: Any) -> None:
-            return
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(pki / "server.crt", pki / "server.key")
-    ctx.load_verify_locations(pki / "ca.crt")
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-def test_tls_ca_data_server_name_and_client_cert_data(pki: Path, tls_server: str) -> None:
-    cert = ClientCert(cert_pem=(pki / "client.crt").read_bytes(), key_pem=(pki / "client.key").read_bytes())
-    cfg = Configuration(host=tls_server, ca_data=(pki / "ca.crt").read_bytes(), tls_server_name="kubernetes",
-                        credentials=Credentials(client_cert=cert))
-    assert RestKubeApi(cfg).get(PODS, "p", namespace="ns") == {"client": "client-cn"}
-    # Files work too.
-    cfg = Configuration(host=tls_server, ca_file=str(pki / "ca.crt"), tls_server_name="kubernetes",
-                        credentials=Credentials(client_cert=ClientCert(cert_file=str(pki / "client.crt"),
-                                                                       key_file=str(pki / "client.key"))))
-    assert RestKubeApi(cfg).get(PODS, "p", namespace="ns") == {"client": "client-cn"}
-
-
-def test_tls_verification_is_on(pki: Path, tls_server: str) -> None:
-    cert = ClientCert(cert_file=str(pki / "client.crt"), key_file=str(pki / "client.key"))
-    # The certificate names "kubernetes", not 127.0.0.1: without tls-server-name it must be refused.
-    cfg = Configuration(host=tls_server, ca_file=str(pki / "ca.crt"), credentials=Credentials(client_cert=cert))
-    with pytest.raises(ApiError) as e:
-        RestKubeApi(cfg).get(PODS, "p", namespace="ns")
-    assert e.value.status == 0
-    # Unknown CA: refused.
-    cfg = Configuration(host=tls_server, ca_file=str(pki / "client.crt"), tls_server_name="kubernetes",
-                        credentials=Credentials(client_cert=cert))
-    with pytest.raises(ApiError):
-        RestKubeApi(cfg).get(PODS, "p", namespace="ns")
-    # insecure-skip-tls-verify: accepted (the client certificate is still presented).
-    cfg = Configuration(host=tls_server, verify_ssl=False, credentials=Credentials(client_cert=cert))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert RestKubeApi(cfg).get(PODS, "p", namespace="ns") == {"client": "client-cn"}
-
-
-def test_exec_plugin_rotating_client_certificate(pki: Path, tls_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    issued: list[int] = []
-
-    def fake_exec(provider: ExecProvider) -> ExecCredential:
-        issued.append(1)
-        cert = ClientCert(cert_pem=(pki / "client.crt").read_bytes() + b"\n" * len(issued),
-                          key_pem=(pki / "client.key").read_bytes())
-        return ExecCredential(token=None, client_cert=cert, expires_at=time.time() - 1)  # always expired
-
-    monkeypatch.setattr(kubeconfig, "run_exec_provider", fake_exec)
-    cfg = Configuration(host=tls_server, ca_file=str(pki / "ca.crt"), tls_server_name="kubernetes",
-                        credentials=Credentials(exec_provider=ExecProvider(command="plugin")))
-    api = RestKubeApi(cfg)
-    for _ in range(2):  # a new certificate each time: a new pool, still accepted
-        assert api.get(PODS, "p", namespace="ns") == {"client": "client-cn"}
-    assert len(issued) == 2
-
-
 def test_unreachable_server_gives_a_short_clear_error() -> None:
     import socket
-
-    from dra_driver.k8s.client import Configuration
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nothing listens there
-    api = RestKubeApi(Configuration(host=f"http://127.0.0.1:{port}"), request_timeout=2)
+    api = RestKubeApi(plain_credentials(f"http://127.0.0.1:{port}"), request_timeout=2)
     with pytest.raises(ApiError) as info:
         api.get(CLAIMS, "c", namespace="ns")
     text = str(info.value)

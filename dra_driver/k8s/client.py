@@ -2,11 +2,11 @@
 
 Everything above this module sees API objects as plain dicts in their JSON form (camelCase), the
 form the resolution engine reads. :class:`KubeApi` is the protocol the rest of the code depends
-on; :class:`RestKubeApi` implements it directly on ``urllib3``, with cluster configuration from
-:mod:`dra_driver.k8s.credentials`. The official ``kubernetes`` package is not used: its generated model
-classes are typed for one client release, may lag the server's ``resource.k8s.io/v1`` fields and
-would drop what they do not know, and importing it costs the node plugin ~15 MiB of memory. Unit
-tests use an in-memory fake of the same protocol.
+on; :class:`RestKubeApi` implements it directly on ``urllib3``, with the server and credentials
+that the official ``kubernetes`` client's loaders read (:mod:`dra_driver.k8s.credentials`). The
+official client's API and model classes are not used: they are typed for one client release, may
+lag the server's ``resource.k8s.io/v1`` fields and would drop what they do not know, and loading
+them costs the node plugin ~40 MiB of memory. Unit tests use an in-memory fake of the same protocol.
 
 Errors from the server become :class:`ApiError` (status code + reason + message); transport
 failures (and credentials that cannot be obtained) become ``ApiError(status=0)``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ import orjson
 import urllib3
 
 from dra_driver.k8s import wire
-from dra_driver.k8s.credentials import ClientCert, Configuration, ConfigurationError, CredentialError, load_configuration
+from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
 
-__all__ = ["Configuration", "ConfigurationError", "load_configuration"]  # re-exported: this client is the one boundary
+__all__ = ["ConfigurationError", "Credentials", "load_credentials"]  # re-exported: this client is the one boundary
 
 Obj = dict[str, Any]
 """A Kubernetes object as a JSON dict."""
@@ -216,31 +215,33 @@ cannot hang an informer forever while a healthy one always ends server-side firs
 class RestKubeApi:
     """:class:`KubeApi` over a ``urllib3`` connection pool.
 
-    Thread-safe. ``pool_size`` (default: the configuration's ``connection_pool_maxsize``) is how
-    many connections stay open; bursts beyond it (the plugin reads up to 32 claims at once) open
-    extra connections instead of waiting. Connection failures are retried twice, and an idempotent
-    request (GET, PUT with its resourceVersion precondition, DELETE) once more when a kept-alive
-    connection turns out to be dead. A 401 with refreshable credentials (exec plugin, token file)
-    fetches them again and retries once.
+    Thread-safe. ``pool_size`` is how many connections stay open; bursts beyond it (the plugin
+    reads up to 32 claims at once) open extra connections instead of waiting. Connection failures
+    are retried twice, and an idempotent request (GET, PUT with its resourceVersion precondition,
+    DELETE) once more when a kept-alive connection turns out to be dead. A 401 reloads the
+    credentials (re-reading files, re-running an exec plugin) and retries once.
     """
 
-    def __init__(self, configuration: Configuration, *, request_timeout: float = 30.0, user_agent: str | None = None,
-                 pool_size: int | None = None) -> None:
-        self._config = configuration
-        self._base = configuration.host.rstrip("/")
+    def __init__(self, credentials: Credentials, *, request_timeout: float = 30.0, user_agent: str | None = None,
+                 pool_size: int = 10) -> None:
+        self._credentials = credentials
         self._timeout = request_timeout
         self._user_agent = user_agent or "dra-driver"
-        self._pool_size = pool_size or configuration.connection_pool_maxsize
+        self._pool_size = pool_size
         self._lock = threading.Lock()
         self._pool: urllib3.PoolManager | None = None
-        self._pool_cert: ClientCert | None = None
+        self._pool_tls: tuple[object, ...] | None = None
         self._retries = urllib3.Retry(total=3, connect=2, read=1, status=0, other=0, redirect=False,
                                       allowed_methods=frozenset({"GET", "PUT", "DELETE", "HEAD"}),
                                       raise_on_status=False)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> RestKubeApi:
-        return cls(load_configuration(kubeconfig), **kwargs)
+        return cls(load_credentials(kubeconfig), **kwargs)
+
+    @property
+    def host(self) -> str:
+        return self._credentials.host
 
     def close(self) -> None:
         with self._lock:
@@ -250,31 +251,30 @@ class RestKubeApi:
 
     # -- plumbing
 
-    def _manager(self, cert: ClientCert | None) -> urllib3.PoolManager:
-        """The pool for the current client certificate; an exec plugin may rotate it, which needs
-        new TLS connections."""
+    def _manager(self, conn: Connection) -> urllib3.PoolManager:
+        """The pool for the current TLS settings; a reload or an exec plugin may rotate the client
+        certificate, which needs new TLS connections."""
         with self._lock:
-            if self._pool is None or cert != self._pool_cert:
+            if self._pool is None or conn.tls != self._pool_tls:
                 old = self._pool
-                self._pool = self._new_manager(cert)
-                self._pool_cert = cert
+                self._pool = self._new_manager(conn)
+                self._pool_tls = conn.tls
                 if old is not None:
                     old.clear()
             return self._pool
 
-    def _new_manager(self, cert: ClientCert | None) -> urllib3.PoolManager:
-        cfg = self._config
+    def _new_manager(self, conn: Connection) -> urllib3.PoolManager:
         kwargs: dict[str, Any] = {"num_pools": 4, "maxsize": self._pool_size, "block": False}
-        if self._base.startswith("https:"):
-            kwargs["ssl_context"] = _ssl_context(cfg, cert)
-            kwargs["cert_reqs"] = "CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE"
-            if not cfg.verify_ssl:
+        if conn.host.startswith("https:"):
+            kwargs["ssl_context"] = _ssl_context(conn)
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if conn.verify_ssl else "CERT_NONE"
+            if not conn.verify_ssl:
                 kwargs["assert_hostname"] = False
-            elif cfg.tls_server_name:
+            elif conn.tls_server_name:
                 # SNI and certificate name check against tls-server-name instead of the URL's host.
-                kwargs["server_hostname"] = cfg.tls_server_name
-        if cfg.proxy_url:
-            return urllib3.ProxyManager(cfg.proxy_url, **kwargs)
+                kwargs["server_hostname"] = conn.tls_server_name
+        if conn.proxy_url:
+            return urllib3.ProxyManager(conn.proxy_url, **kwargs)
         return urllib3.PoolManager(**kwargs)
 
     def _send(
@@ -293,23 +293,27 @@ class RestKubeApi:
 
         With ``stream`` the body is left unread (the caller releases the connection).
         """
-        url = self._base + path + (f"?{urlencode(query)}" if query else "")
+        suffix = path + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
-        creds = self._config.credentials
         for attempt in (1, 2):
             headers = {"Accept": accept, "User-Agent": self._user_agent}
             if payload is not None:
                 headers["Content-Type"] = content_type
             try:
-                auth, cert = creds.current()
-                headers.update(auth)
-                resp = self._manager(cert).request(
-                    method, url, body=payload, headers=headers, timeout=timeout if timeout is not None else self._timeout,
-                    retries=self._retries, preload_content=not stream, redirect=False)
+                if attempt == 2:
+                    self._credentials.reload()
+                conn = self._credentials.connection()
             except CredentialError as exc:
                 raise ApiError(0, "CredentialError", str(exc)) from None
+            if conn.authorization:
+                headers["Authorization"] = conn.authorization
+            try:
+                resp = self._manager(conn).request(
+                    method, conn.host + suffix, body=payload, headers=headers,
+                    timeout=timeout if timeout is not None else self._timeout,
+                    retries=self._retries, preload_content=not stream, redirect=False)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                raise unreachable(exc, self._config.host) from None
+                raise unreachable(exc, conn.host) from None
             if 200 <= resp.status <= 299:
                 return resp
             try:
@@ -318,9 +322,8 @@ class RestKubeApi:
                 data = b""
             finally:
                 resp.release_conn()
-            if resp.status == 401 and attempt == 1 and creds.refreshable:
-                creds.invalidate()  # an expired exec credential or a rotated token file
-                continue
+            if resp.status == 401 and attempt == 1:
+                continue  # an expired exec credential, a rotated token file or client certificate
             raise _error_from_body(resp.status, resp.reason or "", data)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
@@ -405,7 +408,7 @@ class RestKubeApi:
         except ApiError:
             raise
         except Exception as exc:  # connection reset, read timeout, ...
-            raise unreachable(exc, self._config.host) from None
+            raise unreachable(exc, self.host) from None
         finally:
             with contextlib.suppress(Exception):
                 if not ended:
@@ -446,38 +449,16 @@ class RestKubeApi:
         self._json("DELETE", res.path(namespace, name), body=body)
 
 
-def _ssl_context(cfg: Configuration, cert: ClientCert | None) -> ssl.SSLContext:
-    ctx = urllib3.util.ssl_.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if cfg.verify_ssl else ssl.CERT_NONE)
-    if cfg.verify_ssl:
-        if cfg.ca_data:
-            pem = cfg.ca_data.lstrip().startswith(b"-----")
-            ctx.load_verify_locations(cadata=cfg.ca_data.decode("ascii") if pem else cfg.ca_data)
-        elif cfg.ca_file:
-            ctx.load_verify_locations(cafile=cfg.ca_file)
+def _ssl_context(conn: Connection) -> ssl.SSLContext:
+    ctx = urllib3.util.ssl_.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if conn.verify_ssl else ssl.CERT_NONE)
+    if conn.verify_ssl:
+        if conn.ca_file:
+            ctx.load_verify_locations(cafile=conn.ca_file)
         else:
             ctx.load_default_certs()
-    if cert is not None:
-        _load_client_cert(ctx, cert)
+    if conn.cert_file and conn.key_file:
+        ctx.load_cert_chain(conn.cert_file, conn.key_file)
     return ctx
-
-
-def _load_client_cert(ctx: ssl.SSLContext, cert: ClientCert) -> None:
-    """``load_cert_chain`` reads files only: PEM data goes through a private temporary file that is
-    removed as soon as it is loaded."""
-    if cert.cert_pem is None and cert.key_pem is None:
-        ctx.load_cert_chain(str(cert.cert_file), str(cert.key_file))
-        return
-    cert_pem = cert.cert_pem if cert.cert_pem is not None else _read_bytes(str(cert.cert_file))
-    key_pem = cert.key_pem if cert.key_pem is not None else _read_bytes(str(cert.key_file))
-    with tempfile.NamedTemporaryFile(prefix="dra-driver-client-", suffix=".pem") as f:  # mode 0600
-        f.write(cert_pem.rstrip(b"\n") + b"\n" + key_pem)
-        f.flush()
-        ctx.load_cert_chain(f.name)
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:

@@ -57,9 +57,9 @@ class BenchBed:
     def api(self) -> RestKubeApi:
         with self._lock:
             if self._api is None:
-                configuration = kube.load_configuration(str(self.kubeconfig))
-                configuration.connection_pool_maxsize = 32  # parallel object creation
-                self._api = RestKubeApi(configuration, request_timeout=60.0, user_agent="dra-driver-bench")
+                # 32 connections: parallel object creation.
+                self._api = RestKubeApi(kube.load_credentials(str(self.kubeconfig)), request_timeout=60.0,
+                                        user_agent="dra-driver-bench", pool_size=32)
             return self._api
 
     def close(self) -> None:
