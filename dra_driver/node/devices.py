@@ -13,6 +13,7 @@ from typing import Any
 
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
+from dra_driver.node.shares import DISABLED, ConsumableShares, shared_capacity
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,16 @@ def mig_counter_values(profile: MigProfile, placement: MigPlacement) -> dict[str
     return counters
 
 
-def describe_device(device: AllocatableDevice, dynamic_mig: bool = False) -> dict[str, Any]:
+def is_shareable(device: AllocatableDevice, dynamic_mig: bool) -> bool:
+    """Whether ``--consumable-shares`` publishes the device for several claims: full GPUs and static
+    MIG devices; never a GPU whose partitions are made per claim (dynamic MIG) nor those partitions."""
+    if device.mig_profile is not None:
+        return False
+    return device.mig is not None or not (dynamic_mig and device.gpu.mig_capable and bool(device.gpu.mig_profiles))
+
+
+def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
+                    shares: ConsumableShares = DISABLED) -> dict[str, Any]:
     """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device."""
     gpu = device.gpu
     attrs = _common_attributes(gpu)
@@ -228,13 +238,26 @@ def describe_device(device: AllocatableDevice, dynamic_mig: bool = False) -> dic
                 "counters": mig_counter_values(device.mig_profile, device.placement),
             }]
     result["attributes"] = attrs
+    if shares.enabled and is_shareable(device, dynamic_mig):
+        result["allowMultipleAllocations"] = True
+        memory, multiprocessors = device_totals(device)
+        capacity = shared_capacity(memory, multiprocessors, shares)
     result["capacity"] = capacity
     check_device_limits(result)
     return result
 
 
-def describe(devices: Mapping[str, AllocatableDevice], driver_name: str,
-             dynamic_mig: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def device_totals(device: AllocatableDevice) -> tuple[int, int]:
+    """(memory bytes, multiprocessors) the device publishes as capacity."""
+    if device.mig is not None:
+        return device.mig.memory_bytes, device.mig.multiprocessors
+    if device.mig_profile is not None:
+        return device.mig_profile.memory_bytes, device.mig_profile.multiprocessors
+    return device.gpu.memory_bytes, device.gpu.multiprocessors
+
+
+def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic_mig: bool,
+             shares: ConsumableShares = DISABLED) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(devices, shared counter sets) as resource.k8s.io/v1 JSON, in publishing order.
 
     Attribute and capacity names are unqualified, i.e. in the driver's domain (``driver_name``),
@@ -242,7 +265,7 @@ def describe(devices: Mapping[str, AllocatableDevice], driver_name: str,
     """
     if not driver_name:
         raise ValueError("driver name is required")
-    devices_json = [describe_device(d, dynamic_mig) for d in devices.values()]
+    devices_json = [describe_device(d, dynamic_mig, shares) for d in devices.values()]
     counter_sets: dict[str, dict[str, Any]] = {}
     for device in devices.values():
         gpu = device.gpu

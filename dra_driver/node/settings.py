@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import env, env_flag
+from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 
@@ -40,6 +41,7 @@ class PluginSettings:
     health_monitoring: bool = True
     sharing_strategies: tuple[str, ...] = SHARING_STRATEGIES
     nvidia_driver_root: Path = Path("/")
+    consumable_shares: ConsumableShares = DISABLED
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     """Where the boot ID is read; tests point it at a file to simulate a reboot."""
 
@@ -98,6 +100,10 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="Watch GPU health (NVML events, or the simulated health file) and taint unhealthy devices [HEALTH_MONITORING]")
     add("--sharing-strategies", default=env("SHARING_STRATEGIES", ",".join(SHARING_STRATEGIES)),
         help="GpuConfig sharing strategies this node accepts; others fail at prepare [SHARING_STRATEGIES]")
+    add("--consumable-shares", default=env("CONSUMABLE_SHARES", "disabled"),
+        help="Publish full GPUs and static MIG devices for several claims at once: disabled, memory (claims "
+             "consume memory in 1Gi steps, all of it by default), unlimited (0 by default) or N (also N "
+             "'shares') [CONSUMABLE_SHARES]")
     add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
         help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
 
@@ -135,5 +141,9 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         health_file=Path(args.health_file) if args.health_file else None,
         ignored_xids=xids,
         health_port=int(args.health_port),
+        health_monitoring=bool(args.health_monitoring),
+        sharing_strategies=strategies,
+        nvidia_driver_root=Path(args.nvidia_driver_root),
+        consumable_shares=parse_consumable_shares(str(args.consumable_shares)),
         boot_id_path=Path(args.boot_id_path),
     )
