@@ -29,7 +29,7 @@ KIND_CONFIG = ROOT / "e2e" / "kind" / "kind-config.yaml"
 SCRIPTS = [ROOT / "e2e" / "kind" / "run-e2e.sh", ROOT / ".ci" / "run"]
 
 DRIVER = "gpu.dra-driver.io"
-CLASS_NAMES = {f"gpu.{DRIVER}", f"mig.{DRIVER}", f"nvidia-gpu.{DRIVER}"}
+CLASS_NAMES = {f"gpu.{DRIVER}", f"mig.{DRIVER}", f"nvidia-gpu.{DRIVER}", f"shared-gpu.{DRIVER}"}
 EXPECTED_EXAMPLES = {
     "single-gpu", "two-pods-distinct-gpus", "same-numa-pair", "memory-40gi", "h100-by-product", "mig-1g",
     "mig-same-parent", "time-slicing", "mps", "first-available", "admin-access", "extended-resource",
@@ -142,6 +142,8 @@ def test_deviceclass_manifests() -> None:
     assert "'mig'" in seen[f"mig.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"]
     assert seen[f"nvidia-gpu.{DRIVER}"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert "extendedResourceName" not in seen[f"gpu.{DRIVER}"]["spec"]
+    assert seen[f"shared-gpu.{DRIVER}"]["spec"]["selectors"][0]["cel"]["expression"].endswith(
+        "&& device.allowMultipleAllocations")
 
 
 # ---- examples ------------------------------------------------------------------------------------
@@ -373,9 +375,13 @@ def test_helm_lint_template_and_rejections(capsys: pytest.CaptureFixture[str]) -
 def test_chart_deviceclasses_match_plain_manifests() -> None:
     _helm_or_skip()
     render = _load_module(DEPLOY / "checks" / "render.py")
-    chart = {d["metadata"]["name"]: d["spec"] for d in render.chart_documents() if d["kind"] == "DeviceClass"}
+    chart = {d["metadata"]["name"]: d["spec"] for d in render.chart_documents(values=["--set", "consumableShares=memory"])
+             if d["kind"] == "DeviceClass"}
     plain = {d["metadata"]["name"]: d["spec"] for d in render.deviceclass_documents()}
     assert chart == plain
+    # Without consumable shares the class that needs DRAConsumableCapacity's CEL field is left out.
+    default = {d["metadata"]["name"] for d in render.chart_documents() if d["kind"] == "DeviceClass"}
+    assert default == set(plain) - {f"shared-gpu.{DRIVER}"}
 
 
 @pytest.mark.timeout(1200)
@@ -403,6 +409,11 @@ def test_chart_rendering_details() -> None:
     assert probe[:2] == ["dra-driver", "probe"] and "/var/lib/kubelet/plugins_registry/gpu.dra-driver.io-reg.sock" in probe
     assert ctr["startupProbe"]["exec"]["command"] == probe
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert env["CONSUMABLE_SHARES"]["value"] == "disabled"
+    shared = objects("consumableShares=4")
+    shared_env = {e["name"]: e for e in shared[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]
+                  ["containers"][0]["env"]}
+    assert shared_env["CONSUMABLE_SHARES"]["value"] == "4"
 
     nvml = objects("gpuBackend=nvml")
     nctr = nvml[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]["containers"][0]
