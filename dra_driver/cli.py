@@ -1,4 +1,4 @@
-"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller`` and ``explain``.
+"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller``, ``explain``, ``debug-bundle`` and ``probe``.
 
 Errors a user can act on end in one line on stderr and a non-zero exit, never a traceback.
 """
@@ -23,6 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("claim", help="NAMESPACE/NAME of the ResourceClaim")
     explain.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
     explain.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    bundle = sub.add_parser("debug-bundle", help="write a tar.gz with what a bug report needs (redacted)")
+    bundle.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
+    bundle.add_argument("--output", "-o", default=None,
+                        help="file to write ('-' for stdout); default dra-driver-debug-<time>.tar.gz")
+    bundle.add_argument("--node", default=None,
+                        help="add this node's checkpoint, CDI specs and plugin /metrics, read here (on the node or in "
+                             "its plugin pod); default $NODE_NAME")
+    bundle.add_argument("--state-dir", default=None, help="the plugin's checkpoint directory, when not the default")
+    bundle.add_argument("--cdi-root", default=None, help="the plugin's CDI spec directory, when not the default")
+    bundle.add_argument("--metrics-url", default=None, help="the plugin's /metrics; default http://127.0.0.1:$HEALTH_PORT")
+    bundle.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     probe = sub.add_parser("probe", help="check that a running node plugin answers on its sockets")
     probe.add_argument("--registration-socket", required=True, help="path of <driver>-reg.sock")
     probe.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
@@ -40,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             from dra_driver.controller import reconciler
 
             return reconciler.run(controller_settings.controller_settings(args))
+        if args.command == "debug-bundle":
+            from dra_driver.controller import bundle
+
+            return bundle.main(kubeconfig=args.kubeconfig, output=args.output, node=args.node, state_dir=args.state_dir,
+                               cdi_root=args.cdi_root, metrics_url=args.metrics_url, driver=args.driver_name)
         if args.command == "probe":
             from dra_driver.node import probe
 

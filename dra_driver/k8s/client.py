@@ -175,6 +175,13 @@ class KubeApi(Protocol):
         """JSON merge patch (RFC 7386) of the main resource."""
         ...
 
+    def apply_status(self, res: Resource, name: str, body: Obj, *, namespace: str | None = None,
+                     field_manager: str) -> Obj:
+        """Server-side apply of the ``status`` subresource as ``field_manager``, forced: ``body`` is
+        everything this manager has to say there; what it wrote before and leaves out is removed,
+        what other managers wrote stays."""
+        ...
+
     def delete(self, res: Resource, name: str, *, namespace: str | None = None, uid: str | None = None,
                resource_version: str | None = None) -> None:
         """DELETE, with optional UID / resourceVersion preconditions (409 when they do not hold)."""
@@ -336,6 +343,11 @@ class RestKubeApi:
         except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
 
+    def server_version(self) -> Obj:
+        """``GET /version``: the API server's build (``gitVersion``, ``platform``, ...)."""
+        obj: Obj = self._json("GET", "/version")
+        return obj
+
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
@@ -438,6 +450,13 @@ class RestKubeApi:
         obj: Obj = self._json(
             "PATCH", res.path(namespace, name), body=patch, content_type="application/merge-patch+json"
         )
+        return obj
+
+    def apply_status(self, res: Resource, name: str, body: Obj, *, namespace: str | None = None,
+                     field_manager: str) -> Obj:
+        obj: Obj = self._json("PATCH", res.path(namespace, name, "status"), body=body,
+                              content_type="application/apply-patch+yaml",
+                              query=[("fieldManager", field_manager), ("force", "true")])
         return obj
 
     def delete(self, res: Resource, name: str, *, namespace: str | None = None, uid: str | None = None,

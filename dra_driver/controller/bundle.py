@@ -1,0 +1,366 @@
+"""``dra-driver debug-bundle``: one tar.gz with what a bug report about the driver needs.
+
+The cluster's view: this driver's ResourceSlices, the DeviceClasses, every ResourceClaim with the
+explanation ``dra-driver explain`` would print, the pods that use claims, the Events about all of
+these (and the driver's own), the controller's leader Lease, and versions. With ``--node`` (or
+``NODE_NAME`` set, as in the plugin's pod) it adds what only the node has: the checkpoint (with any
+quarantined copies), this driver's CDI specs and a snapshot of the plugin's ``/metrics``.
+
+Redacted before anything is written: container environment values, the
+``last-applied-configuration`` annotation (a copy of the spec with those values), managed fields,
+fields named like credentials, and anything shaped like a bearer token or JWT anywhere in the text.
+Secrets are never read. What could not be collected (RBAC, an unreachable endpoint) is listed in
+``manifest.json``; it does not stop the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__
+from dra_driver.allocator.inventory import Inventory
+from dra_driver.allocator.resolve import Engine
+from dra_driver.config import env
+from dra_driver.controller.explain import build_report
+from dra_driver.k8s.client import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    EVENTS,
+    LEASES,
+    NODES,
+    PODS,
+    SLICES,
+    ApiError,
+    ConfigurationError,
+    KubeApi,
+    Obj,
+    RestKubeApi,
+    meta,
+)
+
+REDACTED = "<redacted>"
+LEASE_NAME = "dra-driver-controller"
+MAX_EXPLAINED_CLAIMS = 500
+"""Claims explained one by one; beyond this the claims are still in the bundle, unexplained."""
+MAX_NODE_FILE_BYTES = 16 << 20
+
+_SENSITIVE_KEY = re.compile(r"(?i)^(token|.*password|.*secret(key)?|bearer.*|client-key(-data)?|.*private-?key|apikey|api-key)$")
+_TOKENS = (
+    re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # a JWT (ServiceAccount tokens)
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+)
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+# --- redaction (pure) -------------------------------------------------------------------------
+
+
+def redact_text(text: str) -> str:
+    """Tokens anywhere in a string: JWTs and ``Bearer <token>`` (the word is kept, the value goes)."""
+    text = _TOKENS[0].sub(REDACTED, text)
+    return _TOKENS[1].sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def redact(value: Any) -> Any:
+    """A deep copy with credentials, environment values and tokens replaced by ``<redacted>``."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k == "managedFields":
+                continue
+            if k == "env" and isinstance(v, list):
+                out[k] = [_redact_env(e) for e in v]
+            elif k == _LAST_APPLIED or (_SENSITIVE_KEY.match(str(k)) and isinstance(v, str | bytes)):
+                out[k] = REDACTED
+            else:
+                out[k] = redact(v)
+        return out
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def _redact_env(entry: Any) -> Any:
+    """A container's EnvVar keeps its name and where it comes from, never its value."""
+    if not isinstance(entry, Mapping):
+        return redact(entry)
+    out = redact({k: v for k, v in entry.items() if k != "value"})
+    if "value" in entry:
+        out["value"] = REDACTED
+    return out
+
+
+# --- what belongs in the bundle (pure) --------------------------------------------------------
+
+
+def ours(obj: Mapping[str, Any], driver: str) -> bool:
+    """A ResourceSlice of this driver."""
+    spec = obj.get("spec")
+    return isinstance(spec, Mapping) and spec.get("driver") == driver
+
+
+def uses_claims(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and bool(spec.get("resourceClaims"))
+
+
+def driver_pod(pod: Mapping[str, Any]) -> bool:
+    labels = meta(pod).get("labels") or {}
+    return isinstance(labels, Mapping) and labels.get("app.kubernetes.io/name") == "dra-driver"
+
+
+def related_events(events: Iterable[Obj], objects: Iterable[Mapping[str, Any]], nodes: Iterable[str]) -> list[Obj]:
+    """Events about the collected objects or the nodes, and every Event this driver wrote."""
+    uids = {str(meta(o).get("uid")) for o in objects if meta(o).get("uid")}
+    names = {(str(o.get("kind", "")), str(meta(o).get("namespace") or ""), str(meta(o).get("name", "")))
+             for o in objects}
+    node_names = set(nodes)
+    out = []
+    for event in events:
+        about = event.get("regarding") or {}
+        if not isinstance(about, Mapping):
+            continue
+        key = (str(about.get("kind", "")), str(about.get("namespace") or ""), str(about.get("name", "")))
+        if (str(event.get("reportingController", "")).startswith(f"{CONFIG_API_GROUP}/")
+                or str(about.get("uid", "")) in uids or key in names
+                or (key[0] == "Node" and key[2] in node_names)):
+            out.append(event)
+    return out
+
+
+def node_summary(node: Mapping[str, Any]) -> Obj:
+    """A Node's name, labels and versions; addresses and images stay out."""
+    status = node.get("status") or {}
+    return {"name": meta(node).get("name"), "labels": meta(node).get("labels") or {},
+            "nodeInfo": status.get("nodeInfo") if isinstance(status, Mapping) else None}
+
+
+# --- collecting -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeSources:
+    """Where a node's own state is read (the plugin's flags and environment name the same places)."""
+
+    node: str
+    state_dir: Path
+    cdi_root: Path
+    metrics_url: str
+
+
+@dataclass
+class Bundle:
+    files: dict[str, bytes] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def add_json(self, name: str, doc: Any) -> None:
+        self.files[name] = (json.dumps(redact(doc), indent=1, sort_keys=True, default=str) + "\n").encode()
+
+    def attempt(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one collection step; a failure becomes a line in the manifest."""
+        try:
+            return fn()
+        except ApiError as exc:
+            self.problems.append(f"{what}: {exc}")
+        except (OSError, ValueError) as exc:
+            self.problems.append(f"{what}: {exc}")
+        return None
+
+
+def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, nodes_of_interest: list[str]) -> None:
+    slices = bundle.attempt("resourceslices", lambda: [s for s in api.list(SLICES).items if ours(s, driver)])
+    classes = bundle.attempt("deviceclasses", lambda: api.list(DEVICE_CLASSES).items)
+    claims = bundle.attempt("resourceclaims", lambda: api.list(CLAIMS).items)
+    pods = bundle.attempt("pods", lambda: [p for p in api.list(PODS).items if uses_claims(p) or driver_pod(p)])
+    nodes = bundle.attempt("nodes", lambda: api.list(NODES).items)
+    leases = bundle.attempt("leases", lambda: [x for x in api.list(LEASES).items if meta(x).get("name") == LEASE_NAME])
+    events = bundle.attempt("events", lambda: api.list(EVENTS, cached=True).items)
+    for name, doc in (("resourceslices", slices), ("deviceclasses", classes), ("resourceclaims", claims),
+                      ("pods", pods), ("controller-leader-lease", leases)):
+        if doc is not None:
+            bundle.add_json(f"cluster/{name}.json", doc)
+    if nodes is not None:
+        bundle.add_json("cluster/nodes.json", [node_summary(n) for n in nodes])
+    if claims is not None and slices is not None and classes is not None:
+        bundle.add_json("cluster/explanations.json", explanations(claims, slices, classes, engine, driver, bundle))
+    if events is not None:
+        collected = [*(slices or []), *(claims or []), *(pods or []), *(classes or [])]
+        bundle.add_json("cluster/events.json", related_events(events, collected, nodes_of_interest))
+
+
+def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engine: Engine, driver: str,
+                 bundle: Bundle) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # One inventory for every claim; build_report takes it as a finished (or failed) future.
+    inventory: Future[Inventory] = Future()
+    try:
+        inventory.set_result(engine.build_inventory(slices))
+    except Exception as exc:
+        inventory.set_exception(exc)
+    for claim in claims[:MAX_EXPLAINED_CLAIMS]:
+        m = meta(claim)
+        key = f"{m.get('namespace')}/{m.get('name')}"
+        try:
+            out[key] = build_report(claim, slices, classes, claims, engine=engine, driver=driver, inventory=inventory)
+        except Exception as exc:  # one claim the engine cannot handle must not lose the others
+            out[key] = {"state": "error", "text": f"{type(exc).__name__}: {exc}"}
+    if len(claims) > MAX_EXPLAINED_CLAIMS:
+        bundle.problems.append(f"explanations: only the first {MAX_EXPLAINED_CLAIMS} of {len(claims)} claims explained")
+    return out
+
+
+def collect_node(bundle: Bundle, src: NodeSources, driver: str,
+                 fetch: Callable[[str], bytes] | None = None) -> None:
+    base = f"node/{src.node}"
+    for path in sorted(src.state_dir.glob("checkpoint.json*")) if src.state_dir.is_dir() else []:
+        if ".tmp-" not in path.name:
+            data = bundle.attempt(f"checkpoint {path}", partial(_read_small, path))
+            if data is not None:
+                bundle.files[f"{base}/state/{path.name}"] = data
+    if not src.state_dir.is_dir():
+        bundle.problems.append(f"checkpoint: {src.state_dir} is not a directory here (run this on the node, or "
+                               "in its plugin pod, or pass --state-dir)")
+    if src.cdi_root.is_dir():
+        for path in sorted(src.cdi_root.glob(f"k8s.{driver}-claim_*.json")):
+            data = bundle.attempt(f"CDI spec {path}", partial(_read_small, path))
+            if data is not None:
+                bundle.files[f"{base}/cdi/{path.name}"] = redact_text(data.decode(errors="replace")).encode()
+    else:
+        bundle.problems.append(f"CDI specs: {src.cdi_root} is not a directory here (pass --cdi-root)")
+    body = bundle.attempt(f"plugin metrics {src.metrics_url}", lambda: (fetch or _http_get)(src.metrics_url))
+    if body is not None:
+        bundle.files[f"{base}/metrics.txt"] = body
+
+
+def _read_small(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(MAX_NODE_FILE_BYTES + 1)
+    if len(data) > MAX_NODE_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_NODE_FILE_BYTES} bytes; not included")
+    return data
+
+
+def _http_get(url: str) -> bytes:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--metrics-url must be http(s), got {url!r}")
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        data: bytes = resp.read(MAX_NODE_FILE_BYTES)
+        return data
+
+
+def manifest(bundle: Bundle, *, created: datetime, server_version: Any, node: str | None, driver: str) -> Obj:
+    return {
+        "kind": "DraDriverDebugBundle",
+        "created": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "driver": driver,
+        "versions": {"dra-driver": __version__, "python": platform.python_version(), "kubernetes": server_version},
+        "node": node,
+        "files": sorted(bundle.files),
+        "notCollected": bundle.problems,
+        "redacted": "container environment values, last-applied-configuration, managedFields, credential-named "
+                    "fields, bearer tokens and JWTs; Secrets are never read",
+    }
+
+
+def write_tar(bundle: Bundle, top: str, out: BinaryIO) -> None:
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in sorted(bundle.files.items()):
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(data)
+            info.mode = 0o600
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+
+
+def write_bundle(bundle: Bundle, top: str, output: str) -> str:
+    """To ``output`` (``-`` = stdout) atomically, readable by the owner only; returns where."""
+    if output == "-":
+        buffer = io.BytesIO()
+        write_tar(bundle, top, buffer)
+        sys.stdout.buffer.write(buffer.getvalue())
+        sys.stdout.buffer.flush()
+        return "stdout"
+    target = Path(output)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write_tar(bundle, top, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return str(target)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def node_sources(node: str, state_dir: str | None, cdi_root: str | None, metrics_url: str | None,
+                 driver: str) -> NodeSources:
+    """The plugin's defaults (and its environment variables, set in its pod) unless given."""
+    plugins_dir = Path(env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins") or "/var/lib/kubelet/plugins")
+    port = env("HEALTH_PORT", "8081") or "8081"
+    return NodeSources(
+        node=node,
+        state_dir=Path(state_dir or env("STATE_DIR") or plugins_dir / driver),
+        cdi_root=Path(cdi_root or env("CDI_ROOT", "/var/run/cdi") or "/var/run/cdi"),
+        metrics_url=metrics_url or f"http://127.0.0.1:{port}/metrics",
+    )
+
+
+def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_dir: str | None = None,
+         cdi_root: str | None = None, metrics_url: str | None = None, driver: str = DEFAULT_DRIVER_NAME) -> int:
+    created = datetime.now(UTC)
+    top = f"dra-driver-debug-{created.strftime('%Y%m%dT%H%M%SZ')}"
+    output = output or f"{top}.tar.gz"
+    node = node or env("NODE_NAME")
+    bundle = Bundle()
+    server_version: Any = None
+    api: RestKubeApi | None = None
+    try:
+        api = RestKubeApi.from_kubeconfig(kubeconfig, request_timeout=20.0, user_agent="dra-driver-debug-bundle")
+    except ConfigurationError as exc:
+        bundle.problems.append(f"cluster: {exc}")
+    if api is not None:
+        try:
+            server_version = bundle.attempt("API server version", api.server_version)
+            collect_cluster(bundle, api, driver, Engine(), [node] if node else [])
+        finally:
+            api.close()
+    if node:
+        collect_node(bundle, node_sources(node, state_dir, cdi_root, metrics_url, driver), driver)
+    bundle.add_json("manifest.json", manifest(bundle, created=created, server_version=server_version, node=node,
+                                              driver=driver))
+    try:
+        where = write_bundle(bundle, top, output)
+    except OSError as exc:
+        print(f"dra-driver debug-bundle: cannot write {output}: {exc}", file=sys.stderr)
+        return 1
+    print(f"dra-driver debug-bundle: wrote {where} ({len(bundle.files)} files)", file=sys.stderr)
+    for problem in bundle.problems:
+        print(f"  not collected: {problem}", file=sys.stderr)
+    return 0

@@ -1,0 +1,146 @@
+"""dra-driver debug-bundle: what goes in, what is redacted, and the archive itself."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from kubefake import FakeKube
+
+from dra_driver.allocator.resolve import Engine
+from dra_driver.controller import bundle as b
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
+
+DRIVER = "gpu.dra-driver.io"
+JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLWJ5dGVz"
+
+
+def pod(name: str, claims: bool = True) -> dict[str, object]:
+    spec: dict[str, object] = {"containers": [{"name": "c", "image": "busybox", "env": [
+        {"name": "PASSWORD", "value": "hunter2"},
+        {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}
+    if claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c1"}]
+    return {"metadata": {"name": name, "namespace": "ns", "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": '{"env":[{"value":"hunter2"}]}',
+        "note": f"Authorization: Bearer {JWT}"}, "managedFields": [{"manager": "kubectl"}]}, "spec": spec}
+
+
+def test_redaction_keeps_names_and_drops_values() -> None:
+    out = b.redact(pod("p"))
+    text = json.dumps(out)
+    assert "hunter2" not in text and JWT not in text and "managedFields" not in text
+    env = out["spec"]["containers"][0]["env"]
+    assert env[0] == {"name": "PASSWORD", "value": b.REDACTED}
+    assert env[1]["valueFrom"]["secretKeyRef"]["name"] == "s", "where a value comes from stays"
+    assert out["metadata"]["annotations"]["note"] == f"Authorization: Bearer {b.REDACTED}"
+    assert b.redact({"token": "abc", "clientSecret": "x", "tokens": 3}) == {
+        "token": b.REDACTED, "clientSecret": b.REDACTED, "tokens": 3}
+
+
+def test_related_events_are_about_collected_objects_nodes_or_ours() -> None:
+    claim = {"kind": "ResourceClaim", "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"}}
+    events = [
+        {"regarding": {"kind": "ResourceClaim", "name": "c1", "namespace": "ns", "uid": "u1"}, "reason": "A"},
+        {"regarding": {"kind": "Node", "name": "n1"}, "reason": "B"},
+        {"regarding": {"kind": "Pod", "name": "x", "namespace": "other"}, "reason": "C"},
+        {"regarding": {"kind": "Node", "name": "n2"}, "reportingController": "gpu.dra-driver.io/kubelet-plugin",
+         "reason": "D"},
+    ]
+    assert [e["reason"] for e in b.related_events(events, [claim], ["n1"])] == ["A", "B", "D"]
+
+
+def test_collect_cluster_from_the_api(tmp_path: Path) -> None:
+    api = FakeKube()
+    api.add(SLICES, {"metadata": {"name": "s1"}, "spec": {"driver": DRIVER, "nodeName": "n1", "pool": {
+        "name": "n1", "generation": 1, "resourceSliceCount": 1}, "devices": []}})
+    api.add(SLICES, {"metadata": {"name": "other"}, "spec": {"driver": "other.example.com"}})
+    api.add(DEVICE_CLASSES, {"metadata": {"name": "gpu.gpu.dra-driver.io"}, "spec": {}})
+    api.add(CLAIMS, {"metadata": {"name": "c1", "namespace": "ns"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu.dra-driver.io"}}]}}})
+    api.add(PODS, pod("user"))
+    api.add(PODS, pod("unrelated", claims=False))
+    api.add(NODES, {"metadata": {"name": "n1"}, "status": {"nodeInfo": {"kubeletVersion": "v1.37.2"},
+                                                          "addresses": [{"address": "10.0.0.1"}]}})
+    api.add(LEASES, {"metadata": {"name": "dra-driver-controller", "namespace": "dra-driver"},
+                     "spec": {"holderIdentity": "ctrl-0"}})
+    api.add(EVENTS, {"metadata": {"name": "e", "namespace": "ns"}, "reason": "Unsatisfiable",
+                     "regarding": {"kind": "ResourceClaim", "name": "c1", "namespace": "ns"}})
+    got = b.Bundle()
+    b.collect_cluster(got, api, DRIVER, Engine(), ["n1"])
+    files = {k: json.loads(v) for k, v in got.files.items()}
+    assert [s["metadata"]["name"] for s in files["cluster/resourceslices.json"]] == ["s1"]
+    assert [p["metadata"]["name"] for p in files["cluster/pods.json"]] == ["user"]
+    assert files["cluster/controller-leader-lease.json"][0]["spec"]["holderIdentity"] == "ctrl-0"
+    assert files["cluster/nodes.json"] == [{"name": "n1", "labels": {}, "nodeInfo": {"kubeletVersion": "v1.37.2"}}]
+    assert files["cluster/explanations.json"]["ns/c1"]["state"] == "unsatisfiable"
+    assert [e["reason"] for e in files["cluster/events.json"]] == ["Unsatisfiable"]
+    assert not got.problems
+
+
+def test_a_forbidden_list_is_named_not_fatal() -> None:
+    from dra_driver.k8s.client import ApiError
+
+    api = FakeKube()
+    api.fail["list:pods"] = ApiError(403, "Forbidden", "pods is forbidden")
+    got = b.Bundle()
+    b.collect_cluster(got, api, DRIVER, Engine(), [])
+    assert got.problems == ["pods: 403 Forbidden: pods is forbidden"]
+    assert "cluster/resourceclaims.json" in got.files and "cluster/pods.json" not in got.files
+
+
+def test_node_files_and_archive(tmp_path: Path) -> None:
+    state, cdi = tmp_path / "state", tmp_path / "cdi"
+    state.mkdir()
+    cdi.mkdir()
+    (state / "checkpoint.json").write_text("{}")
+    (state / "checkpoint.json.corrupt-20261123T000000Z").write_text("garbage")
+    (state / ".checkpoint.json.tmp-abcd").write_text("half")
+    (cdi / f"k8s.{DRIVER}-claim_0b1c2d3e-0000-4000-8000-000000000001.json").write_text('{"kind":"k8s.x/claim"}')
+    (cdi / "k8s.other.example.com-claim_x.json").write_text("{}")
+    got = b.Bundle()
+    src = b.NodeSources("n1", state, cdi, "http://127.0.0.1:1/metrics")
+    b.collect_node(got, src, DRIVER, fetch=lambda url: b"dra_driver_plugin_prepared_claims 1.0\n")
+    assert sorted(got.files) == [
+        "node/n1/cdi/k8s.gpu.dra-driver.io-claim_0b1c2d3e-0000-4000-8000-000000000001.json",
+        "node/n1/metrics.txt",
+        "node/n1/state/checkpoint.json",
+        "node/n1/state/checkpoint.json.corrupt-20261123T000000Z",
+    ]
+    got.add_json("manifest.json", {"x": 1})
+    out = tmp_path / "bundle.tar.gz"
+    assert b.write_bundle(got, "top", str(out)) == str(out)
+    assert out.stat().st_mode & 0o777 == 0o600
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+        assert "top/manifest.json" in names and all(n.startswith("top/") for n in names)
+
+
+def test_node_sources_missing_are_named(tmp_path: Path) -> None:
+    got = b.Bundle()
+
+    def refuse(url: str) -> bytes:
+        raise OSError("connection refused")
+
+    b.collect_node(got, b.NodeSources("n1", tmp_path / "nope", tmp_path / "nope", "http://x/metrics"), DRIVER,
+                   fetch=refuse)
+    assert len(got.problems) == 3 and "connection refused" in got.problems[2]
+
+
+def test_main_without_a_cluster_still_writes_the_node_part(tmp_path: Path, monkeypatch: object) -> None:
+    import pytest
+
+    mp: pytest.MonkeyPatch = monkeypatch  # type: ignore[assignment]
+    mp.delenv("KUBECONFIG", raising=False)
+    mp.setenv("HOME", str(tmp_path))
+    out = tmp_path / "b.tar.gz"
+    rc = b.main(kubeconfig=str(tmp_path / "missing"), output=str(out), node="n1", state_dir=str(tmp_path),
+                cdi_root=str(tmp_path), metrics_url="http://127.0.0.1:9/metrics")
+    assert rc == 0
+    with tarfile.open(out) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("manifest.json"))
+        doc = json.load(io.BytesIO(tar.extractfile(member).read()))  # type: ignore[union-attr]
+    assert any("does not exist" in p for p in doc["notCollected"])
+    assert doc["versions"]["dra-driver"] and doc["node"] == "n1"
