@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed.cluster import die_with_parent
+from e2e.testbed.cluster import die_with_parent, free_port
 
 DRIVER_NAME = "gpu.dra-driver.io"
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +30,8 @@ class SimNode:
     name: str
     profile: str
     root: Path
+    health_port: int = field(default_factory=free_port)
+    """The plugin's /healthz and /metrics; kept across restarts so tests can always find it."""
 
     @property
     def registry_dir(self) -> Path:
@@ -70,6 +72,7 @@ class SimNode:
             f"--kubeconfig={kubeconfig}",
             "--log-format=json",
             "--cleanup-interval=5",
+            f"--health-port={self.health_port}",
             *extra,
         ]
 
@@ -146,6 +149,8 @@ class NodeFleet:
     detached: bool = False
     nodes: dict[str, SimNode] = field(default_factory=dict)
     procs: Processes = field(init=False)
+    controller_port: int = field(default_factory=free_port)
+    """The controller's /metrics and /healthz."""
 
     def __post_init__(self) -> None:
         self.procs = Processes(self.workdir / "logs", detached=self.detached)
@@ -170,7 +175,7 @@ class NodeFleet:
         if with_controller:
             self.procs.start("controller", [
                 sys.executable, "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
-                f"--driver-name={DRIVER_NAME}", "--log-format=json", "--metrics-port=0",
+                f"--driver-name={DRIVER_NAME}", "--log-format=json", f"--metrics-port={self.controller_port}",
                 "--leader-election-namespace=kube-system", "--resync-seconds=5",
             ])
 
