@@ -7,6 +7,7 @@ import pytest
 
 from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
 from e2e.bench.synthetic import benchmark_resolve
 from e2e.scenarios import generate, generate_many, validate_scenario
@@ -624,17 +625,42 @@ def test_earlier_cel_error_beats_a_later_unsatisfiable_request() -> None:
     assert res.explanation.errors == ["request b: not enough devices match"]
 
 
-def test_claim_limit_counts_all_requests_at_their_size_and_is_an_error() -> None:
-    # The scheduler sizes "All" requests per node and checks the claim limit after validating
-    # every request; exceeding it is an error (SchedulerError), never a plain "unschedulable".
+@pytest.mark.parametrize(("version", "message"), [
+    ("v1.36.3", "number of requested devices 33 exceeds the claim limit of 32"),
+    ("v1.37.2", "request b: adding 29 devices exceeds the claim limit of 32, with 4 already accounted for"),
+])  # fmt: skip
+def test_claim_limit_counts_all_requests_at_their_size_and_is_an_error(version: str, message: str) -> None:
+    # The scheduler sizes "All" requests per node and checks the claim limit (1.36: after validating
+    # every request; 1.37: request by request, naming the one that crosses it); exceeding it is an
+    # error (SchedulerError), never a plain "unschedulable".
     devices = [dev(f"gpu-{i}") for i in range(4)]
+    rules = SchedulerRules.for_version(version)
     c = claim(request("all", count=None, allocationMode="All"), request("b", count=29))
-    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES)
-    assert "number of requested devices 33 exceeds the claim limit of 32" in res.explanation.summary
+    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES, rules=rules)
+    assert message in res.explanation.summary
     assert SCHEDULER_ABORTS in res.explanation.summary
+    assert res.explanation.failure == ({"request": "b"} if version.startswith("v1.37") else {})
     c = claim(request("all", count=None, allocationMode="All"), request("b", count=28))
-    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES)
+    res = resolve(c, build_inventory([slice_("node-a", devices)]), CLASSES, rules=rules)
     assert res.allocation is None and SCHEDULER_ABORTS not in res.explanation.summary  # 32: within the limit
+
+
+def test_all_request_sizing_by_version() -> None:
+    # A device that other claims' shares have filled: 1.36 leaves it out of "All" (the rest is
+    # allocated), 1.37 sizes against the device's total, keeps it in and the request fails.
+    def shareable(name: str) -> dict[str, Any]:
+        return dev(name, allowMultipleAllocations=True)
+
+    inv = build_inventory([slice_("node-a", [shareable("gpu-0"), shareable("gpu-1")])])
+    other = {"metadata": {"uid": "o", "namespace": "ns", "name": "other"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "r", "driver": D, "pool": "node-a", "device": "gpu-0", "shareID": "s",
+         "consumedCapacity": {"memory": "60Gi"}}]}}}}  # fmt: skip
+    c = claim(request("all", count=None, allocationMode="All", capacity={"requests": {"memory": "30Gi"}}))
+    used = allocated_state([other])
+    old = resolve(c, inv, CLASSES, used, rules=SchedulerRules.for_version("v1.36.3"))
+    assert picked(old) == ["node-a/gpu-1"]
+    new = resolve(c, inv, CLASSES, used, rules=SchedulerRules.for_version("v1.37.2"))
+    assert new.allocation is None
 
 
 def test_first_available_evaluates_a_subrequest_that_cannot_fit() -> None:

@@ -6,6 +6,7 @@ are shown (Event message, annotation JSON, text for people) lives here.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,7 +16,9 @@ __all__ = [
     "CelIssue",
     "Explanation",
     "RequestExplanation",
+    "ResultNote",
     "StageCount",
+    "device_range",
 ]
 
 # Kubernetes Event messages are truncated at 1 kB by many tools; stay below.
@@ -32,10 +35,27 @@ class StageCount:
 
 @dataclass
 class CandidateNote:
-    """A device that got far, and the first condition it failed."""
+    """Devices that got far and failed the same first condition in the same way.
+
+    ``device`` is the first of them, ``devices`` the first few (all when ``count`` is small)."""
 
     device: str
     failed: str
+    count: int = 1
+    devices: list[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        return device_range(self.devices or [self.device], self.count)
+
+
+@dataclass
+class ResultNote:
+    """One result of an allocation, for people: a share says what it consumes and why."""
+
+    request: str
+    device: str
+    share: bool = False
+    consumption: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +79,8 @@ class RequestExplanation:
     cel_errors: list[CelIssue] = field(default_factory=list)
     error: str | None = None
     chosen: bool = False
+    # Selector label -> expression, for the selectors that removed a device.
+    selectors: dict[str, str] = field(default_factory=dict)
 
     @property
     def candidates(self) -> int:
@@ -89,22 +111,43 @@ class Explanation:
     errors: list[str] = field(default_factory=list)
     pools: list[str] = field(default_factory=list)
     nodes: dict[str, Any] = field(default_factory=dict)
-    devices: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)  # one entry per result: a device with two shares twice
+    results: list[ResultNote] = field(default_factory=list)
+    # Per shareable device the claim's requests could use together: what each would consume.
+    consumption: list[str] = field(default_factory=list)
+    # What the scheduler's error would name: request, device, selector (see search.Abort).
+    failure: dict[str, str] = field(default_factory=dict)
 
     @property
     def summary(self) -> str:
         """One line for a Kubernetes Event (at most :data:`MAX_SUMMARY_BYTES` bytes)."""
         if self.allocated:
             where = f" on node {self.node}" if self.node else ""
-            text = f"allocated {len(self.devices)} device(s){where}: " + ", ".join(self.devices)
+            text = f"allocated {self.device_count()}{where}: " + ", ".join(self._device_list())
         else:
             parts = list(self.errors[:2])
             parts += [r.short() for r in self.requests if not r.chosen][:3]
+            parts += self.consumption[:1]
             parts += self.constraints[:1]
             if self.nodes.get("tried"):
                 parts.append(self._node_line())
             text = "cannot allocate: " + "; ".join(p for p in parts if p)
         return _truncate(text, MAX_SUMMARY_BYTES)
+
+    def _shares(self) -> Counter[str]:
+        return Counter(r.device for r in self.results if r.share)
+
+    def device_count(self) -> str:
+        """``3 device(s)``, and the shares apart when there are some: ``3 device(s) (4 shares on 2 of them)``."""
+        text = f"{len(dict.fromkeys(self.devices))} device(s)"
+        shares = self._shares()
+        if shares:
+            text += f" ({sum(shares.values())} share(s) on {len(shares)} of them)"
+        return text
+
+    def _device_list(self) -> list[str]:
+        shares = self._shares()
+        return [f"{d} ({shares[d]} shares)" if shares[d] > 1 else d for d in dict.fromkeys(self.devices)]
 
     def _node_line(self) -> str:
         reasons = self.nodes.get("reasons", {})
@@ -119,7 +162,11 @@ class Explanation:
         lines = [f"Claim {self.claim}: {'allocated' if self.allocated else 'NOT allocated'}"]
         if self.node:
             lines.append(f"  node: {self.node}")
-        lines += [f"  devices: {d}" for d in self.devices]
+        if self.results:
+            lines.append(f"  devices: {self.device_count()}")
+        for r in self.results:
+            detail = "; ".join((["share"] if r.share else []) + r.consumption)
+            lines.append(f"    {r.request}: {r.device}" + (f" ({detail})" if detail else ""))
         lines += [f"  error: {e}" for e in self.errors]
         lines += [f"  pool: {p}" for p in self.pools]
         for req in self.requests:
@@ -129,8 +176,10 @@ class Explanation:
             if req.error:
                 lines.append(f"    error: {req.error}")
             lines += [f"    {s.kept:6d}  {s.stage}" for s in req.stages]
+            lines += [f"    {label}: {expr}" for label, expr in req.selectors.items()]
             lines += [f"    CEL error ({i.source}, device {i.device}): {i.message}" for i in req.cel_errors]
-            lines += [f"    closest {c.device}: {c.failed}" for c in req.closest]
+            lines += [f"    closest {c.label()}: {c.failed}" for c in req.closest]
+        lines += [f"  shared device: {c}" for c in self.consumption]
         lines += [f"  constraint: {c}" for c in self.constraints]
         if self.nodes:
             lines.append(f"  nodes tried: {self.nodes.get('tried', 0)}")
@@ -142,6 +191,18 @@ class Explanation:
         data = asdict(self)
         data["summary"] = self.summary
         return data
+
+
+def device_range(devices: list[str], count: int) -> str:
+    """Devices for one line: up to three by name, more as ``first … last (N devices)``, the
+    shared ``driver/pool/`` prefix written once (``gpu.dra-driver.io/node-1/gpu-0 … gpu-4``)."""
+    if count <= 3 and len(devices) == count:
+        return ", ".join(devices)
+    first, last = devices[0], devices[-1]
+    prefix = first.rpartition("/")[0] + "/"
+    if last.startswith(prefix):
+        last = last[len(prefix):]
+    return f"{first} … {last} ({count} devices)"
 
 
 def _truncate(text: str, limit: int) -> str:

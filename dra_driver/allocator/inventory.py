@@ -332,6 +332,7 @@ class AllocatedState:
 
     devices: set[DeviceKey] = field(default_factory=set)
     shared: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
+    consumers: dict[DeviceKey, list[str]] = field(default_factory=dict)  # namespace/name of the claims sharing a device
 
     def consuming(self) -> set[DeviceKey]:
         """Devices whose counters are consumed (exclusive or shared in use)."""
@@ -341,7 +342,8 @@ class AllocatedState:
 def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:
     state = AllocatedState()
     for claim in claims:
-        if exclude_uid is not None and as_mapping(as_mapping(claim).get("metadata")).get("uid") == exclude_uid:
+        meta = as_mapping(as_mapping(claim).get("metadata"))
+        if exclude_uid is not None and meta.get("uid") == exclude_uid:
             continue
         allocation = as_mapping(as_mapping(as_mapping(claim).get("status")).get("allocation"))
         results = as_mapping(allocation.get("devices")).get("results")
@@ -354,6 +356,10 @@ def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None
                 state.devices.add(key)
                 continue
             used = state.shared.setdefault(key, {})
+            owners = state.consumers.setdefault(key, [])
+            owner = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '?'}"
+            if owner not in owners:
+                owners.append(owner)
             for cname, val in as_mapping(res.get("consumedCapacity")).items():
                 q = quantity_or_none(val)
                 if q is not None:  # keyed as written, like the device's capacity (see Device.capacity)

@@ -8,10 +8,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.allocator.capacity import rounding_note
 from dra_driver.allocator.cel.errors import CelError
-from dra_driver.allocator.explanation import Explanation
-from dra_driver.allocator.funnel import explain_constraints, funnel
+from dra_driver.allocator.explanation import Explanation, ResultNote
+from dra_driver.allocator.funnel import explain_failure, funnel
 from dra_driver.allocator.inventory import AllocatedState, Inventory, allocated_state, as_nodes, build_inventory, key_str
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import (
     MAX_RESULTS,
     SCHEDULER_ABORTS,
@@ -53,8 +55,8 @@ class Engine:
 
     def resolve(self, claim: Mapping[str, Any], inventory: Inventory,
                 classes: Mapping[str, Any] | Iterable[Mapping[str, Any]], allocated: AllocatedState | None = None,
-                nodes: Sequence[Any] | None = None) -> Resolution:
-        return resolve(claim, inventory, classes, allocated, nodes)
+                nodes: Sequence[Any] | None = None, rules: SchedulerRules | None = None) -> Resolution:
+        return resolve(claim, inventory, classes, allocated, nodes, rules)
 
 
 def resolve(
@@ -63,14 +65,18 @@ def resolve(
     classes: Mapping[str, Any] | Iterable[Mapping[str, Any]],
     allocated: AllocatedState | None = None,
     nodes: Sequence[Any] | None = None,
+    rules: SchedulerRules | None = None,
 ) -> Resolution:
-    """Allocate ``claim`` like the kube-scheduler would; never raises on bad input."""
+    """Allocate ``claim`` like the kube-scheduler would; never raises on bad input.
+
+    ``rules``: the scheduler version to decide as where versions differ (the newest by default)."""
     claim = as_mapping(claim)
     meta = as_mapping(claim.get("metadata"))
     label = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '<unnamed>'}"
     explanation = Explanation(claim=label, pools=list(inventory.problems))
     try:
-        return _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation)
+        return _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation,
+                        rules or SchedulerRules())
     except Exception as exc:  # last line of defence: bad input must not crash callers
         explanation.errors.append(f"internal error: {type(exc).__name__}: {exc}")
         return Resolution(None, explanation)
@@ -83,19 +89,21 @@ def _resolve(
     allocated: AllocatedState,
     nodes: Sequence[Any] | None,
     explanation: Explanation,
+    rules: SchedulerRules,
 ) -> Resolution:
     errors = explanation.errors
     requests = parse_requests(claim, errors)
-    constraints = parse_constraints(claim, errors)
+    constraints = parse_constraints(claim, errors, distinct_latest_only=rules.distinct_latest_only)
     for alts in requests:
         for alt in alts:
             prepare_alt(alt, classes)
-    ctx = Ctx(claim, inventory, allocated, requests, constraints)
+    ctx = Ctx(claim, inventory, allocated, requests, constraints, rules)
     explanation.requests = [funnel(ctx, alt) for alts in requests for alt in alts]
     if errors:
         return Resolution(None, explanation)
     _precheck(ctx, explanation)
     if explanation.errors:
+        explain_failure(ctx, explanation)
         return Resolution(None, explanation)
     node_list = as_nodes(nodes, inventory)
     reasons: Counter[str] = Counter()
@@ -121,7 +129,10 @@ def _resolve(
                 where = f"node {node.name}" if node.name else "a node"
                 explanation.errors.append(f"{exc} (on {where}; {SCHEDULER_ABORTS} on this error, "
                                           "so no other node is used either)")  # fmt: skip
+                explanation.failure = {k: v for k, v in (("request", exc.request), ("selector", exc.selector),
+                                                         ("device", key_str(exc.device) if exc.device else None)) if v}
                 explanation.nodes = {"tried": number, "reasons": dict(reasons)}
+                explain_failure(ctx, explanation)
                 return Resolution(None, explanation)
             reasons[str(exc)] += 1
             continue
@@ -140,7 +151,7 @@ def _resolve(
     explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
     if best[0] >= 0:
         explanation.nodes["best"] = {"node": best[1], "selector_matches": best[0]}
-    explain_constraints(ctx, explanation)
+    explain_failure(ctx, explanation)
     return Resolution(None, explanation)
 
 
@@ -165,6 +176,7 @@ def _precheck(ctx: Ctx, explanation: Explanation) -> None:
             return
         if not any(info.candidates >= a.count for a, info in zip(alts, infos, strict=True)):
             explanation.errors.append(f"request {alts[0].base}: not enough devices match")
+            explanation.failure = {"request": alts[0].base}
             return
 
 
@@ -181,11 +193,16 @@ def _success(ctx: Ctx, search: Search, node: Node, explanation: Explanation) -> 
             entry["adminAccess"] = True
         if res.alt.tolerations:
             entry["tolerations"] = [dict(t) for t in res.alt.tolerations]
+        note = ResultNote(res.alt.name, key_str(res.dev.key))
         if res.dev.allow_multi:
             entry["shareID"] = str(uuid.uuid5(SHARE_NS, f"{uid}/{res.alt.name}/{key_str(res.dev.key)}/{n}"))
+            note.share = True
             if res.consumed:
                 entry["consumedCapacity"] = {k: str(v) for k, v in res.consumed.items()}
+                note.consumption = [rounding_note(k, res.alt.capacity.get(k), v.value, res.dev.capacity[k][1])
+                                    for k, v in res.consumed.items()]  # fmt: skip
         results.append(entry)
+        explanation.results.append(note)
     allocation: dict[str, Any] = {"devices": {"results": results, "config": _configs(ctx, search)}}
     if not allocation["devices"]["config"]:
         del allocation["devices"]["config"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_driver.allocator.capacity import consumption
 from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError, CelError, CelRuntimeError
 from dra_driver.allocator.inventory import (
@@ -20,8 +21,9 @@ from dra_driver.allocator.inventory import (
     on_node,
     quantity_or_none,
 )
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str
-from dra_driver.k8s.quantity import Quantity, format_canonical
+from dra_driver.k8s.quantity import Quantity
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
 MAX_SEARCH_STEPS = 50_000  # allocateOne calls per claim before giving up as "too complex"
@@ -60,6 +62,10 @@ class _Constraint:
     value: tuple[str, Any] | None = None
     members: int = 0
     seen: Counter[tuple[str, Any]] = field(default_factory=Counter)
+    # The 1.36 scheduler's distinctAttribute (see DISTINCT_LATEST_ONLY): the value of each request's
+    # latest device, keyed by the (parent) request name.
+    latest_only: bool = False
+    latest: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def applies(self, alt: Alt) -> bool:
         return not self.requests or alt.base in self.requests or (bool(alt.sub) and alt.name in self.requests)
@@ -120,7 +126,8 @@ def parse_requests(claim: Mapping[str, Any], errors: list[str]) -> list[list[Alt
     return out
 
 
-def parse_constraints(claim: Mapping[str, Any], errors: list[str]) -> list[_Constraint]:
+def parse_constraints(claim: Mapping[str, Any], errors: list[str], distinct_latest_only: bool = False) -> list[_Constraint]:
+    """``distinct_latest_only``: judge distinctAttribute as kube-scheduler 1.36 does (DISTINCT_LATEST_ONLY)."""
     out: list[_Constraint] = []
     for i, c in enumerate(as_list(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("constraints"))):
         c = as_mapping(c)
@@ -129,7 +136,7 @@ def parse_constraints(claim: Mapping[str, Any], errors: list[str]) -> list[_Cons
         if match and "/" in match:
             out.append(_Constraint("match", match, reqs))
         elif distinct and "/" in distinct:
-            out.append(_Constraint("distinct", distinct, reqs))
+            out.append(_Constraint("distinct", distinct, reqs, latest_only=distinct_latest_only))
         else:
             errors.append(f"constraint #{i}: needs a fully-qualified matchAttribute or distinctAttribute")
     return out
@@ -185,77 +192,6 @@ def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
     return None
 
 
-def _round_up(requested: Quantity, policy: Mapping[str, Any]) -> Quantity:
-    """The amount a request consumes under the device's requestPolicy (scheduler's
-    calculateConsumedCapacity): up to ``min`` and then to the next ``step`` of a validRange, or
-    up to the next validValue; unchanged when nothing fits (``_violates`` then rejects it)."""
-    vr = as_mapping(policy.get("validRange"))
-    lo = quantity_or_none(vr.get("min")) if vr else None
-    if lo is not None:
-        if requested.value < lo.value:
-            return lo
-        step = quantity_or_none(vr.get("step"))
-        if step is None or step.value <= 0:
-            return requested
-        steps = -((lo.value - requested.value) // step.value)  # ceil((requested - min) / step)
-        rounded = lo.value + steps * step.value
-        if rounded == requested.value:
-            return requested
-        # The scheduler builds this amount as a new BinarySI quantity, so its status says "30Gi".
-        return Quantity(rounded, format_canonical(rounded.numerator) if rounded.denominator == 1 else "")
-    parsed = (quantity_or_none(v) for v in as_list(policy.get("validValues")))
-    return next((v for v in sorted((q for q in parsed if q is not None), key=lambda q: q.value)
-                 if v.value >= requested.value), requested)  # fmt: skip
-
-
-def _violates(value: Quantity, policy: Mapping[str, Any]) -> bool:
-    """Whether ``value`` breaks the device's requestPolicy (scheduler's violatesPolicy): the
-    default never does; a validRange bounds it by ``max`` and the ``step`` grid from ``min``;
-    validValues must contain it."""
-    default = quantity_or_none(policy.get("default"))
-    if default is not None and default.value == value.value:
-        return False
-    vr = policy.get("validRange")
-    if isinstance(vr, Mapping):
-        hi, lo, step = (quantity_or_none(vr.get(k)) for k in ("max", "min", "step"))
-        if hi is not None and value.value > hi.value:
-            return True
-        return step is not None and step.value > 0 and (value.value - (lo.value if lo else 0)) % step.value != 0
-    valid = [q.value for q in (quantity_or_none(v) for v in as_list(policy.get("validValues"))) if q is not None]
-    return bool(valid) and value.value not in valid
-
-
-def missing_capacity(dev: Device, alt: Alt) -> str | None:
-    """The first capacity the request names that ``dev`` does not publish, else None.
-
-    Names are compared exactly as written, with no driver domain added to either side, like the
-    scheduler's requestsContainNonExistCapacity: ``<driver>/memory`` does not name ``memory``.
-    Such a device is skipped (not an error): another device may publish the name."""
-    return next((name for name in alt.capacity if name not in dev.capacity), None)
-
-
-def consumption(dev: Device, alt: Alt) -> dict[str, Quantity] | None:
-    """Capacity this request would consume on ``dev`` (per published name), None if impossible.
-
-    Every capacity the device publishes is consumed, the unrequested ones at the policy's default
-    or in full, and each amount must satisfy the requestPolicy and fit the total."""
-    if missing_capacity(dev, alt) is not None:
-        return None
-    out: dict[str, Quantity] = {}
-    for name, (total, policy) in dev.capacity.items():
-        requested = alt.capacity.get(name)
-        value: Quantity
-        if requested is not None:
-            value = _round_up(requested, policy) if policy else requested
-        else:
-            default = quantity_or_none(policy.get("default")) if policy else None
-            value = default if default is not None else total
-        if (policy and _violates(value, policy)) or value.value > total.value:
-            return None
-        out[name] = value
-    return out
-
-
 def lookup_attribute(dev: Device, name: str) -> tuple[str, Any] | None:
     # Keys are stored fully qualified (unqualified ones under the driver's domain),
     # which is the scheduler's lookup rule.  Versions compare as strings there too:
@@ -273,9 +209,13 @@ class Abort(Exception):
     search budget (the scheduler's filter timeout) fails just the one node.
     """
 
-    def __init__(self, message: str, fatal: bool = True) -> None:
+    def __init__(self, message: str, fatal: bool = True, *, request: str | None = None, device: DeviceKey | None = None,
+                 selector: str | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.fatal = fatal
+        # What the scheduler's error names: the request (a subrequest as "req/sub"), the device,
+        # the selector ("class <name> selector #i" or "request <name> selector #i").
+        self.request, self.device, self.selector = request, device, selector
 
 
 @dataclass
@@ -300,7 +240,7 @@ class Search:
         self.steps = 0
         self.all_devices: dict[int, list[Device]] = {}
         for c in ctx.constraints:
-            c.value, c.members, c.seen = None, 0, Counter()
+            c.value, c.members, c.seen, c.latest = None, 0, Counter(), {}
 
     def run(self) -> bool:
         self.validate()
@@ -314,23 +254,31 @@ class Search:
         Then the claim's fewest possible results (per request, its smallest alternative, an
         ``All`` one at its size on this node) must stay within the limit, else it is an error.
         """
+        rules = self.ctx.rules
         minimum = 0
         for alts in self.ctx.requests:
             sizes = []
             for alt in alts:
                 if alt.error:
-                    raise Abort(f"request {alt.name}: {alt.error}")
+                    raise Abort(f"request {alt.name}: {alt.error}", request=alt.name)
                 if alt.mode != "All":
                     sizes.append(alt.count)
                     continue
                 for pool in self.ctx.inventory.pools:
                     if not pool.usable and any(on_node(d, self.node) for d in pool.devices):
                         state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
-                        raise Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}")
-                # Sized before anything is allocated, so only other claims' shares count here.
+                        raise Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}",
+                                    request=alt.name)  # fmt: skip
+                # Sized before anything is allocated: against the devices' totals (1.37), or with
+                # other claims' shares taken off (1.36).
+                static = rules.all_sized_by_static_capacity
                 self.all_devices[id(alt)] = [
-                    d for d in self.devices if self.ctx.selectable(alt, d) and self.capacity_fits(d, alt) is not None]
+                    d for d in self.devices if self.ctx.selectable(alt, d)
+                    and (consumption(d, alt.capacity) if static else self.capacity_fits(d, alt)) is not None]  # fmt: skip
                 sizes.append(len(self.all_devices[id(alt)]))
+            if rules.claim_limit_per_request and min(sizes) > MAX_RESULTS - minimum:
+                raise Abort(f"request {alts[0].base}: adding {min(sizes)} devices exceeds the claim limit of {MAX_RESULTS}, "
+                            f"with {minimum} already accounted for", request=alts[0].base)  # fmt: skip
             minimum += min(sizes)
         if minimum > MAX_RESULTS:
             raise Abort(f"number of requested devices {minimum} exceeds the claim limit of {MAX_RESULTS}")
@@ -432,20 +380,20 @@ class Search:
         for c in self.ctx.constraints:
             if not c.applies(alt):
                 continue
-            if not _constraint_add(c, dev):
+            if not _constraint_add(c, alt, dev):
                 for a in added:
-                    _constraint_remove(a, dev)
+                    _constraint_remove(a, alt, dev)
                 if use_counters:
                     self.release_counters(dev)
                 if must:
-                    raise Abort(f"request {alt.name}: cannot add device {key_str(dev.key)} "
-                                 "because a claim constraint would not be satisfied")  # fmt: skip
+                    raise Abort(f"request {alt.name}: cannot add device {key_str(dev.key)} because a claim "
+                                "constraint would not be satisfied", request=alt.name, device=dev.key)  # fmt: skip
                 return None
             added.append(c)
         consumed = self.capacity_fits(dev, alt)
         if consumed is None:
             for a in added:
-                _constraint_remove(a, dev)
+                _constraint_remove(a, alt, dev)
             if use_counters:
                 self.release_counters(dev)
             return None
@@ -460,7 +408,7 @@ class Search:
         def undo() -> None:
             self.results.pop()
             for a in added:
-                _constraint_remove(a, dev)
+                _constraint_remove(a, alt, dev)
             if dev.allow_multi:
                 cur = self.capacity[dev.key]
                 for k, v in consumed.items():
@@ -475,7 +423,7 @@ class Search:
         return undo
 
     def capacity_fits(self, dev: Device, alt: Alt) -> dict[str, Quantity] | None:
-        consumed = consumption(dev, alt)
+        consumed = consumption(dev, alt.capacity)
         if consumed is None:
             return None
         if not dev.allow_multi:
@@ -509,7 +457,7 @@ class Search:
                 used[cs][name] -= value
 
 
-def _constraint_add(c: _Constraint, dev: Device) -> bool:
+def _constraint_add(c: _Constraint, alt: Alt, dev: Device) -> bool:
     attr = lookup_attribute(dev, c.attribute)
     if attr is None:
         return False
@@ -520,15 +468,25 @@ def _constraint_add(c: _Constraint, dev: Device) -> bool:
             c.value = attr
         c.members += 1
         return True
+    if c.latest_only:
+        if c.members > 0 and attr in c.latest.values():
+            return False
+        c.latest[alt.base] = attr
+        c.members += 1
+        return True
     if c.seen[attr] > 0:
         return False
     c.seen[attr] += 1
     return True
 
 
-def _constraint_remove(c: _Constraint, dev: Device) -> None:
+def _constraint_remove(c: _Constraint, alt: Alt, dev: Device) -> None:
     attr = lookup_attribute(dev, c.attribute)
     if c.kind == "match":
+        c.members -= 1
+    elif c.latest_only:
+        # As in 1.36: the request's entry goes, even when earlier devices of the request remain.
+        c.latest.pop(alt.base, None)
         c.members -= 1
     elif attr is not None:
         c.seen[attr] -= 1
@@ -543,7 +501,11 @@ class Ctx:
     allocated: AllocatedState
     requests: list[list[Alt]]
     constraints: list[_Constraint]
+    rules: SchedulerRules = field(default_factory=SchedulerRules)
     verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
+    # id(alt) -> (device index -> (stage, why it left), the devices left at the end): the funnel's
+    # record, kept for explaining a claim that is not allocated.
+    funnels: dict[int, tuple[dict[int, Any], list[Device]]] = field(default_factory=dict)
     alt_ids: dict[int, int] = field(default_factory=dict)
     available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
 
@@ -561,7 +523,8 @@ class Ctx:
             return True
         if isinstance(v[1], CelError):
             label, err = alt.compiled[v[0]][0], v[1]
-            raise Abort(f"{label} on device {key_str(dev.key)}: CEL runtime error: {err.message}")
+            raise Abort(f"{label} on device {key_str(dev.key)}: CEL runtime error: {err.message}", request=alt.name,
+                        device=dev.key, selector=label)  # fmt: skip
         return False
 
     def raises(self, alt: Alt, dev: Device) -> bool:
