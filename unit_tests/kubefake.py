@@ -31,6 +31,8 @@ class FakeKube:
         # Admission: called with (verb, resource, new object, old object) before a write is
         # stored (dry runs included); raising ApiError denies it, as an admission policy would.
         self.admission: list[Callable[[str, Resource, Obj, Obj | None], None]] = []
+        # Server-side apply of status.devices: which entries each field manager owns, per object.
+        self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, ...]]]] = {}
 
     # -- helpers for tests
 
@@ -211,6 +213,45 @@ class FakeKube:
         self.calls.append(("merge_patch", res.plural, key))
         self.calls.pop()  # _update records it
         return self._update("merge_patch", res, body, apply)
+
+    def apply_status(self, res: Resource, name: str, body: Obj, *, namespace: str | None = None,
+                     field_manager: str) -> Obj:
+        """Server-side apply of ``status.devices``, the one list this project applies: entries are keyed
+        by (driver, pool, device, shareID) and owned by the manager that applied them last (forced);
+        an entry must be an allocated device, and ``metadata.uid`` must match, as on the real server."""
+        key = f"{namespace}/{name}" if namespace else name
+        want_uid = (body.get("metadata") or {}).get("uid")
+        applied = list((body.get("status") or {}).get("devices") or [])
+
+        def apply(cur: Obj, _: Obj) -> Obj:
+            if want_uid and want_uid != cur["metadata"].get("uid"):
+                raise ApiError(422, "Invalid", f"metadata.uid: Invalid value: {want_uid!r}: field is immutable")
+            results = (((cur.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            allocated = {_device_key(r) for r in results}
+            for i, entry in enumerate(applied):
+                if _device_key(entry) not in allocated:
+                    raise ApiError(422, "Invalid", f"status.devices[{i}]: must be an allocated device in the claim")
+            owners = self.status_owners.setdefault((res.plural, key), {})
+            keys = {_device_key(e) for e in applied}
+            dropped = owners.get(field_manager, set()) - keys
+            for other, owned in owners.items():
+                if other != field_manager:
+                    owned -= keys
+                    dropped -= owned
+            owners[field_manager] = keys
+            status = cur.setdefault("status", {})
+            kept = [d for d in status.get("devices") or [] if _device_key(d) not in keys | dropped]
+            if kept or applied:
+                status["devices"] = kept + copy.deepcopy(applied)
+            else:
+                status.pop("devices", None)
+            return cur
+
+        return self._update("apply_status", res, {"metadata": {"name": name, "namespace": namespace}}, apply)
+
+
+def _device_key(entry: Any) -> tuple[str, ...]:
+    return tuple(str(entry.get(k) or "") for k in ("driver", "pool", "device", "shareID"))
 
 
 def _merge(target: Any, patch: Any) -> Any:
