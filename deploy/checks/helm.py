@@ -45,6 +45,7 @@ GOOD_COMBOS: dict[str, list[str]] = {
     "dynamic-mig": ["--set", "gpuBackend=nvml", "--set", "dynamicMig=true", "--set", "health.enabled=true"],
     "consumable-shares": ["--set", "consumableShares=4"],
     "consumable-shares-memory": ["--set", "consumableShares=memory", "--set", "dynamicMig=true"],
+    "monitoring": ["--set", "monitoring.enabled=true", "--set", "monitoring.labels.release=prometheus"],
     "no-controller": ["--set", "controller.enabled=false", "--set", "deviceClasses.enabled=false"],
     "other-driver-name": ["--set", "driverName=gpu.example.org", "--set", "logFormat=console",
                           "--set", "admissionPolicy.enabled=false", "--set", "controller.replicas=2"],
@@ -65,6 +66,9 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "zero-consumable-shares": (["--set", "consumableShares=0"], r"consumableShares"),
     "http-probe-without-port": (["--set", "kubeletPlugin.probes.mode=http", "--set", "kubeletPlugin.healthPort=0"],
                                 r"healthPort"),
+    "monitoring-without-health-port": (["--set", "monitoring.enabled=true", "--set", "kubeletPlugin.healthPort=0",
+                                        "--set", "kubeletPlugin.probes.mode=exec"], r"healthPort > 0"),
+    "bad-scrape-interval": (["--set", "monitoring.interval=often"], r"interval"),
     "replicas-without-leader-election": (["--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"],
                                          r"leaderElection"),
 }
