@@ -197,6 +197,9 @@ class Cluster:
             f"--secure-port={self.ports['apiserver']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # Since 1.37 the reconciler of the "kubernetes" Service's endpoints refuses a loopback
+            # address; nothing on the bed reaches the API server through that Service.
+            "--endpoint-reconciler-type=none",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
