@@ -7,6 +7,11 @@ resolution as the controller (other claims' allocations count as used) and print
 * ``satisfiable``: which devices on which node the claim would get now;
 * ``unsatisfiable``: the engine's explanation.
 
+A share (a result on a device that allows multiple allocations) says what it consumes and why
+(``memory: asked 7Gi → consumes 8Gi (step 8Gi)``).  Where the cluster's kube-scheduler is known to
+decide otherwise than the API says (1.36 and distinctAttribute, see
+:class:`dra_driver.allocator.rules.SchedulerRules`), the report says what that scheduler does.
+
 Opaque configuration of this driver that does not decode is reported too. ``-o json`` prints a
 document with the same content. Every failure (bad name, claim not found, cluster unreachable,
 no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
@@ -16,13 +21,16 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
 
 from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.allocator.inventory import Inventory
+from dra_driver.allocator.capacity import rounding_note, show
+from dra_driver.allocator.inventory import AllocatedState, Inventory, quantity_or_none
 from dra_driver.allocator.resolve import Engine
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.reconciler import describe_node_selector
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
@@ -41,9 +49,12 @@ def parse_claim_ref(text: str) -> tuple[str, str]:
         raise ExplainError(str(exc)) from None
 
 
-def device_nodes(slices: list[Obj]) -> dict[tuple[str, str, str], str]:
-    """``(driver, pool, device)`` -> node name, for node-local slices and per-device nodes."""
-    out: dict[tuple[str, str, str], str] = {}
+DeviceId = tuple[str, str, str]
+
+
+def slice_devices(slices: list[Obj]) -> dict[DeviceId, tuple[str | None, Mapping[str, Any]]]:
+    """``(driver, pool, device)`` -> (node name for node-local slices and per-device nodes, the device)."""
+    out: dict[DeviceId, tuple[str | None, Mapping[str, Any]]] = {}
     for s in slices:
         spec = s.get("spec")
         if not isinstance(spec, Mapping):
@@ -56,31 +67,107 @@ def device_nodes(slices: list[Obj]) -> dict[tuple[str, str, str], str]:
             if not isinstance(d, Mapping):
                 continue
             node = d.get("nodeName") or slice_node
-            if node:
-                out[(driver, pool_name, str(d.get("name", "")))] = str(node)
+            out[(driver, pool_name, str(d.get("name", "")))] = (str(node) if node else None, d)
     return out
 
 
-def results_table(allocation: Mapping[str, Any] | None, nodes: Mapping[tuple[str, str, str], str]) -> list[dict[str, Any]]:
+def _request_capacity(claim: Mapping[str, Any], request: str) -> Mapping[str, Any]:
+    """``capacity.requests`` of a claim request (``req`` or ``req/sub``), as written."""
+    base, _, sub = request.partition("/")
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    for req in (devices.get("requests") if isinstance(devices, Mapping) else None) or []:
+        if not isinstance(req, Mapping) or req.get("name") != base:
+            continue
+        body = req.get("exactly") if not sub else next(
+            (b for b in req.get("firstAvailable") or [] if isinstance(b, Mapping) and b.get("name") == sub), None)
+        capacity = body.get("capacity") if isinstance(body, Mapping) else None
+        wanted = capacity.get("requests") if isinstance(capacity, Mapping) else None
+        return wanted if isinstance(wanted, Mapping) else {}
+    return {}
+
+
+def _consumption(claim: Mapping[str, Any], result: Mapping[str, Any], device: Mapping[str, Any] | None) -> list[str]:
+    consumed = result.get("consumedCapacity")
+    if not isinstance(consumed, Mapping):
+        return []
+    asked = _request_capacity(claim, str(result.get("request", "")))
+    published = device.get("capacity") if isinstance(device, Mapping) else None
+    notes = []
+    for name, value in consumed.items():
+        q = quantity_or_none(value)
+        if q is None:
+            notes.append(f"{name}: {value}")
+            continue
+        entry = published.get(name) if isinstance(published, Mapping) else None
+        policy = entry.get("requestPolicy") if isinstance(entry, Mapping) else None
+        notes.append(rounding_note(str(name), quantity_or_none(asked.get(name)), q.value,
+                                   policy if isinstance(policy, Mapping) else {}))  # fmt: skip
+    return notes
+
+
+def results_table(claim: Mapping[str, Any], allocation: Mapping[str, Any] | None,
+                  devices: Mapping[DeviceId, tuple[str | None, Mapping[str, Any]]]) -> list[dict[str, Any]]:  # fmt: skip
     rows: list[dict[str, Any]] = []
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    for r in (devices.get("results") if isinstance(devices, Mapping) else None) or []:
+    alloc_devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    for r in (alloc_devices.get("results") if isinstance(alloc_devices, Mapping) else None) or []:
         if not isinstance(r, Mapping):
             continue
         ident = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        node, raw = devices.get(ident, (None, None))
         row: dict[str, Any] = {
             "request": r.get("request", ""),
             "driver": ident[0],
             "pool": ident[1],
             "device": ident[2],
-            "node": nodes.get(ident),
+            "node": node,
         }
         if r.get("adminAccess"):
             row["adminAccess"] = True
         if r.get("shareID"):
             row["shareID"] = r["shareID"]
+        if isinstance(r.get("consumedCapacity"), Mapping):
+            row["consumedCapacity"] = {k: _canonical(v) for k, v in r["consumedCapacity"].items()}
+            row["consumption"] = _consumption(claim, r, raw)
         rows.append(row)
     return rows
+
+
+def _canonical(value: Any) -> str:
+    q = quantity_or_none(value)
+    return show(q.value) if q is not None else str(value)
+
+
+def _distinct_constraints(claim: Mapping[str, Any]) -> bool:
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    return any(isinstance(c, Mapping) and c.get("distinctAttribute")
+               for c in (devices.get("constraints") if isinstance(devices, Mapping) else None) or [])  # fmt: skip
+
+
+def scheduler_note(claim: Obj, inv: Inventory, classes: Mapping[str, Obj], allocated: AllocatedState, engine: Engine,
+                   allocation: Mapping[str, Any] | None, version: str) -> str | None:  # fmt: skip
+    """Where the cluster's scheduler is known to decide otherwise than the API says: the 1.36
+    distinctAttribute rule (three or more devices under one constraint), replayed."""
+    rules = SchedulerRules.for_version(version)
+    if not rules.distinct_latest_only or not _distinct_constraints(claim):
+        return None
+    theirs = engine.resolve(claim, inv, classes, allocated, rules=rules)
+    if _picked(theirs.allocation) == _picked(allocation):
+        return None
+    why = ("its distinctAttribute check compares each device only with the latest device of each request "
+           "(fixed in 1.37)")
+    if theirs.allocation is None:
+        return f"kube-scheduler {version} is known to decide otherwise: it will not allocate this claim; {why}"
+    devices = ", ".join(f"{r[0]}: {r[1]}" for r in _picked(theirs.allocation))
+    where = f" on node {theirs.node}" if theirs.node else ""
+    return f"kube-scheduler {version} is known to decide otherwise: it would allocate {devices}{where}; {why}"
+
+
+def _picked(allocation: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    return [(str(r.get("request")), f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}")
+            for r in (devices.get("results") if isinstance(devices, Mapping) else None) or [] if isinstance(r, Mapping)]
 
 
 def build_report(
@@ -92,13 +179,15 @@ def build_report(
     engine: Engine,
     driver: str = DEFAULT_DRIVER_NAME,
     inventory: Future[Inventory] | None = None,
+    server_version: Callable[[], str] | None = None,
 ) -> dict[str, Any]:
     """The JSON document ``explain`` prints (the text form renders the same data).
 
     ``inventory``, when given, is ``engine.build_inventory(slices)`` already started (or failed).
+    ``server_version`` is asked only for a claim whose verdict a known scheduler behaviour can change.
     """
     m = meta(claim)
-    nodes = device_nodes(slices)
+    nodes = slice_devices(slices)
     class_map = classes_by_name(classes)
     report: dict[str, Any] = {
         "claim": f"{m.get('namespace')}/{m.get('name')}",
@@ -109,7 +198,7 @@ def build_report(
         report.update(
             state="allocated",
             where=describe_node_selector(allocation),
-            results=results_table(allocation, nodes),
+            results=results_table(claim, allocation, nodes),
             reservedFor=[
                 f"{r.get('resource', '')}/{r.get('name', '')}" for r in reserved_for(claim) if isinstance(r, Mapping)
             ],
@@ -125,6 +214,11 @@ def build_report(
         outcome = Outcome(Verdict.ERROR, f"cannot build the device inventory: {exc}", text=str(exc))
     else:
         outcome = evaluate(engine, claim, inv, class_map, allocated, driver=driver)
+        if server_version is not None and outcome.verdict in (Verdict.SATISFIABLE, Verdict.UNSATISFIABLE) \
+                and _distinct_constraints(claim):
+            note = scheduler_note(claim, inv, class_map, allocated, engine, outcome.allocation, server_version())
+            if note:
+                report["schedulerNote"] = note
     report["summary"] = outcome.summary
     if outcome.config_errors:
         report["configErrors"] = list(outcome.config_errors)
@@ -132,7 +226,7 @@ def build_report(
         report.update(
             state="satisfiable",
             where=describe_node_selector(outcome.allocation),
-            results=results_table(outcome.allocation, nodes),
+            results=results_table(claim, outcome.allocation, nodes),
         )
     elif outcome.verdict is Verdict.INVALID_CONFIG:
         report.update(state="invalid-config", explanation=outcome.explanation, text=outcome.text)
@@ -148,10 +242,13 @@ def render_text(report: Mapping[str, Any]) -> str:
     state = report.get("state")
     if state in ("allocated", "satisfiable"):
         head = "allocated" if state == "allocated" else "not allocated; would be satisfiable now"
-        lines.append(f"{head}, on {report.get('where')}:")
-        for r in report.get("results") or []:
+        results = report.get("results") or []
+        lines.append(f"{head}, on {report.get('where')}: {_device_count(results)}")
+        for r in results:
             extra = " (admin access)" if r.get("adminAccess") else ""
             node = f" on node {r['node']}" if r.get("node") else ""
+            share = "; ".join((["share"] if r.get("shareID") else []) + list(r.get("consumption") or []))
+            extra += f" ({share})" if share else ""
             lines.append(f"  request {r['request']}: {r['driver']}/{r['pool']}/{r['device']}{node}{extra}")
         if state == "allocated":
             users = report.get("reservedFor") or []
@@ -165,12 +262,25 @@ def render_text(report: Mapping[str, Any]) -> str:
         if text and text != report.get("summary"):
             lines.append("")
             lines.append(text)
+    if report.get("schedulerNote"):
+        lines.append("")
+        lines.append(f"note: {report['schedulerNote']}")
     errors = report.get("configErrors") or []
     if errors:
         lines.append("")
         lines.append("invalid driver configuration:")
         lines += [f"  {e}" for e in errors]
     return "\n".join(lines)
+
+
+def _device_count(results: list[Mapping[str, Any]]) -> str:
+    """``3 device(s)``, shares counted apart: ``2 device(s), 3 share(s) on 2 of them``."""
+    devices = Counter(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in results)
+    shared = Counter(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in results if r.get("shareID"))
+    text = f"{len(devices)} device(s)"
+    if shared:
+        text += f", {sum(shared.values())} share(s) on {len(shared)} of them"
+    return text
 
 
 class _Reads:
@@ -215,7 +325,7 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list
 
 
 def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
-                  driver: str = DEFAULT_DRIVER_NAME) -> dict[str, Any]:
+                  driver: str = DEFAULT_DRIVER_NAME, server_version: Callable[[], str] | None = None) -> dict[str, Any]:
     """:func:`fetch` and :func:`build_report`, with the inventory built while the claims list is
     still on its way (not at all for an allocated claim, whose report needs none)."""
     reads = _Reads(api, namespace, name)
@@ -231,7 +341,7 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
             except Exception as exc:  # build_report reports it like its own failure
                 inventory.set_exception(exc)
         return build_report(claim, slices, classes, reads.claims.result(), engine=engine, driver=driver,
-                            inventory=inventory)
+                            inventory=inventory, server_version=server_version)
     finally:
         reads.close()
 
@@ -246,7 +356,9 @@ def main(
     driver: str = DEFAULT_DRIVER_NAME,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    server_version: Callable[[], str] | None = None,
 ) -> int:
+    """``server_version``: the API server's version where ``api`` is given (else the client asks)."""
     stdout = out or sys.stdout
     stderr = err or sys.stderr
     owned: RestKubeApi | None = None
@@ -257,7 +369,10 @@ def main(
         if api is None:
             owned = RestKubeApi.from_kubeconfig(kubeconfig, request_timeout=15.0)
             api = owned
-        report = explain_claim(api, namespace, name, engine=engine or Engine(), driver=driver)
+            rest = owned
+            server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
+        report = explain_claim(api, namespace, name, engine=engine or Engine(), driver=driver,
+                               server_version=server_version)
     except ExplainError as exc:
         print(f"dra-driver explain: {exc}", file=stderr)
         return 1
