@@ -33,9 +33,10 @@ CLASS_NAMES = {f"gpu.{DRIVER}", f"mig.{DRIVER}", f"nvidia-gpu.{DRIVER}", f"share
 EXPECTED_EXAMPLES = {
     "single-gpu", "two-pods-distinct-gpus", "same-numa-pair", "memory-40gi", "h100-by-product", "mig-1g",
     "mig-same-parent", "time-slicing", "mps", "first-available", "admin-access", "extended-resource",
-    "shared-claim", "unsatisfiable",
+    "shared-claim", "unsatisfiable", "memory-share", "init-container-share", "two-requests", "dynamic-mig",
+    "device-taint-rule",
 }
-RESOURCE_KINDS = {"ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice"}
+RESOURCE_KINDS = {"ResourceClaim", "ResourceClaimTemplate", "DeviceClass", "ResourceSlice", "DeviceTaintRule"}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -218,6 +219,9 @@ def test_example_manifests(scenario: str) -> None:
         elif kind == "Pod":
             assert doc["apiVersion"] == "v1"
             pods.append(doc)
+        elif kind == "DeviceTaintRule":
+            assert set(doc["spec"]["deviceSelector"]) <= {"driver", "pool", "device"}, scenario
+            assert doc["spec"]["deviceSelector"]["driver"] == DRIVER, scenario
         else:
             pytest.fail(f"{scenario}: unexpected kind {kind}")
     assert pods, f"{scenario}: no pod"
@@ -231,7 +235,7 @@ def test_example_manifests(scenario: str) -> None:
             else:
                 assert rc["resourceClaimName"] in claims, f"{scenario}: unknown claim"
                 pod_claims[rc["name"]] = claims[rc["resourceClaimName"]]
-        for ctr in spec["containers"]:
+        for ctr in spec.get("initContainers", []) + spec["containers"]:
             assert ctr["image"] == "busybox:1.36"
             script = " ".join(ctr["command"])
             assert "env | grep -E 'NVIDIA|DRA_'" in script and "ls" in script and "/dev/nvidia*" in script
@@ -276,6 +280,20 @@ def test_example_specifics() -> None:
     assert "resource.kubernetes.io/admin-access" in (EXAMPLES / "admin-access" / "README.md").read_text()
     shared = [d for d in ex["shared-claim"] if d["kind"] == "Pod"]
     assert len(shared) == 2 and len(shared[0]["spec"]["containers"]) == 2
+    share = template("memory-share")["requests"][0]["exactly"]
+    assert share["deviceClassName"] == f"shared-gpu.{DRIVER}" and share["capacity"]["requests"] == {"memory": "30Gi"}
+    assert len([d for d in ex["memory-share"] if d["kind"] == "Pod"]) == 3
+    (init_pod,) = [d for d in ex["init-container-share"] if d["kind"] == "Pod"]
+    assert [c["resources"]["claims"] for c in init_pod["spec"]["initContainers"] + init_pod["spec"]["containers"]] == [
+        [{"name": "gpu"}], [{"name": "gpu"}]]
+    assert [r["name"] for r in template("two-requests")["requests"]] == ["big", "small"]
+    (two,) = [d for d in ex["two-requests"] if d["kind"] == "Pod"]
+    assert [r.get("request") for r in two["spec"]["containers"][0]["resources"]["claims"]] == ["big", "small"]
+    mig = {d["metadata"]["name"]: d["spec"]["devices"]["requests"] for d in ex["dynamic-mig"] if d["kind"] == "ResourceClaim"}
+    assert [(r["name"], r["exactly"].get("count", 1)) for r in mig["dynamic-mig-partitions"]] == [("small", 2), ("large", 1)]
+    assert mig["dynamic-mig-whole-gpu"][0]["exactly"]["deviceClassName"] == f"gpu.{DRIVER}"
+    (rule,) = [d for d in ex["device-taint-rule"] if d["kind"] == "DeviceTaintRule"]
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
 
 
 # ---- kind ---------------------------------------------------------------------------------------
@@ -429,6 +447,10 @@ def test_chart_rendering_details() -> None:
     assert verbs(plugin_rules, "resourceclaims") == {"get"}
     assert verbs(plugin_rules, "nodes") == {"get"}
     assert verbs(plugin_rules, "resourceslices") == {"get", "list", "watch", "create", "update", "patch", "delete"}
+    # Claim status by server-side apply only, for this driver's entries on the plugin's own node.
+    assert verbs(plugin_rules, "resourceclaims/status") == {"patch"}
+    (driver_rule,) = [r for r in plugin_rules if "resourceclaims/driver" in r["resources"]]
+    assert driver_rule["verbs"] == ["associated-node:patch"] and driver_rule["resourceNames"] == ["gpu.dra-driver.io"]
     assert verbs(controller_rules, "resourceslices") == {"get", "list", "watch"}, "controller must not write slices"
     assert {"update", "patch"} <= verbs(controller_rules, "resourceclaims/status")
     assert {"update", "patch"} <= verbs(controller_rules, "resourceclaims/binding")

@@ -9,8 +9,9 @@
    DeviceClasses, examples).
 3. Applies the chart's RBAC and ValidatingAdmissionPolicy for real under the release name
    ``dra-check`` and checks, by impersonating the plugin's ServiceAccount with a node name in
-   its user extra, that it may write ResourceSlices of its own node and driver only, and with
-   ``kubectl auth can-i`` that the controller cannot write ResourceSlices.
+   its user extra, that it may write ResourceSlices of its own node and driver only, and its
+   driver's ``status.devices`` entries of claims on its own node only; and with ``kubectl auth
+   can-i`` that the controller cannot write ResourceSlices.
 4. Checks that the admin-access example is refused in an unlabelled namespace.
 5. Deletes what it created (unless ``--keep``).
 
@@ -21,10 +22,12 @@ Exit status 0 when every check passed.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -36,6 +39,13 @@ import render  # noqa: E402  (deploy/checks/render.py)
 RELEASE = "dra-check"
 NS_DRIVER, NS_EXAMPLES, NS_ADMIN = "dra-check-driver", "dra-check-examples", "dra-check-admin"
 DRIVER = "gpu.dra-driver.io"
+
+
+def serves_v1_device_taint_rules(k: Callable[..., subprocess.CompletedProcess[str]]) -> bool:
+    proc = k("get", "--raw", "/apis/resource.k8s.io/v1")
+    if proc.returncode != 0:
+        return False
+    return any(r.get("name") == "devicetaintrules" for r in json.loads(proc.stdout).get("resources", []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     k("label", "namespace", NS_ADMIN, "resource.kubernetes.io/admin-access=true", "--overwrite")
 
     chart = yaml.safe_dump_all(render.chart_documents(NS_DRIVER, release=RELEASE), explicit_start=True)
-    rest = yaml.safe_dump_all(render.deviceclass_documents() + render.example_documents(NS_EXAMPLES, NS_ADMIN),
-                              explicit_start=True)
+    examples = render.example_documents(NS_EXAMPLES, NS_ADMIN)
+    if not serves_v1_device_taint_rules(k):
+        # resource.k8s.io/v1 DeviceTaintRule is Kubernetes 1.37+; on older servers that example is left out.
+        examples = [d for d in examples if d.get("kind") != "DeviceTaintRule"]
+        print("skip DeviceTaintRule example: the server does not serve resource.k8s.io/v1 devicetaintrules")
+    rest = yaml.safe_dump_all(render.deviceclass_documents() + examples, explicit_start=True)
     proc = k("apply", "--dry-run=server", "-f", "-", stdin=chart + rest)
     expect(proc.returncode == 0, "server-side dry run of chart, DeviceClasses and examples", proc.stderr)
 
@@ -109,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     proc = k(*on_a, "delete", "resourceslice", "dra-check-a")
     expect(proc.returncode == 0, "plugin may delete its own node's slice", proc.stderr)
 
+    claim_status_checks(k, expect, plugin, on_a)
+
     controller = [f"--as=system:serviceaccount:{NS_DRIVER}:{RELEASE}-dra-driver-controller"]
     for verb, want in (("create resourceslices", "no"), ("delete resourceslices", "no"), ("list resourceslices", "yes"),
                        ("patch resourceclaims/status", "yes"), ("update resourceclaims/binding", "yes"),
@@ -125,9 +141,52 @@ def main(argv: list[str] | None = None) -> int:
         k("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=policy_yaml)
         for name in ("dra-check-a", "dra-check-b", "dra-check-x", "dra-check-n"):
             k("delete", "resourceslice", name, "--ignore-not-found", "--wait=false")
+        k("delete", "resourceclaim", "dra-check-status", "-n", NS_EXAMPLES, "--ignore-not-found", "--wait=false")
         k("delete", "namespace", NS_DRIVER, NS_EXAMPLES, NS_ADMIN, "--wait=false")
     print(f"server checks: {'all passed' if not failures else f'{len(failures)} failed'}")
     return 1 if failures else 0
+
+
+def claim_status_checks(k: Callable[..., subprocess.CompletedProcess[str]], expect: Callable[..., None],
+                        plugin: list[str], on_a: list[str]) -> None:
+    """The plugin's claim status writes, for real: its own driver's ``status.devices`` entries of a claim
+    allocated to its node, by server-side apply, and nothing else (granular status authorization)."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "dra-check-status", "namespace": NS_EXAMPLES},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu.dra-driver.io"}}]}}}
+    k("delete", "resourceclaim", "dra-check-status", "-n", NS_EXAMPLES, "--ignore-not-found", "--wait=true")
+    k("create", "-f", "-", stdin=yaml.safe_dump(claim))
+    allocation = {"status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"},
+                                {"request": "gpu", "driver": "nic.example.com", "pool": "node-a", "device": "nic-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}}}
+    proc = k("patch", "resourceclaim", "dra-check-status", "-n", NS_EXAMPLES, "--subresource=status", "--type=merge",
+             "-p", json.dumps(allocation))
+    expect(proc.returncode == 0, "allocate the claim-status test claim to node-a", proc.stderr)
+
+    def apply_status(who: list[str], driver: str, uuid: str) -> subprocess.CompletedProcess[str]:
+        # Each write changes the entry: an apply that changes nothing is not authorized at all.
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "dra-check-status", "namespace": NS_EXAMPLES},
+                "status": {"devices": [{"driver": driver, "pool": "node-a", "device": "gpu-0" if driver == DRIVER else "nic-0",
+                                        "data": {"uuid": uuid}}]}}
+        return k(*who, "apply", "--server-side", "--force-conflicts", "--subresource=status", f"--field-manager={driver}",
+                 "-f", "-", stdin=yaml.safe_dump(body))
+
+    proc = apply_status(on_a, DRIVER, "GPU-from-node-a")
+    expect(proc.returncode == 0, "plugin on node-a may write its driver's status.devices of a claim on node-a",
+           proc.stdout + proc.stderr)
+    proc = apply_status([*plugin, "--as-user-extra=authentication.kubernetes.io/node-name=node-b"], DRIVER,
+                        "GPU-from-node-b")
+    expect(proc.returncode != 0 and "resourceclaims/driver" in proc.stderr,
+           "plugin on node-b may not write status.devices of a claim on node-a", proc.stdout + proc.stderr)
+    proc = apply_status(on_a, "nic.example.com", "NIC-from-node-a")
+    expect(proc.returncode != 0 and "resourceclaims/driver" in proc.stderr,
+           "plugin may not write another driver's status.devices", proc.stdout + proc.stderr)
+    proc = k(*on_a, "patch", "resourceclaim", "dra-check-status", "-n", NS_EXAMPLES, "--subresource=status",
+             "--type=merge", "-p", json.dumps({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}))
+    expect(proc.returncode != 0, "plugin may not change a claim's reservedFor", proc.stdout + proc.stderr)
 
 
 if __name__ == "__main__":
