@@ -203,6 +203,9 @@ def build_report(
                 f"{r.get('resource', '')}/{r.get('name', '')}" for r in reserved_for(claim) if isinstance(r, Mapping)
             ],
         )
+        statuses = device_status(claim)
+        if statuses:
+            report["deviceStatus"] = statuses
         errors = claim_config_errors(claim, class_map, driver)
         if errors:
             report["configErrors"] = errors
@@ -253,6 +256,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         if state == "allocated":
             users = report.get("reservedFor") or []
             lines.append(f"reserved for: {', '.join(users)}" if users else "reserved for: nobody yet")
+            lines += device_status_lines(report.get("deviceStatus") or [])
     elif state == "error":
         lines.append(f"cannot evaluate: {report.get('summary')}")
     else:
@@ -271,6 +275,37 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("invalid driver configuration:")
         lines += [f"  {e}" for e in errors]
     return "\n".join(lines)
+
+
+def device_status(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``status.devices`` as the drivers wrote it (every driver's): per device its conditions and data."""
+    out = []
+    for d in status_of(claim).get("devices") or []:
+        if not isinstance(d, Mapping):
+            continue
+        conditions = [c for c in d.get("conditions") or [] if isinstance(c, Mapping)]
+        entry: dict[str, Any] = {
+            "device": f"{d.get('driver')}/{d.get('pool')}/{d.get('device')}",
+            "conditions": [f"{c.get('type')}={c.get('status')}" + (f" ({c['reason']})" if c.get("reason") else "")
+                           for c in conditions],
+            "data": d.get("data") if isinstance(d.get("data"), Mapping) else {},
+        }
+        if d.get("shareID"):
+            entry["shareID"] = d["shareID"]
+        out.append(entry)
+    return out
+
+
+def device_status_lines(statuses: list[Mapping[str, Any]]) -> list[str]:
+    if not statuses:
+        return []
+    lines = ["device status (written by the drivers):"]
+    for st in statuses:
+        share = f" share {st['shareID']}" if st.get("shareID") else ""
+        said = ", ".join(st.get("conditions") or []) or "no conditions"
+        data = ", ".join(f"{k}={v}" for k, v in (st.get("data") or {}).items())
+        lines.append(f"  {st['device']}{share}: {said}" + (f"; {data}" if data else ""))
+    return lines
 
 
 def _device_count(results: list[Mapping[str, Any]]) -> str:
