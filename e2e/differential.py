@@ -8,15 +8,29 @@ leaves the pod ``PodScheduled=False/Unschedulable`` (infeasible).  The same obje
 
 - the verdict class: allocated, unschedulable, or a scheduler error (``PodScheduled`` reason
   ``SchedulerError``, which the engine predicts with :data:`SCHEDULER_ABORTS`);
+- the first failing request, as far as the scheduler names it (:func:`scheduler_failure`).  Its
+  error message names the request (``claim ns/c, request r1: ...``; a subrequest by its own name),
+  the device where there is one, and for a CEL runtime error the selector (class or claim, and its
+  index; 1.37 adds the device): all of these must be what the engine's error names.  An
+  unschedulable pod's condition names no request: the allocator's ``Allocate`` returns no result
+  and no error when a claim does not fit (``allocator_incubating.go``, ``if !done { return nil,
+  nil }``), and the DynamicResources plugin's Filter turns that into the fixed per-node reason
+  "cannot allocate all claims" (``dynamicresources.go``), which the message counts per node.  So
+  for that verdict the comparison is that reason on every node of the scenario (the allocator
+  itself, not another filter, said no), and a request the engine names as the one no node can
+  satisfy is re-checked by :func:`check_unsatisfiable_request`, which reads the spec directly;
 - where both allocate, the allocation results in order: request (with the chosen ``firstAvailable``
   subrequest), device, shareID present or absent (its value is random on the scheduler's side),
   ``consumedCapacity`` as written, adminAccess and tolerations.  Which of several fitting nodes the
   scheduler takes is its scoring's choice, not the allocator's, so the engine's results are the ones
   it computes for the scheduler's node.
 
-Every allocation either side makes is also re-checked by :func:`check_allocation`, which reads the
-spec directly instead of trusting either allocator.  One disagreement is known and accounted for
-by name (:data:`KNOWN_136_DISTINCT`): see :func:`distinct_136_explains`.
+The engine decides with the rules of the API server's version (:class:`SchedulerRules`: 1.36's
+distinctAttribute, 1.37's claim limit and ``All`` sizing) and the generator uses only what the
+bed's feature gates enable (:func:`scenario_features`), which select the allocator variant the
+engine mirrors (:data:`dra_driver.allocator.rules.MIRRORED_VARIANT`).  Every allocation either side
+makes is also re-checked by :func:`check_allocation`, which reads the spec directly instead of
+trusting either allocator.
 
 Scenarios run in batches: everything of a batch is created with one kubectl call, the claims and
 pods with a second one once the slices are visible, and one ``kubectl get`` per poll reads all
@@ -27,6 +41,7 @@ nodeSelector pins them to their own nodes; the class selects on the driver, whic
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -40,6 +55,7 @@ from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.inventory import build_inventory
 from dra_driver.allocator.resolve import Resolution, resolve
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
 from dra_driver.k8s.quantity import parse_quantity
 from e2e import scenarios
@@ -51,11 +67,11 @@ BATCH_LABEL = "diff.dra-driver.io/batch"
 # seen); their add events requeue the pod, and the retry would then allocate.
 SETTLE_S = 6.0
 Kubectl = Callable[..., Any]
-# kube-scheduler 1.36 (k8s.io/dynamic-resource-allocation v0.36, distinctAttributeConstraint) keeps one
-# attribute value per request name, overwritten by each device it adds and deleted by a removal, so a
-# device is only compared with the previous one of its own request (and the last one of the others):
-# it can allocate values 0, 1, 0.  1.37 fixes this; the engine follows the API.
-KNOWN_136_DISTINCT = "kube-scheduler 1.36 distinctAttribute: each device compared only with its request's previous one"
+# The per-node reason of the DynamicResources plugin when the allocator finds no allocation.
+CANNOT_ALLOCATE = "cannot allocate all claims"
+# Scenario features (e2e.scenarios) and the scheduler features (structured.Features) they need.
+_NEEDS = {"shares": "ConsumableCapacity", "taints": "DeviceTaints", "taint-none": "DeviceTaints",
+          "counters": "PartitionableDevices", "firstAvailable": "PrioritizedList"}  # fmt: skip
 
 
 @dataclass
@@ -74,7 +90,8 @@ class Case:
     scheduler_message: str = ""
     unschedulable_since: float | None = None
     problems: list[str] = field(default_factory=list)
-    known: str = ""  # a disagreement fully explained by a documented scheduler behaviour
+    rules: SchedulerRules = field(default_factory=SchedulerRules)
+    engine_failure: dict[str, str] = field(default_factory=dict)  # what the engine's error names
 
     @property
     def claim_name(self) -> str:
@@ -90,24 +107,32 @@ class Case:
 
     @property
     def agrees(self) -> bool:
-        """Exact agreement (judged): same verdict class and, when allocated, the same results."""
-        return self.scheduler_verdict is not None and not self.problems and not self.known
+        """Exact agreement (judged): same verdict class, failing request and, when allocated, results."""
+        return self.scheduler_verdict is not None and not self.problems
 
     def record(self) -> dict[str, Any]:
         return {
             "seed": self.seed, "features": self.scenario.features, "describe": self.scenario.describe(),
             "engine": {"feasible": self.engine_feasible, "aborts": self.engine_aborts, "node": self.engine_node,
-                       "allocation": self.engine_allocation, "summary": self.engine_summary},
+                       "allocation": self.engine_allocation, "summary": self.engine_summary,
+                       "failure": self.engine_failure, "rules": self.rules.minor},
             "scheduler": {"verdict": self.scheduler_verdict, "node": self.scheduler_node,
                           "allocation": self.scheduler_allocation, "message": self.scheduler_message},
-            "problems": self.problems, "known": self.known,
+            "problems": self.problems,
         }  # fmt: skip
 
 
-def make_case(seed: int, features: frozenset[str] = scenarios.DEFAULT_FEATURES) -> Case:
+def make_case(seed: int, features: frozenset[str] = scenarios.DEFAULT_FEATURES, rules: SchedulerRules | None = None) -> Case:
     nodes = (f"diff-{seed}-n0", f"diff-{seed}-n1")
     ns = f"diff-{seed}"
-    return Case(seed, scenarios.generate(seed, nodes=nodes, features=features, namespace=ns), ns, nodes)
+    return Case(seed, scenarios.generate(seed, nodes=nodes, features=features, namespace=ns), ns, nodes,
+                rules=rules or SchedulerRules())
+
+
+def scenario_features(enabled: frozenset[str]) -> frozenset[str]:
+    """The generator's features a scheduler with the structured.Features ``enabled`` supports."""
+    wanted = scenarios.DEFAULT_FEATURES | {"taint-none", "shares"}
+    return frozenset(f for f in wanted if _NEEDS.get(f) is None or _NEEDS[f] in enabled)
 
 
 # --------------------------------------------------------------------------- objects
@@ -175,7 +200,8 @@ def workload_objects(case: Case, batch: str) -> list[dict[str, Any]]:
 
 def _resolve(case: Case, nodes: Sequence[str]) -> Resolution:
     s = case.scenario
-    return resolve(s.claim, build_inventory(s.slices), s.classes, nodes=[node_object(case, n, "") for n in nodes])
+    return resolve(s.claim, build_inventory(s.slices), s.classes, nodes=[node_object(case, n, "") for n in nodes],
+                   rules=case.rules)
 
 
 def run_engine(case: Case) -> None:
@@ -183,6 +209,7 @@ def run_engine(case: Case) -> None:
     case.engine_allocation = res.allocation
     case.engine_node = res.node
     case.engine_aborts = any(SCHEDULER_ABORTS in e for e in res.explanation.errors)
+    case.engine_failure = dict(res.explanation.failure)
     summary = [*res.explanation.errors, f"nodes: {json.dumps(res.explanation.nodes, sort_keys=True)}"]
     case.engine_summary = "; ".join(summary)[:2000]
 
@@ -491,13 +518,23 @@ def comparable(allocation: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def judge(case: Case, scheduler_version: str = "") -> None:
-    """Fill ``case.problems`` (exact comparison, invalid allocations on either side) and ``case.known``."""
+def judge(case: Case) -> None:
+    """Fill ``case.problems``: the exact comparison, and invalid allocations on either side."""
     if case.scheduler_verdict is None:
         case.problems.append("the scheduler gave no verdict in time")
     elif case.engine_verdict != case.scheduler_verdict:
         case.problems.append(f"verdicts differ: engine {case.engine_verdict}, scheduler {case.scheduler_verdict}"
                              + (f": {case.scheduler_message}" if case.scheduler_message else ""))  # fmt: skip
+    elif case.scheduler_verdict == "error":
+        case.problems += compare_failures(case.engine_failure, scheduler_failure(case.scheduler_message))
+    elif case.scheduler_verdict == "unschedulable":
+        reasons = dra_node_reasons(case.scheduler_message)
+        if reasons != {CANNOT_ALLOCATE: len(case.nodes)}:
+            case.problems.append(f"scheduler's per-node reasons {reasons}, expected {CANNOT_ALLOCATE!r} "
+                                 f"on all {len(case.nodes)} nodes: {case.scheduler_message}")  # fmt: skip
+        if case.engine_failure.get("request"):
+            case.problems += [f"engine: {p}" for p in
+                              check_unsatisfiable_request(case.scenario, case.engine_failure["request"], case.nodes)]
     elif case.scheduler_allocation is not None:
         engine = case.engine_allocation
         if case.scheduler_node != case.engine_node:
@@ -508,32 +545,139 @@ def judge(case: Case, scheduler_version: str = "") -> None:
         elif comparable(engine) != comparable(case.scheduler_allocation):
             case.problems.append(f"allocations differ on {case.scheduler_node}: engine {comparable(engine)}, "
                                  f"scheduler {comparable(case.scheduler_allocation)}")  # fmt: skip
-    scheduler_problems: list[str] = []
-    if case.engine_allocation is not None:
-        case.problems += [f"engine: {p}" for p in check_allocation(case.scenario, case.engine_allocation, case.engine_node)]
-    if case.scheduler_allocation is not None:
-        scheduler_problems = check_allocation(case.scenario, case.scheduler_allocation, case.scheduler_node)
-        case.problems += [f"scheduler: {p}" for p in scheduler_problems]
-    if case.problems and distinct_136_explains(case, scheduler_problems, scheduler_version):
-        case.known = KNOWN_136_DISTINCT
+    for side, allocation, node in (("engine", case.engine_allocation, case.engine_node),
+                                   ("scheduler", case.scheduler_allocation, case.scheduler_node)):
+        if allocation is not None:
+            case.problems += [f"{side}: {p}" for p in _checked(case, allocation, node)]
 
 
-def distinct_136_explains(case: Case, scheduler_problems: Sequence[str], scheduler_version: str) -> bool:
-    """Whether a 1.36 scheduler's allocation differs only because of its distinctAttribute rule.
+def _checked(case: Case, allocation: Mapping[str, Any], node: str | None) -> list[str]:
+    problems = check_allocation(case.scenario, allocation, node)
+    if case.rules.distinct_latest_only and not _distinct_136_violations(case.scenario, allocation):
+        # Breaking the API's distinctAttribute is the 1.36 rule where the allocation keeps that
+        # rule (replayed in the order the results were added).
+        problems = [p for p in problems if not p.startswith("distinctAttribute ")]
+    return problems
 
-    The 1.36 rule only accepts more than the API's, so where it is the cause the scheduler's
-    allocation breaks a distinctAttribute constraint of the API while keeping the 1.36 rule, and
-    that is the only thing the independent checker finds wrong with it.  Anything else (the engine
-    allocating where the scheduler does not, an error verdict) stays a disagreement."""
-    if not scheduler_version.startswith("v1.36.") or case.scheduler_allocation is None:
+
+_CLAIM_REQUEST = re.compile(r"claim [^ ,:]+, (?:sub)?request ([^ :]+): (.*)", re.DOTALL)
+_SELECTOR = re.compile(r"(?:claim [^ ,:]+|class ([^ :]+)): selector #(\d+)(?: on device ([^ :]+))?: CEL runtime error: ")
+_DEVICE = re.compile(r"cannot add device ([^ ]+) because")
+
+
+def scheduler_failure(message: str) -> dict[str, str]:
+    """What a scheduler error names (the DynamicResources Filter's error, in the pod's condition):
+    ``request`` (a subrequest by its own name), ``device``, ``selector`` (``class <name> #i`` or
+    ``claim #i``); ``{}`` when the message is none of the allocator's."""
+    text = message.split('filter plugin: ', 1)[-1]
+    out: dict[str, str] = {}
+    m = _CLAIM_REQUEST.match(text)
+    if m:
+        out["request"] = m.group(1)
+        dev = _DEVICE.search(m.group(2))
+        if dev:
+            out["device"] = dev.group(1)
+        return out
+    m = _SELECTOR.match(text)
+    if m:
+        out["selector"] = f"class {m.group(1)} #{m.group(2)}" if m.group(1) else f"claim #{m.group(2)}"
+        if m.group(3):
+            out["device"] = m.group(3)
+    return out
+
+
+def compare_failures(engine: Mapping[str, str], scheduler: Mapping[str, str]) -> list[str]:
+    """Problems where the engine's error names something else than the scheduler's does."""
+    if not scheduler:
+        return [f"the scheduler's error names nothing the differential knows; engine: {dict(engine)}"]
+    ours: dict[str, str] = {}
+    if engine.get("request"):
+        ours["request"] = engine["request"].rpartition("/")[2]  # the scheduler names a subrequest alone
+    if engine.get("device"):
+        ours["device"] = engine["device"]
+    label = engine.get("selector", "")
+    m = re.fullmatch(r"class (\S+) selector #(\d+)|request \S+ selector #(\d+)", label)
+    if m:
+        ours["selector"] = f"class {m.group(1)} #{m.group(2)}" if m.group(1) else f"claim #{m.group(3)}"
+    differ = {k: (ours.get(k), v) for k, v in scheduler.items() if ours.get(k) != v}
+    if "selector" in scheduler:
+        differ.pop("request", None)  # a CEL runtime error names no request on the scheduler's side
+    return [f"first failure differs in {k}: engine {a!r}, scheduler {b!r}" for k, (a, b) in differ.items()]
+
+
+def dra_node_reasons(message: str) -> dict[str, int]:
+    """The per-node reasons of an unschedulable pod's condition other than the pods' nodeSelector
+    (``0/50 nodes are available: 2 cannot allocate all claims, 48 node(s) didn't match ...``)."""
+    head = message.split(" nodes are available: ", 1)[-1].split(". ", 1)[0].rstrip(".")
+    out: dict[str, int] = {}
+    for part in head.split(", "):
+        count, _, reason = part.partition(" ")
+        if count.isdigit() and "node affinity/selector" not in reason:
+            out[reason] = out.get(reason, 0) + int(count)
+    return out
+
+
+def _could_hold(raw: Mapping[str, Any], requests: Mapping[str, Any]) -> bool:
+    """Whether a device can take a request's capacity on its own (the requestPolicy read directly)."""
+    published = raw.get("capacity", {})
+    if requests and not raw.get("allowMultipleAllocations"):
+        return all(name in published and parse_quantity(v).value <= parse_quantity(published[name]["value"]).value
+                   for name, v in requests.items())  # fmt: skip
+    if any(name not in published for name in requests):
         return False
-    if not scheduler_problems or not all(p.startswith("distinctAttribute ") for p in scheduler_problems):
-        return False
-    return not _distinct_136_violations(case.scenario, case.scheduler_allocation)
+    for name, entry in published.items():
+        total, policy = parse_quantity(entry["value"]).value, entry.get("requestPolicy") or {}
+        asked = requests.get(name) or policy.get("default")
+        if asked is None:
+            continue  # the whole capacity, which always fits
+        want = parse_quantity(asked).value
+        rng, values = policy.get("validRange"), policy.get("validValues")
+        if rng:
+            low = parse_quantity(rng.get("min", "0")).value
+            want = max(want, low)
+            if rng.get("step"):
+                step = parse_quantity(rng["step"]).value
+                want = low + -((low - want) // step) * step
+            if rng.get("max") and want > parse_quantity(rng["max"]).value:
+                return False
+        elif values:
+            fitting = sorted(v for v in (parse_quantity(x).value for x in values) if v >= want)
+            if not fitting:
+                return False
+            want = fitting[0]
+        if want > total:
+            return False
+    return True
+
+
+def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequence[str]) -> list[str]:
+    """Problems if the engine's "no node can satisfy ``request``" is wrong: a node with enough
+    devices for one of its alternatives, judged from the spec (selectors, taints, capacity)."""
+    inventory = build_inventory(s.slices)
+    raw = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): d
+           for sl in s.slices for d in sl["spec"].get("devices", [])}  # fmt: skip
+    classes = {c["metadata"]["name"]: c for c in s.classes}
+    req = next((r for r in s.claim["spec"]["devices"]["requests"] if r["name"] == request), None)
+    if req is None:
+        return [f"names request {request}, which the claim does not have"]
+    problems = []
+    for body in [req["exactly"]] if "exactly" in req else req["firstAvailable"]:
+        exprs = [x["cel"]["expression"] for x in classes[body["deviceClassName"]]["spec"].get("selectors", [])
+                 + body.get("selectors", [])]  # fmt: skip
+        wanted = body.get("capacity", {}).get("requests", {})
+        for node in nodes:
+            fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
+                   and _matches(exprs, d) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
+                   and _could_hold(raw[d.key], wanted)]  # fmt: skip
+            if len(fit) >= body.get("count", 1):
+                problems.append(f"says no node can satisfy request {request}, but {node} has {len(fit)} devices "
+                                f"for {body.get('name', request)} (count {body.get('count', 1)})")  # fmt: skip
+    return problems
 
 
 def _distinct_136_violations(s: scenarios.Scenario, allocation: Mapping[str, Any]) -> list[str]:
-    """The 1.36 rule replayed over the results in order (the order the scheduler added them)."""
+    """The 1.36 distinctAttribute rule replayed over the results in order (the order the scheduler
+    added them): each device against the latest device of every request."""
     raw_devices = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): (sl, d)
                    for sl in s.slices for d in sl["spec"].get("devices", [])}  # fmt: skip
     problems = []

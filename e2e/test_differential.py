@@ -7,9 +7,10 @@ slices meet nothing else; see ``e2e/differential.py`` for how one scenario is st
 - ``--long``: the full corpus of 600 (240 with shares), recorded in ``e2e/results/differential.json``.
 ``DIFF_SEED`` moves the first seed (the corpus is otherwise fixed, so failures reproduce).
 
-Agreement is exact (``diff.judge``): verdict class and, where both allocate, every result.  A case
-explained by the 1.36 scheduler's documented distinctAttribute behaviour is counted apart, by name,
-and only on a 1.36 server.
+Agreement is exact (``diff.judge``): verdict class, the first failure as far as the scheduler names
+it, and, where both allocate, every result.  The engine decides with the rules of the server's
+version (``SchedulerRules``); the scenarios use only what the bed's feature gates enable, and the
+test fails at once if those gates select another allocator variant than the one the engine mirrors.
 """
 
 from __future__ import annotations
@@ -25,19 +26,17 @@ from typing import Any
 
 import pytest
 
+from dra_driver.allocator.rules import MIRRORED_VARIANT, SchedulerRules, parse_minor, scheduler_features, scheduler_variant
 from e2e import differential as diff
 from e2e import scenarios
 from e2e.bed import REPO
 from e2e.testbed import cluster as cluster_mod
-from e2e.testbed.cluster import Cluster
+from e2e.testbed.cluster import FEATURE_GATES, Cluster
 
 BATCH = 25
 FULL = 600
 FULL_SHARES = 200
 RESULTS = REPO / "e2e" / "results" / "differential.json"
-# The bed runs 1.36 with DRADeviceTaints and DRAConsumableCapacity (e2e/testbed/cluster.py), so the
-# "None" taint effect and shareable devices are fair game too.
-FEATURES = scenarios.DEFAULT_FEATURES | {"taint-none", "shares"}
 
 pytestmark = pytest.mark.testbed_only
 
@@ -54,7 +53,16 @@ def _kubectl_cmd(cluster: Cluster) -> list[str]:
 
 def run_corpus(cluster: Cluster, first_seed: int, count: int) -> dict[str, Any]:
     started = time.monotonic()
-    cases = [diff.make_case(seed, FEATURES) for seed in range(first_seed, first_seed + count)]
+    version = _server_version(cluster)
+    minor = parse_minor(version)
+    assert minor is not None, f"cannot read the API server's version: {version!r}"
+    enabled = scheduler_features(FEATURE_GATES, minor)
+    variant = scheduler_variant(enabled)
+    assert variant == MIRRORED_VARIANT, (
+        f"the bed's gates {FEATURE_GATES} select the scheduler's {variant} allocator; the engine mirrors {MIRRORED_VARIANT}")
+    features = diff.scenario_features(enabled)
+    rules = SchedulerRules(minor)
+    cases = [diff.make_case(seed, features, rules) for seed in range(first_seed, first_seed + count)]
     for case in cases:
         problems = scenarios.validate_scenario(case.scenario)
         assert not problems, f"seed {case.seed}: generator produced objects the API server would reject: {problems}"
@@ -65,20 +73,22 @@ def run_corpus(cluster: Cluster, first_seed: int, count: int) -> dict[str, Any]:
             diff.run_batch(cluster.kubectl, _kubectl_cmd(cluster), cases[start:start + BATCH], batch)
         finally:
             diff.cleanup_batch(cluster.kubectl, batch)
-    version = _server_version(cluster)
     for case in cases:
-        diff.judge(case, version)
+        diff.judge(case)
     agreements = [c for c in cases if c.agrees]
     features: Counter[str] = Counter(f for c in cases for f in c.scenario.features)
     return {
         "kubernetes": version,
+        "allocator_variant": variant,
+        "scheduler_features": sorted(enabled),
         "python": platform.python_version(),
         "first_seed": first_seed,
         "scenarios": len(cases),
         "share_scenarios": sum("shares" in c.scenario.features for c in cases),
         "agreements": len(agreements),
-        "disagreements": [c.record() for c in cases if not c.agrees and not c.known],
-        "known_scheduler_behaviour": [c.record() for c in cases if c.known],
+        "disagreements": [c.record() for c in cases if not c.agrees],
+        "failures_compared": {v: sum(c.scheduler_verdict == v and c.agrees for c in cases)
+                              for v in ("error", "unschedulable")},
         "feasible": {"engine": sum(c.engine_feasible for c in cases),
                      "scheduler": sum(c.scheduler_verdict == "allocated" for c in cases)},
         "scheduler_verdicts": dict(Counter(str(c.scheduler_verdict) for c in cases)),
@@ -97,7 +107,7 @@ def _server_version(cluster: Cluster) -> str:
 
 def _assert_agreement(summary: dict[str, Any]) -> None:
     details = "\n".join(f"seed {d['seed']}: {d['problems']}" for d in summary["disagreements"][:10])
-    assert summary["agreements"] + len(summary["known_scheduler_behaviour"]) == summary["scenarios"], (
+    assert summary["agreements"] == summary["scenarios"], (
         f"{len(summary['disagreements'])} of {summary['scenarios']} scenarios disagree:\n{details}")
     # A corpus where one verdict dominates proves little: both must occur.
     assert 0 < summary["feasible"]["scheduler"] < summary["scenarios"], summary["feasible"]
@@ -174,7 +184,7 @@ def test_checker_catches_selector_and_constraint_violations() -> None:
 
 
 
-def _three_numa_devices() -> tuple[scenarios.Scenario, diff.Case]:
+def _three_numa_devices(rules: SchedulerRules | None = None) -> tuple[scenarios.Scenario, diff.Case]:
     def dev(name: str, numa: int) -> dict[str, Any]:
         return {"name": name, "attributes": {"numaNode": {"int": numa}}, "allowMultipleAllocations": True,
                 "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
@@ -190,7 +200,7 @@ def _three_numa_devices() -> tuple[scenarios.Scenario, diff.Case]:
                                                "capacity": {"requests": {"memory": "7Gi"}}}}],
         "constraints": [{"distinctAttribute": f"{scenarios.DRIVER}/numaNode"}]}}}  # fmt: skip
     s = scenarios.Scenario(0, slices, classes, claim)
-    return s, diff.Case(0, s, "ns", ("n",))
+    return s, diff.Case(0, s, "ns", ("n",), rules=rules or SchedulerRules())
 
 
 def _shares(*names: str, consumed: str = "8Gi") -> dict[str, Any]:
@@ -199,19 +209,29 @@ def _shares(*names: str, consumed: str = "8Gi") -> dict[str, Any]:
                                     for i, n in enumerate(names)]}}  # fmt: skip
 
 
-def test_distinct_136_behaviour_is_named_only_where_it_explains_the_difference() -> None:
-    s, case = _three_numa_devices()
-    case.engine_allocation = None  # the API's distinctAttribute: three distinct numaNodes do not exist
-    case.scheduler_verdict, case.scheduler_node = "allocated", "n"
-    case.scheduler_allocation = _shares("a", "b", "c")  # 0, 1, 0: each differs from the previous one
-    assert any(p.startswith("distinctAttribute") for p in diff.check_allocation(s, case.scheduler_allocation, "n"))
-    diff.judge(case, "v1.36.3")
-    assert case.known == diff.KNOWN_136_DISTINCT and not case.agrees
-    for version, alloc in (("v1.37.0", _shares("a", "b", "c")), ("v1.36.3", _shares("a", "c", "b"))):
-        _, case = _three_numa_devices()
-        case.scheduler_verdict, case.scheduler_node, case.scheduler_allocation = "allocated", "n", alloc
-        diff.judge(case, version)
-        assert case.problems and not case.known, (version, alloc)
+def _allocated_by_scheduler(case: diff.Case, alloc: dict[str, Any]) -> None:
+    case.problems, case.scheduler_verdict, case.scheduler_node, case.scheduler_allocation = [], "allocated", "n", alloc
+
+
+def test_the_engine_decides_distinct_attribute_as_the_servers_version() -> None:
+    # 1.36 allocates numaNode 0, 1, 0 (each device compared with its request's latest one); the
+    # engine replays that under 1.36 rules and agrees exactly.  Under 1.37 rules (the API's) it
+    # does not allocate, and the same scheduler allocation is a disagreement.
+    _, case = _three_numa_devices(SchedulerRules.for_version("v1.36.3"))
+    diff.run_engine(case)
+    _allocated_by_scheduler(case, _shares("a", "b", "c"))
+    diff.judge(case)
+    assert case.agrees, case.problems
+    _allocated_by_scheduler(case, _shares("a", "c", "b"))  # 0, 0, 1: breaks the 1.36 rule too
+    diff.judge(case)
+    assert not case.agrees
+    _, case = _three_numa_devices(SchedulerRules.for_version("v1.37.2"))
+    diff.run_engine(case)
+    assert case.engine_allocation is None
+    _allocated_by_scheduler(case, _shares("a", "b", "c"))
+    diff.judge(case)
+    assert any("verdicts differ" in p for p in case.problems)
+    assert any(p.startswith("scheduler: distinctAttribute") for p in case.problems)
 
 
 def test_exact_comparison_sees_devices_and_consumed_capacity_not_share_ids() -> None:
@@ -225,6 +245,50 @@ def test_exact_comparison_sees_devices_and_consumed_capacity_not_share_ids() -> 
     # request from the next device on (allocateOne's nextLocation), so "a", "a" is a difference.
     for alloc, agrees in ((_shares("a", "b"), True), (_shares("a", "a"), False),
                           (_shares("a", "b", consumed="7Gi"), False)):  # fmt: skip
-        case.problems, case.scheduler_verdict, case.scheduler_node, case.scheduler_allocation = [], "allocated", "n", alloc
-        diff.judge(case, "v1.36.3")
+        _allocated_by_scheduler(case, alloc)
+        diff.judge(case)
         assert case.agrees == agrees, (alloc, case.problems)
+
+
+UNSCHEDULABLE = ("0/50 nodes are available: 2 cannot allocate all claims, 48 node(s) didn't match Pod's node "
+                 "affinity/selector. still not schedulable, preemption: 0/50 nodes are available: 50 Preemption is "
+                 "not helpful for scheduling.")  # fmt: skip
+
+
+def test_first_failure_is_compared_where_the_scheduler_names_it() -> None:
+    # Messages as kube-scheduler 1.36.3 and 1.37.2 write them in the pod's PodScheduled condition.
+    cel_136 = 'running "DynamicResources" filter plugin: claim d/c: selector #1: CEL runtime error: no such key: x'
+    cel_137 = ('running "DynamicResources" filter plugin: claim d/c: selector #1 on device gpu.dra-driver.io/p/gpu-2: '
+               "CEL runtime error: no such key: x")  # fmt: skip
+    constraint = ('running "DynamicResources" filter plugin: claim d/c, request r0: cannot add device '
+                  "gpu.dra-driver.io/p/gpu-2 because a claim constraint would not be satisfied")  # fmt: skip
+    assert diff.scheduler_failure(cel_136) == {"selector": "claim #1"}
+    assert diff.scheduler_failure(cel_137) == {"selector": "claim #1", "device": "gpu.dra-driver.io/p/gpu-2"}
+    assert diff.scheduler_failure(constraint) == {"request": "r0", "device": "gpu.dra-driver.io/p/gpu-2"}
+    engine = {"request": "r0/alt1", "selector": "request r0/alt1 selector #1", "device": "gpu.dra-driver.io/p/gpu-2"}
+    assert diff.compare_failures(engine, diff.scheduler_failure(cel_136)) == []
+    assert diff.compare_failures(engine, diff.scheduler_failure(cel_137)) == []
+    assert diff.compare_failures({**engine, "selector": "request r0/alt1 selector #0"}, diff.scheduler_failure(cel_137))
+    assert diff.compare_failures({**engine, "device": "gpu.dra-driver.io/p/gpu-1"}, diff.scheduler_failure(cel_137))
+    assert diff.compare_failures({"request": "r1"}, diff.scheduler_failure(constraint))
+    assert diff.compare_failures(engine, diff.scheduler_failure("something else"))  # not understood: a problem
+    assert diff.dra_node_reasons(UNSCHEDULABLE) == {diff.CANNOT_ALLOCATE: 2}
+
+
+def test_a_request_the_engine_calls_unsatisfiable_is_rechecked() -> None:
+    s, _ = _three_numa_devices()
+    assert diff.check_unsatisfiable_request(s, "r", ("n",))  # three devices fit count 3: the claim is wrong
+    s.claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "81Gi"
+    assert diff.check_unsatisfiable_request(s, "r", ("n",)) == []
+    s.claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "7Gi"
+    s.claim["spec"]["devices"]["requests"][0]["exactly"]["count"] = 4
+    assert diff.check_unsatisfiable_request(s, "r", ("n",)) == []
+
+
+def test_scenarios_follow_the_gates() -> None:
+    assert scheduler_variant(scheduler_features(FEATURE_GATES, 36)) == MIRRORED_VARIANT
+    assert scheduler_variant(scheduler_features(FEATURE_GATES, 37)) == MIRRORED_VARIANT
+    off = scheduler_features({**FEATURE_GATES, "DRAConsumableCapacity": False, "DRADeviceBindingConditions": False}, 36)
+    assert scheduler_variant(off) == "stable" and "shares" not in diff.scenario_features(off)
+    assert scheduler_variant(scheduler_features({**FEATURE_GATES, "DRAListTypeAttributes": True}, 36)) == "experimental"
+    assert "shares" in diff.scenario_features(scheduler_features(FEATURE_GATES, 36))
