@@ -6,6 +6,7 @@ Everything is torn down at the end unless --keep is given (then `make demo-down`
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
 import sys
@@ -27,6 +28,7 @@ from e2e.bed import (
     observed,
     wait_for,
 )
+from e2e.terminal import Row, colour_enabled, fit_lines, render_table
 from e2e.testbed import binaries
 from e2e.testbed.cluster import Cluster, stop_detached
 from e2e.testbed.nodes import NodeFleet
@@ -37,33 +39,61 @@ DEMO_EXAMPLES = ("single-gpu", "two-pods-distinct-gpus", "same-numa-pair", "h100
 WORKDIR = Path(".run/demo")
 
 
-def pod_rows(bed: Bed, ns: str, docs: list[dict[str, Any]], scenario: str) -> list[list[str]]:
-    rows = []
+HEADER = ["POD", "PHASE", "DEVICE", "MODEL", "SEEN IN THE CONTAINER"]
+# Pod and device names and UUIDs are what the demo shows, so they are never cut; the model gives way.
+# "SEEN" is NVIDIA_VISIBLE_DEVICES as the container saw it.
+MIN_WIDTHS = [24, 7, 24, 10, 40]
+PHASE_STYLE = {"Running": "green", "Pending": "yellow", "Failed": "red"}
+
+
+def model_of(device: dict[str, Any]) -> str:
+    name = str(attr(device, "productName") or "?").removeprefix("NVIDIA ")
+    profile = attr(device, "profile")
+    return f"{name} {profile}" if profile else name
+
+
+def pod_rows(bed: Bed, ns: str, docs: list[dict[str, Any]], scenario: str) -> list[Row]:
+    """One line per allocated device (the pod's name on the first), a pending claim's reason below."""
+    rows: list[Row] = []
     for pod in names_of(docs, "Pod"):
         obj = bed.get("pod", pod, ns)
         phase = obj.get("status", {}).get("phase", "?")
-        devices: list[str] = []
+        label = pod if pod.startswith(scenario) else f"{scenario}/{pod}"
+        devices: list[dict[str, Any]] = []
+        reasons: list[str] = []
         for st in obj.get("status", {}).get("resourceClaimStatuses", []):
             claim = bed.get("resourceclaim", st["resourceClaimName"], ns)
-            for d in allocated(bed, claim):
-                devices.append(f"{d['_result']['pool']}/{d['name']} ({attr(d, 'productName')}"
-                               + (f" {attr(d, 'profile')}" if attr(d, "profile") else "") + ")")
+            found = allocated(bed, claim)
+            devices += found
             note = claim["metadata"].get("annotations", {}).get(f"{DRIVER}/explanation-summary")
-            if note and not devices:
-                devices.append(f"pending: {note}")
-        visible = ""
+            if note and not found:
+                reasons.append(f"why: {note}")
+        seen: set[str] = set()
         if phase == "Running":
-            views = observed(bed, ns, pod)
-            visible = ",".join(sorted({v["env"].get("NVIDIA_VISIBLE_DEVICES", "") for v in views.values()} - {""}))
-        rows.append([scenario, pod, phase, "; ".join(devices) or "-", visible or "-"])
+            seen = {u for v in observed(bed, ns, pod).values()
+                    for u in v["env"].get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u}
+        uuids = {str(attr(d, "uuid")) for d in devices}
+        extra = sorted(seen - uuids)
+        if extra:
+            reasons.append(f"the container also saw {', '.join(extra)}, which the claim was not allocated")
+        style = PHASE_STYLE.get(phase)
+        if not devices:
+            rows.append(Row([label, phase, "-", "-", "-"], [None, style, None, None, None], reasons))
+            continue
+        for i, d in enumerate(devices):
+            uuid = str(attr(d, "uuid"))
+            shown = uuid if uuid in seen else ("not seen" if phase == "Running" else "-")
+            first = i == 0
+            rows.append(Row([label if first else "", phase if first else "", f"{d['_result']['pool']}/{d['name']}",
+                             model_of(d), shown],
+                            [None, style, None, None, None if uuid in seen or phase != "Running" else "red"],
+                            reasons if i == len(devices) - 1 else []))
     return rows
 
 
-def print_table(rows: list[list[str]]) -> None:
-    header = ["EXAMPLE", "POD", "PHASE", "ALLOCATED DEVICES", "NVIDIA_VISIBLE_DEVICES (seen in the container)"]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+def print_table(rows: list[Row], colour: bool) -> None:
+    for line in render_table(HEADER, rows, minimum=MIN_WIDTHS, colour=colour):
+        print(line)
 
 
 def down() -> None:
@@ -85,14 +115,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     down()
     started = time.monotonic()
-    print("building or reusing the Kubernetes binaries ...", flush=True)
+    colour = colour_enabled(sys.stdout)
+
+    def progress(line: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)
+
+    progress("building or reusing the Kubernetes binaries")
     bin_dir = binaries.ensure()
+    progress(f"binaries ready in {bin_dir}")
     cluster = Cluster(workdir=(WORKDIR / "bed").resolve(), bin_dir=bin_dir, tie_to_parent=False)
     fleet = NodeFleet(workdir=WORKDIR.resolve(), kubeconfig=cluster.kubeconfig, node_names=cluster.nodes, detached=True)
     try:
-        cluster.start()
-        print(f"control plane ready after {time.monotonic() - started:.0f}s; starting node plugins, kubelet peers, controller",
-              flush=True)
+        cluster.start(progress=progress)
+        progress("starting node plugins, kubelet peers, controller")
         fleet.start()
         (WORKDIR / "fleet.json").write_text(json.dumps(fleet.procs.pids()))
         bed = Bed(kubeconfig=cluster.kubeconfig, kubectl_bin=str(bin_dir / "kubectl"), fleet=fleet, cluster=cluster)
@@ -100,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         for node in cluster.nodes:
             wait_for(f"slices of {node}", lambda n=node: bed.get(
                 "resourceslices", selector=f"spec.nodeName={n},spec.driver={DRIVER}")["items"], 60)
-        rows: list[list[str]] = []
+        progress("ResourceSlices published; applying the examples")
+        rows: list[Row] = []
         applied = []
         for i, scenario in enumerate(DEMO_EXAMPLES):
             ns = f"demo-{i}-{scenario}"[:63]
@@ -118,19 +154,22 @@ def main(argv: list[str] | None = None) -> int:
             if scenario == "unsatisfiable":
                 time.sleep(6)
             rows += pod_rows(bed, ns, docs, scenario)
+        progress("examples settled")
         print()
-        print_table(rows)
+        print_table(rows, colour)
         for ns, docs, scenario in applied:
             if scenario != "unsatisfiable":
                 continue
             for st in bed.get("pod", names_of(docs, "Pod")[0], ns).get("status", {}).get("resourceClaimStatuses", []):
                 ref = f"{ns}/{st['resourceClaimName']}"
                 print(f"\n$ dra-driver explain {ref}")
-                explain.main(ref, kubeconfig=str(cluster.kubeconfig))
+                out = io.StringIO()
+                explain.main(ref, kubeconfig=str(cluster.kubeconfig), out=out, err=out)
+                print("\n".join(fit_lines(out.getvalue())))
         print(f"demo took {time.monotonic() - started:.0f}s")
         if args.keep:
-            print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}; try: dra-driver explain <ns>/<claim>; "
-                  "stop with: make demo-down")
+            print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}")
+            print("try: dra-driver explain <ns>/<claim>; stop with: make demo-down")
         return 0
     except (RuntimeError, TimeoutError, AssertionError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)

@@ -40,6 +40,16 @@ def test_redaction_keeps_names_and_drops_values() -> None:
         "token": b.REDACTED, "clientSecret": b.REDACTED, "tokens": 3}
 
 
+def test_env_values_are_scrubbed_from_every_file() -> None:
+    values = b.env_values([pod("p")])
+    assert values == {"hunter2"}
+    got = b.Bundle(secrets=values)
+    got.files["node/n/metrics.txt"] = b"copied hunter2 here"
+    got.add_json("cluster/x.json", {"annotations": {"seen": 'env {"PASSWORD": "hunter2"}'}})
+    assert all(b"hunter2" not in data for data in got.scrubbed().values())
+    assert b.scrub('a "q\\"uote" b', {'q"uote'}) == "a \"<redacted>\" b"
+
+
 def test_related_events_are_about_collected_objects_nodes_or_ours() -> None:
     claim = {"kind": "ResourceClaim", "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"}}
     events = [

@@ -6,9 +6,10 @@ these (and the driver's own), the controller's leader Lease, and versions. With 
 ``NODE_NAME`` set, as in the plugin's pod) it adds what only the node has: the checkpoint (with any
 quarantined copies), this driver's CDI specs and a snapshot of the plugin's ``/metrics``.
 
-Redacted before anything is written: container environment values, the
-``last-applied-configuration`` annotation (a copy of the spec with those values), managed fields,
-fields named like credentials, and anything shaped like a bearer token or JWT anywhere in the text.
+Redacted before anything is written: container environment values (and those values wherever
+else they turn up, an annotation or a log line), the ``last-applied-configuration`` annotation (a
+copy of the spec with those values), managed fields, fields named like credentials, and anything
+shaped like a bearer token or JWT anywhere in the text.
 Secrets are never read. What could not be collected (RBAC, an unreachable endpoint) is listed in
 ``manifest.json``; it does not stop the rest.
 """
@@ -100,6 +101,32 @@ def redact(value: Any) -> Any:
     return value
 
 
+def env_values(pods: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The literal environment values of the pods' containers (of 4 characters or more: shorter
+    ones are flags like ``1``, and replacing them everywhere would garble the bundle)."""
+    out: set[str] = set()
+    for pod in pods:
+        spec = pod.get("spec")
+        for kind in _CONTAINER_LISTS:
+            for container in (spec.get(kind) or []) if isinstance(spec, Mapping) else []:
+                for entry in container.get("env") or [] if isinstance(container, Mapping) else []:
+                    value = entry.get("value") if isinstance(entry, Mapping) else None
+                    if isinstance(value, str) and len(value) >= 4:
+                        out.add(value)
+    return out
+
+
+def scrub(text: str, values: Iterable[str]) -> str:
+    """Every occurrence of the values (also JSON-escaped) replaced: an environment value copied
+    into an annotation or a log line must not survive either."""
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+        escaped = json.dumps(value)[1:-1]
+        if escaped != value:
+            text = text.replace(escaped, REDACTED)
+    return text
+
+
 def _redact_env(entry: Any) -> Any:
     """A container's EnvVar keeps its name and where it comes from, never its value."""
     if not isinstance(entry, Mapping):
@@ -172,6 +199,11 @@ class NodeSources:
 class Bundle:
     files: dict[str, bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    secrets: set[str] = field(default_factory=set)
+    """Values to remove from every file before anything is written (see :func:`scrub`)."""
+
+    def scrubbed(self) -> dict[str, bytes]:
+        return {name: scrub(data.decode(errors="replace"), self.secrets).encode() for name, data in self.files.items()}
 
     def add_json(self, name: str, doc: Any) -> None:
         self.files[name] = (json.dumps(redact(doc), indent=1, sort_keys=True, default=str) + "\n").encode()
@@ -191,7 +223,10 @@ def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, n
     slices = bundle.attempt("resourceslices", lambda: [s for s in api.list(SLICES).items if ours(s, driver)])
     classes = bundle.attempt("deviceclasses", lambda: api.list(DEVICE_CLASSES).items)
     claims = bundle.attempt("resourceclaims", lambda: api.list(CLAIMS).items)
-    pods = bundle.attempt("pods", lambda: [p for p in api.list(PODS).items if uses_claims(p) or driver_pod(p)])
+    all_pods = bundle.attempt("pods", lambda: api.list(PODS).items)
+    if all_pods is not None:
+        bundle.secrets |= env_values(all_pods)
+    pods = [p for p in all_pods if uses_claims(p) or driver_pod(p)] if all_pods is not None else None
     nodes = bundle.attempt("nodes", lambda: api.list(NODES).items)
     leases = bundle.attempt("leases", lambda: [x for x in api.list(LEASES).items if meta(x).get("name") == LEASE_NAME])
     events = bundle.attempt("events", lambda: api.list(EVENTS, cached=True).items)
@@ -284,7 +319,7 @@ def manifest(bundle: Bundle, *, created: datetime, server_version: Any, node: st
 
 def write_tar(bundle: Bundle, top: str, out: BinaryIO) -> None:
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, data in sorted(bundle.files.items()):
+        for name, data in sorted(bundle.scrubbed().items()):
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size = len(data)
             info.mode = 0o600

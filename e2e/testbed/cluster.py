@@ -137,8 +137,14 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 120.0, progress: Callable[[str], None] | None = None) -> None:
+        """Start and wait until ready; ``progress`` hears one line per phase with the time so far."""
         started = time.monotonic()
+
+        def phase(what: str) -> None:
+            if progress is not None:
+                progress(f"bed: {what} ({time.monotonic() - started:.1f}s)")
+
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         make_pki(self.pki)
@@ -149,7 +155,9 @@ class Cluster:
         try:
             self._start_etcd()
             self._start_apiserver()
+            phase("etcd and kube-apiserver started")
             self._wait_ready(deadline=started + timeout)
+            phase("kube-apiserver ready")
             self._start("kube-controller-manager", [
                 f"--kubeconfig={self.kubeconfig}",
                 "--secure-port=0",
@@ -167,8 +175,11 @@ class Cluster:
                 "--leader-elect=false",
                 f"--feature-gates={feature_gate_flag()}",
             ])
+            phase("kube-controller-manager and kube-scheduler started")
             self.register_nodes()
+            phase(f"nodes registered: {', '.join(self.nodes)}")
             self._wait_default_service_account(deadline=started + timeout)
+            phase("control plane ready")
         except BaseException:
             self.stop()
             raise
@@ -374,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     cluster = Cluster(workdir=args.workdir.resolve(), nodes=nodes, tie_to_parent=False)
     try:
-        cluster.start()
+        cluster.start(progress=lambda line: print(line, flush=True))
     except (RuntimeError, TimeoutError) as exc:
         print(f"cluster-up failed: {exc}", file=sys.stderr)
         return 1

@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -219,16 +220,41 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _build_one(tool: Tool, out: Path, log: bool) -> None:
+HEARTBEAT_S = 60.0
+"""A line this often while one Go build runs: a cold Kubernetes build takes 10 minutes in silence."""
+
+
+@contextlib.contextmanager
+def _heartbeat(what: str, started: float, log: bool) -> Iterator[None]:
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            print(f"gotools: still {what} ({time.monotonic() - started:.0f}s)", flush=True)
+
+    thread = threading.Thread(target=beat, name="gotools-heartbeat", daemon=True)
+    if log:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _build_one(tool: Tool, out: Path, log: bool, step: str = "") -> None:
     version = tool.version()
     if log:
-        print(f"gotools: building {tool.name} {version} ({', '.join(tool.commands.values())})", flush=True)
+        print(f"gotools: {step}building {tool.name} {version} ({', '.join(tool.commands.values())})", flush=True)
     env = go_env(cgo=tool.cgo)
     flags = ["-trimpath", "-ldflags", f"-s -w {tool.ldflags(version)}".strip()]
     if tool.tags:
         flags += ["-tags", tool.tags]
+    started = time.monotonic()
     for package, binary in tool.commands.items():
-        _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env, f"building {tool.name}")
+        with _heartbeat(f"building {tool.name} {binary}", started, log):
+            _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env, f"building {tool.name}")
+    if log:
+        print(f"gotools: {step}built {tool.name} in {time.monotonic() - started:.0f}s", flush=True)
 
 
 def ensure(names: Sequence[str], log: bool = True) -> Path:
@@ -247,9 +273,9 @@ def ensure(names: Sequence[str], log: bool = True) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             timings = {}
-            for name in names:
+            for i, name in enumerate(names, 1):
                 t = time.monotonic()
-                _build_one(TOOLS[name], tmp, log)
+                _build_one(TOOLS[name], tmp, log, step=f"[{i}/{len(names)}] ")
                 timings[name] = round(time.monotonic() - t, 1)
             features = {n: TOOLS[n].features() for n in names}
             stamp = {"tools": {n: TOOLS[n].version() for n in names}, "go": _go_version(),
