@@ -33,7 +33,8 @@ def test_demo_table_fits_120_columns_and_keeps_devices_and_uuids_whole() -> None
     assert max(len(line) for line in lines) <= 120, [len(x) for x in lines]
     text = "\n".join(lines)
     assert "gpu-node-2/gpu-0-mig-1-0" in text and text.count(UUID) == 4, "device names and UUIDs are never cut"
-    assert "A100-SXM4-40GB 1g…" in text or "A100-SXM4-40GB 1g.5gb" in text
+    assert "two-pods-distinct-gpus-0 " in text, "pod names are kept whole"
+    assert "A100-SXM4-40GB 1…" in text, "the model gives way, cut with …"
     pending = lines.index(next(x for x in lines if x.startswith("unsatisfiable")))
     assert lines[pending + 1].startswith("    why: cannot allocate"), "the reason goes on the lines below"
     assert "no terminal line can hold" in " ".join(x.strip() for x in lines[pending + 1:])

@@ -241,10 +241,10 @@ def _heartbeat(what: str, started: float, log: bool) -> Iterator[None]:
         stop.set()
 
 
-def _build_one(tool: Tool, out: Path, log: bool, step: str = "") -> None:
+def _build_one(tool: Tool, out: Path, log: bool) -> None:
     version = tool.version()
     if log:
-        print(f"gotools: {step}building {tool.name} {version} ({', '.join(tool.commands.values())})", flush=True)
+        print(f"gotools: building {tool.name} {version} ({', '.join(tool.commands.values())})", flush=True)
     env = go_env(cgo=tool.cgo)
     flags = ["-trimpath", "-ldflags", f"-s -w {tool.ldflags(version)}".strip()]
     if tool.tags:
@@ -254,7 +254,7 @@ def _build_one(tool: Tool, out: Path, log: bool, step: str = "") -> None:
         with _heartbeat(f"building {tool.name} {binary}", started, log):
             _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env, f"building {tool.name}")
     if log:
-        print(f"gotools: {step}built {tool.name} in {time.monotonic() - started:.0f}s", flush=True)
+        print(f"gotools: built {tool.name} in {time.monotonic() - started:.0f}s", flush=True)
 
 
 def ensure(names: Sequence[str], log: bool = True) -> Path:
@@ -273,9 +273,9 @@ def ensure(names: Sequence[str], log: bool = True) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             timings = {}
-            for i, name in enumerate(names, 1):
+            for name in names:
                 t = time.monotonic()
-                _build_one(TOOLS[name], tmp, log, step=f"[{i}/{len(names)}] ")
+                _build_one(TOOLS[name], tmp, log)
                 timings[name] = round(time.monotonic() - t, 1)
             features = {n: TOOLS[n].features() for n in names}
             stamp = {"tools": {n: TOOLS[n].version() for n in names}, "go": _go_version(),
