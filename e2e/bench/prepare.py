@@ -44,7 +44,8 @@ from dra_driver.node.plugin import api_client
 from dra_driver.node.prepare import DeviceState, PrepareOutcome
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
-from e2e.bench.common import Result, percentile, summarize_ms
+from e2e.bench.common import RESULTS, Result, percentile, summarize_ms
+from e2e.bench.plot import plot_latency
 from e2e.bench.plugin import DraClient, check_errors, start_plugin, wait_get_info
 from e2e.testbed.nodes import DRIVER_NAME, SimNode
 
@@ -57,6 +58,7 @@ GPU_CONFIG = {
 }
 
 Claim = tuple[str, str, str]  # namespace, name, uid
+PLOT_FILE = "prepare-latency.png"
 
 
 def _claim_body(name: str) -> dict[str, Any]:
@@ -342,6 +344,16 @@ def run(bed: BenchBed, quick: bool) -> Result:
         "fsyncs_per_unprepare": unprepare_fsyncs,
     }
     bed.cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")  # later benchmarks list claims
+    # Every sample, so the distribution can be plotted again from the committed results.
+    samples_ms = {"prepare (plugin process, with the claim GET)": [round(x * 1000, 3) for x in seq["prepare"]],
+                  "prepare excluding the claim GET (instrumented)": [round(x * 1000, 3) for x in excl]}
+    result.figures["samples_ms"] = samples_ms
+    try:
+        picture = plot_latency(samples_ms, RESULTS / PLOT_FILE,
+                               f"NodePrepareResources, 1 claim per request ({samples} sequential requests)")
+        result.figures["plot"] = str(picture.relative_to(RESULTS.parents[2]))
+    except ImportError as exc:
+        result.notes.append(f"plot skipped: {exc} (matplotlib is in the dev extra)")
     excl_p99 = percentile(excl, 99) * 1000
     result.figures["headline"] = {
         "1-claim p50 / p99 (process, with GET)": f"{proc_prep['p50_ms']:.2f} / {proc_prep['p99_ms']:.2f} ms",
