@@ -123,6 +123,7 @@ def test_engine_agrees_with_scheduler_sample(diff_bed: Cluster) -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(1800)  # 600 scenarios in 24 batches: longer than the suite's 300 s per test
 def test_engine_agrees_with_scheduler_full(diff_bed: Cluster) -> None:
     summary = run_corpus(diff_bed, int(os.environ.get("DIFF_SEED", "0")), FULL)
     _write(summary)
