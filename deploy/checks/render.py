@@ -18,7 +18,8 @@ Notes for dry runs:
 * The ``admin-access`` example is only admitted in a namespace labelled
   ``resource.kubernetes.io/admin-access: "true"``; it is left out unless
   ``--admin-access-namespace`` names such a namespace.
-* Examples are namespace-less; ``--examples-namespace`` stamps a namespace on them.
+* Examples are namespace-less; ``--examples-namespace`` stamps a namespace on them (not on
+  cluster-scoped kinds such as the device-taint-rule example's ``DeviceTaintRule``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ DEVICECLASS_DIR = REPO_ROOT / "deploy" / "deviceclasses"
 EXAMPLES_DIR = REPO_ROOT / "deploy" / "examples"
 SECTIONS = ("chart", "deviceclasses", "examples")
 ADMIN_ACCESS_EXAMPLE = "admin-access"
+CLUSTER_SCOPED_KINDS = {"DeviceClass", "DeviceTaintRule"}
 
 
 def _load_helm_module() -> Any:
@@ -87,7 +89,7 @@ def example_documents(namespace: str | None = None, admin_access_namespace: str 
             if not admin_access_namespace:
                 continue
             ns = admin_access_namespace
-        if ns:
+        if ns and doc.get("kind") not in CLUSTER_SCOPED_KINDS:
             doc.setdefault("metadata", {})["namespace"] = ns
         docs.append(doc)
     return docs
