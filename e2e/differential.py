@@ -526,7 +526,13 @@ def judge(case: Case) -> None:
         case.problems.append(f"verdicts differ: engine {case.engine_verdict}, scheduler {case.scheduler_verdict}"
                              + (f": {case.scheduler_message}" if case.scheduler_message else ""))  # fmt: skip
     elif case.scheduler_verdict == "error":
-        case.problems += compare_failures(case.engine_failure, scheduler_failure(case.scheduler_message))
+        theirs, ours = scheduler_failure(case.scheduler_message), case.engine_failure
+        node = _node_of(case.scenario, theirs.get("device", ""))
+        if node is not None and theirs.get("device") != ours.get("device"):
+            # The scheduler filters nodes in parallel and reports the first error to come back,
+            # from whichever node that was: compare with the engine's error on that node.
+            ours = dict(_resolve(case, [node]).explanation.failure)
+        case.problems += compare_failures(ours, theirs)
     elif case.scheduler_verdict == "unschedulable":
         reasons = dra_node_reasons(case.scheduler_message)
         if reasons != {CANNOT_ALLOCATE: len(case.nodes)}:
@@ -584,6 +590,14 @@ def scheduler_failure(message: str) -> dict[str, str]:
         if m.group(3):
             out["device"] = m.group(3)
     return out
+
+
+def _node_of(s: scenarios.Scenario, device: str) -> str | None:
+    for sl in s.slices:
+        prefix = f"{sl['spec']['driver']}/{sl['spec']['pool']['name']}/"
+        if device.startswith(prefix) and any(d["name"] == device[len(prefix):] for d in sl["spec"].get("devices", [])):
+            return str(sl["spec"].get("nodeName")) if sl["spec"].get("nodeName") else None
+    return None
 
 
 def compare_failures(engine: Mapping[str, str], scheduler: Mapping[str, str]) -> list[str]:

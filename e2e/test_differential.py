@@ -276,6 +276,23 @@ def test_first_failure_is_compared_where_the_scheduler_names_it() -> None:
     assert diff.dra_node_reasons(UNSCHEDULABLE) == {diff.CANNOT_ALLOCATE: 2}
 
 
+def test_a_scheduler_error_from_another_node_is_compared_on_that_node() -> None:
+    # Seed 23 on 1.37.2: both nodes have a device where the selector errors; the scheduler reported
+    # the other node's (its Filter runs nodes in parallel), so the engine is asked about that node.
+    case = diff.make_case(23, diff.scenario_features(scheduler_features(FEATURE_GATES, 37)), SchedulerRules(37))
+    diff.run_engine(case)
+    assert case.engine_aborts and case.engine_failure["device"].startswith(f"{scenarios.DRIVER}/s23-diff-23-n0/")
+    other = case.engine_failure["device"].replace("-n0/", "-n1/")
+    case.scheduler_verdict = "error"
+    case.scheduler_message = ('running "DynamicResources" filter plugin: claim diff-23/s23-claim: selector #1 on device '
+                              f"{other}: CEL runtime error: no such key: migCapable")  # fmt: skip
+    diff.judge(case)
+    assert case.agrees, case.problems
+    case.problems, case.scheduler_message = [], case.scheduler_message.replace("selector #1", "selector #0")
+    diff.judge(case)
+    assert not case.agrees
+
+
 def test_a_request_the_engine_calls_unsatisfiable_is_rechecked() -> None:
     s, _ = _three_numa_devices()
     assert diff.check_unsatisfiable_request(s, "r", ("n",))  # three devices fit count 3: the claim is wrong
