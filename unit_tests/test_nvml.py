@@ -202,7 +202,10 @@ class FakeNvml(types.ModuleType):
         return types.SimpleNamespace(id=gi.id, profileId=gi.profile_id,
                                      placement=types.SimpleNamespace(start=gi.start, size=gi.size))
 
-    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: FakeGpu, pid: int, placement: Any) -> FakeGi:
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: FakeGpu, pid: int, placement_ref: Any) -> FakeGi:
+        # The C function takes a pointer: a bare Structure would go by value.
+        assert type(placement_ref).__name__ == "CArgObject", "the placement must be passed by reference"
+        placement = placement_ref._obj
         self.calls.append(f"create-gi {h.index} {pid} {placement.start}")
         for gi in h.gis.values():
             if gi.start < placement.start + placement.size and placement.start < gi.start + gi.size:

@@ -6,6 +6,10 @@ build) and the ``go.sum`` that pins every module in the build. Builds run with `
 nothing is resolved at build time, nothing is tidied, and the module proxy can serve only what
 ``go.sum`` names. A stale or hand-edited pin fails in seconds with ``check``.
 
+A tool can also be a C shared library whose main package is our own cgo source in that folder
+(``mock-nvml``: ``libnvidia-ml.so.1`` over go-nvml's mock servers); its go.mod pins what the source
+imports, and the source itself is part of the cache key.
+
 The cache key of a build is a hash of its pins, its recipe (packages, tags, cgo, ldflags), the Go
 version and the build features found on the machine (libseccomp's version for runc). A bumped pin
 builds anew; an unchanged one never does. A build goes to a temporary folder that is renamed into
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -75,6 +80,24 @@ def _libseccomp_version() -> str:
 
 
 @dataclass(frozen=True)
+class CLibrary:
+    """A C shared library built (``-buildmode=c-shared``) from our own cgo source in the tool's folder,
+    implementing a C API that a header of a pinned module declares.
+
+    The header's folder is put on the include path, so the C compiler checks every exported function
+    against NVIDIA's (or whoever's) own declarations. Functions the header declares that the source
+    does not export are linked to ``not_implemented`` and kept out of the dynamic symbol table: a
+    dependency's cgo wrappers may reference them, and a ``dlopen`` with ``RTLD_NOW`` must succeed.
+    """
+
+    soname: str
+    header_module: str
+    header: str
+    """Path of the header inside ``header_module``."""
+    not_implemented: str
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     module: str
@@ -85,6 +108,7 @@ class Tool:
     ldflags: Callable[[str], str] = lambda _version: ""
     # Build features read off the machine; part of the cache key, and may refuse to build.
     features: Callable[[], str] = lambda: ""
+    library: CLibrary | None = None
 
     @property
     def folder(self) -> Path:
@@ -92,6 +116,12 @@ class Tool:
 
     def version(self) -> str:
         return pinned_version(self.folder / "go.mod", self.module)
+
+    def sources(self) -> list[Path]:
+        """Our own source in the folder (a library's), hashed into the cache key."""
+        if self.library is None:
+            return []
+        return sorted(p for p in self.folder.iterdir() if p.is_file() and p.name not in ("go.mod", "go.sum"))
 
 
 _K8S_COMMANDS = {f"k8s.io/kubernetes/cmd/{c}": c for c in
@@ -118,6 +148,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("helm", "helm.sh/helm/v3", {"helm.sh/helm/v3/cmd/helm": "helm"},
          ldflags=lambda v: f"-X helm.sh/helm/v3/internal/version.version={v} "
                            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"),
+    # NVML on CPU-only machines: our cgo shim over NVIDIA's mock DGX servers (e2e/testbed/mocknvml.py).
+    Tool("mock-nvml", "github.com/NVIDIA/go-nvml", {".": "libnvidia-ml.so.1"}, cgo=True,
+         library=CLibrary(soname="libnvidia-ml.so.1", header_module="github.com/NVIDIA/go-nvml",
+                          header="pkg/nvml/nvml.h", not_implemented="draMockNvmlNotImplemented")),
 )}
 
 
@@ -194,10 +228,13 @@ def cache_key(names: Sequence[str]) -> str:
     for name in sorted(names):
         tool = TOOLS[name]
         recipe = {"commands": tool.commands, "cgo": tool.cgo, "tags": tool.tags,
-                  "ldflags": tool.ldflags(tool.version()), "features": tool.features()}
+                  "ldflags": tool.ldflags(tool.version()), "features": tool.features(),
+                  "library": dataclasses.asdict(tool.library) if tool.library else None}
         h.update(json.dumps({name: recipe}, sort_keys=True).encode())
         for pin in ("go.mod", "go.sum"):
             h.update((tool.folder / pin).read_bytes())
+        for source in tool.sources():
+            h.update(source.name.encode() + b"\0" + source.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -252,9 +289,57 @@ def _build_one(tool: Tool, out: Path, log: bool) -> None:
     started = time.monotonic()
     for package, binary in tool.commands.items():
         with _heartbeat(f"building {tool.name} {binary}", started, log):
-            _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env, f"building {tool.name}")
+            if tool.library is not None:
+                _build_library(tool, tool.library, out, env)
+            else:
+                _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env,
+                     f"building {tool.name}")
     if log:
         print(f"gotools: built {tool.name} in {time.monotonic() - started:.0f}s", flush=True)
+
+
+_EXPORT = re.compile(r"^//export\s+(\w+)\s*$", re.M)
+_DECLARED = re.compile(r"\bDECLDIR\b[^;(]*?\b(\w+)\s*\(")
+
+
+def exported_functions(folder: Path) -> list[str]:
+    """The C functions the cgo source of a folder exports (``//export NAME``)."""
+    return sorted({name for path in folder.glob("*.go") for name in _EXPORT.findall(path.read_text())})
+
+
+def declared_functions(header: str) -> list[str]:
+    """The functions an NVML-style header declares (``... DECLDIR name(``)."""
+    return sorted(set(_DECLARED.findall(header)))
+
+
+def version_script(exports: Sequence[str]) -> str:
+    """A linker version script that exports exactly these symbols."""
+    return "{\n  global:\n" + "".join(f"    {name};\n" for name in exports) + "  local: *;\n};\n"
+
+
+def not_implemented_script(declared: Sequence[str], exports: Sequence[str], target: str) -> str:
+    """A linker script resolving every declared, unexported function to ``target`` where referenced."""
+    done = set(exports)
+    return "".join(f"PROVIDE({name} = {target});\n" for name in declared if name not in done)
+
+
+def _build_library(tool: Tool, lib: CLibrary, out: Path, env: dict[str, str]) -> None:
+    if not _have("gcc"):
+        raise ToolError(f"gotools: {tool.name} is a cgo library and needs a C compiler; install it: apt-get install gcc")
+    what = f"building {tool.name}"
+    info = json.loads(_run(["go", "mod", "download", "-json", lib.header_module], tool.folder, env, what))
+    header = Path(info["Dir"]) / lib.header
+    exports = exported_functions(tool.folder)
+    with tempfile.TemporaryDirectory(prefix="gotools-link-") as scratch:
+        versions, stubs = Path(scratch) / "exports.map", Path(scratch) / "not-implemented.ld"
+        versions.write_text(version_script(exports))
+        stubs.write_text(not_implemented_script(declared_functions(header.read_text()), exports, lib.not_implemented))
+        extld = f"-Wl,-soname,{lib.soname} -Wl,--version-script={versions} {stubs}"
+        _run(["go", "build", "-buildmode=c-shared", "-trimpath", "-ldflags", f"-s -w -extldflags '{extld}'",
+              "-o", str(out / lib.soname), "."],
+             tool.folder, {**env, "CGO_CFLAGS": f"-O2 -I{header.parent}"}, what)
+    for generated in out.glob("*.h"):  # the C header go writes beside the library: nothing uses it
+        generated.unlink()
 
 
 def ensure(names: Sequence[str], log: bool = True) -> Path:
@@ -345,14 +430,16 @@ def pin(name: str, version: str | None = None) -> list[str]:
         info = json.loads(_run(["go", "mod", "download", "-json", f"{tool.module}@{version}"], Path(scratch), env,
                                f"fetching {tool.module}@{version}"))
     upstream = Path(info["GoMod"]).read_text()
-    go_line = re.search(r"^go\s+(\S+)", upstream, re.M)
+    # Our own source (a library) needs the Go it is written for; a pinned upstream command, upstream's.
+    go_line = re.search(r"^go\s+(\S+)", old if tool.library is not None and old else upstream, re.M)
     lines = [f"// Pinned build of {tool.module}; regenerate with: python -m e2e.testbed.gotools pin {name}@<version>",
              f"module {PIN_MODULE_PREFIX}{name}", "", f"go {go_line.group(1) if go_line else '1.25'}", "",
              f"require {tool.module} {version}", ""]
     replaces = upstream_replaces(upstream, version)
     if replaces:
         lines += ["replace (", *[f"\t{r}" for r in replaces], ")", ""]
-    lines += ["tool (", *[f"\t{pkg}" for pkg in tool.commands], ")"]
+    if tool.library is None:
+        lines += ["tool (", *[f"\t{pkg}" for pkg in tool.commands], ")"]
     (folder / "go.mod").write_text("\n".join(lines) + "\n")
     (folder / "go.sum").unlink(missing_ok=True)
     _run(["go", "mod", "tidy"], folder, go_env(cgo=tool.cgo, mod="mod"), f"pinning {name}")

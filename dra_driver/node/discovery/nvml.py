@@ -367,8 +367,9 @@ class NvmlBackend:
             c_placement = nv.c_nvmlGpuInstancePlacement_t()
             c_placement.start = placement.start
             c_placement.size = placement.size
+            # The C function takes a pointer: a Structure passed bare goes by value and NVML reads garbage.
             gi = self._call(f"{what}: creating the GPU instance", nv.nvmlDeviceCreateGpuInstanceWithPlacement,
-                            h, profile_id, c_placement)
+                            h, profile_id, ctypes.byref(c_placement))
             try:
                 gi_id = int(self._call(f"{what}: reading the GPU instance", nv.nvmlGpuInstanceGetInfo, gi).id)
                 ci_profile = self._full_ci_profile(gi, profile.compute_slices, what)
