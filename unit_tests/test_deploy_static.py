@@ -432,6 +432,11 @@ def test_chart_rendering_details() -> None:
     shared_env = {e["name"]: e for e in shared[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]
                   ["containers"][0]["env"]}
     assert shared_env["CONSUMABLE_SHARES"]["value"] == "4"
+    assert env["DEVICE_METADATA"]["value"] == "true"
+    quiet = objects("deviceMetadata.enabled=false")
+    quiet_env = {e["name"]: e for e in quiet[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]
+                 ["containers"][0]["env"]}
+    assert quiet_env["DEVICE_METADATA"]["value"] == "false"
 
     nvml = objects("gpuBackend=nvml")
     nctr = nvml[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]["containers"][0]

@@ -197,14 +197,11 @@ def is_shareable(device: AllocatableDevice, dynamic_mig: bool) -> bool:
     return device.mig is not None or not (dynamic_mig and device.gpu.mig_capable and bool(device.gpu.mig_profiles))
 
 
-def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
-                    shares: ConsumableShares = DISABLED) -> dict[str, Any]:
-    """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device."""
+def device_attributes(device: AllocatableDevice) -> dict[str, dict[str, Any]]:
+    """The device's ``attributes`` as its ResourceSlice publishes them (also what a container's device
+    metadata file lists)."""
     gpu = device.gpu
     attrs = _common_attributes(gpu)
-    capacity: dict[str, dict[str, str]] = {}
-    result: dict[str, Any] = {"name": device.name}
-    partitionable = dynamic_mig and gpu.mig_capable and bool(gpu.mig_profiles)
     if device.kind == "gpu":
         attrs.update({
             "type": _string("gpu"),
@@ -212,25 +209,40 @@ def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
             "index": {"int": gpu.index},
             "minor": {"int": gpu.minor},
         })
+        return attrs
+    attrs.update({
+        "type": _string("mig"),
+        "parentUUID": _string(gpu.uuid),
+        "parentIndex": {"int": gpu.index},
+    })
+    if device.mig is not None:
+        attrs["uuid"] = _string(device.mig.uuid)
+        attrs["profile"] = _string(device.mig.profile)
+    elif device.mig_profile is not None:
+        attrs["profile"] = _string(device.mig_profile.name)
+    return attrs
+
+
+def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
+                    shares: ConsumableShares = DISABLED) -> dict[str, Any]:
+    """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device."""
+    gpu = device.gpu
+    attrs = device_attributes(device)
+    capacity: dict[str, dict[str, str]] = {}
+    result: dict[str, Any] = {"name": device.name}
+    partitionable = dynamic_mig and gpu.mig_capable and bool(gpu.mig_profiles)
+    if device.kind == "gpu":
         capacity["memory"] = _counter(gpu.memory_bytes, binary=True)
         if gpu.multiprocessors > 0:
             capacity["multiprocessors"] = _counter(gpu.multiprocessors)
         if partitionable:
             result["consumesCounters"] = [{"counterSet": counter_set_name(gpu), "counters": gpu_counter_values(gpu)}]
     else:
-        attrs.update({
-            "type": _string("mig"),
-            "parentUUID": _string(gpu.uuid),
-            "parentIndex": {"int": gpu.index},
-        })
         if device.mig is not None:
-            attrs["uuid"] = _string(device.mig.uuid)
-            attrs["profile"] = _string(device.mig.profile)
             capacity["memory"] = _counter(device.mig.memory_bytes, binary=True)
             capacity["multiprocessors"] = _counter(device.mig.multiprocessors)
         else:
             assert device.mig_profile is not None and device.placement is not None
-            attrs["profile"] = _string(device.mig_profile.name)
             capacity["memory"] = _counter(device.mig_profile.memory_bytes, binary=True)
             capacity["multiprocessors"] = _counter(device.mig_profile.multiprocessors)
             result["consumesCounters"] = [{

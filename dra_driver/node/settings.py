@@ -42,6 +42,8 @@ class PluginSettings:
     sharing_strategies: tuple[str, ...] = SHARING_STRATEGIES
     nvidia_driver_root: Path = Path("/")
     consumable_shares: ConsumableShares = DISABLED
+    device_metadata: bool = True
+    """Give containers a metadata file describing their devices (KEP-5304)."""
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     """Where the boot ID is read; tests point it at a file to simulate a reboot."""
 
@@ -104,6 +106,9 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="Publish full GPUs and static MIG devices for several claims at once: disabled, memory (claims "
              "consume memory in 1Gi steps, all of it by default), unlimited (0 by default) or N (also N "
              "'shares') [CONSUMABLE_SHARES]")
+    add("--device-metadata", action=argparse.BooleanOptionalAction, default=env_flag(env("DEVICE_METADATA", "true")),
+        help="Mount a file describing its devices (metadata.resource.k8s.io, Kubernetes 1.37 format) into every "
+             "container that gets them; --no-device-metadata turns it off for new claims [DEVICE_METADATA]")
     add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
         help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
 
@@ -145,5 +150,6 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         sharing_strategies=strategies,
         nvidia_driver_root=Path(args.nvidia_driver_root),
         consumable_shares=parse_consumable_shares(str(args.consumable_shares)),
+        device_metadata=bool(args.device_metadata),
         boot_id_path=Path(args.boot_id_path),
     )
