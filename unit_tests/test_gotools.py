@@ -131,3 +131,23 @@ def test_prereqs_name_the_missing_packages(monkeypatch: pytest.MonkeyPatch) -> N
     assert "install them with: apt-get install -y libseccomp-dev" in found
     assert prereqs.missing_packages("test") == [("libseccomp-dev", "runc")]
     assert not any(line.startswith("gcc") for line in found)
+
+
+def test_a_library_key_follows_its_own_source(pins: Path) -> None:
+    key = gotools.cache_key(["mock-nvml"])
+    source = pins / "mock-nvml" / "machine.go"
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert gotools.cache_key(["mock-nvml"]) != key, "a changed shim must rebuild"
+
+
+def test_library_link_scripts_export_the_source_and_stub_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "a.go").write_text("package main\n//export nvmlInit_v2\nfunc nvmlInit_v2() {}\n// not an //export x\n")
+    (tmp_path / "b.go").write_text("package main\n//export nvmlShutdown\nfunc nvmlShutdown() {}\n")
+    exports = gotools.exported_functions(tmp_path)
+    assert exports == ["nvmlInit_v2", "nvmlShutdown"]
+    header = ("nvmlReturn_t DECLDIR nvmlInit_v2(void);\nconst DECLDIR char* nvmlErrorString(nvmlReturn_t r);\n"
+              "DEPRECATED(13.0) nvmlReturn_t DECLDIR nvmlOld(unsigned int *x);\nnvmlReturn_t DECLDIR nvmlShutdown(void);\n")
+    assert gotools.declared_functions(header) == ["nvmlErrorString", "nvmlInit_v2", "nvmlOld", "nvmlShutdown"]
+    assert gotools.version_script(exports) == "{\n  global:\n    nvmlInit_v2;\n    nvmlShutdown;\n  local: *;\n};\n"
+    assert gotools.not_implemented_script(gotools.declared_functions(header), exports, "stub") == (
+        "PROVIDE(nvmlErrorString = stub);\nPROVIDE(nvmlOld = stub);\n")

@@ -72,7 +72,7 @@ func changed(m *Machine) nvml.Return {
 func initialize(name string) C.nvmlReturn_t {
 	mu.Lock()
 	defer mu.Unlock()
-	parsed, err := parseFaults(os.Getenv("DRA_MOCK_NVML_FAIL"))
+	parsed, err := parseFaults(getenv("DRA_MOCK_NVML_FAIL"))
 	if err != nil {
 		complain(err)
 		return C.NVML_ERROR_UNKNOWN
@@ -81,7 +81,7 @@ func initialize(name string) C.nvmlReturn_t {
 		return C.nvmlReturn_t(ret)
 	}
 	if sessions == 0 {
-		m, err := openMachine(os.Getenv("DRA_MOCK_NVML_MACHINE"), os.Getenv("DRA_MOCK_NVML_STATE"))
+		m, err := openMachine(getenv("DRA_MOCK_NVML_MACHINE"), getenv("DRA_MOCK_NVML_STATE"))
 		if err != nil {
 			complain(err)
 			return C.NVML_ERROR_UNKNOWN

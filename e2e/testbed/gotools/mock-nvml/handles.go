@@ -40,3 +40,14 @@ func (h *handles) retire(obj any) {
 		delete(h.pointers, obj)
 	}
 }
+
+// getenv reads the process environment as it is now: Go's os.Getenv sees a copy taken when the
+// library was loaded, and the host process may set variables between nvmlInit calls.
+func getenv(name string) string {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	if value := C.getenv(cname); value != nil {
+		return C.GoString(value)
+	}
+	return ""
+}

@@ -273,8 +273,15 @@ func createComputeInstance(gi *server.GpuInstance, profileID uint32, id uint32) 
 		}
 		return true
 	}
+	giProfile, _ := gpuInstanceProfile(gi.Info.Device.(*server.Device), gi.Info.ProfileId)
+	possible := gi.MIGProfiles.ComputeInstancePlacements[int(gi.Info.ProfileId)][index]
+	if len(possible) == 0 { // some mocks list none: every aligned offset within the GPU instance
+		for start := uint32(0); start+profile.SliceCount <= giProfile.info.SliceCount; start += profile.SliceCount {
+			possible = append(possible, nvml.ComputeInstancePlacement{Start: start, Size: profile.SliceCount})
+		}
+	}
 	var chosen *nvml.ComputeInstancePlacement
-	for _, p := range gi.MIGProfiles.ComputeInstancePlacements[int(gi.Info.ProfileId)][index] {
+	for _, p := range possible {
 		if free(p) {
 			chosen = &p
 			break
