@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.testbed import mocknvml
 from e2e.testbed.cluster import die_with_parent, free_port
 
 DRIVER_NAME = "gpu.dra-driver.io"
@@ -32,6 +33,11 @@ class SimNode:
     root: Path
     health_port: int = field(default_factory=free_port)
     """The plugin's /healthz and /metrics; kept across restarts so tests can always find it."""
+    nvml_machine: str | None = None
+    """Set: the plugin runs the NVML backend, unchanged, on this mock DGX (``e2e/testbed/mocknvml.py``)
+    from a fake driver root, instead of simulated GPUs."""
+    flags: tuple[str, ...] = ()
+    """Plugin flags of this node on every start (``--dynamic-mig``)."""
 
     @property
     def registry_dir(self) -> Path:
@@ -57,13 +63,39 @@ class SimNode:
     def peer_state_dir(self) -> Path:
         return self.root / "peer-state"
 
+    @property
+    def driver_root(self) -> Path:
+        return self.root / "driver-root"
+
+    @property
+    def sys_root(self) -> Path:
+        return self.root / "sys"
+
+    @property
+    def nvml_state(self) -> Path:
+        """The mock's MIG state (DRA_MOCK_NVML_STATE): what a test reads to see the GPU instances."""
+        return self.root / "mock-nvml-state.json"
+
+    def backend_args(self) -> list[str]:
+        if self.nvml_machine is None:
+            return ["--gpu-backend=simulated", f"--simulated-profile={self.profile}"]
+        return ["--gpu-backend=nvml", f"--nvidia-driver-root={self.driver_root}", f"--sysfs-root={self.sys_root}"]
+
+    def plugin_env(self) -> dict[str, str]:
+        return mocknvml.environment(self.nvml_machine, self.nvml_state) if self.nvml_machine else {}
+
+    def prepare_nvml(self) -> None:
+        """The driver root with the mock's libnvidia-ml.so.1 and a sysfs placing its GPUs."""
+        if self.nvml_machine is not None:
+            mocknvml.make_driver_root(self.driver_root)
+            mocknvml.make_sysfs(self.sys_root)
+
     def plugin_args(self, kubeconfig: Path, extra: tuple[str, ...] = ()) -> list[str]:
         return [
             sys.executable, "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.name}",
             f"--driver-name={DRIVER_NAME}",
-            "--gpu-backend=simulated",
-            f"--simulated-profile={self.profile}",
+            *self.backend_args(),
             f"--kubelet-registry-dir={self.registry_dir}",
             f"--kubelet-plugins-dir={self.plugins_dir}",
             f"--cdi-root={self.cdi_dir}",
@@ -73,6 +105,7 @@ class SimNode:
             "--log-format=json",
             "--cleanup-interval=5",
             f"--health-port={self.health_port}",
+            *self.flags,
             *extra,
         ]
 
@@ -158,20 +191,7 @@ class NodeFleet:
             self.nodes[name] = SimNode(name, NODE_PROFILES[i % len(NODE_PROFILES)], self.workdir / "nodes" / name)
 
     def start(self, with_controller: bool = True, timeout: float = 60.0) -> None:
-        for node in self.nodes.values():
-            for d in (node.registry_dir, node.plugins_dir, node.cdi_dir, node.dev_root, node.peer_state_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            (node.peer_state_dir / "ready").unlink(missing_ok=True)
-            self.procs.start(f"peer-{node.name}", node.peer_args(self.kubeconfig))
-        # As on a real node, the kubelet is up (and has wiped the node's slices) before the plugin.
-        deadline = time.monotonic() + timeout
-        for node in self.nodes.values():
-            while not (node.peer_state_dir / "ready").exists():
-                self.procs.check_alive()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the kubelet peer of {node.name} did not get ready")
-                time.sleep(0.05)
-            self.start_plugin(node.name)
+        self._start_nodes(list(self.nodes.values()), timeout)
         if with_controller:
             self.procs.start("controller", [
                 sys.executable, "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
@@ -179,8 +199,37 @@ class NodeFleet:
                 "--leader-election-namespace=kube-system", "--resync-seconds=5",
             ])
 
+    def _start_nodes(self, nodes: list[SimNode], timeout: float) -> None:
+        for node in nodes:
+            for d in (node.registry_dir, node.plugins_dir, node.cdi_dir, node.dev_root, node.peer_state_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            node.prepare_nvml()
+            (node.peer_state_dir / "ready").unlink(missing_ok=True)
+            self.procs.start(f"peer-{node.name}", node.peer_args(self.kubeconfig))
+        # As on a real node, the kubelet is up (and has wiped the node's slices) before the plugin.
+        deadline = time.monotonic() + timeout
+        for node in nodes:
+            while not (node.peer_state_dir / "ready").exists():
+                self.procs.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the kubelet peer of {node.name} did not get ready")
+                time.sleep(0.05)
+            self.start_plugin(node.name)
+
+    def add_node(self, node: SimNode, timeout: float = 60.0) -> None:
+        """One more node (its kubelet peer registers it) with its plugin, on a fleet already running."""
+        self.nodes[node.name] = node
+        self._start_nodes([node], timeout)
+
+    def remove_node(self, name: str) -> None:
+        """Stop a node's plugin and kubelet peer; its Node object and slices stay for the caller."""
+        self.procs.stop(f"plugin-{name}")
+        self.procs.stop(f"peer-{name}")
+        self.nodes.pop(name, None)
+
     def start_plugin(self, node_name: str, extra: tuple[str, ...] = ()) -> None:
-        self.procs.start(f"plugin-{node_name}", self.nodes[node_name].plugin_args(self.kubeconfig, extra))
+        node = self.nodes[node_name]
+        self.procs.start(f"plugin-{node_name}", node.plugin_args(self.kubeconfig, extra), env=node.plugin_env())
 
     def wait_registered(self, timeout: float = 30.0) -> None:
         """Wait until every plugin created its registration socket."""
