@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from e2e.bed import DRIVER, Bed, attr, claim_of, observed, wait_for, wait_running
-from e2e.reliability import wait_serving
+from e2e.reliability import Supervisor, wait_serving
 from e2e.testbed import mocknvml
 from e2e.testbed.nodes import SimNode
 
@@ -28,7 +28,9 @@ pytestmark = pytest.mark.testbed_only
 
 H100, A100 = "nvml-h100", "nvml-a100"
 A100_MIG = {0: [(2, 0), (0, 4), (0, 5)], 1: [(4, 0)]}  # (profile id, placement start) per GPU
-GIB = 1024**3
+STORM_FAILPOINTS = ("prepare.after-started=0.1,prepare.after-cdi-write=0.1,prepare.after-completed=0.1,"
+                    "unprepare.after-spec-delete=0.1,unprepare.after-checkpoint=0.1")
+STORM_WAVES, STORM_WAVE_SIZE = 3, 4
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +176,8 @@ def restart_plugin(bed: Bed, node: SimNode, sig: int = signal.SIGKILL, fail: str
     """Kill the node's plugin and start it again, with a fault injected into the mock when asked."""
     fleet = bed.fleet
     fleet.procs.kill(f"plugin-{node.name}", sig)
-    env = {**node.plugin_env(), **({"DRA_MOCK_NVML_FAIL": fail} if fail else {})}
-    fleet.procs.start(f"plugin-{node.name}", node.plugin_args(fleet.kubeconfig), env=env)
+    fleet.procs.start(f"plugin-{node.name}", node.plugin_args(fleet.kubeconfig),
+                      env={"DRA_MOCK_NVML_FAIL": fail} if fail else None)
     wait_serving(bed, node.name, timeout=90)
 
 
@@ -212,6 +214,7 @@ def test_a_failed_compute_instance_is_rolled_back_and_named_on_the_pod(bed: Bed,
 
         message = wait_for("the prepare failure on the pod", failure, timeout=120)
         assert "creating the compute instance: the GPU is in use" in message and "NVML error 19" in message
+        assert "internal error" not in message  # an NVML failure is expected, not a bug
         assert gpu_instances_of(h100) == []  # the GPU instance made before the failure was destroyed
     finally:
         restart_plugin(bed, h100, signal.SIGTERM)
@@ -219,3 +222,36 @@ def test_a_failed_compute_instance_is_rolled_back_and_named_on_the_pod(bed: Bed,
     assert [gi["profile"] for i, gi in gpu_instances_of(h100) if i == 4] == ["2g.20gb"]
     bed.delete("pod", "rolled", ns)
     wait_for("the GPU instance destroyed", lambda: gpu_instances_of(h100) == [], timeout=90)
+
+
+def test_crash_storm_leaves_exactly_the_running_pods_mig_instances(bed: Bed, ns: str, nodes: dict[str, SimNode]) -> None:
+    """SIGKILLs at the failpoints of prepare and unprepare while waves of dynamic-MIG pods come and go:
+    afterwards the mock holds one GPU instance per running pod, the one it sees, and none once they go."""
+    h100 = nodes[H100]
+    bed.apply([template("storm", "mig.gpu.dra-driver.io", 'device.attributes["gpu.dra-driver.io"].profile == "1g.10gb"')],
+              ns=ns)
+    supervisor = Supervisor(bed, H100, STORM_FAILPOINTS, seed=4242).start()
+    previous: list[str] = []
+    try:
+        for wave in range(STORM_WAVES):
+            names = [f"s{wave}-{i}" for i in range(STORM_WAVE_SIZE)]
+            bed.apply([pod(name, H100, "storm") for name in names], ns=ns)
+            if previous:  # unprepare the last wave while this one prepares
+                bed.kubectl("delete", "pods", "-n", ns, "--wait=false", *previous)
+            for name in names:
+                wait_running(bed, ns, name, timeout=240)
+            previous = names
+    finally:
+        supervisor.stop()
+    assert supervisor.kills > 0, "no failpoint fired: the storm proved nothing"
+    running = {p["metadata"]["name"] for p in bed.get("pods", ns=ns)["items"]
+               if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+    assert running == set(previous)
+
+    def agree() -> bool:
+        held = {gi["computeInstances"][0]["uuid"] for _, gi in gpu_instances_of(h100)}
+        return held == {visible_devices(bed, ns, name) for name in previous}
+
+    wait_for("the mock's GPU instances to be exactly the running pods'", agree, timeout=120, interval=2)
+    bed.kubectl("delete", "pods", "-n", ns, "--all", "--wait=false")
+    wait_for("every GPU instance destroyed", lambda: gpu_instances_of(h100) == [], timeout=180, interval=2)

@@ -91,7 +91,11 @@ class SimNode:
             mocknvml.make_sysfs(self.sys_root)
 
     def plugin_args(self, kubeconfig: Path, extra: tuple[str, ...] = ()) -> list[str]:
+        # The mock's environment rides on the command line (env(1) execs the plugin), so every way
+        # of (re)starting a node's plugin gives it the same machine and MIG state.
+        environment = [f"{k}={v}" for k, v in self.plugin_env().items()]
         return [
+            *(["env", *environment] if environment else []),
             sys.executable, "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.name}",
             f"--driver-name={DRIVER_NAME}",
@@ -228,8 +232,7 @@ class NodeFleet:
         self.nodes.pop(name, None)
 
     def start_plugin(self, node_name: str, extra: tuple[str, ...] = ()) -> None:
-        node = self.nodes[node_name]
-        self.procs.start(f"plugin-{node_name}", node.plugin_args(self.kubeconfig, extra), env=node.plugin_env())
+        self.procs.start(f"plugin-{node_name}", self.nodes[node_name].plugin_args(self.kubeconfig, extra))
 
     def wait_registered(self, timeout: float = 30.0) -> None:
         """Wait until every plugin created its registration socket."""
