@@ -114,7 +114,7 @@ class TestContent:
         ts = sharing({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}})
         spec = specs.build_spec(UID, "ns", "c", [
             ClaimDevice("gpu-0", "a", "GPU-a", 0, sharing=ts),
-            ClaimDevice("gpu-1", "b/big", "GPU-b", 1, sharing=mps, admin_access=True, share_id="s1"),
+            ClaimDevice("gpu-1", "b/big", "GPU-b", 1, sharing=mps, admin_access=True),
             ClaimDevice("gpu-1", "b/big", "GPU-b", 1, sharing=mps),  # duplicate device: one CDI device
         ])
         assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-gpu-1"]
@@ -131,7 +131,7 @@ class TestContent:
         assert d1["DRA_GPU_1_REQUEST"] == "b/big"
         assert d1["DRA_GPU_1_SHARING"].startswith("MPS:defaultActiveThreadPercentage=40")
         assert d1["DRA_GPU_1_ADMIN_ACCESS"] == "true"
-        assert d1["DRA_GPU_1_SHARE_ID"] == "s1"
+        assert "DRA_GPU_1_SHARE_ID" not in d1
 
     def test_needs_a_device(self, specs: CdiSpecs) -> None:
         with pytest.raises(CdiError):

@@ -164,9 +164,12 @@ class TestRegistration:
             p.close()
 
 
+SHARE = "5f0c2b7e-9d3a-4c61-8e2f-0a1b2c3d4e5f"
+
+
 class TestDra:
     def test_v1_round_trip(self, plugin: Plugin) -> None:
-        a = plugin.reader.add("a", [{"request": "gpu/big", "device": "gpu-0", "shareID": "share-7"}])
+        a = plugin.reader.add("a", [{"request": "gpu/big", "device": "gpu-0", "shareID": SHARE}])
         missing = ClaimRef(str(uuid.uuid4()), "ns", "missing")
         stub = plugin.v1()
         resp = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[
@@ -180,8 +183,8 @@ class TestDra:
         [dev] = ok.devices
         assert list(dev.request_names) == ["gpu"]
         assert dev.pool_name == NODE and dev.device_name == "gpu-0"
-        assert list(dev.cdi_device_ids) == [f"k8s.{DRIVER}/claim={a.uid}-gpu-0"]
-        assert dev.HasField("share_id") and dev.share_id == "share-7"
+        assert list(dev.cdi_device_ids) == [f"k8s.{DRIVER}/claim={a.uid}-gpu-0-{SHARE}"]
+        assert dev.HasField("share_id") and dev.share_id == SHARE
         assert "not found" in resp.claims[missing.uid].error
         assert (plugin.root / "cdi" / f"k8s.{DRIVER}-claim_{a.uid}.json").exists()
 
@@ -199,14 +202,14 @@ class TestDra:
         assert not resp.claims[a.uid].devices[0].HasField("share_id")
 
     def test_v1beta1_round_trip(self, plugin: Plugin) -> None:
-        a = plugin.reader.add("a", [{"request": "gpu", "device": "gpu-0", "shareID": "share-7"}])
+        a = plugin.reader.add("a", [{"request": "gpu", "device": "gpu-0", "shareID": SHARE}])
         b = plugin.reader.add("b", [{"request": "gpu", "device": "gpu-0"}])
         stub = plugin.v1beta1()
         resp = stub.NodePrepareResources(v1beta1.NodePrepareResourcesRequest(claims=[
             v1beta1.Claim(namespace="ns", uid=a.uid, name="a"), v1beta1.Claim(namespace="ns", uid=b.uid, name="b")]),
             timeout=10)
         dev = resp.claims[a.uid].devices[0]
-        assert dev.device_name == "gpu-0" and list(dev.cdi_device_ids) == [f"k8s.{DRIVER}/claim={a.uid}-gpu-0"]
+        assert dev.device_name == "gpu-0" and list(dev.cdi_device_ids) == [f"k8s.{DRIVER}/claim={a.uid}-gpu-0-{SHARE}"]
         assert "share_id" not in v1beta1.Device.DESCRIPTOR.fields_by_name
         assert "already prepared" in resp.claims[b.uid].error
         un = stub.NodeUnprepareResources(v1beta1.NodeUnprepareResourcesRequest(claims=[

@@ -225,12 +225,13 @@ class TestPrepare:
         assert cp["devices"][0]["cdiDeviceIDs"] == [f"k8s.{DRIVER}/claim={uid}-gpu-0"]
 
     def test_subrequest_names_are_stripped_and_share_id_kept(self, env: Env) -> None:
-        claim = make_claim("c", [{"request": "gpu/big", "device": "gpu-0", "shareID": "a1b2"},
+        share = str(uuid.uuid4())
+        claim = make_claim("c", [{"request": "gpu/big", "device": "gpu-0", "shareID": share},
                                  {"request": "other", "device": "gpu-1"}])
         out = env.prepare_one(claim)
         assert out.error is None
         assert [d.request_names for d in out.devices] == [("gpu",), ("other",)]
-        assert [d.share_id for d in out.devices] == ["a1b2", None]
+        assert [d.share_id for d in out.devices] == [share, None]
         env_dev0 = env_of(env.spec(claim["metadata"]["uid"])["devices"][0]["containerEdits"])
         assert env_dev0["DRA_GPU_0_REQUEST"] == "gpu/big"
 
@@ -536,8 +537,8 @@ class TestExclusivity:
         assert env.state.prepare([b])[b.uid].error is None
 
     def test_share_ids_coexist(self, env: Env) -> None:
-        a = env.reader.add(make_claim("a", [{"request": "gpu", "device": "gpu-0", "shareID": "s1"}]))
-        b = env.reader.add(make_claim("b", [{"request": "gpu", "device": "gpu-0", "shareID": "s2"}]))
+        a = env.reader.add(make_claim("a", [{"request": "gpu", "device": "gpu-0", "shareID": str(uuid.uuid4())}]))
+        b = env.reader.add(make_claim("b", [{"request": "gpu", "device": "gpu-0", "shareID": str(uuid.uuid4())}]))
         assert env.state.prepare([a, b])[b.uid].error is None
 
     def test_same_device_twice_in_one_claim(self, env: Env) -> None:

@@ -2,7 +2,8 @@
 
 * file: ``<cdi_root>/k8s.<driver>-claim_<claimUID>.json`` (mode 0644, written atomically)
 * kind: ``k8s.<driver>/claim``
-* device names: ``<claimUID>-<deviceName>``; fully-qualified ID ``k8s.<driver>/claim=<claimUID>-<deviceName>``
+* device names: ``<claimUID>-<deviceName>``, ``<claimUID>-<deviceName>-<shareID>`` for a consumable
+  share; fully-qualified ID ``k8s.<driver>/claim=<name>``
 * ``cdiVersion``: the lowest version the content needs (0.5.0 once ``hostPath`` is used or a device
   name starts with a digit, else 0.3.0)
 
@@ -10,8 +11,9 @@ Spec-level edits (applied once when any device of the claim is injected): the co
 ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, ``NVIDIA_VISIBLE_DEVICES`` with
 the claim's UUIDs, MPS client limits, and ``DRA_GPU_CLAIM*`` variables. Device-level edits: the GPU
 node ``/dev/nvidiaN``, MIG capability nodes ``/dev/nvidia-caps/nvidia-capN`` and the
-``DRA_GPU_<i>_*`` variables describing that device. With a fake dev root (simulated GPUs) every
-node gets ``hostPath`` under the dev root while ``path`` stays ``/dev/...``.
+``DRA_GPU_<i>_*`` variables describing that device (for a share: its ID, memory and compute
+share). With a fake dev root (simulated GPUs) every node gets ``hostPath`` under the dev root
+while ``path`` stays ``/dev/...``.
 
 Every name that ends up in a path is validated first (claim UID, driver name).
 """
@@ -27,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
+from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.discovery import sysfs
+from dra_driver.node.metrics import METRICS
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -48,6 +52,12 @@ def validate_claim_uid(uid: str) -> str:
     if not isinstance(uid, str) or not _UUID.match(uid):
         raise CdiError(f"claim UID {uid!r} is not a lower-case RFC 4122 UUID")
     return uid
+
+
+def validate_share_id(share_id: Any) -> str:
+    if not isinstance(share_id, str) or not _UUID.match(share_id):
+        raise CdiError(f"shareID {share_id!r} is not a lower-case RFC 4122 UUID")
+    return share_id
 
 
 def validate_driver_name(driver: str) -> str:
@@ -98,6 +108,10 @@ class ClaimDevice:
     sharing: SharingConfig = EXCLUSIVE
     admin_access: bool = False
     share_id: str | None = None
+    memory_share_bytes: int | None = None
+    """A share's consumed memory."""
+    compute_share_percent: int | None = None
+    """A share's consumed compute, percent of the device."""
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -133,6 +147,18 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     return version
 
 
+def share_env(prefix: str, dev: ClaimDevice) -> list[str]:
+    """What a container is told about its share of a device; a variable is absent when the share
+    consumed none of it."""
+    env = []
+    if dev.memory_share_bytes is not None:
+        env += [f"{prefix}MEMORY_SHARE={format_canonical(dev.memory_share_bytes)}",
+                f"{prefix}MEMORY_SHARE_BYTES={dev.memory_share_bytes}"]
+    if dev.compute_share_percent is not None:
+        env.append(f"{prefix}COMPUTE_SHARE_PERCENT={dev.compute_share_percent}")
+    return env
+
+
 def _mps_limit_text(n_bytes: int) -> str:
     mib = max(1, n_bytes // 2**20)
     return f"{mib}M"
@@ -152,11 +178,14 @@ class CdiSpecs:
         self._fake_dev_root = self.dev_root.resolve() != Path("/")
 
     # names
-    def cdi_device_name(self, claim_uid: str, device_name: str) -> str:
-        return f"{validate_claim_uid(claim_uid)}-{validate_device_name(device_name)}"
+    def cdi_device_name(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+        """``<claimUID>-<device>``, and ``-<shareID>`` for a share: a claim may hold two shares of one
+        device (two requests), and each is its own CDI device."""
+        name = f"{validate_claim_uid(claim_uid)}-{validate_device_name(device_name)}"
+        return f"{name}-{validate_share_id(share_id)}" if share_id else name
 
-    def cdi_device_id(self, claim_uid: str, device_name: str) -> str:
-        return f"{self.kind}={self.cdi_device_name(claim_uid, device_name)}"
+    def cdi_device_id(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+        return f"{self.kind}={self.cdi_device_name(claim_uid, device_name, share_id)}"
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_root / f"{self.vendor}-claim_{validate_claim_uid(claim_uid)}.json"
@@ -179,10 +208,10 @@ class CdiSpecs:
         seen: set[str] = set()
         uuids: list[str] = []
         mps_pct: list[int] = []
-        mps_mem: list[str] = []
+        mps_mem: dict[int, int] = {}
         names: list[str] = []
         for dev in devices:
-            cdi_name = self.cdi_device_name(claim_uid, dev.device_name)
+            cdi_name = self.cdi_device_name(claim_uid, dev.device_name, dev.share_id)
             if cdi_name in seen:
                 continue
             seen.add(cdi_name)
@@ -203,6 +232,7 @@ class CdiSpecs:
                 env.append(f"{prefix}ADMIN_ACCESS=true")
             if dev.share_id:
                 env.append(f"{prefix}SHARE_ID={dev.share_id}")
+                env += share_env(prefix, dev)
             sharing = dev.sharing
             if sharing.strategy is Strategy.TIME_SLICING and sharing.interval is not None:
                 env.append(f"{prefix}TIMESLICE_INTERVAL={sharing.interval.value}")
@@ -212,9 +242,10 @@ class CdiSpecs:
                     mps_pct.append(sharing.mps.default_active_thread_percentage)
                     env.append(f"{prefix}MPS_ACTIVE_THREAD_PERCENTAGE={sharing.mps.default_active_thread_percentage}")
                 if sharing.mps.default_pinned_device_memory_limit_bytes is not None:
-                    limit = _mps_limit_text(sharing.mps.default_pinned_device_memory_limit_bytes)
-                    mps_mem.append(f"{ordinal}={limit}")
-                    env.append(f"{prefix}MPS_PINNED_DEVICE_MEM_LIMIT={limit}")
+                    limit_bytes = sharing.mps.default_pinned_device_memory_limit_bytes
+                    # Two shares of one GPU in one claim: one client, so their limits add up.
+                    mps_mem[ordinal] = mps_mem.get(ordinal, 0) + limit_bytes
+                    env.append(f"{prefix}MPS_PINNED_DEVICE_MEM_LIMIT={_mps_limit_text(limit_bytes)}")
             spec_devices.append({"name": cdi_name, "containerEdits": {"deviceNodes": nodes, "env": env}})
         claim_env = [
             f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}",
@@ -230,7 +261,8 @@ class CdiSpecs:
             # One value per MPS client: the strictest of the claim's devices.
             claim_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps_pct)}")
         if mps_mem:
-            claim_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(mps_mem)}")
+            limits = ",".join(f"{ordinal}={_mps_limit_text(n)}" for ordinal, n in sorted(mps_mem.items()))
+            claim_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": self.kind,
@@ -251,10 +283,15 @@ class CdiSpecs:
         Raises CdiError for invalid input and OSError (ENOSPC, ...) for write failures.
         """
         spec = self.build_spec(claim_uid, namespace, name, devices)
-        ensure_dir(self.cdi_root, DIR_MODE)
         data = json.dumps(spec, indent=1).encode() + b"\n"
-        atomic_write(self.spec_path(claim_uid), data, SPEC_MODE)
-        return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name) for d in devices))
+        try:
+            ensure_dir(self.cdi_root, DIR_MODE)
+            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE)
+        except OSError:
+            METRICS.cdi_spec_writes.labels(result="error").inc()
+            raise
+        METRICS.cdi_spec_writes.labels(result="success").inc()
+        return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name, d.share_id) for d in devices))
 
     def spec_exists(self, claim_uid: str) -> bool:
         return self.spec_path(claim_uid).is_file()

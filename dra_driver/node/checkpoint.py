@@ -16,12 +16,13 @@ Format (JSON, one object)::
           "<claim uid>": {
             "state": "PrepareStarted" | "PrepareCompleted",
             "namespace": "ns", "name": "claim", "bootID": "<boot id when prepared>",
-            "updated": "2026-01-01T00:00:00.000000Z",
+            "updated": "2026-01-01T00:00:00.000000Z", "podClaimName": "gpu" (claims from a template),
             "devices": [{"pool": "node-a", "device": "gpu-0", "requests": ["req/sub"],
                          "cdiDeviceIDs": ["k8s.gpu.dra-driver.io/claim=<uid>-gpu-0"],
                          "sharing": {"strategy": "Exclusive"}, "shareID": null, "adminAccess": false,
                          "uuid": "GPU-...", "gpuUUID": "GPU-...", "gpuMinor": 0, "migCaps": [],
-                         "migInstance": null, "kind": "gpu", "placement": null}]
+                         "migInstance": null, "kind": "gpu", "placement": null,
+                         "consumedCapacity": {}, "memoryShareBytes": null, "computeSharePercent": null}]
           }
         }
       }
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import failpoints, logs
+from dra_driver.node.metrics import METRICS
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_KIND = "DraDriverCheckpoint"
@@ -226,6 +228,12 @@ class PreparedDevice:
     """``gpu`` (a whole GPU) or ``mig`` (a slice of ``gpu_uuid``)."""
     placement: tuple[int, int] | None = None
     """MIG: (start, size) of the slice on its parent, for overlap checks."""
+    consumed_capacity: dict[str, str] = field(default_factory=dict, compare=False)
+    """A share's ``consumedCapacity`` from the allocation result."""
+    memory_share_bytes: int | None = None
+    """A share's consumed memory (told to the container, checked against the device)."""
+    compute_share_percent: int | None = None
+    """A share's consumed compute, 1..100 percent of the device."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -235,6 +243,8 @@ class PreparedDevice:
             "gpuMinor": self.gpu_minor, "migCaps": list(self.mig_caps),
             "migInstance": self.mig_instance.to_dict() if self.mig_instance else None,
             "kind": self.kind, "placement": list(self.placement) if self.placement else None,
+            "consumedCapacity": dict(self.consumed_capacity), "memoryShareBytes": self.memory_share_bytes,
+            "computeSharePercent": self.compute_share_percent,
         }
 
     @classmethod
@@ -245,6 +255,9 @@ class PreparedDevice:
         if not isinstance(sharing, dict):
             raise ValueError("sharing must be an object")
         placement = d.get("placement")
+        consumed = d.get("consumedCapacity") or {}
+        if not isinstance(consumed, dict) or not all(isinstance(v, str) for v in consumed.values()):
+            raise ValueError("consumedCapacity must be an object of quantity strings")
         kind = d.get("kind", "gpu")
         if kind not in ("gpu", "mig"):
             raise ValueError(f"unknown device kind {kind!r}")
@@ -257,6 +270,9 @@ class PreparedDevice:
             mig_instance=MigInstance.from_dict(mig) if isinstance(mig, Mapping) else None,
             kind=kind,
             placement=(int(placement[0]), int(placement[1])) if isinstance(placement, list) else None,
+            consumed_capacity={str(k): v for k, v in consumed.items()},
+            memory_share_bytes=_optional_int(d, "memoryShareBytes"),
+            compute_share_percent=_optional_int(d, "computeSharePercent"),
         )
 
 
@@ -269,16 +285,21 @@ class ClaimEntry:
     devices: tuple[PreparedDevice, ...] = ()
     boot_id: str = ""
     updated: str = ""
+    pod_claim_name: str | None = None
+    """The pod's name for a claim made from a template: where its device metadata is mounted."""
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "state": self.state.value, "namespace": self.namespace, "name": self.name,
             "bootID": self.boot_id, "updated": self.updated, "devices": [d.to_dict() for d in self.devices],
         }
+        if self.pod_claim_name is not None:
+            out["podClaimName"] = self.pod_claim_name
+        return out
 
     @classmethod
     def from_dict(cls, uid: str, d: Mapping[str, Any]) -> ClaimEntry:
@@ -289,6 +310,7 @@ class ClaimEntry:
             uid=uid, namespace=_str(d, "namespace"), name=_str(d, "name"), state=ClaimState(_str(d, "state")),
             devices=tuple(PreparedDevice.from_dict(x) for x in devices),
             boot_id=str(d.get("bootID") or ""), updated=str(d.get("updated") or ""),
+            pod_claim_name=_optional_str(d, "podClaimName"),
         )
 
 
@@ -304,6 +326,16 @@ def _int(d: Mapping[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key} must be an integer")
     return value
+
+
+def _optional_str(d: Mapping[str, Any], key: str) -> str | None:
+    """A string field that checkpoints written before it existed lack."""
+    return None if d.get(key) is None else _str(d, key)
+
+
+def _optional_int(d: Mapping[str, Any], key: str) -> int | None:
+    """An integer field that checkpoints written before it existed lack."""
+    return None if d.get(key) is None else _int(d, key)
 
 
 def _strs(d: Mapping[str, Any], key: str) -> tuple[str, ...]:
@@ -357,12 +389,15 @@ class CheckpointStore:
         """Set by :meth:`load` when the file was written in another boot."""
         self.quarantined: Path | None = None
         """Set by :meth:`load` when it moved a bad file aside."""
+        self.quarantine_reason: str | None = None
+        """Set by :meth:`load` when the file was unusable: why."""
         self._log = _log.bind(node=node_name, path=str(self.path))
 
     def load(self) -> dict[str, ClaimEntry]:
         """The saved entries; empty (after quarantining the file) when the file is unusable."""
         self.rebooted = False
         self.quarantined = None
+        self.quarantine_reason = None
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -427,6 +462,7 @@ class CheckpointStore:
 
     def _quarantine(self, reason: str) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.quarantine_reason = reason
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         n = 1
         while target.exists():
@@ -463,7 +499,10 @@ class CheckpointStore:
     def save(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Write all entries atomically; OSError (e.g. ENOSPC) propagates, the old file stays."""
         ensure_dir(self.state_dir, 0o700)
-        atomic_write(self.path, self.encode(entries), 0o600)
+        data = self.encode(entries)
+        started = time.perf_counter()
+        atomic_write(self.path, data, 0o600)
+        METRICS.checkpoint_write_seconds.observe(time.perf_counter() - started)
 
 
 def _claims(data: Mapping[str, Any]) -> dict[str, Any]:

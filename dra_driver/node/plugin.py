@@ -13,14 +13,20 @@ import time
 from types import FrameType
 from typing import Any
 
-from dra_driver import logs
+from dra_driver import __version__, logs
 from dra_driver.k8s import client as kube
+from dra_driver.k8s.events import EventRecorder
+from dra_driver.node import events as notices
 from dra_driver.node import probe
+from dra_driver.node.claimstatus import ClaimStatusWriter, ReportingHandler
 from dra_driver.node.devices import describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
+from dra_driver.node.discovery.model import Gpu
+from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.grpc import HealthBoard, PluginServers
-from dra_driver.node.health import HealthFileSource, HealthMonitor, NvmlEventSource
+from dra_driver.node.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
+from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare import CLAIM_READ_CONCURRENCY, ClaimRef, DeviceState
 from dra_driver.node.settings import PluginSettings
 from dra_driver.node.slices import SlicePublisher
@@ -54,12 +60,29 @@ def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> lis
     return stale
 
 
-def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any) -> None:
+def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any,
+                  events: notices.NodeEvents) -> None:
     while not stop.wait(interval):
         prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
         for ref in stale_claims(prepared, api):
             error = state.unprepare([ref]).get(ref.uid)
             log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
+            events.on_node(notices.stale_claim_unprepared(ref, error))
+
+
+def report_quarantine(state: DeviceState, events: notices.NodeEvents) -> None:
+    store = state.checkpoint
+    if store.quarantine_reason is not None:
+        events.on_node(notices.checkpoint_quarantined(store.path, store.quarantine_reason, store.quarantined))
+
+
+def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Backend, list[Gpu]]:
+    """The backend and its GPUs; a missing NVML is an Event on the Node before anything else."""
+    def fallback(reason: str) -> None:
+        events.on_node(notices.backend_unavailable(reason, settings.simulated_profile))
+
+    backend = open_backend(settings, on_fallback=fallback)
+    return backend, backend.discover()
 
 
 def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str], monitor: HealthMonitor,
@@ -85,18 +108,33 @@ def run(settings: PluginSettings) -> int:
     logs.configure(settings.log_format, settings.log_level)
     log = logs.get("plugin", node=settings.node_name, driver=settings.driver_name)
     started = time.monotonic()
-
-    backend = open_backend(settings)
-    gpus = backend.discover()
-    devices = enumerate_devices(gpus, settings.dynamic_mig)
-    log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices))
+    stop = threading.Event()
 
     api = api_client(settings.kubeconfig)
-    state = DeviceState.from_settings(settings, devices, api, backend=backend)
-    board = HealthBoard(sorted(devices))
-    servers = PluginServers.from_settings(settings, state, health=board)
+    recorder = EventRecorder(api, notices.REPORTING_CONTROLLER, settings.node_name, on_drop=METRICS.events_dropped.inc)
+    recorder.start(stop)
+    events = notices.NodeEvents(recorder, settings.node_name)
+    try:
+        backend, gpus = discover(settings, events)
+    except NvmlError as exc:
+        log.error("the GPU backend is not available; stopping", error=str(exc))
+        events.on_node(notices.backend_unavailable(str(exc), None))
+        recorder.flush(timeout=5.0)
+        return 1
+    devices = enumerate_devices(gpus, settings.dynamic_mig)
+    log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices),
+             consumable_shares=str(settings.consumable_shares))
+    METRICS.build_info.labels(version=__version__, backend=backend.name,
+                              driver_version=gpus[0].driver_version if gpus else "").set(1)
 
-    stop = threading.Event()
+    state = DeviceState.from_settings(
+        settings, devices, api, backend=backend,
+        on_prepare_error=lambda claim, error: events.on_claim(claim, notices.prepare_failed(error)))
+    report_quarantine(state, events)
+    board = HealthBoard(sorted(devices))
+    status_writer = ClaimStatusWriter(api, settings.driver_name, settings.node_name)
+    handler = ReportingHandler(state, status_writer, devices)
+    servers = PluginServers.from_settings(settings, handler, health=board)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", signal=signal.Signals(signum).name)
@@ -113,19 +151,30 @@ def run(settings: PluginSettings) -> int:
              registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
 
     publisher = SlicePublisher(api, settings.driver_name, settings.node_name)
-    devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig)
+    devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
+                                           settings.consumable_shares)
     publisher.update(devices_json, counters_json)
+    publish_device_counts(devices, {})
     if settings.health_monitoring:
-        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json))
+        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json),
+                                on_change=lambda change: events.on_node(notices.health_changed(change)))
         start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
     else:
         log.info("health monitoring disabled: devices are reported Healthy")
     healthz = None
     if settings.health_port:
-        healthz = probe.serve_healthz(settings.health_port,
-                                      lambda: probe.check(servers.registration_socket, settings.driver_name))
+        try:
+            healthz = probe.serve_healthz(settings.health_port,
+                                          lambda: probe.check(servers.registration_socket, settings.driver_name),
+                                          pages={"/metrics": METRICS.page})
+            log.info("serving /healthz and /metrics", port=settings.health_port)
+        except OSError as exc:
+            # The kubelet's sockets matter more than the probes: keep serving it, say why loudly.
+            log.error("cannot serve /healthz and /metrics", port=settings.health_port, error=str(exc))
     publisher.start(stop)
-    threading.Thread(target=_cleanup_loop, args=(state, api, settings.cleanup_interval, stop, log),
+    status_writer.start(stop)
+    handler.report_recovered()
+    threading.Thread(target=_cleanup_loop, args=(state, api, settings.cleanup_interval, stop, log, events),
                      name="stale-claim-cleanup", daemon=True).start()
 
     stop.wait()
@@ -133,5 +182,6 @@ def run(settings: PluginSettings) -> int:
         healthz.shutdown()
     servers.stop()
     state.close()
+    recorder.flush(timeout=2.0)
     log.info("stopped")
     return 0

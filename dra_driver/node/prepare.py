@@ -28,6 +28,7 @@ Every failure is a per-claim error string; nothing raises out of ``prepare``/``u
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -35,9 +36,18 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from dra_driver import failpoints, logs
-from dra_driver.gpuconfig import EXCLUSIVE, ConfigError, SharingConfig, base_request, decode_sharing, resolve_sharing
+from dra_driver.gpuconfig import (
+    EXCLUSIVE,
+    ConfigError,
+    SharingConfig,
+    Strategy,
+    base_request,
+    decode_sharing,
+    resolve_sharing,
+)
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
-from dra_driver.node.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid
+from dra_driver.k8s.quantity import format_canonical
+from dra_driver.node.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid, validate_share_id
 from dra_driver.node.checkpoint import (
     CheckpointStore,
     ClaimEntry,
@@ -47,9 +57,21 @@ from dra_driver.node.checkpoint import (
     describe_os_error,
     now_rfc3339,
 )
-from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.devices import AllocatableDevice, device_totals
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
+from dra_driver.node.discovery.nvml import NvmlError
+from dra_driver.node.metadata import MetadataClaim, MetadataFiles, pod_claim_name
+from dra_driver.node.metrics import METRICS
+from dra_driver.node.shares import (
+    DISABLED,
+    ConsumableShares,
+    ShareAmounts,
+    ShareError,
+    coexistence_problem,
+    mps_for_share,
+    share_amounts,
+)
 
 _log = logs.get("prepare")
 
@@ -123,6 +145,8 @@ class _Hold:
     sharing: SharingConfig
     admin: bool
     share_id: str | None
+    memory_bytes: int | None = None
+    """A share's consumed memory."""
 
     def overlaps(self, other: _Hold) -> bool:
         if self.gpu_uuid != other.gpu_uuid:
@@ -135,12 +159,21 @@ class _Hold:
         b0, bn = other.placement
         return a0 < b0 + bn and b0 < a0 + an
 
-    def may_coexist(self, other: _Hold) -> bool:
+    def conflict(self, other: _Hold) -> str | None:
+        """Why the two cannot hold overlapping hardware at once; None when they can."""
         if self.admin or other.admin:
-            return True  # admin access never takes exclusive ownership
-        if self.share_id and other.share_id and self.device == other.device:
-            return True  # consumable capacity: the scheduler handed out distinct shares
-        return self.sharing.compatible_with(other.sharing)
+            return None  # admin access never takes exclusive ownership
+        if self.share_id and other.share_id and self.device != other.device:
+            # Shares are handed out per device; one GPU's device and a device inside it (a MIG
+            # slice) are never both shared, so this pair is a stale allocation.
+            return "shares of different devices on one GPU cannot be used at once"
+        return coexistence_problem(self.sharing, bool(self.share_id), other.sharing, bool(other.share_id))
+
+    def describe(self) -> str:
+        if not self.share_id:
+            return f"with sharing {self.sharing.describe()}"
+        config = "" if self.sharing.strategy is Strategy.EXCLUSIVE else f" with sharing {self.sharing.describe()}"
+        return f"as share {self.share_id}{config}"
 
 
 def _hold_of_prepared(entry: ClaimEntry, dev: PreparedDevice) -> _Hold:
@@ -149,7 +182,7 @@ def _hold_of_prepared(entry: ClaimEntry, dev: PreparedDevice) -> _Hold:
     except ConfigError:
         sharing = EXCLUSIVE
     return _Hold(entry.uid, entry.ref, dev.device, dev.gpu_uuid, dev.kind, dev.placement, sharing,
-                 dev.admin_access, dev.share_id)
+                 dev.admin_access, dev.share_id, dev.memory_share_bytes)
 
 
 def _placement_of(device: AllocatableDevice) -> tuple[int, int] | None:
@@ -177,6 +210,7 @@ class _PlannedDevice:
 class _Plan:
     claim: ClaimRef
     devices: list[_PlannedDevice]
+    pod_claim_name: str | None = None
 
 
 def _node_selector_matches(selector: Any, node_name: str) -> bool:
@@ -286,6 +320,9 @@ class DeviceState:
         proc_root: Path | None = Path("/proc"),
         max_parallel_gets: int = CLAIM_READ_CONCURRENCY,
         sharing_strategies: Iterable[str] = ("Exclusive", "TimeSlicing", "MPS"),
+        consumable_shares: ConsumableShares = DISABLED,
+        on_prepare_error: Callable[[ClaimRef, str], None] | None = None,
+        metadata: MetadataFiles | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -296,6 +333,9 @@ class DeviceState:
         self._backend = backend
         self._proc_root = proc_root
         self._strategies = frozenset(sharing_strategies)
+        self._shares = consumable_shares
+        self._on_prepare_error = on_prepare_error
+        self._metadata = metadata
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_parallel_gets), thread_name_prefix="claim-get")
         self._prepares: _GroupCommit[tuple[ClaimRef, dict[str, Any] | BaseException], PrepareOutcome] = (
@@ -325,6 +365,9 @@ class DeviceState:
             api=api,
             backend=backend,
             sharing_strategies=settings.sharing_strategies,
+            consumable_shares=settings.consumable_shares,
+            metadata=MetadataFiles(settings.state_dir, settings.cdi_root, settings.driver_name,
+                                   enabled=settings.device_metadata),
             **kwargs,
         )
 
@@ -337,6 +380,11 @@ class DeviceState:
         """Replace the node's allocatable devices (prepared claims are not touched)."""
         with self._lock:
             self._devices = dict(devices)
+
+    @property
+    def checkpoint(self) -> CheckpointStore:
+        """The store; after start-up it says whether recovery had to quarantine the file."""
+        return self._checkpoint
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
         """A snapshot of the checkpointed claims (both states), by UID."""
@@ -373,10 +421,13 @@ class DeviceState:
             if changed:
                 self._save_quietly()
             leftovers = self._checkpoint.remove_stale_temp_files() + self._cdi.remove_stale_temp_files()
+            if self._metadata is not None:
+                leftovers += self._metadata.remove_stale_temp_files()
             if leftovers:
                 self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
             try:
-                orphans = sorted(set(self._cdi.list_claim_specs()) - set(self._entries))
+                orphans = sorted(set(self._cdi.list_claim_specs()).union(
+                    self._metadata.claims() if self._metadata is not None else ()) - set(self._entries))
             except OSError:
                 orphans = []
             if orphans:
@@ -385,6 +436,7 @@ class DeviceState:
                 self._log.warning("CDI specs without a checkpoint entry", claim_uids=orphans)
             self._log.info("recovered prepared claims", claims=len(self._entries),
                            rebooted=self._checkpoint.rebooted)
+            METRICS.prepared_claims.set(len(self._entries))
 
     def _save_quietly(self) -> None:
         try:
@@ -446,6 +498,11 @@ class DeviceState:
             self._cdi.delete_claim_spec(entry.uid)
         except (OSError, CdiError) as exc:
             errors.append(f"deleting CDI spec: {exc}")
+        if self._metadata is not None:
+            try:
+                self._metadata.remove(entry.uid)
+            except (OSError, CdiError) as exc:
+                errors.append(f"deleting device metadata: {exc}")
         if errors:
             raise ClaimFailure("; ".join(errors))
 
@@ -456,7 +513,8 @@ class DeviceState:
             return False
         rebooted = bool(entry.boot_id and self._checkpoint.boot_id and entry.boot_id != self._checkpoint.boot_id)
         try:
-            return rebooted or not self._cdi.spec_exists(entry.uid)
+            return (rebooted or not self._cdi.spec_exists(entry.uid)
+                    or (self._metadata is not None and not self._metadata.complete(entry.uid, entry.devices)))
         except CdiError:
             return False
 
@@ -471,10 +529,13 @@ class DeviceState:
                     if known is None:
                         raise ClaimFailure(f"dynamic MIG device {dev.device} is no longer published on this node")
                     devices[i] = self._with_mig(dev, self._create_mig(known))
-        self._write_spec(entry.uid, entry.namespace, entry.name, devices)
+        self._write_spec(entry.uid, entry.namespace, entry.name, devices, entry.pod_claim_name)
         return replace(entry, devices=tuple(devices), boot_id=self._checkpoint.boot_id, updated=now_rfc3339())
 
-    def _write_spec(self, uid: str, namespace: str, name: str, devices: Sequence[PreparedDevice]) -> None:
+    def _write_spec(self, uid: str, namespace: str, name: str, devices: Sequence[PreparedDevice],
+                    pod_claim: str | None = None) -> None:
+        if self._metadata is not None:
+            self._write_metadata(MetadataClaim(uid, namespace, name, pod_claim), devices)
         claim_devices = []
         for dev in devices:
             try:
@@ -484,12 +545,24 @@ class DeviceState:
             claim_devices.append(ClaimDevice(
                 device_name=dev.device, request=dev.requests[0] if dev.requests else "", uuid=dev.uuid,
                 gpu_minor=dev.gpu_minor, mig_caps=dev.mig_caps, sharing=sharing, admin_access=dev.admin_access,
-                share_id=dev.share_id,
+                share_id=dev.share_id, memory_share_bytes=dev.memory_share_bytes,
+                compute_share_percent=dev.compute_share_percent,
             ))
         try:
             self._cdi.write_claim_spec(uid, namespace, name, claim_devices)
         except OSError as exc:
             raise ClaimFailure(describe_os_error(exc, f"CDI spec {self._cdi.spec_path(uid)}")) from None
+
+    def _write_metadata(self, claim: MetadataClaim, devices: Sequence[PreparedDevice]) -> None:
+        """The claim's device metadata files and their CDI specs, before its own spec (same durability step)."""
+        assert self._metadata is not None
+        try:
+            unpublished = self._metadata.write(claim, devices, self._devices)
+        except OSError as exc:
+            raise ClaimFailure(describe_os_error(exc, f"device metadata {exc.filename or self._metadata.dir}")) from None
+        if unpublished:
+            self._claim_log(claim.uid, f"{claim.namespace}/{claim.name}").warning(
+                "device metadata lists devices no longer published without their attributes", devices=unpublished)
 
     # -- prepare
 
@@ -500,10 +573,18 @@ class DeviceState:
             unique.setdefault(claim.uid, claim)
         if not unique:
             return {}
+        started = time.perf_counter()
         fetched = self._fetch_all(list(unique.values()))
         outcomes = self._prepares.run({uid: (ref, fetched[uid]) for uid, ref in unique.items()})
         for uid in unique:
             outcomes.setdefault(uid, PrepareOutcome(error="internal error: claim was not processed"))
+        METRICS.observe_claims(METRICS.prepare_seconds, time.perf_counter() - started,
+                               [outcomes[uid].error for uid in unique])
+        if self._on_prepare_error is not None:
+            for uid, ref in unique.items():
+                error = outcomes[uid].error
+                if error is not None:
+                    self._on_prepare_error(ref, error)
         return outcomes
 
     def _prepare_batch(self, items: dict[str, tuple[ClaimRef, dict[str, Any] | BaseException]]) -> dict[str, PrepareOutcome]:
@@ -515,6 +596,7 @@ class DeviceState:
             self._log.exception("unexpected error while preparing claims")
             for uid in items:
                 outcomes.setdefault(uid, PrepareOutcome(error=f"internal error preparing the claim: {exc}"))
+        METRICS.prepared_claims.set(len(self._entries))
         return outcomes
 
     def _fetch_all(self, claims: Sequence[ClaimRef]) -> dict[str, dict[str, Any] | BaseException]:
@@ -637,17 +719,46 @@ class DeviceState:
                 raise ClaimFailure(
                     f"config for request {request!r} asks for sharing strategy {sharing.strategy.value}, which node "
                     f"{self.node_name} does not allow (allowed: {', '.join(sorted(self._strategies))})")
-            share_id = result.get("shareID")
+            share_id = self._share_id(result.get("shareID"), where)
+            memory, multiprocessors = device_totals(device)
+            try:
+                amounts = share_amounts(result.get("consumedCapacity"), self.driver_name, memory, multiprocessors,
+                                        self._shares)
+            except ShareError as exc:
+                raise ClaimFailure(f"{where} (device {name}): {exc}") from None
+            if share_id:
+                try:
+                    sharing = mps_for_share(sharing, amounts)
+                except ShareError as exc:
+                    raise ClaimFailure(f"config for request {request!r} does not fit its share {share_id} of device "
+                                       f"{name}: {exc}") from None
             admin = result.get("adminAccess") is True
             planned.append(_PlannedDevice(
-                result_request=request, device=device, sharing=sharing, admin=admin,
-                share_id=share_id if isinstance(share_id, str) and share_id else None,
-                prepared=self._prepared_device(claim.uid, request, device, sharing, admin, share_id),
+                result_request=request, device=device, sharing=sharing, admin=admin, share_id=share_id,
+                prepared=self._prepared_device(claim.uid, request, device, sharing, admin, share_id, amounts),
             ))
-        return _Plan(claim, planned)
+        if self._metadata is None or not self._metadata.enabled or not planned:
+            return _Plan(claim, planned)
+        try:
+            pod_claim = pod_claim_name(obj)
+            with_ids = self._metadata.with_cdi_ids(claim.uid, [d.prepared for d in planned])
+        except CdiError as exc:
+            raise ClaimFailure(f"device metadata for ResourceClaim {claim.ref}: {exc}") from None
+        for d, prepared in zip(planned, with_ids, strict=True):
+            d.prepared = prepared
+        return _Plan(claim, planned, pod_claim)
+
+    @staticmethod
+    def _share_id(value: Any, where: str) -> str | None:
+        if value is None or value == "":
+            return None
+        try:
+            return validate_share_id(value)
+        except CdiError as exc:
+            raise ClaimFailure(f"{where}: {exc}") from None
 
     def _prepared_device(self, uid: str, request: str, device: AllocatableDevice, sharing: SharingConfig,
-                         admin: bool, share_id: Any) -> PreparedDevice:
+                         admin: bool, share_id: str | None, amounts: ShareAmounts) -> PreparedDevice:
         caps: tuple[int, ...] = ()
         uuid = device.gpu.uuid
         if device.mig is not None:
@@ -656,15 +767,17 @@ class DeviceState:
                                   self._proc_root)
         return PreparedDevice(
             pool=self.node_name, device=device.name, requests=(request,),
-            cdi_device_ids=(self._cdi.cdi_device_id(uid, device.name),), sharing=sharing.to_dict(),
-            share_id=share_id if isinstance(share_id, str) and share_id else None, admin_access=admin,
+            cdi_device_ids=(self._cdi.cdi_device_id(uid, device.name, share_id),), sharing=sharing.to_dict(),
+            share_id=share_id, admin_access=admin,
             uuid=uuid, gpu_uuid=device.gpu.uuid, gpu_minor=device.gpu.minor, mig_caps=caps,
             kind=device.kind, placement=_placement_of(device),
+            consumed_capacity=amounts.consumed, memory_share_bytes=amounts.memory_bytes,
+            compute_share_percent=amounts.compute_percent,
         )
 
     def _hold_of_plan(self, uid: str, ref: str, d: _PlannedDevice) -> _Hold:
         return _Hold(uid, ref, d.device.name, d.device.gpu.uuid, d.device.kind, _placement_of(d.device), d.sharing,
-                     d.admin, d.share_id)
+                     d.admin, d.share_id, d.prepared.memory_share_bytes)
 
     def _check_exclusive(self, holds: Sequence[_Hold], batch_holds: Sequence[_Hold]) -> None:
         if not holds:
@@ -676,14 +789,32 @@ class DeviceState:
                 others.extend(_hold_of_prepared(entry, d) for d in entry.devices)
         for mine in holds:
             for theirs in others:
-                if mine.overlaps(theirs) and not mine.may_coexist(theirs):
+                problem = mine.conflict(theirs) if mine.overlaps(theirs) else None
+                if problem:
                     what = (f"device {mine.device}" if mine.device == theirs.device
                             else f"device {mine.device} (GPU {mine.gpu_uuid}, also used by {theirs.device})")
                     raise ClaimFailure(
-                        f"{what} is already prepared for claim {theirs.ref} ({theirs.uid}) with sharing "
-                        f"{theirs.sharing.describe()}, this claim asks for {mine.sharing.describe()}; a GPU is shared "
-                        "only when both claims use the same TimeSlicing interval or both use MPS"
+                        f"{what} is already prepared for claim {theirs.ref} ({theirs.uid}) {theirs.describe()}, "
+                        f"this claim asks for it {mine.describe()}; {problem}"
                     )
+        self._check_share_memory(holds, others)
+
+    def _check_share_memory(self, holds: Sequence[_Hold], others: Sequence[_Hold]) -> None:
+        """The shares prepared on a device never add up to more memory than it has (the scheduler's
+        accounting, checked again where the memory is)."""
+        for name in sorted({h.device for h in holds if h.share_id and h.memory_bytes}):
+            device = self._devices.get(name)
+            if device is None:
+                continue
+            total = device_totals(device)[0]
+            mine = sum(h.memory_bytes or 0 for h in holds if h.device == name and h.share_id)
+            theirs = [h for h in others if h.device == name and h.share_id and h.memory_bytes]
+            used = sum(h.memory_bytes or 0 for h in theirs)
+            if mine + used > total:
+                holders = ", ".join(f"{h.ref} ({format_canonical(h.memory_bytes or 0)})" for h in theirs)
+                raise ClaimFailure(
+                    f"device {name} has {format_canonical(total)} of memory; shares already prepared for {holders} "
+                    f"and this claim's {format_canonical(mine)} would exceed it")
 
     def _execute(self, plans: list[_Plan], outcomes: dict[str, PrepareOutcome]) -> None:
         boot = self._checkpoint.boot_id
@@ -692,6 +823,7 @@ class DeviceState:
             self._entries[c.uid] = ClaimEntry(
                 uid=c.uid, namespace=c.namespace, name=c.name, state=ClaimState.PREPARE_STARTED,
                 devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
+                pod_claim_name=plan.pod_claim_name,
             )
         try:
             self._checkpoint.save(self._entries)
@@ -734,7 +866,7 @@ class DeviceState:
             c = plan.claim
             try:
                 entry = self._entries[c.uid]
-                self._write_spec(c.uid, c.namespace, c.name, entry.devices)
+                self._write_spec(c.uid, c.namespace, c.name, entry.devices, entry.pod_claim_name)
                 failpoints.hit("prepare.after-cdi-write")
                 self._entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
                 written.append(plan)
@@ -760,7 +892,7 @@ class DeviceState:
     def _fail(self, plan: _Plan, exc: BaseException, outcomes: dict[str, PrepareOutcome]) -> None:
         c = plan.claim
         log = self._claim_log(c.uid, c.ref)
-        if isinstance(exc, ClaimFailure | CdiError):
+        if isinstance(exc, ClaimFailure | CdiError | NvmlError):  # NVML's say which call failed and why
             msg = str(exc)
             log.error("cannot prepare claim", error=msg)
         elif isinstance(exc, OSError):
@@ -786,9 +918,11 @@ class DeviceState:
             unique.setdefault(claim.uid, claim)
         if not unique:
             return {}
+        started = time.perf_counter()
         out = self._unprepares.run(unique)
         for uid in unique:
             out.setdefault(uid, "internal error: claim was not processed")
+        METRICS.observe_claims(METRICS.unprepare_seconds, time.perf_counter() - started, [out[uid] for uid in unique])
         return out
 
     def _unprepare_batch(self, claims: dict[str, ClaimRef]) -> dict[str, str | None]:
@@ -799,6 +933,7 @@ class DeviceState:
             self._log.exception("unexpected error while unpreparing claims")
             for uid in claims:
                 out.setdefault(uid, f"internal error unpreparing the claim: {exc}")
+        METRICS.prepared_claims.set(len(self._entries))
         return out
 
     def _unprepare_locked(self, claims: Mapping[str, ClaimRef], out: dict[str, str | None]) -> None:
@@ -811,6 +946,8 @@ class DeviceState:
                     try:
                         if self._cdi.delete_claim_spec(uid):
                             log.info("removed a leftover CDI spec of an unknown claim")
+                        if self._metadata is not None and self._metadata.remove(uid):
+                            log.info("removed leftover device metadata of an unknown claim")
                     except CdiError:
                         pass  # not a UUID: we never wrote anything for it
                     out[uid] = None
@@ -820,7 +957,7 @@ class DeviceState:
                 failpoints.hit("unprepare.after-spec-delete")
                 removed[uid] = self._entries.pop(uid)
                 out[uid] = None
-            except ClaimFailure as exc:
+            except (ClaimFailure, NvmlError) as exc:
                 out[uid] = f"unpreparing claim {claim.ref}: {exc}"
                 log.error("cannot unprepare claim", error=str(exc))
             except Exception as exc:
