@@ -16,6 +16,7 @@ from typing import Any
 from dra_driver.node import probe
 from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState
+from dra_driver.node.metadata import HOST_SUBDIR, MetadataFiles
 from e2e.bed import CONTAINERS_ANNOTATION, DRIVER, Bed, slice_devices, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reliability.json"
@@ -125,7 +126,14 @@ def spec_uids(bed: Bed, node: str) -> set[str]:
 
 def temp_leftovers(bed: Bed, node: str) -> list[str]:
     n = bed.fleet.nodes[node]
-    return [p.name for d in (n.cdi_dir, n.state_dir) if d.exists() for p in d.iterdir() if ".tmp-" in p.name]
+    dirs = (n.cdi_dir, n.state_dir, Path(n.state_dir) / HOST_SUBDIR)
+    return [p.name for d in dirs if d.exists() for p in d.iterdir() if ".tmp-" in p.name]
+
+
+def metadata_uids(bed: Bed, node: str) -> set[str]:
+    """Claims that have a device metadata file or spec on the node."""
+    n = bed.fleet.nodes[node]
+    return MetadataFiles(n.state_dir, n.cdi_dir, DRIVER).claims()
 
 
 def spec_device_ids(bed: Bed, node: str) -> set[str]:
@@ -169,6 +177,9 @@ def node_state_problems(bed: Bed, node: str, live_claim_uids: set[str] | None) -
         problems.append(f"{node}: CDI specs without a prepared claim: {sorted(specs - completed)}")
     if completed - specs:
         problems.append(f"{node}: prepared claims without a CDI spec: {sorted(completed - specs)}")
+    metadata = metadata_uids(bed, node)
+    if metadata - completed:
+        problems.append(f"{node}: device metadata without a prepared claim: {sorted(metadata - completed)}")
     if live_claim_uids is not None and completed != live_claim_uids:
         problems.append(f"{node}: prepared {sorted(completed)} but live claims are {sorted(live_claim_uids)}")
     leftovers = temp_leftovers(bed, node)

@@ -109,12 +109,15 @@ def load(bed: Bed, ns: str, n: int, key: str) -> None:
         error = out[claim[2]].error if claim[2] in out else "no result"
         return took, f"{kind} {claim[1]}: {error}" if error else ""
 
-    def round_trip(batch: list[tuple[str, tuple[str, str, str]]]) -> tuple[list[Any], list[Any], float, float, dict[str, int]]:
+    def round_trip(batch: list[tuple[str, tuple[str, str, str]]]) -> tuple[list[Any], list[Any], float, float,
+                                                                          dict[str, dict[str, int]]]:
         started = time.monotonic()
         with ThreadPoolExecutor(32) as pool:
             prepared = list(pool.map(lambda c: call("prepare", *c), batch))
         prepare_s = time.monotonic() - started
-        specs = {node: len(list(bed.fleet.nodes[node].cdi_dir.glob("*.json"))) for node in NODES}
+        specs = {node: {"claim": len(list(bed.fleet.nodes[node].cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json"))),
+                        "metadata": len(list(bed.fleet.nodes[node].cdi_dir.glob(f"{DRIVER}_metadata_*.json")))}
+                 for node in NODES}
         started = time.monotonic()
         with ThreadPoolExecutor(32) as pool:
             unprepared = list(pool.map(lambda c: call("unprepare", *c), batch))
@@ -149,7 +152,9 @@ def load(bed: Bed, ns: str, n: int, key: str) -> None:
     }
     record("crash", key, result)
     assert not errors, errors[:10]
-    assert sum(specs_while_prepared.values()) == n, specs_while_prepared
+    # One spec per claim, and one device metadata spec per claim (each has one request).
+    assert sum(s["claim"] for s in specs_while_prepared.values()) == n, specs_while_prepared
+    assert sum(s["metadata"] for s in specs_while_prepared.values()) == n, specs_while_prepared
     assert not leftovers, leftovers
     grown = {node: g for node in NODES if (g := fd_growth(fds_before[node], fds_after[node]))}
     assert not grown, grown

@@ -224,3 +224,96 @@ def test_real_unhealthy_gpu_in_pod_status(bed: Bed, ns: str, real_node: Any) -> 
         real_node.health_file.write_text("{}")
     wait_for("the pod's device Healthy again",
              lambda: resource_health(bed, ns, pod).get(cdi_id, ("",))[0] == "Healthy", 60)
+
+
+def metadata_stream(logs: str, marker: str) -> list[dict[str, Any]]:
+    """The JSON objects a container printed between ``---<marker>---`` and the next marker line."""
+    text = logs.split(f"---{marker}---\n", 1)[1].split("\n---", 1)[0].strip()
+    decoder = json.JSONDecoder()
+    docs = []
+    while text:
+        obj, end = decoder.raw_decode(text)
+        docs.append(obj)
+        text = text[end:].lstrip()
+    return docs
+
+
+def output_until_end(bed: Bed, node: Any, ns: str, pod: str, container: str) -> str:
+    """What the container printed up to its ``---end---`` line."""
+    def probe() -> str | None:
+        out = container_logs(bed, node, ns, pod, container)
+        return out if "---end---" in out else None
+
+    logs: str = wait_for(f"output of {ns}/{pod}/{container}", probe, 60)
+    return logs
+
+
+def test_real_device_metadata_in_container(bed: Bed, ns: str, real_node: Any) -> None:
+    """A container reads the metadata file of each claim it uses (Kubernetes 1.37 format, KEP-5304):
+    a template's claim under ``resourceclaimtemplates/<pod claim name>``, a named claim under
+    ``resourceclaims/<claim>``, both listing the devices with the attributes our slice publishes.
+    A container without claims has none; deleting the pod removes the files and their CDI specs."""
+    driver = node_driver()
+    base = "/var/run/kubernetes.io/dra-device-attributes"
+    from_template = f"{base}/resourceclaimtemplates/gpu/gpu/{driver}-metadata.json"
+    named = f"{base}/resourceclaims/meta-named/gpu/{driver}-metadata.json"
+    request = {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{driver}"}}
+    script = (f"env | grep -E 'NVIDIA|DRA_' | sort; ls -l /dev/nvidia* 2>&1; "
+              f"echo ---template---; cat {from_template}; echo ---named---; cat {named}; echo ---write---; "
+              f"(echo tampered >> {named}) 2>&1; echo ---end---; "
+              "trap 'exit 0' TERM; sleep 86400 & wait")
+    docs = on_real_node([
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "meta-template"},
+         "spec": {"spec": {"devices": {"requests": [request]}}}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "meta-named"},
+         "spec": {"devices": {"requests": [request]}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "meta"}, "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "meta-template"},
+                               {"name": "named", "resourceClaimName": "meta-named"}],
+            "containers": [
+                {"name": "ctr0", "image": "busybox:1.36", "command": ["sh", "-c", script],
+                 "resources": {"claims": [{"name": "gpu"}, {"name": "named"}]}},
+                {"name": "plain", "image": "busybox:1.36",
+                 "command": ["sh", "-c", f"ls {base} 2>&1; echo ---end---; trap 'exit 0' TERM; sleep 86400 & wait"]},
+            ]}},
+    ], real_node)
+    bed.apply(docs, ns=ns)
+    check_real_pod(bed, ns, real_node, docs, "meta")
+    logs = output_until_end(bed, real_node, ns, "meta", "ctr0")
+    host_files: list[Path] = []
+    uids: list[str] = []
+    for pod_claim, marker in (("gpu", "template"), ("named", "named")):
+        claim = claim_of(bed, ns, "meta", pod_claim)
+        uid = claim["metadata"]["uid"]
+        (device,) = allocated(bed, claim)
+        stream = metadata_stream(logs, marker)
+        assert [d.get("apiVersion") for d in stream] == [
+            "metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"], logs
+        doc = stream[0]
+        assert doc["kind"] == "DeviceMetadata"
+        assert doc["metadata"] == {"name": claim["metadata"]["name"], "namespace": ns, "uid": uid, "generation": 1}
+        assert doc.get("podClaimName") == ("gpu" if marker == "template" else None), doc
+        assert doc["requests"] == [{"name": "gpu", "devices": [{
+            "driver": driver, "pool": real_node.node_name, "name": device["name"],
+            "attributes": device["attributes"]}]}], doc
+        assert stream[1] | {"apiVersion": ""} == doc | {"apiVersion": ""}
+        # The file on the host and its CDI spec: a read-only bind mount.
+        spec_file = real_node.cdi_dir / f"{driver}_metadata_{uid}_gpu.json"
+        [mount] = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["mounts"]
+        assert mount["containerPath"] == (from_template if marker == "template" else named)
+        assert mount["options"] == ["ro", "bind"]
+        host_files.append(Path(mount["hostPath"]))
+        uids.append(uid)
+    assert "Read-only file system" in logs.split("---write---", 1)[1], logs
+    plain = output_until_end(bed, real_node, ns, "meta", "plain")
+    assert "No such file or directory" in plain, plain
+
+    assert all(p.is_file() for p in host_files), host_files
+    bed.delete("pod", "meta", ns)
+
+    def leftovers() -> list[str]:
+        return [str(p) for p in host_files if p.exists()] + [
+            p.name for p in real_node.cdi_dir.iterdir() if any(u in p.name for u in uids)]
+
+    wait_for("metadata files and specs removed by unprepare", lambda: not leftovers(), 60)
