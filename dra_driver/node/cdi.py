@@ -15,6 +15,9 @@ node ``/dev/nvidiaN``, MIG capability nodes ``/dev/nvidia-caps/nvidia-capN`` and
 share). With a fake dev root (simulated GPUs) every node gets ``hostPath`` under the dev root
 while ``path`` stays ``/dev/...``.
 
+With the NVML backend the driver's own edits from the NVIDIA Container Toolkit (libraries, binaries,
+firmware, hooks: :mod:`dra_driver.node.toolkit`) join the spec-level edits.
+
 Every name that ends up in a path is validated first (claim UID, driver name).
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.discovery import sysfs
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.toolkit import merge_edits
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -168,7 +172,7 @@ class CdiSpecs:
     """Writes, deletes and lists the per-claim CDI specs of one driver in one directory."""
 
     def __init__(self, cdi_root: Path, driver_name: str, dev_root: Path = Path("/"),
-                 *, node_name: str = "") -> None:
+                 *, node_name: str = "", driver_edits: Callable[[], dict[str, Any]] | None = None) -> None:
         self.cdi_root = Path(cdi_root)
         self.driver_name = validate_driver_name(driver_name)
         self.vendor = f"k8s.{driver_name}"
@@ -176,6 +180,9 @@ class CdiSpecs:
         self.dev_root = Path(dev_root)
         self.node_name = node_name
         self._fake_dev_root = self.dev_root.resolve() != Path("/")
+        # The driver's libraries, binaries and hooks (dra_driver.node.toolkit); raises when the driver
+        # is missing, so that no spec starts a container without it.
+        self._driver_edits = driver_edits
 
     # names
     def cdi_device_name(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
@@ -189,6 +196,11 @@ class CdiSpecs:
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_root / f"{self.vendor}-claim_{validate_claim_uid(claim_uid)}.json"
+
+    def require_driver(self) -> None:
+        """Raise DriverEditsError, naming what is missing, when the driver's edits cannot be had."""
+        if self._driver_edits is not None:
+            self._driver_edits()
 
     # content
     def _node(self, name: str) -> dict[str, Any]:
@@ -272,6 +284,8 @@ class CdiSpecs:
                 "env": claim_env,
             },
         }
+        if self._driver_edits is not None:
+            spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())
         spec["cdiVersion"] = minimum_cdi_version(spec)
         return spec
 

@@ -64,6 +64,13 @@ class PluginMetrics:
                                   ["xid"], registry=r)
         self.events_dropped = Counter(f"{PREFIX}_events_dropped_total",
                                       "Kubernetes Events that could not be written", registry=r)
+        self.driver_edits_available = Gauge(
+            f"{PREFIX}_driver_edits_available",
+            "1 when the NVIDIA Container Toolkit found the driver and claims get its CDI edits; 0 when it did not "
+            "(every prepare fails until the driver is there)", registry=r)
+        self.driver_edits_generations = Counter(
+            f"{PREFIX}_driver_edits_generations_total",
+            "Runs of nvidia-ctk cdi generate (at start and when the driver changes), by result", ["result"], registry=r)
         self.build_info = Gauge(f"{PREFIX}_build_info", "Always 1; the labels say what runs",
                                 ["version", "backend", "driver_version"], registry=r)
         for result in RESULTS:  # so that rate() has a series to start from before the first claim

@@ -7,9 +7,11 @@ not delay registration.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -30,6 +32,7 @@ from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare import CLAIM_READ_CONCURRENCY, ClaimRef, DeviceState
 from dra_driver.node.settings import PluginSettings
 from dra_driver.node.slices import SlicePublisher
+from dra_driver.node.toolkit import DriverEdits, ToolkitConfig
 
 
 def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
@@ -85,6 +88,43 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
     return backend, backend.discover()
 
 
+def toolkit_config(settings: PluginSettings) -> ToolkitConfig:
+    ctk = settings.nvidia_ctk_path
+    if not ctk.is_absolute():
+        found = shutil.which(str(ctk))
+        ctk = Path(found) if found else ctk
+    return ToolkitConfig(
+        ctk_path=ctk,
+        hook_path=settings.nvidia_cdi_hook_path or ctk.parent / "nvidia-cdi-hook",
+        driver_root=settings.nvidia_driver_root,
+        host_driver_root=settings.host_driver_root or settings.nvidia_driver_root,
+        dev_root=settings.dev_root,
+    )
+
+
+def start_driver_edits(settings: PluginSettings, backend: Backend, log: Any) -> DriverEdits | None:
+    """The driver's CDI edits from the toolkit (NVML backend only); a missing driver is logged and
+    counted, and the plugin stays up: each prepare then fails naming it."""
+    if backend.name != "nvml" or not settings.driver_edits:
+        log.info("claims' CDI specs carry no driver edits", backend=backend.name, driver_edits=settings.driver_edits)
+        return None
+
+    def changed(edits: dict[str, Any] | None, error: str | None) -> None:
+        METRICS.driver_edits_available.set(0 if error else 1)
+        METRICS.driver_edits_generations.labels(result="error" if error else "success").inc()
+        if error:
+            log.error("the NVIDIA driver was not found: claims on this node fail to prepare until it is there",
+                      driver_root=str(settings.nvidia_driver_root), error=error)
+        else:
+            assert edits is not None
+            log.info("the driver's CDI edits are ready", driver_root=str(settings.nvidia_driver_root),
+                     mounts=len(edits.get("mounts", [])), hooks=len(edits.get("hooks", [])))
+
+    cache = DriverEdits(toolkit_config(settings), on_change=changed)
+    cache.refresh()
+    return cache
+
+
 def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str], monitor: HealthMonitor,
                  health_file: HealthFileSource | None, stop: threading.Event, log: Any) -> None:
     """NVML events for real GPUs; the --health-file for simulated ones (or NVML ones, for tests)."""
@@ -127,8 +167,9 @@ def run(settings: PluginSettings) -> int:
     METRICS.build_info.labels(version=__version__, backend=backend.name,
                               driver_version=gpus[0].driver_version if gpus else "").set(1)
 
+    driver_edits = start_driver_edits(settings, backend, log)
     state = DeviceState.from_settings(
-        settings, devices, api, backend=backend,
+        settings, devices, api, backend=backend, driver_edits=driver_edits.edits if driver_edits else None,
         on_prepare_error=lambda claim, error: events.on_claim(claim, notices.prepare_failed(error)))
     report_quarantine(state, events)
     board = HealthBoard(sorted(devices))

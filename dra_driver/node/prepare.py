@@ -72,6 +72,7 @@ from dra_driver.node.shares import (
     mps_for_share,
     share_amounts,
 )
+from dra_driver.node.toolkit import DriverEditsError
 
 _log = logs.get("prepare")
 
@@ -352,6 +353,7 @@ class DeviceState:
         devices: Mapping[str, AllocatableDevice],
         api: KubeApi,
         backend: Backend | None = None,
+        driver_edits: Callable[[], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> DeviceState:
         """Build from :class:`dra_driver.node.settings.PluginSettings`."""
@@ -359,7 +361,8 @@ class DeviceState:
             node_name=settings.node_name,
             driver_name=settings.driver_name,
             devices=devices,
-            cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name),
+            cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
+                         driver_edits=driver_edits),
             checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
                                        boot_id_path=settings.boot_id_path),
             api=api,
@@ -534,6 +537,10 @@ class DeviceState:
 
     def _write_spec(self, uid: str, namespace: str, name: str, devices: Sequence[PreparedDevice],
                     pod_claim: str | None = None) -> None:
+        try:
+            self._cdi.require_driver()
+        except DriverEditsError as exc:
+            raise ClaimFailure(str(exc)) from None
         if self._metadata is not None:
             self._write_metadata(MetadataClaim(uid, namespace, name, pod_claim), devices)
         claim_devices = []
@@ -550,6 +557,8 @@ class DeviceState:
             ))
         try:
             self._cdi.write_claim_spec(uid, namespace, name, claim_devices)
+        except DriverEditsError as exc:
+            raise ClaimFailure(str(exc)) from None
         except OSError as exc:
             raise ClaimFailure(describe_os_error(exc, f"CDI spec {self._cdi.spec_path(uid)}")) from None
 

@@ -44,6 +44,13 @@ class PluginSettings:
     consumable_shares: ConsumableShares = DISABLED
     device_metadata: bool = True
     """Give containers a metadata file describing their devices (KEP-5304)."""
+    driver_edits: bool = True
+    """NVML backend: add the driver's CDI edits from the NVIDIA Container Toolkit to every claim's spec."""
+    nvidia_ctk_path: Path = Path("nvidia-ctk")
+    nvidia_cdi_hook_path: Path | None = None
+    """As the host's runtime finds it; default: next to nvidia-ctk."""
+    host_driver_root: Path | None = None
+    """The driver root as the host sees it; default: --nvidia-driver-root."""
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     """Where the boot ID is read; tests point it at a file to simulate a reboot."""
 
@@ -111,6 +118,17 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
              "container that gets them; --no-device-metadata turns it off for new claims [DEVICE_METADATA]")
     add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
         help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
+    add("--host-driver-root", default=env("HOST_DRIVER_ROOT"),
+        help="The driver root as the host sees it, when --nvidia-driver-root is its mount in this container "
+             "(/driver-root); CDI specs name host paths. Default: --nvidia-driver-root [HOST_DRIVER_ROOT]")
+    add("--driver-edits", action=argparse.BooleanOptionalAction, default=env_flag(env("DRIVER_EDITS", "true")),
+        help="NVML backend: put the driver's libraries, binaries and hooks (from nvidia-ctk cdi generate) in every "
+             "claim's CDI spec [DRIVER_EDITS]")
+    add("--nvidia-ctk-path", default=env("NVIDIA_CTK_PATH", "nvidia-ctk"),
+        help="The NVIDIA Container Toolkit's nvidia-ctk [NVIDIA_CTK_PATH]")
+    add("--nvidia-cdi-hook-path", default=env("NVIDIA_CDI_HOOK_PATH"),
+        help="nvidia-cdi-hook as the host's container runtime finds it; default: beside nvidia-ctk "
+             "[NVIDIA_CDI_HOOK_PATH]")
 
 
 def plugin_settings(args: argparse.Namespace) -> PluginSettings:
@@ -151,5 +169,9 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         nvidia_driver_root=Path(args.nvidia_driver_root),
         consumable_shares=parse_consumable_shares(str(args.consumable_shares)),
         device_metadata=bool(args.device_metadata),
+        driver_edits=bool(args.driver_edits),
+        nvidia_ctk_path=Path(args.nvidia_ctk_path),
+        nvidia_cdi_hook_path=Path(args.nvidia_cdi_hook_path) if args.nvidia_cdi_hook_path else None,
+        host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
         boot_id_path=Path(args.boot_id_path),
     )

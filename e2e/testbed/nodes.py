@@ -79,7 +79,9 @@ class SimNode:
     def backend_args(self) -> list[str]:
         if self.nvml_machine is None:
             return ["--gpu-backend=simulated", f"--simulated-profile={self.profile}"]
-        return ["--gpu-backend=nvml", f"--nvidia-driver-root={self.driver_root}", f"--sysfs-root={self.sys_root}"]
+        # The mock root holds libnvidia-ml alone: no driver for the toolkit to find (see e2e/testbed/fakedriver.py).
+        return ["--gpu-backend=nvml", f"--nvidia-driver-root={self.driver_root}", f"--sysfs-root={self.sys_root}",
+                "--no-driver-edits"]
 
     def plugin_env(self) -> dict[str, str]:
         return mocknvml.environment(self.nvml_machine, self.nvml_state) if self.nvml_machine else {}
