@@ -18,9 +18,9 @@ from e2e.bench.common import BENCH_ORDER, RESULTS, machine_facts, summary_markdo
 from e2e.testbed import binaries
 
 # Benchmarks that need no bed run without starting one.
-NEEDS_BED = {"prepare", "mig_publish", "plugin_start", "resolution", "explain"}
+NEEDS_BED = {"prepare", "mig_publish", "plugin_start", "resolution", "explain", "real_node"}
 MODULES = {"prepare": "prepare", "mig_publish": "publish", "plugin_start": "startup", "resolution": "resolution",
-           "explain": "explain", "cel": "cel"}
+           "explain": "explain", "cel": "cel", "real_node": "realnode"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,4 +189,4 @@ def summary_markdown(directory: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
-BENCH_ORDER = ("prepare", "mig_publish", "plugin_start", "resolution", "explain", "cel")
+BENCH_ORDER = ("prepare", "mig_publish", "plugin_start", "resolution", "explain", "cel", "real_node")
