@@ -30,8 +30,8 @@ def test_every_tool_is_pinned_with_go_mod_and_go_sum() -> None:
         gomod = (tool.folder / "go.mod").read_text()
         assert (tool.folder / "go.sum").stat().st_size > 0, tool.name
         assert tool.version().startswith("v"), tool.name
-        # A library's main package is its own folder, not an upstream command.
-        expected = set() if tool.library else set(tool.commands)
+        # A library's or our own command's main package is its own folder, not an upstream command.
+        expected = set() if tool.ours else set(tool.commands)
         assert set(gotools.directive(gomod, "tool")) == expected, f"{tool.name}: tool lines"
         # Local replaces cannot resolve outside upstream's repository.
         assert not any(right.startswith(".") for _, right in gotools._replaces(gomod)), tool.name
@@ -151,3 +151,10 @@ def test_library_link_scripts_export_the_source_and_stub_the_rest(tmp_path: Path
     assert gotools.version_script(exports) == "{\n  global:\n    nvmlInit_v2;\n    nvmlShutdown;\n  local: *;\n};\n"
     assert gotools.not_implemented_script(gotools.declared_functions(header), exports, "stub") == (
         "PROVIDE(nvmlErrorString = stub);\nPROVIDE(nvmlOld = stub);\n")
+
+
+def test_our_own_command_key_follows_its_source(pins: Path) -> None:
+    key = gotools.cache_key(["baseline-driver"])
+    source = pins / "baseline-driver" / "main.go"
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert gotools.cache_key(["baseline-driver"]) != key, "a changed baseline driver must rebuild"

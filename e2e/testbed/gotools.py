@@ -109,6 +109,12 @@ class Tool:
     # Build features read off the machine; part of the cache key, and may refuse to build.
     features: Callable[[], str] = lambda: ""
     library: CLibrary | None = None
+    own_source: bool = False
+    """The main package is our own Go source in the folder (a command, not a library)."""
+
+    @property
+    def ours(self) -> bool:
+        return self.library is not None or self.own_source
 
     @property
     def folder(self) -> Path:
@@ -118,8 +124,8 @@ class Tool:
         return pinned_version(self.folder / "go.mod", self.module)
 
     def sources(self) -> list[Path]:
-        """Our own source in the folder (a library's), hashed into the cache key."""
-        if self.library is None:
+        """Our own source in the folder (a library's or a command's), hashed into the cache key."""
+        if not self.ours:
             return []
         return sorted(p for p in self.folder.iterdir() if p.is_file() and p.name not in ("go.mod", "go.sum"))
 
@@ -148,10 +154,18 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("helm", "helm.sh/helm/v3", {"helm.sh/helm/v3/cmd/helm": "helm"},
          ldflags=lambda v: f"-X helm.sh/helm/v3/internal/version.version={v} "
                            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"),
+    # The driver's CDI edits (libraries, binaries, hooks) for CUDA containers: dra_driver/node/toolkit.py.
+    # cgo: nvidia-ctk loads libnvidia-ml through go-nvml's dlopen.
+    Tool("nvidia-container-toolkit", "github.com/NVIDIA/nvidia-container-toolkit",
+         {f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{c}": c for c in ("nvidia-ctk", "nvidia-cdi-hook")},
+         cgo=True, ldflags=lambda v: f"-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version={v.lstrip('v')}"),
     # NVML on CPU-only machines: our cgo shim over NVIDIA's mock DGX servers (e2e/testbed/mocknvml.py).
     Tool("mock-nvml", "github.com/NVIDIA/go-nvml", {".": "libnvidia-ml.so.1"}, cgo=True,
          library=CLibrary(soname="libnvidia-ml.so.1", header_module="github.com/NVIDIA/go-nvml",
                           header="pkg/nvml/nvml.h", not_implemented="draMockNvmlNotImplemented")),
+    # The real-node benchmark's baseline: our own minimal driver on the upstream kubeletplugin helper,
+    # pinned at the bed's Kubernetes (e2e/bench/realnode.py).
+    Tool("baseline-driver", "k8s.io/dynamic-resource-allocation", {".": "baseline-driver"}, own_source=True),
 )}
 
 
@@ -431,14 +445,14 @@ def pin(name: str, version: str | None = None) -> list[str]:
                                f"fetching {tool.module}@{version}"))
     upstream = Path(info["GoMod"]).read_text()
     # Our own source (a library) needs the Go it is written for; a pinned upstream command, upstream's.
-    go_line = re.search(r"^go\s+(\S+)", old if tool.library is not None and old else upstream, re.M)
+    go_line = re.search(r"^go\s+(\S+)", old if tool.ours and old else upstream, re.M)
     lines = [f"// Pinned build of {tool.module}; regenerate with: python -m e2e.testbed.gotools pin {name}@<version>",
              f"module {PIN_MODULE_PREFIX}{name}", "", f"go {go_line.group(1) if go_line else '1.25'}", "",
              f"require {tool.module} {version}", ""]
     replaces = upstream_replaces(upstream, version)
     if replaces:
         lines += ["replace (", *[f"\t{r}" for r in replaces], ")", ""]
-    if tool.library is None:
+    if not tool.ours:
         lines += ["tool (", *[f"\t{pkg}" for pkg in tool.commands], ")"]
     (folder / "go.mod").write_text("\n".join(lines) + "\n")
     (folder / "go.sum").unlink(missing_ok=True)
