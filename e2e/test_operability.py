@@ -91,7 +91,10 @@ def test_metrics_after_a_workload_and_xid_events_on_the_node(bed: Bed, ns: str) 
         sick = "gpu-7" if used != "gpu-7" else "gpu-6"
 
         health_file.write_text(json.dumps({sick: {"health": "Unhealthy", "reason": "XID 79", "xid": 79}}))
-        (unhealthy,) = wait_for("a DeviceUnhealthy Event on the Node", lambda: node_events(bed, GPU_NODE, "DeviceUnhealthy"), 60)
+        # Earlier tests' Events about other devices of this node are still there (test_health's gpu-3).
+        (unhealthy,) = wait_for(f"a DeviceUnhealthy Event on the Node for {sick}",
+                                lambda: [e for e in node_events(bed, GPU_NODE, "DeviceUnhealthy")
+                                         if sick in e.get("note", "")], 60)
         assert unhealthy["type"] == "Warning" and unhealthy["reportingInstance"] == GPU_NODE
         assert sick in unhealthy["note"] and "XID 79" in unhealthy["note"] and "NoSchedule" in unhealthy["note"]
         with_xid = page(node.health_port)
@@ -99,7 +102,9 @@ def test_metrics_after_a_workload_and_xid_events_on_the_node(bed: Bed, ns: str) 
         assert value(with_xid, "devices", type="gpu", health="Unhealthy") == 1
 
         health_file.write_text("{}")
-        (recovered,) = wait_for("a DeviceRecovered Event", lambda: node_events(bed, GPU_NODE, "DeviceRecovered"), 60)
+        (recovered,) = wait_for(f"a DeviceRecovered Event for {sick}",
+                                lambda: [e for e in node_events(bed, GPU_NODE, "DeviceRecovered")
+                                         if sick in e.get("note", "")], 60)
         assert recovered["type"] == "Normal" and sick in recovered["note"] and "XID 79" in recovered["note"]
         described = bed.kubectl("describe", "node", GPU_NODE).stdout
         assert "DeviceUnhealthy" in described and "DeviceRecovered" in described and "XID 79" in described, described[-3000:]
