@@ -317,3 +317,89 @@ def test_real_device_metadata_in_container(bed: Bed, ns: str, real_node: Any) ->
             p.name for p in real_node.cdi_dir.iterdir() if any(u in p.name for u in uids)]
 
     wait_for("metadata files and specs removed by unprepare", lambda: not leftovers(), 60)
+
+
+CUDA_CHECK = r"""
+echo ---smi---; /usr/bin/nvidia-smi; echo "smi-rc=$?"
+echo ---libs---; ls -l /usr/lib/x86_64-linux-gnu/
+echo ---ldcache---
+if [ -f /etc/ld.so.cache ]; then strings /etc/ld.so.cache | grep '^/' | sort -u; else echo none; fi
+echo ---end---
+trap 'exit 0' TERM; sleep 86400 & wait
+"""
+
+
+def wait_driver_slices(bed: Bed, node: Any, version: str, what: str) -> None:
+    """Until every device the node publishes reports this driver version (the other backend's gone)."""
+    seen: list[str] = []
+
+    def probe() -> bool:
+        devices = [d for s in bed.get("resourceslices", selector=f"spec.nodeName={node.node_name}")["items"]
+                   for d in s["spec"].get("devices", [])]
+        seen[:] = sorted({str(attr(d, "driverVersion")) for d in devices})
+        return seen == [version]
+
+    try:
+        wait_for(what, probe, 90)
+    except AssertionError as exc:
+        log = (node.logs / "plugin.log").read_text(errors="replace").splitlines()[-30:]
+        raise AssertionError(f"{what}: driver versions published {seen}; plugin log:\n" + "\n".join(log)) from exc
+
+
+def section(logs: str, name: str) -> list[str]:
+    return logs.split(f"---{name}---", 1)[1].split("---", 1)[0].strip().splitlines()
+
+
+def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, real_node: Any) -> None:
+    """The plugin on the NVML backend (the mock DGX H100 in a fake 550.54.15 driver root, the pinned
+    NVIDIA Container Toolkit): through our CDI spec alone the container has the driver's libraries at
+    their container paths, the symlinks nvidia-cdi-hook created, the ld.so.cache it updated, and runs
+    the root's nvidia-smi, which prints the UUID of the GPU the claim got."""
+    from e2e.testbed import fakedriver
+    from e2e.testbed.realnode import NvmlDriver
+
+    nvml = NvmlDriver.make(real_node.root / "nvml")
+    real_node.procs.stop("plugin")
+    try:
+        real_node.start_plugin(nvml)
+        wait_driver_slices(bed, real_node, fakedriver.VERSION, "the real node's slices from the mock NVML")
+        docs = on_real_node([
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "cuda"},
+             "spec": {"spec": {"devices": {"requests": [
+                 {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu.dra-driver.io"}}]}}}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cuda"},
+             "spec": {"terminationGracePeriodSeconds": 5,
+                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "cuda"}],
+                      "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sh", "-c", CUDA_CHECK],
+                                      "resources": {"claims": [{"name": "gpu"}]}}]}},
+        ], real_node)
+        bed.apply(docs, ns=ns)
+        wait_running(bed, ns, "cuda", timeout=180)
+        claim = claim_of(bed, ns, "cuda", "gpu")
+        (device,) = allocated(bed, claim)
+        spec = json.loads((real_node.cdi_dir / f"k8s.{node_driver()}-claim_{claim['metadata']['uid']}.json").read_text())
+        edits = spec["containerEdits"]
+        lib = "/usr/lib/x86_64-linux-gnu"
+        version = fakedriver.VERSION
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        assert mounts[f"{lib}/libcuda.so.{version}"] == str(nvml.driver_root / f"usr/lib/x86_64-linux-gnu/libcuda.so.{version}")
+        assert mounts["/usr/bin/nvidia-smi"] == str(nvml.driver_root / "usr/bin/nvidia-smi")
+        assert {h["path"] for h in edits["hooks"]} == {str(nvml.toolkit_bin / "nvidia-cdi-hook")}
+
+        logs = output_until_end(bed, real_node, ns, "cuda", "ctr0")
+        assert section(logs, "smi") == [f"GPU 0: NVIDIA fake GPU (UUID: {attr(device, 'uuid')})", "smi-rc=0"], logs
+        listing = {line.split()[-1] if "->" not in line else line.split()[-3]: line for line in section(logs, "libs")[1:]}
+        for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"):
+            assert f"{name}.so.{version}" in listing, f"{name} not mounted:\n{logs}"
+        # Links the create-symlinks hook made (the toolkit's: libcuda.so, libnvidia-ml.so.1).
+        assert listing["libcuda.so"].startswith("l") and listing["libcuda.so"].endswith("-> libcuda.so.1"), logs
+        assert listing["libnvidia-ml.so.1"].endswith(f"-> libnvidia-ml.so.{version}"), logs
+        # update-ldcache ran the host's ldconfig on the container: the one real ELF library (the
+        # mock libnvidia-ml) is in the cache; the empty stand-ins are not ELF, so ldconfig skips them.
+        assert section(logs, "ldcache") == [f"{lib}/libnvidia-ml.so.1"], logs
+    finally:
+        bed.delete("pod", "cuda", ns)
+        wait_for("the cuda pod gone", lambda: bed.kubectl("get", "pod", "cuda", "-n", ns, check=False).returncode != 0, 90)
+        real_node.procs.stop("plugin")
+        real_node.start_plugin()
+        wait_driver_slices(bed, real_node, "580.95.5", "the real node's simulated slices back")  # h100-8x, as a semver

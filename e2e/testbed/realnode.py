@@ -119,6 +119,25 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)
 
 
+@dataclass(frozen=True)
+class NvmlDriver:
+    """A fake NVIDIA driver install (e2e/testbed/fakedriver.py) with the mock NVML of one DGX."""
+
+    driver_root: Path
+    sys_root: Path
+    toolkit_bin: Path
+    environment: dict[str, str]
+
+    @classmethod
+    def make(cls, root: Path, machine: str = "dgxh100") -> NvmlDriver:
+        from e2e.testbed import fakedriver, mocknvml
+
+        driver_root = fakedriver.make_driver_root(root / "driver")
+        sys_root = mocknvml.make_sysfs(root / "sys")
+        return cls(driver_root, sys_root, fakedriver.toolkit_bin(),
+                   mocknvml.environment(machine, root / "mock-nvml-state.json"))
+
+
 @dataclass
 class RealNode:
     kubeconfig: Path
@@ -375,35 +394,44 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
         self._wait(f"node {self.node_name} Ready", ready, 120)
 
-    def start_plugin(self) -> None:
+    def start_plugin(self, nvml: NvmlDriver | None = None) -> None:
+        """The plugin on the simulated backend, or (``nvml``) on the mock NVML in a fake driver root
+        with the NVIDIA Container Toolkit's edits; each backend keeps its own checkpoint."""
+        if nvml is None:
+            backend = ["--gpu-backend=simulated", f"--simulated-profile={self.profile}",
+                       f"--state-dir={self.root / 'plugin-state'}", f"--health-file={self.health_file}"]
+            env = {"PYTHONPATH": str(REPO)}
+        else:
+            backend = ["--gpu-backend=nvml", f"--nvidia-driver-root={nvml.driver_root}", f"--sysfs-root={nvml.sys_root}",
+                       f"--nvidia-ctk-path={nvml.toolkit_bin / 'nvidia-ctk'}", f"--state-dir={self.root / 'plugin-state-nvml'}",
+                       "--no-health-monitoring"]
+            env = {"PYTHONPATH": str(REPO), **nvml.environment}
+        before = self.registrations()  # a restart waits for the new process's own line
         self.procs.start("plugin", [
             sys.executable, "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.node_name}",
             f"--driver-name={DRIVER_NAME}",
-            "--gpu-backend=simulated",
-            f"--simulated-profile={self.profile}",
+            *backend,
             f"--kubelet-registry-dir={self.registry_dir}",
             f"--kubelet-plugins-dir={self.plugins_dir}",
             f"--cdi-root={self.cdi_dir}",
-            f"--state-dir={self.root / 'plugin-state'}",
             f"--dev-root={self.dev_root}",
-            f"--health-file={self.health_file}",
             f"--kubeconfig={self.kubeconfig}",
             "--log-format=json",
             "--cleanup-interval=5",
-        ], env={"PYTHONPATH": str(REPO)})
+        ], env=env)
         self._write_state()
-        self._wait("the kubelet to register our plugin", self.plugin_registered, 60)
+        self._wait("the kubelet to register our plugin", lambda: self.registrations() > before, 60)
 
     def container_log_file(self, namespace: str, pod: str, container: str) -> Path | None:
         """The CRI log file containerd writes for a container (``<podLogsDir>/<ns>_<pod>_<uid>/<ctr>/N.log``)."""
         files = sorted((self.root / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log"))
         return files[-1] if files else None
 
-    def plugin_registered(self) -> bool:
-        """The kubelet confirmed the registration (NotifyRegistrationStatus(registered=true) on our socket)."""
-        log = (self.logs / "plugin.log").read_text(errors="replace")
-        return "registered with the kubelet" in log
+    def registrations(self) -> int:
+        """How often the kubelet confirmed a registration (NotifyRegistrationStatus(registered=true))."""
+        log = self.logs / "plugin.log"
+        return log.read_text(errors="replace").count("registered with the kubelet") if log.exists() else 0
 
     def _write_state(self) -> None:
         state = {"pids": self.procs.pids(), "root": str(self.root), "node": self.node_name,
