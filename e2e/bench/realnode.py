@@ -349,7 +349,8 @@ def run(bed: BenchBed, quick: bool) -> Result:
         rss = {"ours": vm_rss_kib(ours_pid), "baseline": vm_rss_kib(baseline_pid)}
         profile = profile_phase(run_, ours_pid, 6 if quick else 20)
         events = parse_kubelet_log((node.logs / "kubelet.log").read_text(errors="replace").splitlines())
-        shutil.copy(node.logs / "kubelet.log", Path(tempfile.gettempdir()) / "bench-real-node-kubelet.log")
+        for log in ("kubelet", "plugin", "baseline"):  # the node's root goes with it: keep its logs to read
+            shutil.copy(node.logs / f"{log}.log", Path(tempfile.gettempdir()) / f"bench-real-node-{log}.log")
 
     figures: dict[str, Any] = {"rss_kib": rss, "pod_start_ms": {}, "calls": {}}
     if profile is not None:
