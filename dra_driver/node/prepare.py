@@ -81,7 +81,16 @@ _log = logs.get("prepare")
 
 
 CLAIM_READ_CONCURRENCY = 32
+NOT_PROCESSED = "internal error: claim was not processed"
 """Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""
+
+
+def _by_uid(claims: Iterable[ClaimRef]) -> dict[str, ClaimRef]:
+    """A batch with each UID once; the kubelet may repeat a claim, and the first mention wins."""
+    unique: dict[str, ClaimRef] = {}
+    for claim in claims:
+        unique.setdefault(claim.uid, claim)
+    return unique
 
 
 def _read_error(exc: BaseException) -> str:
@@ -577,16 +586,14 @@ class DeviceState:
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
         """Prepare a batch of claims; one outcome per distinct UID, never raises."""
-        unique: dict[str, ClaimRef] = {}
-        for claim in claims:
-            unique.setdefault(claim.uid, claim)
+        unique = _by_uid(claims)
         if not unique:
             return {}
         started = time.perf_counter()
         fetched = self._fetch_all(list(unique.values()))
         outcomes = self._prepares.run({uid: (ref, fetched[uid]) for uid, ref in unique.items()})
         for uid in unique:
-            outcomes.setdefault(uid, PrepareOutcome(error="internal error: claim was not processed"))
+            outcomes.setdefault(uid, PrepareOutcome(error=NOT_PROCESSED))
         METRICS.observe_claims(METRICS.prepare_seconds, time.perf_counter() - started,
                                [outcomes[uid].error for uid in unique])
         if self._on_prepare_error is not None:
@@ -922,15 +929,13 @@ class DeviceState:
 
     def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
         """Unprepare a batch; ``None`` = success (also for a claim that was never prepared)."""
-        unique: dict[str, ClaimRef] = {}
-        for claim in claims:
-            unique.setdefault(claim.uid, claim)
+        unique = _by_uid(claims)
         if not unique:
             return {}
         started = time.perf_counter()
         out = self._unprepares.run(unique)
         for uid in unique:
-            out.setdefault(uid, "internal error: claim was not processed")
+            out.setdefault(uid, NOT_PROCESSED)
         METRICS.observe_claims(METRICS.unprepare_seconds, time.perf_counter() - started, [out[uid] for uid in unique])
         return out
 
