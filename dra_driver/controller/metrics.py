@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from dra_driver import __version__
+from dra_driver import __version__, httpserve
 
 PREFIX = "dra_driver_controller"
 
@@ -57,29 +55,13 @@ class MetricsServer:
     def __init__(self, metrics: ControllerMetrics, port: int, healthy: Callable[[], bool], host: str = "") -> None:
         registry = metrics.registry
 
-        class _Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif path in ("/healthz", "/livez", "/readyz"):
-                    ok = _safe(healthy)
-                    self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
-                else:
-                    self._reply(404, b"not found\n", "text/plain")
+        def health() -> tuple[int, bytes, str]:
+            ok = _safe(healthy)
+            return (200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
 
-            def _reply(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer((host, port), _Handler)
-        self._server.daemon_threads = True
+        pages: dict[str, httpserve.Page] = {path: health for path in httpserve.HEALTH_PATHS}
+        pages["/metrics"] = lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST)
+        self._server = httpserve.bind(host, port, pages)
         self._thread: threading.Thread | None = None
 
     @property
@@ -87,8 +69,7 @@ class MetricsServer:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
-        self._thread.start()
+        self._thread = httpserve.serve_in_background(self._server, "metrics-http")
 
     def stop(self) -> None:
         self._server.shutdown()

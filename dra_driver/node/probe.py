@@ -7,13 +7,13 @@ accepts a connection; otherwise exit 1 with one line saying what is wrong.
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 
+from dra_driver import httpserve
 from dra_driver._proto.pluginregistration import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
 
@@ -51,31 +51,15 @@ def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.
                   pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None) -> ThreadingHTTPServer:
     """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem;
     ``pages`` adds more paths (``/metrics``), each answering ``(body, content type)``."""
-    extra = dict(pages or {})
+    def health() -> tuple[int, bytes, str]:
+        problem = check_fn()
+        return (503, f"{problem}\n".encode(), "text/plain") if problem else (200, b"ok\n", "text/plain")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            if path in extra:
-                body, ctype = extra[path]()
-                self._reply(200, body, ctype)
-                return
-            if path not in ("/healthz", "/livez", "/readyz"):
-                self.send_error(404)
-                return
-            problem = check_fn()
-            self._reply(503 if problem else 200, (f"{problem}\n" if problem else "ok\n").encode(), "text/plain")
+    def ok(page: Callable[[], tuple[bytes, str]]) -> httpserve.Page:
+        return lambda: (200, *page())
 
-        def _reply(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return  # probes every few seconds would drown the real log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="healthz", daemon=True).start()
+    routes: dict[str, httpserve.Page] = {path: health for path in httpserve.HEALTH_PATHS}
+    routes.update({path: ok(page) for path, page in (pages or {}).items()})
+    server = httpserve.bind(host, port, routes)
+    httpserve.serve_in_background(server, "healthz")
     return server
