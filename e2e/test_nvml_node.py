@@ -110,7 +110,7 @@ def test_h100_slices_as_the_api_server_stores_them(bed: Bed, nodes: dict[str, Si
         assert attr(d, "uuid") == gpu["uuid"]  # what the mock's NVML reported, through pynvml
         assert attr(d, "productName") == "NVIDIA H100 80GB HBM3"
         assert (attr(d, "architecture"), attr(d, "cudaComputeCapability")) == ("Hopper", "9.0.0")
-        assert (attr(d, "driverVersion"), attr(d, "index"), attr(d, "minor")) == ("550.54.15", i, i)
+        assert (attr(d, "driverVersion"), attr(d, "index"), attr(d, "minor")) == ("570.172.8", i, i)
         assert attr(d, "resource.kubernetes.io/pciBusID") == mocknvml.bus_id(i)
         assert attr(d, "resource.kubernetes.io/pcieRoot") == mocknvml.pcie_root(i)
         assert attr(d, "resource.kubernetes.io/numaNode") == mocknvml.numa_node(i)

@@ -322,6 +322,9 @@ def test_real_device_metadata_in_container(bed: Bed, ns: str, real_node: Any) ->
 CUDA_CHECK = r"""
 echo ---smi---; /usr/bin/nvidia-smi; echo "smi-rc=$?"
 echo ---libs---; ls -l /usr/lib/x86_64-linux-gnu/
+echo ---files---
+[ -S /run/nvidia-persistenced/socket ] && echo "socket /run/nvidia-persistenced/socket"
+for f in /usr/bin/nvidia-* /lib/firmware/nvidia/*/*; do [ -f "$f" ] && echo "file $f"; done
 echo ---ldcache---
 if [ -f /etc/ld.so.cache ]; then strings /etc/ld.so.cache | grep '^/' | sort -u; else echo none; fi
 echo ---end---
@@ -351,10 +354,12 @@ def section(logs: str, name: str) -> list[str]:
 
 
 def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, real_node: Any) -> None:
-    """The plugin on the NVML backend (the mock DGX H100 in a fake 550.54.15 driver root, the pinned
-    NVIDIA Container Toolkit): through our CDI spec alone the container has the driver's libraries at
-    their container paths, the symlinks nvidia-cdi-hook created, the ld.so.cache it updated, and runs
-    the root's nvidia-smi, which prints the UUID of the GPU the claim got."""
+    """The plugin on the NVML backend (the mock DGX H100 in a fake driver root laid out like a real
+    570.172.08 install, the pinned NVIDIA Container Toolkit): through our CDI spec alone the container
+    has the driver's libraries, binaries, firmware and persistenced socket at their container paths,
+    the symlinks nvidia-cdi-hook created, the ld.so.cache it updated, and runs the root's nvidia-smi,
+    which prints the UUID of the GPU the claim got."""
+    from dra_driver.node.devices import to_semver
     from e2e.testbed import fakedriver
     from e2e.testbed.realnode import NvmlDriver
 
@@ -362,7 +367,7 @@ def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, re
     real_node.procs.stop("plugin")
     try:
         real_node.start_plugin(nvml)
-        wait_driver_slices(bed, real_node, fakedriver.VERSION, "the real node's slices from the mock NVML")
+        wait_driver_slices(bed, real_node, to_semver(fakedriver.VERSION), "the real node's slices from the mock NVML")
         docs = on_real_node([
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "cuda"},
              "spec": {"spec": {"devices": {"requests": [
@@ -389,7 +394,7 @@ def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, re
         logs = output_until_end(bed, real_node, ns, "cuda", "ctr0")
         assert section(logs, "smi") == [f"GPU 0: NVIDIA fake GPU (UUID: {attr(device, 'uuid')})", "smi-rc=0"], logs
         listing = {line.split()[-1] if "->" not in line else line.split()[-3]: line for line in section(logs, "libs")[1:]}
-        for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"):
+        for name in ("libnvidia-ml", *fakedriver.LIBRARIES):
             assert f"{name}.so.{version}" in listing, f"{name} not mounted:\n{logs}"
         # Links the create-symlinks hook made (the toolkit's: libcuda.so, libnvidia-ml.so.1).
         assert listing["libcuda.so"].startswith("l") and listing["libcuda.so"].endswith("-> libcuda.so.1"), logs
@@ -397,6 +402,9 @@ def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, re
         # update-ldcache ran the host's ldconfig on the container: the one real ELF library (the
         # mock libnvidia-ml) is in the cache; the empty stand-ins are not ELF, so ldconfig skips them.
         assert section(logs, "ldcache") == [f"{lib}/libnvidia-ml.so.1"], logs
+        files = {f"file /usr/bin/{name}" for name in fakedriver.BINARIES}
+        files |= {f"file /lib/firmware/nvidia/{version}/{name}" for name in fakedriver.FIRMWARE}
+        assert set(section(logs, "files")) == files | {"socket /run/nvidia-persistenced/socket"}, logs
     finally:
         bed.delete("pod", "cuda", ns)
         wait_for("the cuda pod gone", lambda: bed.kubectl("get", "pod", "cuda", "-n", ns, check=False).returncode != 0, 90)

@@ -77,7 +77,7 @@ def test_dgx_h100_every_gpu_as_nvml_reports_it(open_nvml: Callable[..., NvmlBack
         assert (gpu.index, gpu.minor) == (i, i)
         assert gpu.product_name == "NVIDIA H100 80GB HBM3"
         assert (gpu.brand, gpu.architecture, gpu.cuda_compute_capability) == ("Nvidia", "Hopper", "9.0")
-        assert (gpu.driver_version, gpu.cuda_driver_version) == ("550.54.15", "12.4")
+        assert (gpu.driver_version, gpu.cuda_driver_version) == ("570.172.08", "12.8")
         assert gpu.memory_bytes == 80 * GIB
         assert gpu.uuid.startswith("GPU-") and len(gpu.uuid) == 40
         assert gpu.pci.bus_id == mocknvml.bus_id(i)  # NVML's 00000000:0I:00.0, normalised
@@ -254,6 +254,17 @@ def test_health_events_register_and_a_wait_times_out(open_nvml: Callable[..., Nv
     source.wait_once()  # NVML_ERROR_TIMEOUT is a quiet return: nothing reported
     source.monitor.report.assert_not_called()  # type: ignore[attr-defined]
     backend.nv.nvmlEventSetFree(source.event_set)
+
+
+@pytest.mark.parametrize("machine", ["dgxa100", "dgxh100", "dgxh200", "dgxb200"])
+def test_every_machine_reports_the_fake_driver_roots_version(open_nvml: Callable[..., NvmlBackend],
+                                                             machine: str) -> None:
+    """One R570 install on every mock (go-nvml's own say 550.54.15, the B200 560.28.03): the version
+    the fake driver root's files are named after, which the toolkit looks them up by."""
+    open_nvml(machine).discover()
+    assert pynvml.nvmlSystemGetDriverVersion() == mocknvml.DRIVER_VERSION == "570.172.08"
+    assert pynvml.nvmlSystemGetNVMLVersion() == "12.570.172.08"
+    assert pynvml.nvmlSystemGetCudaDriverVersion_v2() == 12080
 
 
 # --- the C ABI, below pynvml's helpers ----------------------------------------------------------------

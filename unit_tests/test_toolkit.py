@@ -77,11 +77,19 @@ def test_real_toolkit_edits_mount_the_driver_and_run_the_hooks(ctk: Path, tmp_pa
     root = driver_root(tmp_path)
     edits = generate(config(ctk, root))
     got = mounts(edits)
-    for name in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"):
+    assert VERSION.startswith("570.")
+    # Every file of the fake 570 install, each where a real one's is mounted (see fakedriver.py).
+    for name in ("libnvidia-ml", *fakedriver.LIBRARIES):
         path = f"{LIB}/{name}.so.{VERSION}"
         assert got[path] == str(root / path.lstrip("/")), name
-    assert got["/usr/bin/nvidia-smi"] == str(root / "usr/bin/nvidia-smi")
-    assert got[f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"] == str(root / f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin")
+    for name in fakedriver.BINARIES:
+        assert got[f"/usr/bin/{name}"] == str(root / "usr/bin" / name)
+    for name in fakedriver.FIRMWARE:
+        path = f"/lib/firmware/nvidia/{VERSION}/{name}"
+        assert got[path] == str(root / path.lstrip("/"))
+    socket = next(m for m in edits["mounts"] if m["containerPath"] == "/run/nvidia-persistenced/socket")
+    assert socket["hostPath"] == str(root / fakedriver.PERSISTENCED_SOCKET) and "noexec" in socket["options"]
+    assert not any(".so.1" in path or path.endswith(".so") for path in got), "links are the hooks' to make"
     hooks = hook_commands(edits)
     assert {h["path"] for h in edits["hooks"]} == {str(HOOK)}
     assert f"libcuda.so.1::{LIB}/libcuda.so" in hooks["create-symlinks"]

@@ -23,8 +23,11 @@ from e2e.testbed import gotools
 TOOL = "mock-nvml"
 SONAME = "libnvidia-ml.so.1"
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
-DRIVER_VERSION = "550.54.15"
-"""What go-nvml's DGX A100/H100 servers report."""
+DRIVER_VERSION = "570.172.08"
+"""The driver every mock machine reports (a real R570 datacenter release; go-nvml's own mocks say
+550.54.15, see ``installedDriverVersion`` in the shim's machine.go)."""
+CUDA_DRIVER_VERSION = "12.8"
+"""The CUDA version of that driver (NVML's 12080)."""
 GPUS = 8
 """GPUs of every mock DGX."""
 

@@ -28,6 +28,16 @@ const (
 	lastComputeInstanceID = 7
 )
 
+// Every machine runs one driver install, a real R570 datacenter release (CUDA 12.8): a node has one
+// driver whatever its GPUs, and the fake driver root (e2e/testbed/fakedriver.py) names its files
+// after this version, as the NVIDIA Container Toolkit looks them up by it. go-nvml's mocks report
+// 550.54.15 (B200: 560.28.03), older than the driver this project is tested for.
+const (
+	installedDriverVersion = "570.172.08"
+	installedNvmlVersion   = "12." + installedDriverVersion
+	installedCudaVersion   = 12080
+)
+
 var uuidNamespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://gpu.dra-driver.io/mock-nvml"))
 
 // Machine is one mock server and what this library adds to it: stable UUIDs, real NVML's checks on
@@ -68,6 +78,9 @@ func newMachine(name string) (*Machine, error) {
 			name, strings.Join(machineNames(), ", "))
 	}
 	m := &Machine{Name: name, Server: build()}
+	m.Server.DriverVersion = installedDriverVersion
+	m.Server.NvmlVersion = installedNvmlVersion
+	m.Server.CudaDriverVersion = installedCudaVersion
 	for i, d := range m.Server.Devices {
 		gpu := d.(*server.Device)
 		// go-nvml draws random UUIDs; a real GPU keeps its UUID, and the plugin's checkpoint relies on it.

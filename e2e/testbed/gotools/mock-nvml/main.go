@@ -2,6 +2,9 @@
 // function is served by one of the mock DGX servers NVIDIA ships in github.com/NVIDIA/go-nvml
 // (pkg/nvml/mock), so the node plugin's real pynvml path runs unchanged on a CPU-only machine.
 //
+// Every machine reports driver 570.172.08 (NVML 12.570.172.08, CUDA 12.8), whatever go-nvml's
+// mock of it says: see installedDriverVersion in machine.go.
+//
 // Environment, read at the nvmlInit that starts a session (reference count 0 → 1):
 //
 //	DRA_MOCK_NVML_MACHINE  dgxh100 (default), dgxa100, dgxh200 or dgxb200.
