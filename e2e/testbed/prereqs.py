@@ -69,6 +69,10 @@ CHECKS: dict[str, list[tuple[str, Callable[[], bool], str]]] = {
         ("file", lambda: shutil.which("file") is not None, "checking that busybox is static"),
         ("busybox-static", _static_busybox, "the real node's container images"),
         ("shellcheck", lambda: shutil.which("shellcheck") is not None, "linting the kind and CI scripts"),
+        ("docker.io", lambda: Path("/usr/sbin/dockerd").exists() and Path("/usr/bin/docker").exists(),
+         "the image build and the kind cluster (the bed starts its own dockerd)"),
+        ("mmdebstrap", lambda: shutil.which("mmdebstrap") is not None,
+         "Debian base images made offline (no image registry is reachable)"),
     ],
 }
 
