@@ -62,3 +62,23 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "dra-driver.celType" -}}
 device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '{{ .type }}'
 {{- end -}}
+
+{{/* Whether an init container installs the image's nvidia-cdi-hook on the host: only the NVML
+     backend writes the driver's CDI edits, whose hooks the runtime runs on the host. */}}
+{{- define "dra-driver.installCdiHook" -}}
+{{- if and (eq .Values.gpuBackend "nvml") .Values.nvml.driverEdits (eq .Values.nvml.cdiHook.source "install") }}true{{ end -}}
+{{- end -}}
+
+{{/* Host directory the image's nvidia-cdi-hook is installed into. */}}
+{{- define "dra-driver.cdiHookInstallDir" -}}
+{{- default (printf "/var/lib/dra-driver/%s/bin" .Values.driverName) (trimSuffix "/" .Values.nvml.cdiHook.installDir) -}}
+{{- end -}}
+
+{{/* nvidia-cdi-hook as the host's runtime finds it, named in every claim's CDI spec. */}}
+{{- define "dra-driver.cdiHookPath" -}}
+{{- if include "dra-driver.installCdiHook" . -}}
+{{- printf "%s/nvidia-cdi-hook" (include "dra-driver.cdiHookInstallDir" .) -}}
+{{- else -}}
+{{- .Values.nvml.cdiHook.hostPath -}}
+{{- end -}}
+{{- end -}}
