@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# End-to-end run on a kind cluster with simulated GPUs:
-#   create the cluster (e2e/kind/kind-config.yaml) -> build and side-load the image ->
-#   helm install the chart with gpuBackend=simulated -> wait for the plugins ->
-#   pytest e2e -m "not testbed_only" with KUBECONFIG pointing at kind and E2E_CLUSTER=kind.
+# End-to-end run on a kind cluster with simulated GPUs, installed as a user installs it:
+#   create the cluster (e2e/kind/kind-config.yaml: 1 control plane, 2 workers, CDI, DRA gates) ->
+#   build the image (deploy/image/build.py, as `make image`) and `kind load` it ->
+#   `helm install` the chart with gpuBackend=simulated on worker 1 -> wait for the plugins ->
+#   pytest e2e -m "not testbed_only" with E2E_CLUSTER=kind (the shared suite) ->
+#   pytest e2e/kind (what only a real install shows: registration from the DaemonSet, RBAC from
+#   inside the pods, leader election, helm upgrade and uninstall, a non-default kubelet root).
 # The cluster is deleted on exit unless KEEP_CLUSTER=1.
 #
+# On a host with Docker, kind, kubectl and helm, it uses them as they are. `make e2e-kind`
+# (DRA_KIND_BED=1) instead brings everything up from this repository's pins, with no registry:
+# the bed's own dockerd (e2e/testbed/docker.py), a kind node image assembled from the pinned
+# Kubernetes, containerd, runc, CNI, etcd, CoreDNS, kindnetd and local-path builds, and the pinned
+# kind, kubectl and helm (e2e/testbed/kindnode.py).
+#
 # Environment:
+#   DRA_KIND_BED=1     use the bed's dockerd, node image and pinned tools (what CI does)
 #   CLUSTER_NAME       kind cluster name                          (default dra-driver-e2e)
-#   KIND_NODE_IMAGE    node image overriding kind-config.yaml     (default: the config's)
+#   KIND_NODE_IMAGE    node image overriding kind-config.yaml     (default: the config's, or the bed's)
 #   KEEP_CLUSTER=1     keep the cluster (and reuse it if it exists)
 #   SKIP_BUILD=1       do not rebuild the image (it must exist locally)
 #   IMAGE              image name                                 (default dra-driver:e2e)
 #   SIMULATED_PROFILE  simulated node profile                     (default h100-8x)
-#   HELM               helm binary (default: helm on PATH, else built by deploy/checks/helm.py)
+#   HELM, KIND, KUBECTL  binaries (default: on PATH; helm is built by deploy/checks/helm.py if absent)
 #   PYTHON             Python with pytest and the project installed (default .venv/bin/python)
 #   PYTEST_ARGS        extra pytest arguments
 set -euo pipefail
@@ -37,9 +47,21 @@ need() {
 }
 
 # ---- tools -------------------------------------------------------------------------------------
+started_at=$(date +%s)
+[[ -x "${PYTHON}" ]] || die "PYTHON=${PYTHON} not found (create the venv: python -m venv .venv && .venv/bin/pip install -e '.[dev]')"
+if [[ "${DRA_KIND_BED:-0}" == "1" ]]; then
+  log "the bed: private dockerd, pinned kind node image and tools"
+  "${PYTHON}" -m e2e.testbed.docker up
+  eval "$("${PYTHON}" -m e2e.testbed.docker env)"
+  eval "$("${PYTHON}" -m e2e.testbed.kindnode env)"
+fi
+KIND="${KIND:-$(command -v kind || true)}"
+KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
 need docker "https://docs.docker.com/engine/install/"
-need kind "https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
-need kubectl "https://kubernetes.io/docs/tasks/tools/"
+[[ -n "${KIND}" && -x "${KIND}" ]] || die "kind is required (https://kind.sigs.k8s.io/docs/user/quick-start/#installation, or KIND=/path)"
+[[ -n "${KUBECTL}" && -x "${KUBECTL}" ]] || die "kubectl is required (https://kubernetes.io/docs/tasks/tools/, or KUBECTL=/path)"
+kind() { "${KIND}" "$@"; }
+kubectl() { "${KUBECTL}" "$@"; }
 if [[ -z "${HELM:-}" ]]; then
   if command -v helm >/dev/null 2>&1; then
     HELM="$(command -v helm)"
@@ -50,8 +72,8 @@ if [[ -z "${HELM:-}" ]]; then
   fi
 fi
 [[ -x "${HELM}" ]] || die "HELM=${HELM} is not executable"
-[[ -x "${PYTHON}" ]] || die "PYTHON=${PYTHON} not found (create the venv: python -m venv .venv && .venv/bin/pip install -e '.[dev]')"
 docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running, and may this user use it?)"
+export KIND KUBECTL HELM
 
 # ---- cluster -----------------------------------------------------------------------------------
 created=0
@@ -83,13 +105,13 @@ else
     image_args=(--image "${KIND_NODE_IMAGE}")
   fi
   created=1
-  kind create cluster --name "${CLUSTER_NAME}" --config "${KIND_CONFIG}" "${image_args[@]}" --wait 180s
+  kind create cluster --name "${CLUSTER_NAME}" --config "${KIND_CONFIG}" "${image_args[@]}" --wait 300s
 fi
 kind get kubeconfig --name "${CLUSTER_NAME}" >"${KUBECONFIG_FILE}"
 export KUBECONFIG="${KUBECONFIG_FILE}"
 
 server_minor="$(kubectl version -o json | "${PYTHON}" -c 'import json,sys; print(int("".join(c for c in json.load(sys.stdin)["serverVersion"]["minor"] if c.isdigit())))')"
-[[ "${server_minor}" -ge 34 ]] || die "the cluster runs Kubernetes 1.${server_minor}; the driver needs 1.34+ (the suite expects 1.36)"
+[[ "${server_minor}" -ge 36 ]] || die "the cluster runs Kubernetes 1.${server_minor}; the suite needs 1.36+"
 
 # CDI must be on in every node's containerd (the plugin hands CDI device IDs to the runtime).
 for node in $(kind get nodes --name "${CLUSTER_NAME}"); do
@@ -100,13 +122,15 @@ done
 
 # ---- image -------------------------------------------------------------------------------------
 if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
-  log "building ${IMAGE}"
-  docker build -f deploy/image/Dockerfile -t "${IMAGE}" .
+  log "building ${IMAGE} (deploy/image/build.py, as make image)"
+  "${PYTHON}" deploy/image/build.py --tag "${IMAGE}"
 fi
 log "loading ${IMAGE} into the kind nodes"
 kind load docker-image "${IMAGE}" --name "${CLUSTER_NAME}"
 
 # ---- driver ------------------------------------------------------------------------------------
+# The suite's install serves worker 1 (default kubelet root); worker 2's kubelet runs at a
+# non-default root and is left to e2e/kind/test_lifecycle.py.
 log "installing the chart (gpuBackend=simulated, profile ${SIMULATED_PROFILE})"
 "${HELM}" upgrade --install "${RELEASE}" deploy/helm/dra-driver \
   --namespace "${NAMESPACE}" --create-namespace \
@@ -117,11 +141,13 @@ log "installing the chart (gpuBackend=simulated, profile ${SIMULATED_PROFILE})"
   --set simulatedProfile="${SIMULATED_PROFILE}" \
   --set logFormat=console \
   --set logLevel=debug \
+  --set-json 'kubeletPlugin.nodeSelector={"e2e.dra-driver.io/kubelet-root":"default"}' \
   --wait --timeout 5m
 
 log "waiting for the kubelet plugins"
 kubectl -n "${NAMESPACE}" rollout status "daemonset/${RELEASE}-kubelet-plugin" --timeout=300s
-workers="$(kubectl get nodes --no-headers -l '!node-role.kubernetes.io/control-plane' | wc -l)"
+workers="$(kubectl get nodes --no-headers -l e2e.dra-driver.io/kubelet-root=default | wc -l)"
+slices=0
 for _ in $(seq 1 60); do
   slices="$(kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io --no-headers 2>/dev/null | wc -l)"
   [[ "${slices}" -ge "${workers}" ]] && break
@@ -129,10 +155,15 @@ for _ in $(seq 1 60); do
 done
 kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io
 [[ "${slices}" -ge "${workers}" ]] || die "expected ResourceSlices from ${workers} worker nodes, found ${slices}"
+log "cluster and driver ready after $(( $(date +%s) - started_at )) s"
 
 # ---- tests -------------------------------------------------------------------------------------
-log "running pytest e2e -m 'not testbed_only'"
 export E2E_CLUSTER=kind
-export E2E_DRIVER_NAMESPACE="${NAMESPACE}"
+export E2E_DRIVER_NAMESPACE="${NAMESPACE}" E2E_RELEASE="${RELEASE}" E2E_IMAGE="${IMAGE}" E2E_KIND_CLUSTER="${CLUSTER_NAME}"
+log "pytest e2e -m 'not testbed_only' (the shared suite)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-"${PYTHON}" -m pytest e2e -m "not testbed_only" ${PYTEST_ARGS:-}
+"${PYTHON}" -m pytest e2e -q -m "not testbed_only" --ignore=e2e/kind ${PYTEST_ARGS:-}
+log "pytest e2e/kind (install, RBAC from the pods, upgrade, uninstall, kubelet root)"
+# shellcheck disable=SC2086
+"${PYTHON}" -m pytest e2e/kind -q ${PYTEST_ARGS:-}
+log "kind run passed in $(( $(date +%s) - started_at )) s"
