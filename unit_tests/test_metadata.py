@@ -333,7 +333,7 @@ class TestPrepare:
 
     def test_write_failure_is_a_claim_error_and_leaves_nothing(self, menv: MetaEnv,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-        def full(path: Path, data: bytes, mode: int) -> None:
+        def full(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
         monkeypatch.setattr(md, "atomic_write", full)
@@ -388,12 +388,12 @@ def crash_on_write(monkeypatch: pytest.MonkeyPatch, nth: int) -> Callable[[], in
     """Kill the process (in-process: raise Crash) at the nth metadata write, before it lands."""
     calls = 0
 
-    def write(path: Path, data: bytes, mode: int) -> None:
+    def write(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
         nonlocal calls
         calls += 1
         if calls == nth:
             raise Crash(str(path))
-        atomic_write(path, data, mode)
+        atomic_write(path, data, mode, durable=durable)
 
     monkeypatch.setattr(md, "atomic_write", write)
     return lambda: calls
@@ -455,6 +455,31 @@ class TestCrashes:
         assert menv.meta_spec(ref.uid, "gpu") == before, "same mount: template path from the checkpoint"
         attrs = menv.document(ref.uid, "gpu")[0]["requests"][0]["devices"][0]["attributes"]
         assert attrs["uuid"] == {"string": "MIG-dyn-2"}
+
+    def test_power_loss_tears_the_unsynced_files_and_the_new_boot_rewrites_them(self, menv: MetaEnv) -> None:
+        # The metadata files and CDI specs are not fsynced (cdi.DERIVED_FILES_DURABLE): a power loss
+        # may leave them empty, or leave none, even in the persistent state dir. Only the checkpoint
+        # is durable, and the boot after the power loss re-writes every file from it.
+        ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0"), ("other", "gpu-1")]))
+        assert menv.state.prepare([ref])[ref.uid].error is None
+        files = sorted(menv.host_dir.iterdir()) + sorted(menv.cdi_root.iterdir())
+        before = {p: p.read_bytes() for p in files}
+        assert len(before) == 5  # two metadata files, their two specs, the claim's spec
+        menv.state.close()
+        for p in files[:-1]:
+            p.write_bytes(b"")
+        files[-1].unlink()
+        menv.state = menv.new_state(boot="boot-2")
+        assert {p: p.read_bytes() for p in files} == before
+        assert menv.state.prepare([ref])[ref.uid].error is None
+
+    def test_only_the_checkpoint_is_fsynced(self, menv: MetaEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+        synced: list[int] = []
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+        ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        assert menv.state.prepare([ref])[ref.uid].error is None
+        assert len(synced) == 4, "PrepareStarted and PrepareCompleted: the file, then its directory, each"
 
     def test_missing_metadata_spec_rewritten_at_start(self, menv: MetaEnv) -> None:
         ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))

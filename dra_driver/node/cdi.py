@@ -45,6 +45,11 @@ _SPEC_FILE = re.compile(r"^k8s\.(?P<driver>[a-z0-9.-]+)-claim_(?P<uid>[0-9a-f-]{
 
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
+DERIVED_FILES_DURABLE = False
+"""Whether claims' CDI specs and device metadata files are fsynced. They are not: they are derived
+from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
+re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare`,
+"Durability"; ``test_power_loss_*`` in the unit tests)."""
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
@@ -300,7 +305,7 @@ class CdiSpecs:
         data = json.dumps(spec, indent=1).encode() + b"\n"
         try:
             ensure_dir(self.cdi_root, DIR_MODE)
-            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE)
+            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         except OSError:
             METRICS.cdi_spec_writes.labels(result="error").inc()
             raise

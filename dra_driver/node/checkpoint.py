@@ -76,8 +76,14 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` with ``data`` atomically and durably; the file gets exactly ``mode``.
+def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and, unless ``durable`` is False, durably; the file
+    gets exactly ``mode``.
+
+    Atomic: readers see the old file or the new one, whole, also after the writing process is
+    killed (the page cache keeps what it wrote). Durable: also after a power loss, which costs two
+    fsyncs (the file, then its directory for the rename); without them a power loss may leave
+    the old file, no file, or an empty or partial one at ``path``.
 
     The temporary file is a hidden ``.<name>.tmp-<random>`` in the same directory (CDI runtimes
     ignore it: it does not end in ``.json``). On any error the temporary file is removed and the
@@ -93,7 +99,8 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         failpoints.hit("atomic-write.before-rename")
@@ -102,7 +109,8 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def temp_name_prefix(path: Path) -> str:

@@ -44,6 +44,7 @@ from typing import Any
 
 from dra_driver.gpuconfig import base_request
 from dra_driver.node.cdi import (
+    DERIVED_FILES_DURABLE,
     DIR_MODE,
     SPEC_MODE,
     CdiError,
@@ -279,10 +280,11 @@ class MetadataFiles:
         ensure_dir(self.cdi_root, DIR_MODE)
         for request, doc in documents.items():
             host = self.host_path(claim.uid, request)
-            atomic_write(host, encode_stream(doc), FILE_MODE)
+            atomic_write(host, encode_stream(doc), FILE_MODE, durable=DERIVED_FILES_DURABLE)
             spec = build_cdi_spec(self.driver_name, claim.uid, request, host,
                                   container_path(self.driver_name, claim, request))
-            atomic_write(self.spec_path(claim.uid, request), json.dumps(spec, indent=1).encode() + b"\n", SPEC_MODE)
+            atomic_write(self.spec_path(claim.uid, request), json.dumps(spec, indent=1).encode() + b"\n", SPEC_MODE,
+                         durable=DERIVED_FILES_DURABLE)
         described = requests_with_metadata(self.driver_name, claim.uid, devices).values()
         return sorted({d.device for devs in described for d in devs if d.device not in known})
 
