@@ -47,7 +47,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* Registration socket path, as the plugin computes it: <registryDir>/<driverName>-reg.sock */}}
 {{- define "dra-driver.registrationSocket" -}}
-{{- printf "%s/%s-reg.sock" (trimSuffix "/" .Values.kubelet.registryDir) .Values.driverName -}}
+{{- printf "%s/%s-reg.sock" (include "dra-driver.registryDir" .) .Values.driverName -}}
 {{- end -}}
 
 {{/* Comma-separated sharing strategies the plugin accepts. */}}
@@ -82,3 +82,12 @@ device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '
 {{- .Values.nvml.cdiHook.hostPath -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Kubelet directories on the host: set explicitly, or under kubelet.rootDir. */}}
+{{- define "dra-driver.registryDir" -}}
+{{- .Values.kubelet.registryDir | default (printf "%s/plugins_registry" (trimSuffix "/" .Values.kubelet.rootDir)) | trimSuffix "/" -}}
+{{- end }}
+
+{{- define "dra-driver.pluginsDir" -}}
+{{- .Values.kubelet.pluginsDir | default (printf "%s/plugins" (trimSuffix "/" .Values.kubelet.rootDir)) | trimSuffix "/" -}}
+{{- end }}
