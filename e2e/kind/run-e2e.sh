@@ -74,6 +74,9 @@ fi
 [[ -x "${HELM}" ]] || die "HELM=${HELM} is not executable"
 docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running, and may this user use it?)"
 export KIND KUBECTL HELM
+# The suite's own kubectl calls use the same binary.
+PATH="$(dirname "${KUBECTL}"):${PATH}"
+export PATH
 
 # ---- cluster -----------------------------------------------------------------------------------
 created=0
@@ -89,6 +92,10 @@ cleanup() {
   elif [[ "${created}" == "1" ]] || kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
     log "deleting cluster ${CLUSTER_NAME}"
     kind delete cluster --name "${CLUSTER_NAME}" || true
+  fi
+  if [[ "${DRA_KIND_BED:-0}" == "1" && "${KEEP_CLUSTER:-0}" != "1" ]]; then
+    log "stopping the bed's dockerd (its image cache stays)"
+    "${PYTHON}" -m e2e.testbed.docker down || true
   fi
   exit "${rc}"
 }
@@ -112,6 +119,15 @@ export KUBECONFIG="${KUBECONFIG_FILE}"
 
 server_minor="$(kubectl version -o json | "${PYTHON}" -c 'import json,sys; print(int("".join(c for c in json.load(sys.stdin)["serverVersion"]["minor"] if c.isdigit())))')"
 [[ "${server_minor}" -ge 36 ]] || die "the cluster runs Kubernetes 1.${server_minor}; the suite needs 1.36+"
+
+if [[ "${DRA_KIND_BED:-0}" == "1" ]]; then
+  # The suite's pods run busybox:1.36; with no registry, the bed's archive of Debian's busybox-static
+  # (the real node's too) is loaded into the nodes instead of being pulled.
+  log "loading busybox:1.36 (Debian's busybox-static, e2e/testbed/images.py) into the nodes"
+  archive="$("${PYTHON}" -c 'import sys, pathlib; from e2e.testbed import images
+print(images.build_all(pathlib.Path(sys.argv[1]))[images.BUSYBOX_IMAGE])' "${ROOT}/.run/kind-images")"
+  kind load image-archive "${archive}" --name "${CLUSTER_NAME}"
+fi
 
 # CDI must be on in every node's containerd (the plugin hands CDI device IDs to the runtime).
 for node in $(kind get nodes --name "${CLUSTER_NAME}"); do
