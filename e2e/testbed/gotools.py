@@ -150,7 +150,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("cni-plugins", "github.com/containernetworking/plugins",
          {"github.com/containernetworking/plugins/plugins/main/loopback": "loopback",
           "github.com/containernetworking/plugins/plugins/main/bridge": "bridge",
-          "github.com/containernetworking/plugins/plugins/ipam/host-local": "host-local"}),
+          "github.com/containernetworking/plugins/plugins/ipam/host-local": "host-local",
+          # kind's node image (e2e/testbed/kindnode.py): kindnet's conflist is ptp + portmap.
+          "github.com/containernetworking/plugins/plugins/main/ptp": "ptp",
+          "github.com/containernetworking/plugins/plugins/meta/portmap": "portmap"}),
     Tool("helm", "helm.sh/helm/v3", {"helm.sh/helm/v3/cmd/helm": "helm"},
          ldflags=lambda v: f"-X helm.sh/helm/v3/internal/version.version={v} "
                            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"),
@@ -166,6 +169,26 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     # The real-node benchmark's baseline: our own minimal driver on the upstream kubeletplugin helper,
     # pinned at the bed's Kubernetes (e2e/bench/realnode.py).
     Tool("baseline-driver", "k8s.io/dynamic-resource-allocation", {".": "baseline-driver"}, own_source=True),
+    # --- the kind node image, assembled offline (e2e/testbed/kindnode.py) ---
+    Tool("kind", "sigs.k8s.io/kind", {"sigs.k8s.io/kind": "kind"}),
+    # kubeadm and kube-proxy at the `kubernetes` tool's version, in their own pins: adding them there
+    # would change that tool's cache key (kubeadm needs modules the others do not). Same module
+    # versions, so the shared Go build cache compiles only what is new. kindnode checks the versions agree.
+    Tool("kubernetes-node", "k8s.io/kubernetes",
+         {f"k8s.io/kubernetes/cmd/{c}": c for c in ("kubeadm", "kube-proxy")}, ldflags=_k8s_ldflags),
+    # The etcd that kubeadm v1.37 deploys (constants.DefaultEtcdVersion 3.7.0-0); the bed's own etcd
+    # stays at its pin.
+    Tool("etcd-kind", "go.etcd.io/etcd/server/v3", {"go.etcd.io/etcd/server/v3": "etcd"}),
+    Tool("cri-tools", "sigs.k8s.io/cri-tools", {"sigs.k8s.io/cri-tools/cmd/crictl": "crictl"},
+         ldflags=lambda v: f"-X sigs.k8s.io/cri-tools/pkg/version.Version={v}"),
+    # CoreDNS with only the plugins of kubeadm's default Corefile: our main package in the folder.
+    Tool("coredns", "github.com/coredns/coredns", {".": "coredns"}, own_source=True),
+    # kind's CNI: kindnetd's module is not served by the module proxy reachable here, so this is our
+    # own small daemon doing what kind needs from it (conflist, routes to peers, masquerade).
+    Tool("kindnet", "k8s.io/client-go", {".": "kindnetd"}, own_source=True),
+    Tool("local-path-provisioner", "github.com/rancher/local-path-provisioner",
+         {"github.com/rancher/local-path-provisioner": "local-path-provisioner"},
+         ldflags=lambda v: f"-X main.VERSION={v}"),
 )}
 
 
