@@ -66,6 +66,17 @@ class Bed:
     def delete(self, kind: str, name: str, ns: str, wait: bool = True) -> None:
         self.kubectl("delete", kind, name, "-n", ns, f"--wait={str(wait).lower()}", "--timeout=60s")
 
+    def plugin_log(self, node: str) -> str:
+        """The node plugin's log on ``node``: its log file on the bed, its pod's log on kind."""
+        if not self.kind:
+            return str((self.fleet.procs.logs / f"plugin-{node}.log").read_text(errors="replace"))
+        ns = os.environ.get("E2E_DRIVER_NAMESPACE", "dra-driver")
+        pods = self.get("pods", ns=ns, selector=f"spec.nodeName={node}")["items"]
+        names = [p["metadata"]["name"] for p in pods
+                 if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "kubelet-plugin"]
+        assert names, f"no kubelet-plugin pod on {node} in {ns}"
+        return "".join(self.kubectl("logs", name, "-n", ns, "-c", "plugin").stdout for name in names)
+
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
     files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]

@@ -10,6 +10,9 @@ import pytest
 
 from e2e.bed import DRIVER, Bed, allocated, attr, observed, wait_for, wait_running
 
+# On kind, what the container saw is read back from its log (e2e.bed.observed).
+PRINT_AND_SLEEP = ["sh", "-c", "env; ls -l /dev/nvidia*; exec sleep 86400"]
+
 
 def claim_and_pod(ns: str, name: str, device_class: str) -> list[dict[str, Any]]:
     return [
@@ -17,7 +20,7 @@ def claim_and_pod(ns: str, name: str, device_class: str) -> list[dict[str, Any]]
          "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
          "spec": {"terminationGracePeriodSeconds": 1, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                  "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                  "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": PRINT_AND_SLEEP,
                                   "resources": {"claims": [{"name": "gpu"}]}}]}},
     ]
 
@@ -56,8 +59,7 @@ def test_prepared_claim_has_device_status_and_unprepare_clears_it(bed: Bed, ns: 
     uid = claim["metadata"]["uid"]
     bed.delete("pod", name, ns)
     node = result["pool"]
-    log = bed.fleet.procs.logs / f"plugin-{node}.log"
     wait_for("the plugin clearing the claim's device status",
              lambda: any(uid in line and "device status cleared" in line
-                         for line in log.read_text(errors="replace").splitlines()), timeout=60)
+                         for line in bed.plugin_log(node).splitlines()), timeout=60)
     wait_for("status.devices to be empty", lambda: not our_status(bed.get("resourceclaim", name, ns)), timeout=30)
