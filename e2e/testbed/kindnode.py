@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -387,6 +388,16 @@ def ensure_base(bins: Binaries, timings: dict[str, float]) -> str:
     return tag
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One image build at a time per machine: two would race on the same tags."""
+    path = gotools.cache_root() / "kindnode" / ".build.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def _scratch() -> Path:
     path = gotools.cache_root() / "kindnode" / "scratch"
     path.mkdir(parents=True, exist_ok=True)
@@ -595,8 +606,10 @@ def build() -> Result:
     base = base_tag(bins)
     tag = node_tag(version, base, bins, comps)
     if not docker.image_exists(tag):
-        ensure_base(bins, timings)
-        build_node(tag, base, version, bins, comps, timings)
+        with _locked():
+            if not docker.image_exists(tag):
+                ensure_base(bins, timings)
+                build_node(tag, base, version, bins, comps, timings)
     timings["total"] = round(time.monotonic() - started, 1)
     return Result(tag, kind, timings)
 
