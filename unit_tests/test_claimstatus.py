@@ -168,3 +168,24 @@ def test_restart_writes_the_checkpointed_claims_again(bed: Bed, tmp_path: Path) 
     again.handler.report_recovered()
     assert again.writer.pending() == [ref.uid] and again.writer.write(ref.uid)
     assert [d["device"] for d in again.devices(ref)] == ["gpu-1"]
+
+
+def test_the_write_waits_until_the_kubelets_calls_have_settled(tmp_path: Path) -> None:
+    bed = Bed(tmp_path)
+    bed.writer = ClaimStatusWriter(bed.kube, DRIVER, NODE, settle=0.3)
+    bed.handler = ReportingHandler(bed.state, bed.writer, DEVICES)
+    stop = threading.Event()
+    bed.writer.start(stop)
+    try:
+        refs = [bed.claim(f"c{i}", [f"gpu-{i}"], other_driver=False) for i in range(2)]
+        started = time.monotonic()
+        for ref in refs:
+            assert bed.handler.prepare([ref])[ref.uid].ok
+        time.sleep(0.1)
+        assert bed.kube.writes("apply_status") == [], "no API write while the calls are being answered"
+        while bed.writer.pending() and time.monotonic() < started + 10:
+            time.sleep(0.01)
+        assert time.monotonic() - started >= 0.3
+        assert all(bed.devices(ref) for ref in refs)
+    finally:
+        stop.set()

@@ -111,6 +111,8 @@ class Credentials:
         self._lock = threading.Lock()
         self._generation = 0
         self._cfg = self._fresh(ConfigurationError)
+        # Once per load, not per request: deciding it reads the whole environment (no_proxy).
+        self._proxy_url = _proxy(self._cfg)
 
     def _fresh(self, error: type[Exception]) -> Configuration:
         cfg = Configuration()
@@ -143,15 +145,17 @@ class Credentials:
                 raise CredentialError(f"{self.source}: {exc}") from None
             return Connection(
                 host=str(cfg.host).rstrip("/"), ca_file=cfg.ssl_ca_cert, verify_ssl=bool(cfg.verify_ssl),
-                tls_server_name=cfg.tls_server_name, proxy_url=_proxy(cfg), cert_file=cfg.cert_file,
+                tls_server_name=cfg.tls_server_name, proxy_url=self._proxy_url, cert_file=cfg.cert_file,
                 key_file=cfg.key_file, authorization=authorization, generation=self._generation,
             )
 
     def reload(self) -> None:
         """Run the loader again: re-reads the files, re-runs an exec plugin."""
         cfg = self._fresh(CredentialError)
+        proxy_url = _proxy(cfg)
         with self._lock:
             self._cfg = cfg
+            self._proxy_url = proxy_url
             self._generation += 1
 
 

@@ -123,6 +123,12 @@ class ClaimDevice:
     """A share's consumed compute, percent of the device."""
 
 
+def spec_bytes(spec: dict[str, Any]) -> bytes:
+    """A spec file's content: compact JSON, which json's C encoder writes (an indented dump goes
+    through its pure-Python encoder, several times slower on the prepare path)."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
@@ -302,7 +308,7 @@ class CdiSpecs:
         Raises CdiError for invalid input and OSError (ENOSPC, ...) for write failures.
         """
         spec = self.build_spec(claim_uid, namespace, name, devices)
-        data = json.dumps(spec, indent=1).encode() + b"\n"
+        data = spec_bytes(spec)
         try:
             ensure_dir(self.cdi_root, DIR_MODE)
             atomic_write(self.spec_path(claim_uid), data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)

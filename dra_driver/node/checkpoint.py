@@ -28,7 +28,8 @@ Format (JSON, one object)::
       }
     }
 
-Canonical JSON = ``json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``.
+Canonical JSON = ``json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``; the
+file is the whole object in canonical JSON on one line (shown indented above).
 
 Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
 fsync of the directory. The file is 0600 inside a 0700 directory.
@@ -502,7 +503,9 @@ class CheckpointStore:
             "checksum": "sha256:" + hashlib.sha256(canonical(data)).hexdigest(),
             "data": data,
         }
-        return json.dumps(doc, sort_keys=True, indent=1).encode() + b"\n"
+        # Canonical (compact) like the checksummed part: json's C encoder writes it; an indented
+        # dump goes through its pure-Python encoder, which made each save several times slower.
+        return canonical(doc) + b"\n"
 
     def save(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Write all entries atomically; OSError (e.g. ENOSPC) propagates, the old file stays."""

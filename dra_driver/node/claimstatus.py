@@ -11,9 +11,13 @@ same claim are never touched. The apply names the claim's UID, so a claim replac
 name is refused rather than written. Writing needs ``resourceclaims/status`` and, since 1.36, the
 synthetic ``resourceclaims/driver`` permission for this driver (the Helm chart grants both).
 
-When it is written (a decision): after the prepare is answered, from a background queue. The
-kubelet needs the prepare, the status is for people and monitoring, so a slow or failing API
-server never delays or fails a prepare. A failed write is logged and retried with back-off (1 s
+When it is written (a decision): after the prepare is answered, from a background queue, once
+the kubelet has made no prepare or unprepare for ``SETTLE`` seconds (or ``MAX_SETTLE`` seconds
+after the first write became due, so that a steady stream of calls does not hold writes back for
+good). The kubelet needs the prepare, the status is for people and monitoring, so a slow or failing
+API server never delays or fails a prepare; the wait keeps the writes' CPU (JSON, TLS; they need
+the GIL) from competing with the kubelet's calls, so a burst of prepares is answered before its
+status writes start. A failed write is logged and retried with back-off (1 s
 doubling to 5 min) until it succeeds or the claim is gone; only the latest wanted state of a claim
 is written, so an unprepare that overtakes a pending write clears instead. At start-up every
 prepared claim of the checkpoint is written again, which covers a write lost to a crash.
@@ -22,6 +26,7 @@ prepared claim of the checkpoint is written again, which covers a write lost to 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +45,8 @@ READY = "Ready"
 APPLY = "application/apply-patch+yaml"
 RETRY_BASE = 1.0
 RETRY_MAX = 300.0
+SETTLE = 0.5
+MAX_SETTLE = 5.0
 
 
 # --- what is written (pure) ------------------------------------------------------------------------
@@ -119,12 +126,15 @@ class ClaimStatusWriter:
     """Writes ``status.devices`` from a queue (see the module docstring for when and how). Thread-safe."""
 
     def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, retry_base: float = RETRY_BASE,
-                 retry_max: float = RETRY_MAX) -> None:
+                 retry_max: float = RETRY_MAX, settle: float = SETTLE, max_settle: float = MAX_SETTLE) -> None:
         self._api = api
         self.driver_name = driver_name
         self.node_name = node_name
         self.field_manager = driver_name
         self._queue = WorkQueue(base_delay=retry_base, max_delay=retry_max)
+        self._settle = settle
+        self._max_settle = max_settle
+        self._last_call = time.monotonic()
         self._wanted: dict[str, _Wanted] = {}
         self._lock = threading.Lock()
         self._log = _log.bind(node=node_name)
@@ -141,6 +151,7 @@ class ClaimStatusWriter:
     def _want(self, uid: str, wanted: _Wanted) -> None:
         with self._lock:
             self._wanted[uid] = wanted
+            self._last_call = time.monotonic()
         self._queue.add(uid)
 
     # -- the worker
@@ -158,10 +169,21 @@ class ClaimStatusWriter:
             uid = self._queue.get()
             if uid is None:
                 return
+            self._wait_for_quiet(stop)
             try:
                 self.write(uid)
             finally:
                 self._queue.done(uid)
+
+    def _wait_for_quiet(self, stop: threading.Event) -> None:
+        """Until no call was reported for ``settle`` seconds, ``max_settle`` seconds at most."""
+        give_up = time.monotonic() + self._max_settle
+        while True:
+            with self._lock:
+                quiet_at = self._last_call + self._settle
+            left = min(quiet_at, give_up) - time.monotonic()
+            if left <= 0 or stop.wait(left):
+                return
 
     def pending(self) -> list[str]:
         """Claim UIDs with a write still to do (queued or waiting for a retry)."""

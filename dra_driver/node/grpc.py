@@ -400,7 +400,10 @@ class PluginServers:
         self.health: HealthSource = health if health is not None else HealthBoard(device_names)
         self._stopping = threading.Event()
         dra_path = Path(os.path.abspath(dra_socket))
-        dra = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dra-grpc"))
+        # No BDP probing: the calls are small messages over a local socket, so there is no bandwidth to
+        # estimate, and each probe is a PING round trip that wakes both sides during the call.
+        dra = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dra-grpc"),
+                          options=[("grpc.http2.bdp_probe", 0)])
         service = _DraService(handler, node_name)
         dra_v1_grpc.add_DRAPluginServicer_to_server(_DraV1(service), dra)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(service), dra)

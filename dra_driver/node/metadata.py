@@ -49,6 +49,7 @@ from dra_driver.node.cdi import (
     SPEC_MODE,
     CdiError,
     minimum_cdi_version,
+    spec_bytes,
     validate_claim_uid,
     validate_driver_name,
 )
@@ -200,12 +201,15 @@ def go_json(obj: Any) -> str:
 
 
 def encode_stream(doc: Mapping[str, Any]) -> bytes:
-    """The file's bytes: ``doc`` once per API version, newest first, each followed by a newline."""
-    parts = []
-    for version in API_VERSIONS:
-        versioned = {"kind": doc["kind"], "apiVersion": version, **{k: v for k, v in doc.items() if k != "kind"}}
-        parts.append(go_json(versioned) + "\n")
-    return "".join(parts).encode()
+    """The file's bytes: ``doc`` once per API version, newest first, each followed by a newline.
+
+    Encoded once (an indented dump is json's slow, pure-Python path): the versions differ only in
+    the apiVersion, the second key, which comes before any text taken from the claim or devices.
+    """
+    newest = go_json({"kind": doc["kind"], "apiVersion": API_VERSIONS[0],
+                      **{k: v for k, v in doc.items() if k != "kind"}}) + "\n"
+    first = f'"apiVersion": "{API_VERSIONS[0]}"'
+    return "".join(newest.replace(first, f'"apiVersion": "{version}"', 1) for version in API_VERSIONS).encode()
 
 
 def request_documents(driver: str, claim: MetadataClaim, devices: Sequence[PreparedDevice],
@@ -283,8 +287,7 @@ class MetadataFiles:
             atomic_write(host, encode_stream(doc), FILE_MODE, durable=DERIVED_FILES_DURABLE)
             spec = build_cdi_spec(self.driver_name, claim.uid, request, host,
                                   container_path(self.driver_name, claim, request))
-            atomic_write(self.spec_path(claim.uid, request), json.dumps(spec, indent=1).encode() + b"\n", SPEC_MODE,
-                         durable=DERIVED_FILES_DURABLE)
+            atomic_write(self.spec_path(claim.uid, request), spec_bytes(spec), SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         described = requests_with_metadata(self.driver_name, claim.uid, devices).values()
         return sorted({d.device for devs in described for d in devs if d.device not in known})
 
@@ -309,6 +312,17 @@ class MetadataFiles:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(directory / name)
                         removed.append(name)
+        return removed
+
+    def remove_handed_out(self, uid: str, devices: Sequence[PreparedDevice]) -> list[str]:
+        """Delete the specs, then the files, that the devices' metadata IDs name (a prepared claim's:
+        exactly what :meth:`write` wrote, found without listing the directories); the names deleted."""
+        removed: list[str] = []
+        for request in requests_with_metadata(self.driver_name, validate_claim_uid(uid), devices):
+            for path in (self.spec_path(uid, request), self.host_path(uid, request)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(path.name)
         return removed
 
     def claims(self) -> set[str]:

@@ -523,7 +523,7 @@ class DeviceState:
             errors.append(f"deleting CDI spec: {exc}")
         if self._metadata is not None:
             try:
-                self._metadata.remove(entry.uid)
+                self._metadata.remove_handed_out(entry.uid, entry.devices)
             except (OSError, CdiError) as exc:
                 errors.append(f"deleting device metadata: {exc}")
         if errors:
