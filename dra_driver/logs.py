@@ -6,7 +6,23 @@ import logging
 import sys
 from typing import Any, cast
 
-import structlog
+
+def _import_structlog_without_rich() -> None:
+    """structlog's ``dev`` module imports ``rich`` whenever it is installed (common-expression-language
+    requires it), for console tracebacks these processes never render: ~6 MiB of every process's
+    memory, the node plugin's included. ``rich`` is hidden while structlog loads, so its console
+    renderer uses plain tracebacks; anything else may still import ``rich``."""
+    if "rich" in sys.modules or "structlog" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # None: "import rich" raises ImportError
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
+_import_structlog_without_rich()
+import structlog  # noqa: E402
 
 
 def configure(fmt: str = "json", level: str = "info") -> None:

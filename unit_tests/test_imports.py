@@ -76,3 +76,13 @@ def test_the_official_client_is_imported_in_one_module() -> None:
             if any(n.split(".")[0] == "kubernetes" for n in names):
                 importers.add(str(path.relative_to(root)))
     assert importers == {"k8s/credentials.py"}
+
+
+def test_structlog_loads_without_rich() -> None:
+    """``rich`` (~6 MiB) is installed (common-expression-language needs it) but is not loaded by the
+    node plugin through structlog (dra_driver/logs.py), and stays importable afterwards."""
+    code = ("import sys\nimport dra_driver.node.plugin\nloaded = 'rich' in sys.modules\n"
+            "import rich\nprint(loaded, rich.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["False", "rich"]
