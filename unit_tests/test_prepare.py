@@ -295,6 +295,28 @@ class TestPrepare:
         assert env.state.unprepare([]) == {}
 
 
+    def test_reading_the_prepared_claims_never_waits_for_a_batch(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        assert env.state.prepare([ref])[ref.uid].error is None
+        holding, release = threading.Event(), threading.Event()
+
+        def next_batch() -> None:  # another batch, busy with its durable writes
+            with env.state._lock:
+                holding.set()
+                release.wait(5)
+
+        busy = threading.Thread(target=next_batch)
+        busy.start()
+        try:
+            assert holding.wait(5)
+            started = time.monotonic()
+            assert list(env.state.prepared_claims()) == [ref.uid]
+            assert time.monotonic() - started < 1
+        finally:
+            release.set()
+            busy.join(5)
+
+
 class TestIdempotency:
     def test_same_answer_twice(self, env: Env) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0"), ("gpu", "gpu-1")]))

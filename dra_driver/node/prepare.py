@@ -364,6 +364,7 @@ class DeviceState:
         self._unprepares: _GroupCommit[ClaimRef, str | None] = _GroupCommit(self._lock, self._unprepare_batch)
         self._log = _log.bind(node=node_name)
         self._entries: dict[str, ClaimEntry] = {}
+        self._published: dict[str, ClaimEntry] = {}
         self._recover()
 
     @classmethod
@@ -410,9 +411,17 @@ class DeviceState:
         return self._checkpoint
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
-        """A snapshot of the checkpointed claims (both states), by UID."""
-        with self._lock:
-            return dict(self._entries)
+        """A snapshot of the checkpointed claims (both states), by UID, as of the last finished batch.
+
+        Without the lock: a call answered by one batch must not wait for the next batch (which holds
+        the lock for its durable writes) to read what its own batch did.
+        """
+        return dict(self._published)
+
+    def _publish(self) -> None:
+        """End of a batch (the lock is held): the state that :meth:`prepared_claims` reads from now on."""
+        self._published = dict(self._entries)  # replaced, never changed: readers need no lock
+        METRICS.prepared_claims.set(len(self._entries))
 
     def _claim_log(self, uid: str, ref: str) -> Any:
         return self._log.bind(claim_uid=uid, claim=ref)
@@ -459,7 +468,7 @@ class DeviceState:
                 self._log.warning("CDI specs without a checkpoint entry", claim_uids=orphans)
             self._log.info("recovered prepared claims", claims=len(self._entries),
                            rebooted=self._checkpoint.rebooted)
-            METRICS.prepared_claims.set(len(self._entries))
+            self._publish()
 
     def _save_quietly(self) -> None:
         try:
@@ -623,7 +632,7 @@ class DeviceState:
             self._log.exception("unexpected error while preparing claims")
             for uid in items:
                 outcomes.setdefault(uid, PrepareOutcome(error=f"internal error preparing the claim: {exc}"))
-        METRICS.prepared_claims.set(len(self._entries))
+        self._publish()
         return outcomes
 
     def _fetch_all(self, claims: Sequence[ClaimRef]) -> dict[str, dict[str, Any] | BaseException]:
@@ -958,7 +967,7 @@ class DeviceState:
             self._log.exception("unexpected error while unpreparing claims")
             for uid in claims:
                 out.setdefault(uid, f"internal error unpreparing the claim: {exc}")
-        METRICS.prepared_claims.set(len(self._entries))
+        self._publish()
         return out
 
     def _unprepare_locked(self, claims: Mapping[str, ClaimRef], out: dict[str, str | None]) -> None:
