@@ -70,6 +70,7 @@ class PluginSettings:
 # Non-fatal XIDs that NVIDIA documents as application-level errors; a GPU reporting only these
 # is still healthy.
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+DEFAULT_CLEANUP_INTERVAL = 60.0
 
 
 def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +96,8 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dynamic-mig", action="store_true", default=env_flag(env("DYNAMIC_MIG")),
         help="Publish every MIG profile x placement as a partitionable device [DYNAMIC_MIG]")
     add("--socket-group", default=env("SOCKET_GROUP"), help="Group that may use the sockets (mode 0660) [SOCKET_GROUP]")
-    add("--cleanup-interval", type=float, default=float(env("CLEANUP_INTERVAL", "60") or 60),
+    add("--cleanup-interval", type=float,
+        default=float(env("CLEANUP_INTERVAL", str(DEFAULT_CLEANUP_INTERVAL)) or DEFAULT_CLEANUP_INTERVAL),
         help="Seconds between sweeps that unprepare claims deleted from the API server [CLEANUP_INTERVAL]")
     add("--health-file", default=env("HEALTH_FILE"),
         help="Simulated backend: JSON file of injected health events, re-read on change [HEALTH_FILE]")

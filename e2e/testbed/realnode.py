@@ -151,6 +151,8 @@ class RealNode:
     kubelet_port: int = 0
     node_ip: str = field(default_factory=lambda: host_ip())
     timings: dict[str, float] = field(default_factory=dict)
+    cleanup_interval: float = 5.0
+    """The plugin's --cleanup-interval: short, so that tests see a stale claim unprepared soon."""
 
     def __post_init__(self) -> None:
         self.procs = Processes(self.root / "logs", detached=self.detached)
@@ -418,7 +420,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             f"--dev-root={self.dev_root}",
             f"--kubeconfig={self.kubeconfig}",
             "--log-format=json",
-            "--cleanup-interval=5",
+            f"--cleanup-interval={self.cleanup_interval:g}",
         ], env=env)
         self._write_state()
         self._wait("the kubelet to register our plugin", lambda: self.registrations() > before, 60)
