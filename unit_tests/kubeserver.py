@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes.config import load_kube_config_from_dict
 
 from dra_driver.k8s.client import Credentials, RestKubeApi
+from dra_driver.k8s.credentials import official_loader
 
 Reply = tuple[int, Any]
 RawReply = tuple[int, str, bytes]  # status, Content-Type, body
@@ -75,5 +76,6 @@ def kubeconfig_dict(server: str, user: dict[str, Any], cluster: dict[str, Any] |
 def plain_credentials(server: str, user: dict[str, Any] | None = None) -> Credentials:
     """Credentials for ``server`` read by the official loader from an in-memory kubeconfig."""
     doc = kubeconfig_dict(server, user or {})
-    return Credentials(lambda cfg: load_kube_config_from_dict(doc, client_configuration=cfg, persist_config=False),
+    return Credentials(official_loader(lambda cfg: load_kube_config_from_dict(doc, client_configuration=cfg,
+                                                                              persist_config=False)),
                        "test kubeconfig")

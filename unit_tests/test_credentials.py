@@ -31,8 +31,12 @@ from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
 from dra_driver.k8s.credentials import (
     ConfigurationError,
     Credentials,
+    Loaded,
     incluster_loader,
     load_credentials,
+    official_loader,
+    simple_incluster,
+    simple_kubeconfig,
 )
 from unit_tests.kubeserver import Server, kubeconfig_dict
 
@@ -391,3 +395,117 @@ def test_credentials_that_fail_at_request_time_are_an_api_error(tmp_path: Path) 
         assert "refresh token expired" in e.value.message and len(s.requests) == 1
     finally:
         s.httpd.shutdown()
+
+
+# --- the native reading of the common shapes: the official loaders' results, without them ------------------
+
+
+def _official_kubeconfig(path: Path, context: str | None = None) -> Loaded:
+    from kubernetes.config import load_kube_config
+
+    return official_loader(lambda cfg: load_kube_config(config_file=str(path), context=context,
+                                                        client_configuration=cfg, persist_config=False))()
+
+
+def _same(native: Loaded | None, official: Loaded) -> None:
+    assert native is not None, "this shape is read natively"
+
+    def content(path: str | None) -> bytes | None:  # *-data files have different temporary names
+        return Path(path).read_bytes() if path else None
+
+    assert (native.host, native.verify_ssl, native.tls_server_name, native.proxy_url, native.authorization()) == (
+        official.host, official.verify_ssl, official.tls_server_name, official.proxy_url, official.authorization())
+    for field_ in ("ca_file", "cert_file", "key_file"):
+        assert content(getattr(native, field_)) == content(getattr(official, field_)), field_
+
+
+def _shapes(pki: Path, d: Path) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Name -> (cluster fields beside the server, user); the server is https unless the name says http."""
+    (d / "tok").write_text("file-token\n")
+    for f in ("ca.crt", "old.crt", "old.key"):
+        shutil.copy(pki / f, d / f)
+    data = {f: b64((pki / f).read_bytes()) for f in ("ca.crt", "old.crt", "old.key")}
+    return {
+        "token and a relative CA file (kind, the test bed)": ({"certificate-authority": "ca.crt"}, {"token": "t0k"}),
+        "CA and client certificate as data (kubeadm)": (
+            {"certificate-authority-data": data["ca.crt"]},
+            {"client-certificate-data": data["old.crt"], "client-key-data": data["old.key"]}),
+        "client certificate files and a token file": (
+            {"certificate-authority": str(d / "ca.crt")},
+            {"client-certificate": "old.crt", "client-key": "old.key", "tokenFile": "tok"}),
+        "token beats token file; insecure; server name": (
+            {"insecure-skip-tls-verify": True, "tls-server-name": "kubernetes"}, {"token": "t", "tokenFile": "tok"}),
+        "empty token": ({"certificate-authority": "ca.crt"}, {"token": ""}),
+        "no user credentials": ({"certificate-authority": "ca.crt"}, {}),
+        "http: no TLS files read": ({"certificate-authority": "gone.crt"}, {"token": "t"}),
+    }
+
+
+def test_common_kubeconfigs_read_natively_as_the_official_loader_reads_them(tmp_path: Path, pki: Path) -> None:
+    for i, (name, (cluster, user)) in enumerate(_shapes(pki, tmp_path).items()):
+        server = "http://api.example:8080" if name.startswith("http:") else "https://api.example:6443/"
+        path = write_kubeconfig(tmp_path / f"config-{i}", server, user, cluster)
+        _same(simple_kubeconfig(str(path)), _official_kubeconfig(path))
+
+
+def test_a_named_context(tmp_path: Path) -> None:
+    doc = kubeconfig_dict("https://one", {"token": "one"}, {"insecure-skip-tls-verify": True})
+    doc["clusters"].append({"name": "c2", "cluster": {"server": "https://two", "insecure-skip-tls-verify": True}})
+    doc["users"].append({"name": "u2", "user": {"token": "two"}})
+    doc["contexts"].append({"name": "other", "context": {"cluster": "c2", "user": "u2", "namespace": "x"}})
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(doc))
+    _same(simple_kubeconfig(str(path), "other"), _official_kubeconfig(path, "other"))
+    assert simple_kubeconfig(str(path), "other").authorization() == "Bearer two"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("shape", ["exec", "basic auth", "proxy-url", "proxy variable", "list of files", "missing CA",
+                                   "unknown user field", "unknown context"])
+def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    user: dict[str, Any] = {"token": "t"}
+    cluster: dict[str, Any] = {"insecure-skip-tls-verify": True}
+    path = str(tmp_path / "config")
+    if shape == "exec":
+        user = exec_user(tmp_path / "plugin")
+    elif shape == "basic auth":
+        user = {"username": "u", "password": "p"}
+    elif shape == "proxy-url":
+        cluster["proxy-url"] = "http://proxy.example:3128"
+    elif shape == "proxy variable":
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    elif shape == "list of files":
+        path = f"{path}{os.pathsep}{tmp_path / 'other'}"
+    elif shape == "missing CA":
+        cluster = {"certificate-authority": "gone.crt"}
+    elif shape == "unknown user field":
+        user["as"] = "someone-else"
+    write_kubeconfig(tmp_path / "config", "https://api.example", user, cluster)
+    assert simple_kubeconfig(path, "nope" if shape == "unknown context" else None) is None
+
+
+def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path, pki: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("sa-token\n")
+    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    token, ca = str(sa / "token"), str(sa / "ca.crt")
+    for host in ("10.96.0.1", "fd00::1"):
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+        official = official_loader(lambda cfg: InClusterConfigLoader(token_filename=token, cert_filename=ca)
+                                   .load_and_set(cfg))()
+        _same(simple_incluster(token, ca), official)
+    (sa / "token").write_text("")
+    assert simple_incluster(token, ca) is None  # the official loader says what is wrong
+
+
+def test_the_plugin_with_a_common_kubeconfig_never_imports_kubernetes(tmp_path: Path) -> None:
+    path = write_kubeconfig(tmp_path / "config", "https://api.example", {"token": "t"}, {"insecure-skip-tls-verify": True})
+    code = (f"import sys\nfrom dra_driver.node.plugin import api_client\napi = api_client({str(path)!r})\n"
+            "api._credentials.connection()\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "[]"

@@ -1,36 +1,55 @@
-"""Where the API server is and who we are to it, read by the official ``kubernetes`` client's loaders.
+"""Where the API server is and who we are to it: the official ``kubernetes`` client's loaders, and a
+native reading of the two shapes nearly every deployment has.
 
-The official loaders do the reading: kubeconfig files (a ``$KUBECONFIG`` list merged the kubectl
-way, file references relative to the kubeconfig, ``exec`` credential plugins, client
-certificates, tokens and token files) and the in-cluster service account, whose projected token
-the loader reads again every minute. This module turns the ``kubernetes.client.Configuration``
-they fill into the few values our urllib3 client needs (:class:`Connection`), and runs the loader
-again on demand (:meth:`Credentials.reload`, which the client does once on a 401: an expired exec
+The official loaders read everything: kubeconfig files (a ``$KUBECONFIG`` list merged the kubectl
+way, file references relative to the kubeconfig, ``exec`` credential plugins, auth providers, client
+certificates, tokens and token files, basic auth) and the in-cluster service account, whose
+projected token the loader reads again every minute. Importing them costs a process ~17 MiB
+(``kubernetes.client``, pydantic, requests, oauthlib: the node plugin's largest dependency), so
+two shapes are read here without them, with the official loaders' results:
+
+* the in-cluster service account (``KUBERNETES_SERVICE_HOST``/``PORT``, token and CA files, the
+  token read again after a minute): how the node plugin runs in a cluster;
+* one kubeconfig file whose context's cluster has only ``server``, ``certificate-authority[-data]``,
+  ``insecure-skip-tls-verify`` and ``tls-server-name``, and whose user has only ``token``,
+  ``tokenFile`` and ``client-certificate[-data]``/``client-key[-data]``: what kubeadm, kind and
+  the test bed write.
+
+Anything else (exec plugins, auth providers, basic auth, a list of files, a ``proxy-url``, proxy
+variables in the environment, a missing or unreadable file, whose error the official loader words)
+goes to the official loaders, imported then. ``unit_tests/test_credentials.py`` checks that both
+ways give the same connection.
+
+:meth:`Credentials.reload` runs the loader again (the client does once on a 401: an expired exec
 credential, a rotated token file or client certificate).
-
-Only the loaders and ``Configuration`` are used. Since ``kubernetes`` 37 the generated model
-classes load lazily, so this import costs the node plugin ~15 MiB and none of the ~40 MiB of model
-and API classes; ``unit_tests/test_imports.py`` fails if a model module is ever loaded.
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
+import contextlib
 import logging
 import os
+import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
+from urllib.request import getproxies
 
-from kubernetes.client import Configuration
-from kubernetes.client.rest import should_bypass_proxies
-from kubernetes.config import ConfigException, load_kube_config
-from kubernetes.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME, InClusterConfigLoader
+import yaml
 
-SERVICE_ACCOUNT_DIR = os.path.dirname(SERVICE_TOKEN_FILENAME)
-
-Loader = Callable[[Configuration], None]
-"""Fills a fresh ``kubernetes.client.Configuration`` (an official ``load_*`` call)."""
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_REFRESH_SECONDS = 60.0
+"""How long an in-cluster token is used before its file is read again (the official loader's minute)."""
+CLUSTER_KEYS = frozenset({"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
+                          "tls-server-name"})
+USER_KEYS = frozenset({"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key",
+                       "client-key-data"})
+CONTEXT_KEYS = frozenset({"cluster", "user", "namespace"})
 
 
 class ConfigurationError(Exception):
@@ -39,6 +58,10 @@ class ConfigurationError(Exception):
 
 class CredentialError(Exception):
     """Credentials could not be obtained at request time (exec plugin failed, token file unreadable)."""
+
+
+class LoadError(Exception):
+    """A loader could not read the configuration; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,27 @@ class Connection:
                 self.key_file, self.generation)
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What a loader read."""
+
+    host: str
+    ca_file: str | None
+    verify_ssl: bool
+    tls_server_name: str | None
+    proxy_url: str | None
+    cert_file: str | None
+    key_file: str | None
+    authorization: Callable[[], str | None]
+    """The ``Authorization`` header's value now: it may read a token file again or run an exec plugin."""
+
+
+Loader = Callable[[], Loaded]
+
+
+# --- the official loaders ------------------------------------------------------------------------------
+
+
 class _LoaderErrors(logging.Handler):
     """The official kubeconfig loader logs (rather than raises) a failed exec plugin and then goes on
     without credentials; this keeps those messages so the failure can be reported as what it is."""
@@ -87,18 +131,225 @@ def _loader_errors() -> Iterator[_LoaderErrors]:
         root.removeHandler(handler)
 
 
-def _authorization(cfg: Configuration) -> str | None:
+def _authorization(cfg: Any) -> str | None:
     # Runs the loader's refresh hook: the in-cluster token file is read again after a minute, an
     # exec credential whose expirationTimestamp is near is fetched again.
     value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
     return value.strip() if value else None
 
 
-def _proxy(cfg: Configuration) -> str | None:
+def _proxy(cfg: Any) -> str | None:
+    from kubernetes.client.rest import should_bypass_proxies
+
     proxy = cfg.proxy
     if proxy and should_bypass_proxies(cfg.host, cfg.no_proxy or ""):
         return None
     return proxy or None
+
+
+def official_loader(fill: Callable[[Any], None]) -> Loader:
+    """``fill``, an official ``load_*`` call, on a fresh ``kubernetes.client.Configuration``.
+
+    Only the loaders and ``Configuration`` are used; ``kubernetes`` ≥ 37 loads its model classes
+    lazily, and ``unit_tests/test_imports.py`` fails if a model module is ever loaded.
+    """
+    def load() -> Loaded:
+        from kubernetes.client import Configuration
+        from kubernetes.config import ConfigException
+
+        cfg = Configuration()
+        with _loader_errors() as logged:
+            try:
+                fill(cfg)
+            except ConfigException as exc:
+                raise LoadError(str(exc)) from None
+            except Exception as exc:  # unreadable or malformed files (OSError, YAML errors, bad base64)
+                raise LoadError(f"{type(exc).__name__}: {exc}") from None
+        if logged.messages and not _authorization(cfg) and not cfg.cert_file:
+            raise LoadError(f"no credentials: {'; '.join(logged.messages)}")
+        return Loaded(host=str(cfg.host).rstrip("/"), ca_file=cfg.ssl_ca_cert, verify_ssl=bool(cfg.verify_ssl),
+                      tls_server_name=cfg.tls_server_name, proxy_url=_proxy(cfg), cert_file=cfg.cert_file,
+                      key_file=cfg.key_file, authorization=lambda: _authorization(cfg))
+    return load
+
+
+# --- the common shapes, natively -------------------------------------------------------------------------
+
+
+_data_files: dict[bytes, str] = {}
+_data_files_lock = threading.Lock()
+
+
+@atexit.register
+def _remove_data_files() -> None:
+    for path in _data_files.values():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _data_file(b64: str) -> str:
+    """A private file holding the decoded ``*-data`` value, one per distinct content, removed at exit
+    (as the official loader does: TLS libraries take file names)."""
+    content = base64.standard_b64decode(b64.encode())
+    with _data_files_lock:
+        path = _data_files.get(content)
+        if path is None or not os.path.isfile(path):
+            fd, path = tempfile.mkstemp()
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+            _data_files[content] = path
+        return path
+
+
+def _named(items: Any, name: Any, kind: str) -> Mapping[str, Any] | None:
+    if not isinstance(items, list) or not isinstance(name, str) or not name:
+        return None
+    for item in items:
+        if isinstance(item, Mapping) and item.get("name") == name:
+            value = item.get(kind)
+            return value if isinstance(value, Mapping) else None
+    return None
+
+
+def _file_or_data(obj: Mapping[str, Any], key: str, base: str) -> str | None:
+    """``key``'s file (relative to the kubeconfig) or ``key-data`` in a file; raises LoadError when the
+    entry is not a plain, existing one (the official loader then reads it and words the error)."""
+    data, name = obj.get(f"{key}-data"), obj.get(key)
+    if data is not None:
+        if not isinstance(data, str) or not data:
+            raise LoadError(f"{key}-data")
+        return _data_file(data)
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise LoadError(key)
+    path = os.path.normpath(os.path.join(base, name))
+    if not os.path.isfile(path):
+        raise LoadError(key)
+    return path
+
+
+def _static(value: str | None) -> Callable[[], str | None]:
+    return lambda: value
+
+
+def simple_kubeconfig(path: str, context: str | None = None) -> Loaded | None:
+    """The kubeconfig at ``path`` read without the official loader, or None when it is not one of the
+    shapes this module reads itself (see the module docstring)."""
+    if os.pathsep in path or getproxies():
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, Mapping):
+        return None
+    ctx = _named(doc.get("contexts"), context or doc.get("current-context"), "context")
+    if ctx is None or not set(ctx) <= CONTEXT_KEYS:
+        return None
+    cluster = _named(doc.get("clusters"), ctx.get("cluster"), "cluster")
+    user = _named(doc.get("users"), ctx.get("user"), "user")
+    if cluster is None or user is None or not set(cluster) <= CLUSTER_KEYS or not set(user) <= USER_KEYS:
+        return None
+    server, insecure, sni = cluster.get("server"), cluster.get("insecure-skip-tls-verify"), cluster.get("tls-server-name")
+    if (not isinstance(server, str) or not server or not isinstance(insecure, bool | None)
+            or not isinstance(sni, str | None)):
+        return None
+    base = os.path.dirname(path)
+    ca = cert = key = None
+    try:
+        token = _token(user, base)
+        if server.startswith("https"):  # the official loader reads these for https only
+            ca = _file_or_data(cluster, "certificate-authority", base)
+            cert = _file_or_data(user, "client-certificate", base)
+            key = _file_or_data(user, "client-key", base)
+    except (LoadError, OSError, UnicodeDecodeError, ValueError):
+        return None
+    return Loaded(host=server.rstrip("/"), ca_file=ca, verify_ssl=not insecure, tls_server_name=sni, proxy_url=None,
+                  cert_file=cert, key_file=key, authorization=_static(f"Bearer {token}".strip() if token else None))
+
+
+def _token(user: Mapping[str, Any], base: str) -> str | None:
+    """``token``, else the content of ``tokenFile``: the official loader's precedence."""
+    if "token" in user:
+        token = user["token"]
+        if not isinstance(token, str):
+            raise LoadError("token")
+        return token
+    name = user.get("tokenFile")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise LoadError("tokenFile")
+    with open(os.path.normpath(os.path.join(base, name))) as f:
+        return f.read()
+
+
+class _InClusterToken:
+    """The service account's token, read again once it is a minute old (a projected token rotates)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._value = self._read()
+        self._read_at = time.monotonic()
+
+    def _read(self) -> str:
+        with open(self._path) as f:
+            content = f.read()
+        if not content:
+            raise LoadError("Token file exists but empty.")
+        return ("bearer " + content).strip()
+
+    def __call__(self) -> str | None:
+        with self._lock:
+            if time.monotonic() - self._read_at >= TOKEN_REFRESH_SECONDS:
+                self._value, self._read_at = self._read(), time.monotonic()
+            return self._value
+
+
+def simple_incluster(token_path: str, ca_path: str) -> Loaded | None:
+    """The service account read without the official loader; None when anything is missing or a proxy is
+    set (the official loader then reports or handles it)."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port or getproxies() or not os.path.isfile(token_path) or not os.path.isfile(ca_path):
+        return None
+    try:
+        with open(ca_path) as f:
+            if not f.read():
+                return None
+        token = _InClusterToken(token_path)
+    except (LoadError, OSError, UnicodeDecodeError):
+        return None
+    joined = f"[{host}]:{port}" if ":" in host or "%" in host else f"{host}:{port}"  # Go's net.JoinHostPort
+    return Loaded(host=f"https://{joined}", ca_file=ca_path, verify_ssl=True, tls_server_name=None, proxy_url=None,
+                  cert_file=None, key_file=None, authorization=token)
+
+
+def kubeconfig_loader(path: str, context: str | None = None) -> Loader:
+    def official(cfg: Any) -> None:
+        from kubernetes.config import load_kube_config
+
+        # persist_config=False: the loader must never write back into the user's kubeconfig.
+        load_kube_config(config_file=path, context=context, client_configuration=cfg, persist_config=False)
+
+    fallback = official_loader(official)
+    return lambda: simple_kubeconfig(path, context) or fallback()
+
+
+def incluster_loader(service_account_dir: str | None = None) -> Loader:
+    directory = service_account_dir or SERVICE_ACCOUNT_DIR
+    token, ca = os.path.join(directory, "token"), os.path.join(directory, "ca.crt")
+
+    def official(cfg: Any) -> None:
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+
+        InClusterConfigLoader(token_filename=token, cert_filename=ca).load_and_set(cfg)
+
+    fallback = official_loader(official)
+    return lambda: simple_incluster(token, ca) or fallback()
 
 
 class Credentials:
@@ -110,22 +361,13 @@ class Credentials:
         """Where the configuration came from, for messages."""
         self._lock = threading.Lock()
         self._generation = 0
-        self._cfg = self._fresh(ConfigurationError)
-        # Once per load, not per request: deciding it reads the whole environment (no_proxy).
-        self._proxy_url = _proxy(self._cfg)
+        self._loaded = self._fresh(ConfigurationError)
 
-    def _fresh(self, error: type[Exception]) -> Configuration:
-        cfg = Configuration()
-        with _loader_errors() as logged:
-            try:
-                self._load(cfg)
-            except ConfigException as exc:
-                raise error(self._cannot(str(exc))) from None
-            except Exception as exc:  # unreadable or malformed files (OSError, YAML errors, bad base64)
-                raise error(self._cannot(f"{type(exc).__name__}: {exc}")) from None
-        if logged.messages and not _authorization(cfg) and not cfg.cert_file:
-            raise error(self._cannot(f"no credentials: {'; '.join(logged.messages)}"))
-        return cfg
+    def _fresh(self, error: type[Exception]) -> Loaded:
+        try:
+            return self._load()
+        except LoadError as exc:
+            raise error(self._cannot(str(exc))) from None
 
     def _cannot(self, detail: str) -> str:
         # One line: YAML errors span several, and callers print this as one line.
@@ -134,41 +376,27 @@ class Credentials:
     @property
     def host(self) -> str:
         with self._lock:
-            return str(self._cfg.host).rstrip("/")
+            return self._loaded.host
 
     def connection(self) -> Connection:
         with self._lock:
-            cfg = self._cfg
+            loaded = self._loaded
             try:
-                authorization = _authorization(cfg)
+                authorization = loaded.authorization()
             except Exception as exc:  # a failed exec plugin run, an unreadable token file
                 raise CredentialError(f"{self.source}: {exc}") from None
             return Connection(
-                host=str(cfg.host).rstrip("/"), ca_file=cfg.ssl_ca_cert, verify_ssl=bool(cfg.verify_ssl),
-                tls_server_name=cfg.tls_server_name, proxy_url=self._proxy_url, cert_file=cfg.cert_file,
-                key_file=cfg.key_file, authorization=authorization, generation=self._generation,
+                host=loaded.host, ca_file=loaded.ca_file, verify_ssl=loaded.verify_ssl,
+                tls_server_name=loaded.tls_server_name, proxy_url=loaded.proxy_url, cert_file=loaded.cert_file,
+                key_file=loaded.key_file, authorization=authorization, generation=self._generation,
             )
 
     def reload(self) -> None:
         """Run the loader again: re-reads the files, re-runs an exec plugin."""
-        cfg = self._fresh(CredentialError)
-        proxy_url = _proxy(cfg)
+        loaded = self._fresh(CredentialError)
         with self._lock:
-            self._cfg = cfg
-            self._proxy_url = proxy_url
+            self._loaded = loaded
             self._generation += 1
-
-
-def kubeconfig_loader(path: str, context: str | None = None) -> Loader:
-    # persist_config=False: the loader must never write back into the user's kubeconfig.
-    return lambda cfg: load_kube_config(config_file=path, context=context, client_configuration=cfg,
-                                        persist_config=False)
-
-
-def incluster_loader(service_account_dir: str | None = None) -> Loader:
-    token = os.path.join(service_account_dir, "token") if service_account_dir else SERVICE_TOKEN_FILENAME
-    ca = os.path.join(service_account_dir, "ca.crt") if service_account_dir else SERVICE_CERT_FILENAME
-    return lambda cfg: InClusterConfigLoader(token_filename=token, cert_filename=ca).load_and_set(cfg)
 
 
 def load_credentials(kubeconfig: str | None) -> Credentials:
