@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     for verb, want in (("create resourceslices", "no"), ("delete resourceslices", "no"), ("list resourceslices", "yes"),
                        ("patch resourceclaims/status", "yes"), ("update resourceclaims/binding", "yes"),
                        (f"update leases/dra-driver-controller -n {NS_DRIVER}", "yes"),
-                       (f"update leases/other -n {NS_DRIVER}", "no")):
+                       (f"update leases/other -n {NS_DRIVER}", "no"),
+                       # Every informer of the controller lists and watches cluster-wide (reconciler.py);
+                       # a missing one only shows in-cluster, as a controller that never gets ready.
+                       *((f"{verb} {res}", "yes") for verb in ("list", "watch") for res in (
+                           "resourceclaims", "pods", "resourceslices", "deviceclasses", "resourceclaimtemplates"))):
         proc = k("auth", "can-i", *verb.split(), *controller)
         expect(proc.stdout.strip() == want, f"controller can-i {verb} == {want}", proc.stdout + proc.stderr)
     for verb, want in (("get resourceclaims", "yes"), ("list resourceclaims", "no"), ("list nodes", "no"),

@@ -86,6 +86,9 @@ cleanup() {
     log "failure (rc=${rc}): plugin pods and logs"
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" get pods -o wide || true
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=kubelet-plugin --tail=100 --prefix || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=controller --tail=60 --prefix || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=controller --tail=60 --prefix --previous || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" get events --sort-by=.lastTimestamp | tail -20 || true
   fi
   if [[ "${KEEP_CLUSTER:-0}" == "1" ]]; then
     echo "run-e2e: keeping cluster ${CLUSTER_NAME}; KUBECONFIG=${KUBECONFIG_FILE}" >&2
@@ -129,12 +132,18 @@ print(images.build_all(pathlib.Path(sys.argv[1]))[images.BUSYBOX_IMAGE])' "${ROO
   kind load image-archive "${archive}" --name "${CLUSTER_NAME}"
 fi
 
-# CDI must be on in every node's containerd (the plugin hands CDI device IDs to the runtime).
+# CDI must be on in every node's containerd (the plugin hands CDI device IDs to the runtime):
+# containerd 1.7 needs enable_cdi = true; 2.x has no such key (CDI is always on) and shows its
+# cdi_spec_dirs instead.
 for node in $(kind get nodes --name "${CLUSTER_NAME}"); do
-  if ! docker exec "${node}" containerd config dump 2>/dev/null | grep -Eq '^\s*enable_cdi\s*=\s*true'; then
-    die "containerd on ${node} does not have enable_cdi = true (check containerdConfigPatches in ${KIND_CONFIG})"
+  dump="$(docker exec "${node}" containerd config dump 2>/dev/null || true)"
+  if ! grep -Eq '^\s*enable_cdi\s*=\s*true' <<<"${dump}" \
+     && ! { grep -Eq '^\s*cdi_spec_dirs\s*=.*/var/run/cdi' <<<"${dump}" && ! grep -Eq '^\s*enable_cdi\s*=\s*false' <<<"${dump}"; }; then
+    die "containerd on ${node} does not have CDI on with /var/run/cdi (check containerdConfigPatches in ${KIND_CONFIG})"
   fi
 done
+# kind's --wait covers the control plane; the workers follow a little later.
+kubectl wait --for=condition=Ready nodes --all --timeout=180s
 
 # ---- image -------------------------------------------------------------------------------------
 if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
