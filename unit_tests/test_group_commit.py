@@ -50,3 +50,42 @@ def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:
 def test_a_lone_request_is_done_at_once() -> None:
     combiner: _GroupCommit[int, int] = _GroupCommit(threading.RLock(), lambda items: {k: v * 2 for k, v in items.items()})
     assert combiner.run({"x": 21}) == {"x": 42}
+
+
+def test_a_call_done_by_a_round_does_not_wait_for_the_next_round() -> None:
+    rounds: list[list[str]] = []
+    started = [threading.Event() for _ in range(3)]
+    release = [threading.Event() for _ in range(3)]
+
+    def work(items: dict[str, int]) -> dict[str, int]:
+        n = len(rounds)
+        rounds.append(sorted(items))
+        started[n].set()
+        release[n].wait(5)
+        return dict(items)
+
+    combiner: _GroupCommit[int, int] = _GroupCommit(threading.RLock(), work)
+    returned: dict[str, float] = {}
+
+    def call(key: str) -> None:
+        combiner.run({key: 1})
+        returned[key] = time.monotonic()
+
+    threads = {k: threading.Thread(target=call, args=(k,)) for k in "abcd"}
+    threads["a"].start()
+    assert started[0].wait(5)
+    threads["b"].start()
+    threads["c"].start()
+    time.sleep(0.2)  # b and c queue behind round 1
+    release[0].set()
+    assert started[1].wait(5)  # round 2: b and c
+    threads["d"].start()
+    time.sleep(0.2)  # d queues behind round 2
+    release[1].set()
+    assert started[2].wait(5)  # round 3 (d) holds the lock and does not finish yet
+    time.sleep(0.2)
+    assert {"a", "b", "c"} <= set(returned), "b and c were done by round 2; round 3 must not hold them"
+    release[2].set()
+    for t in threads.values():
+        t.join(5)
+    assert rounds == [["a"], ["b", "c"], ["d"]]
