@@ -407,8 +407,9 @@ def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
     """Create ``<dev_root>/dev/nvidia*`` (and MIG capability nodes) for simulated GPUs.
 
     A real container runtime refuses a CDI device node whose host path is not a device, so they are
-    character devices where mknod is allowed (root with CAP_MKNOD), else links to /dev/null (a
-    device every runtime accepts). Idempotent; returns every path that should exist.
+    character devices where mknod is allowed (root with CAP_MKNOD: the chart grants it), else links
+    to /dev/null, which only a runtime that follows links accepts. Idempotent; returns every path
+    that should exist.
     """
     dev = Path(dev_root) / "dev"
     nodes: dict[Path, tuple[int, int]] = {
@@ -430,14 +431,20 @@ def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
 
 def _make_device_node(path: Path, major: int, minor: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or (path.exists() and stat.S_ISCHR(path.stat().st_mode)):
+    if not path.is_symlink() and path.exists() and stat.S_ISCHR(path.stat().st_mode):
         return
-    if path.exists():
-        path.unlink()  # a plain file from an older version of this backend
+    # A link or plain file left by a run without CAP_MKNOD is replaced as soon as mknod is allowed:
+    # containerd's CDI injection lstat()s the host path and refuses anything but a device node.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
     try:
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.mknod(tmp, stat.S_IFCHR | 0o666, os.makedev(major, minor))
     except PermissionError:
-        path.symlink_to("/dev/null")
+        if not path.is_symlink():
+            path.unlink(missing_ok=True)
+            path.symlink_to("/dev/null")
+        return
+    os.replace(tmp, path)
 
 
 def mig_device_paths(dev_root: Path, gpu: Gpu, mig: MigDevice) -> list[Path]:
