@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from dra_driver.node.checkpoint import CHECKPOINT_VERSION, CheckpointStore
+from dra_driver.node.metadata import HOST_SUBDIR
 from e2e.bed import DRIVER, Bed, wait_for
 from e2e.reliability import (
     Supervisor,
@@ -189,6 +190,13 @@ def test_reboot_rewrites_specs(bed: Bed, ns: str, tmp_path: Path) -> None:
     bed.fleet.procs.kill(plugin_name(node))
     for spec in Path(n.cdi_dir).glob("*.json"):  # a reboot empties /var/run/cdi (tmpfs)
         spec.unlink()
+    # The device metadata files are not fsynced (cdi.DERIVED_FILES_DURABLE): after a power loss the
+    # persistent state dir may hold them empty. The new boot must write them again.
+    metadata = {p: p.read_bytes() for p in (Path(n.state_dir) / HOST_SUBDIR).glob("*.json")
+                if p.name.split("_")[0] in before}
+    assert metadata, "the pods' claims have device metadata files"
+    for path in metadata:
+        path.write_bytes(b"")
     boot = tmp_path / "boot_id"
     boot.write_text("11111111-2222-3333-4444-555555555555\n")
     started = time.monotonic()
@@ -200,6 +208,7 @@ def test_reboot_rewrites_specs(bed: Bed, ns: str, tmp_path: Path) -> None:
     assert spec_uids(bed, node) == set(entries) == before, "the reboot must not lose or invent prepared claims"
     missing = {i for e in entries.values() for d in e.devices for i in d.cdi_device_ids} - spec_device_ids(bed, node)
     assert not missing, f"prepared devices that a runtime cannot resolve: {missing}"
+    assert {p: p.read_bytes() for p in metadata} == metadata, "torn device metadata files re-written"
     saved = json.loads((Path(n.state_dir) / "checkpoint.json").read_text())["data"]["bootID"]
     assert saved == "11111111-2222-3333-4444-555555555555"
     # A pod started after the reboot works, and everything agrees.
