@@ -137,7 +137,7 @@ def test_static_mig_attributes() -> None:
     assert "consumesCounters" not in d
 
 
-@pytest.mark.parametrize("profile", ["h100-8x", "a100-mig", "mixed-l4-t4"])
+@pytest.mark.parametrize("profile", ["h100-8x", "a100-mig", "mixed-l4-t4", "kind-mixed"])
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_limits_hold(profile: str, dynamic: bool) -> None:
     devices, counters = describe(enumerate_devices(gpus(profile), dynamic), DRIVER, dynamic)

@@ -24,4 +24,4 @@ def install(bed: Bed) -> Install:
     return Install(bed=bed, namespace=os.environ.get("E2E_DRIVER_NAMESPACE", "dra-driver"),
                    release=os.environ.get("E2E_RELEASE", "dra-driver"), image=os.environ.get("E2E_IMAGE", "dra-driver:e2e"),
                    cluster=os.environ.get("E2E_KIND_CLUSTER", "dra-driver-e2e"), helm_bin=helm_bin,
-                   kind_bin=os.environ.get("KIND") or "kind")
+                   kind_bin=os.environ.get("KIND") or "kind", profile=os.environ.get("SIMULATED_PROFILE", "kind-mixed"))

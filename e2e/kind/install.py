@@ -27,6 +27,7 @@ class Install:
     cluster: str
     helm_bin: str
     kind_bin: str
+    profile: str
 
     def helm(self, *args: str, timeout: float = 420) -> str:
         proc = subprocess.run([self.helm_bin, "--kubeconfig", str(self.bed.kubeconfig), *args],
@@ -44,6 +45,7 @@ class Install:
         self.helm("install", self.release, str(CHART), "-n", self.namespace, "--create-namespace", "--wait",
                   "--timeout", "5m", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
                   "--set", "image.pullPolicy=Never", "--set", "gpuBackend=simulated", "--set", "logFormat=console",
+                  "--set", f"simulatedProfile={self.profile}",
                   "--set-json", f'kubeletPlugin.nodeSelector={{"{ROOT_LABEL}":"default"}}', *sets)
         self.rollout()
 

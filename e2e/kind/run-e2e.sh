@@ -21,7 +21,7 @@
 #   KEEP_CLUSTER=1     keep the cluster (and reuse it if it exists)
 #   SKIP_BUILD=1       do not rebuild the image (it must exist locally)
 #   IMAGE              image name                                 (default dra-driver:e2e)
-#   SIMULATED_PROFILE  simulated node profile                     (default h100-8x)
+#   SIMULATED_PROFILE  simulated node profile                     (default kind-mixed: H100s and MIG A100s on one node)
 #   HELM, KIND, KUBECTL  binaries (default: on PATH; helm is built by deploy/checks/helm.py if absent)
 #   PYTHON             Python with pytest and the project installed (default .venv/bin/python)
 #   PYTEST_ARGS        extra pytest arguments
@@ -34,7 +34,7 @@ CLUSTER_NAME="${CLUSTER_NAME:-dra-driver-e2e}"
 IMAGE="${IMAGE:-dra-driver:e2e}"
 NAMESPACE="dra-driver"
 RELEASE="dra-driver"
-SIMULATED_PROFILE="${SIMULATED_PROFILE:-h100-8x}"
+SIMULATED_PROFILE="${SIMULATED_PROFILE:-kind-mixed}"
 KIND_CONFIG="${ROOT}/e2e/kind/kind-config.yaml"
 KUBECONFIG_FILE="${ROOT}/.run/kind-${CLUSTER_NAME}.kubeconfig"
 PYTHON="${PYTHON:-${ROOT}/.venv/bin/python}"
@@ -169,6 +169,10 @@ log "installing the chart (gpuBackend=simulated, profile ${SIMULATED_PROFILE})"
   --set-json 'kubeletPlugin.nodeSelector={"e2e.dra-driver.io/kubelet-root":"default"}' \
   --wait --timeout 5m
 
+if [[ "${created}" != "1" ]]; then
+  # A reused cluster may run the previous build under the same tag: restart onto the new one.
+  kubectl -n "${NAMESPACE}" rollout restart "daemonset/${RELEASE}-kubelet-plugin" "deployment/${RELEASE}-controller"
+fi
 log "waiting for the kubelet plugins"
 kubectl -n "${NAMESPACE}" rollout status "daemonset/${RELEASE}-kubelet-plugin" --timeout=300s
 workers="$(kubectl get nodes --no-headers -l e2e.dra-driver.io/kubelet-root=default | wc -l)"
@@ -185,6 +189,7 @@ log "cluster and driver ready after $(( $(date +%s) - started_at )) s"
 # ---- tests -------------------------------------------------------------------------------------
 export E2E_CLUSTER=kind
 export E2E_DRIVER_NAMESPACE="${NAMESPACE}" E2E_RELEASE="${RELEASE}" E2E_IMAGE="${IMAGE}" E2E_KIND_CLUSTER="${CLUSTER_NAME}"
+export SIMULATED_PROFILE
 log "pytest e2e -m 'not testbed_only' (the shared suite)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 "${PYTHON}" -m pytest e2e -q -m "not testbed_only" --ignore=e2e/kind ${PYTEST_ARGS:-}
