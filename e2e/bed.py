@@ -152,9 +152,25 @@ def observed(bed: Bed, ns: str, pod: str) -> dict[str, dict[str, Any]]:
         logs = bed.kubectl("logs", pod, "-n", ns, "-c", c["name"]).stdout
         # The example containers print `env` lines and `ls -l /dev/nvidia*` lines.
         env = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line and "/dev/" not in line)
-        devices = [{"path": tok} for line in logs.splitlines() for tok in line.split() if tok.startswith("/dev/")]
-        result[c["name"]] = {"env": env, "devices": devices}
+        result[c["name"]] = {"env": env, "devices": [{"path": path} for path in listed_devices(logs)]}
     return result
+
+
+def listed_devices(ls_output: str) -> list[str]:
+    """Device paths in ``ls -l /dev/nvidia*`` output: files name themselves; a directory
+    (``/dev/nvidia-caps``) is a ``/dev/nvidia-caps:`` header followed by its entries' bare names."""
+    paths: list[str] = []
+    folder = ""
+    for line in ls_output.splitlines():
+        if line.startswith("/dev/") and line.endswith(":"):
+            folder = line[:-1]
+        elif not line.strip():
+            folder = ""
+        elif folder and line[:1] in ("c", "b"):
+            paths.append(f"{folder}/{line.split()[-1]}")
+        else:
+            paths += [tok for tok in line.split() if tok.startswith("/dev/")]
+    return paths
 
 
 def claim_of(bed: Bed, ns: str, pod: str, pod_claim: str) -> dict[str, Any]:
