@@ -7,8 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NODES ?= 2
 PYTEST_ARGS ?=
+IMAGE ?= dra-driver:dev
 
-.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest e2e-kind image test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -64,6 +65,16 @@ e2e-oldest: $(STAMP) runtime
 	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m e2e.testbed.binaries
 	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e -q -m smoke $(PYTEST_ARGS)
 
+# The image as users build it (Docker, or Podman); works with no registry (deploy/image/build.py).
+image: $(STAMP)
+	$(PY) deploy/image/build.py --tag $(IMAGE)
+
+# The install path for real: the image built, a kind cluster (1 control plane, 2 workers), the chart
+# installed, the e2e suite and e2e/kind against it. Here with the bed's own dockerd and a kind node
+# image assembled from the pins; on a host with Docker and kind, run e2e/kind/run-e2e.sh directly.
+e2e-kind: $(STAMP)
+	DRA_KIND_BED=1 PYTHON=$(PY) e2e/kind/run-e2e.sh
+
 real-node-up: $(STAMP) binaries runtime
 	$(PY) -m e2e.testbed.realnode up --kubeconfig .run/bed/kubeconfig
 
@@ -73,7 +84,7 @@ real-node-down: $(STAMP)
 deploy-checks: $(STAMP)
 	$(PY) deploy/checks/helm.py
 
-test: prereqs proto-check pins-check lint unit e2e e2e-oldest
+test: prereqs proto-check pins-check lint unit e2e e2e-oldest e2e-kind
 
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench
