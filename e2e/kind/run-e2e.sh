@@ -92,7 +92,7 @@ cleanup() {
   fi
   if [[ "${KEEP_CLUSTER:-0}" == "1" ]]; then
     echo "run-e2e: keeping cluster ${CLUSTER_NAME}; KUBECONFIG=${KUBECONFIG_FILE}" >&2
-  elif [[ "${created}" == "1" ]] || kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
+  elif [[ "${created}" == "1" ]]; then
     log "deleting cluster ${CLUSTER_NAME}"
     kind delete cluster --name "${CLUSTER_NAME}" || true
   fi
