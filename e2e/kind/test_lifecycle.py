@@ -92,6 +92,9 @@ def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:
     finally:
         install.upgrade("--set", "kubelet.rootDir=/var/lib/kubelet",
                         "--set-json", f'kubeletPlugin.nodeSelector={{"{ROOT_LABEL}":"default"}}')
+    # The plugin left the node; its kubelet deletes the driver's slices there after a grace period.
+    # Until then the scheduler could still allocate them, to a claim no plugin would prepare.
+    wait_gone(bed, f"the ResourceSlices of {node}, deleted by its kubelet", lambda: install.node_slices(node), 180)
 
 
 def test_uninstall_leaves_no_slices_and_no_specs(install: Install, ns: str) -> None:
@@ -100,7 +103,8 @@ def test_uninstall_leaves_no_slices_and_no_specs(install: Install, ns: str) -> N
     cannot unprepare its claim; a reinstall lets the kubelet finish, from the checkpoint the
     uninstall left on the host."""
     bed = install.bed
-    bed.apply(claim_and_pod(ns, "across"), ns=ns)
+    (worker,) = nodes_labelled(bed, "default")
+    bed.apply(claim_and_pod(ns, "across", node=worker), ns=ns)
     pod = wait_running(bed, ns, "across", timeout=120)
     node = pod["spec"]["nodeName"]
     uid = claim_uid(install, ns, "across")
