@@ -351,7 +351,7 @@ def test_hadolint_dockerfile() -> None:
 def test_run_e2e_steps() -> None:
     text = (ROOT / "e2e" / "kind" / "run-e2e.sh").read_text()
     for needle in ("deploy/image/build.py", "kind load docker-image", "gpuBackend=simulated",
-                   'pytest e2e -q -m "not testbed_only"', "pytest e2e/kind", "E2E_CLUSTER=kind", "KEEP_CLUSTER",
+                   'pytest e2e -v -m "not testbed_only"', "pytest e2e/kind", "E2E_CLUSTER=kind", "KEEP_CLUSTER",
                    "trap cleanup EXIT", "DRA_KIND_BED"):
         assert needle in text, needle
 

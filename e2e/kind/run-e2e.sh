@@ -192,8 +192,8 @@ export E2E_DRIVER_NAMESPACE="${NAMESPACE}" E2E_RELEASE="${RELEASE}" E2E_IMAGE="$
 export SIMULATED_PROFILE
 log "pytest e2e -m 'not testbed_only' (the shared suite)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-"${PYTHON}" -m pytest e2e -q -m "not testbed_only" --ignore=e2e/kind ${PYTEST_ARGS:-}
+"${PYTHON}" -m pytest e2e -v -m "not testbed_only" --ignore=e2e/kind ${PYTEST_ARGS:-}
 log "pytest e2e/kind (install, RBAC from the pods, upgrade, uninstall, kubelet root)"
 # shellcheck disable=SC2086
-"${PYTHON}" -m pytest e2e/kind -q ${PYTEST_ARGS:-}
+"${PYTHON}" -m pytest e2e/kind -v ${PYTEST_ARGS:-}
 log "kind run passed in $(( $(date +%s) - started_at )) s"
