@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv`` fixture.
+"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv`` and ``crashing`` fixtures.
 
 * ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
   reproducible, a deadline per example; the whole fuzz set stays well under a minute.
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from dra_driver import failpoints
+from unit_tests.crashes import Crash
 from unit_tests.kubeserver import Server
 
 settings.register_profile(
@@ -35,3 +37,14 @@ def srv() -> Iterator[Server]:
     yield s
     s.httpd.shutdown()
     s.api.close()
+
+
+@pytest.fixture
+def crashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Failpoints raise Crash instead of killing the test process; all disarmed afterwards."""
+    def die(name: str) -> None:
+        raise Crash(name)
+
+    monkeypatch.setattr(failpoints, "_die", die)
+    yield
+    failpoints.configure({})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,22 +18,9 @@ from test_prepare import env as env  # a fixture, used by name
 
 from dra_driver import failpoints
 from dra_driver.node.checkpoint import ClaimState, atomic_write
+from unit_tests.crashes import Crash
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class Crash(BaseException):
-    pass
-
-
-@pytest.fixture
-def crashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def die(name: str) -> None:
-        raise Crash(name)
-
-    monkeypatch.setattr(failpoints, "_die", die)
-    yield
-    failpoints.configure({})
 
 
 def arm(spec: str, seed: int = 1) -> None:

@@ -9,7 +9,7 @@ import json
 import os
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from dra_driver.node.devices import describe_device
 from dra_driver.node.metadata import MetadataClaim, MetadataError, MetadataFiles
 from dra_driver.node.prepare import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
+from unit_tests.crashes import Crash
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -202,16 +203,8 @@ class MetaEnv(Env):
         self.enabled = enabled
         super().__init__(tmp_path)
 
-    def new_state(self, boot: str | None = None) -> DeviceState:
-        if boot is not None:
-            self.boot = boot
-        return DeviceState(
-            node_name=NODE, driver_name=DRIVER, devices=self.devices,
-            cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE),
-            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
-            api=self.reader, backend=self.backend, proc_root=self.proc,
-            metadata=MetadataFiles(self.tmp / "state", self.cdi_root, DRIVER, enabled=self.enabled),
-        )
+    def state_options(self) -> dict[str, Any]:
+        return {"metadata": MetadataFiles(self.tmp / "state", self.cdi_root, DRIVER, enabled=self.enabled)}
 
     @property
     def host_dir(self) -> Path:
@@ -368,20 +361,6 @@ class TestSwitchedOff:
 
 
 # --- crashes, reboots, leftovers --------------------------------------------------------------
-
-
-class Crash(BaseException):
-    pass
-
-
-@pytest.fixture
-def crashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def die(name: str) -> None:
-        raise Crash(name)
-
-    monkeypatch.setattr(failpoints, "_die", die)
-    yield
-    failpoints.configure({})
 
 
 def crash_on_write(monkeypatch: pytest.MonkeyPatch, nth: int) -> Callable[[], int]:

@@ -171,11 +171,17 @@ class Env:
         if boot is not None:
             self.boot = boot
         return DeviceState(
-            node_name=NODE, driver_name=DRIVER, devices=self.devices,
-            cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE),
+            node_name=NODE, driver_name=DRIVER, devices=self.devices, cdi=self.new_cdi(),
             checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
-            api=self.reader, backend=self.backend, proc_root=self.proc,
+            api=self.reader, backend=self.backend, proc_root=self.proc, **self.state_options(),
         )
+
+    # Hooks for test beds that vary one part of the state (metadata, driver edits, shares).
+    def new_cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE)
+
+    def state_options(self) -> dict[str, Any]:
+        return {}
 
     def spec(self, uid: str) -> dict[str, Any]:
         return json.loads((self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").read_text())

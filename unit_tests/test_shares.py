@@ -17,10 +17,8 @@ from test_prepare import DRIVER, MPS, NODE, TS, Env, build_devices, env_of, gpu_
 
 from dra_driver.gpuconfig import decode_sharing
 from dra_driver.k8s.quantity import parse_quantity
-from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore, canonical
 from dra_driver.node.devices import describe, describe_device, enumerate_devices
-from dra_driver.node.prepare import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from dra_driver.node.shares import (
     DISABLED,
@@ -236,15 +234,8 @@ def share(device: str, request: str = "gpu", **consumed: str) -> dict[str, Any]:
 
 
 class ShareEnv(Env):
-    def new_state(self, boot: str | None = None) -> DeviceState:
-        if boot is not None:
-            self.boot = boot
-        return DeviceState(
-            node_name=NODE, driver_name=DRIVER, devices=self.devices,
-            cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE),
-            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
-            api=self.reader, backend=self.backend, proc_root=self.proc, consumable_shares=FOUR,
-        )
+    def state_options(self) -> dict[str, Any]:
+        return {"consumable_shares": FOUR}
 
 
 @pytest.fixture

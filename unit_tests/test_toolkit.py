@@ -14,8 +14,6 @@ import pytest
 from test_prepare import DRIVER, NODE, Env, make_claim
 
 from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore
-from dra_driver.node.prepare import DeviceState
 from dra_driver.node.toolkit import (
     DriverEdits,
     DriverEditsError,
@@ -158,15 +156,8 @@ class ToolkitEnv(Env):
         self.edits_cache = edits
         super().__init__(tmp_path)
 
-    def new_state(self, boot: str | None = None) -> DeviceState:
-        if boot is not None:
-            self.boot = boot
-        return DeviceState(
-            node_name=NODE, driver_name=DRIVER, devices=self.devices,
-            cdi=CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE, driver_edits=self.edits_cache.edits),
-            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
-            api=self.reader, backend=self.backend, proc_root=self.proc,
-        )
+    def new_cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE, driver_edits=self.edits_cache.edits)
 
 
 def test_prepare_puts_the_driver_in_every_claims_spec(ctk: Path, tmp_path: Path) -> None:
