@@ -251,29 +251,40 @@ def debian_image(packages: Sequence[str], suite: str = SUITE, variant: str = "mi
     tag = f"{name}:{suite}-{debian_recipe_key(packages, suite, variant)}"
     if image_exists(tag):
         return tag
-    if shutil.which("mmdebstrap") is None:
-        raise DockerError("docker: mmdebstrap is needed to make a Debian base image offline: apt-get install -y mmdebstrap")
     out = state_dir() / f"rootfs-{tag.rsplit(':', 1)[1]}.tar"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["mmdebstrap", f"--variant={variant}", "--quiet",
-           # The mirror may serve a snapshot whose Release file has expired.
-           "--aptopt=Acquire::Check-Valid-Until \"false\"", "--aptopt=Acquire::Check-Date \"false\"",
-           # Images carry no apt lists or caches (as Debian's own images).
-           "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*",
-           "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
-           "--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright"]
-    if packages:
-        cmd.append("--include=" + ",".join(sorted(set(packages))))
-    cmd += [suite, str(out), MIRROR]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    try:
+        mmdebstrap(packages, out, suite, variant)
+    except DockerError:
         out.unlink(missing_ok=True)
-        raise DockerError(f"docker: mmdebstrap {suite} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        raise
     try:
         docker("import", "--change", "CMD [\"/bin/bash\"]", str(out), tag)
     finally:
         out.unlink(missing_ok=True)
     return tag
+
+
+def mmdebstrap(packages: Sequence[str], target: Path, suite: str = SUITE, variant: str = "minbase",
+               drop_logs: bool = False) -> None:
+    """A Debian ``suite`` rootfs holding ``packages`` at ``target`` (a folder, or a tar by its name),
+    without docs, man pages, locales, apt lists or caches (``drop_logs``: nor /var/log), as slim
+    images are."""
+    if shutil.which("mmdebstrap") is None:
+        raise DockerError("docker: mmdebstrap is needed to make a Debian rootfs offline: apt-get install -y mmdebstrap")
+    removed = '"$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' + (' "$1"/var/log/*' if drop_logs else "")
+    cmd = ["mmdebstrap", f"--variant={variant}", "--quiet",
+           # The mirror may serve a snapshot whose Release file has expired.
+           "--aptopt=Acquire::Check-Valid-Until \"false\"", "--aptopt=Acquire::Check-Date \"false\"",
+           f"--customize-hook=rm -rf {removed}",
+           "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+           "--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright"]
+    if packages:
+        cmd.append("--include=" + ",".join(sorted(set(packages))))
+    cmd += [suite, str(target), MIRROR]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise DockerError(f"docker: mmdebstrap {suite} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -376,7 +376,8 @@ def ensure_base(bins: Binaries, timings: dict[str, float]) -> str:
     with tempfile.TemporaryDirectory(prefix="kind-base-", dir=_scratch()) as scratch:
         rootfs = Path(scratch) / "rootfs"
         with _timed("base: mmdebstrap", timings):
-            _mmdebstrap(base_packages((recipe_dir / "Dockerfile").read_text()), rootfs)
+            # kind starts from debian-slim and removes docs, man pages, apt lists and logs (clean-install).
+            docker.mmdebstrap(base_packages((recipe_dir / "Dockerfile").read_text()), rootfs, drop_logs=True)
         with _timed("base: files, binaries, systemd", timings):
             _install_kind_files(recipe_dir / "files", rootfs)
             _install_runtime(bins, rootfs)
@@ -402,19 +403,6 @@ def _scratch() -> Path:
     path = gotools.cache_root() / "kindnode" / "scratch"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _mmdebstrap(packages: Sequence[str], rootfs: Path) -> None:
-    if shutil.which("mmdebstrap") is None:
-        raise KindNodeError("kindnode: mmdebstrap is needed for kind's base rootfs: apt-get install -y mmdebstrap")
-    # kind starts from debian-slim and removes docs, man pages and apt lists (its clean-install).
-    _run(["mmdebstrap", "--variant=minbase", "--quiet",
-          "--aptopt=Acquire::Check-Valid-Until \"false\"", "--aptopt=Acquire::Check-Date \"false\"",
-          "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
-          "--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-          "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/* \"$1\"/var/log/*",
-          "--include=" + ",".join(packages), docker.SUITE, str(rootfs), docker.MIRROR],
-         f"mmdebstrap {docker.SUITE} with kind's base packages")
 
 
 def _copy(source: Path, target: Path, mode: int) -> None:
