@@ -30,10 +30,7 @@ class Install:
     profile: str
 
     def helm(self, *args: str, timeout: float = 420) -> str:
-        proc = subprocess.run([self.helm_bin, "--kubeconfig", str(self.bed.kubeconfig), *args],
-                              capture_output=True, text=True, check=False, timeout=timeout)
-        assert proc.returncode == 0, f"helm {' '.join(args[:2])} failed: {proc.stderr.strip()}"
-        return proc.stdout
+        return run([self.helm_bin, "--kubeconfig", str(self.bed.kubeconfig), *args], timeout=timeout).stdout
 
     def upgrade(self, *sets: str) -> None:
         self.helm("upgrade", self.release, str(CHART), "-n", self.namespace, "--reuse-values", "--wait",
@@ -54,13 +51,15 @@ class Install:
                          "--timeout=300s", timeout=320)
 
     def plugin_pods(self) -> list[dict[str, Any]]:
-        pods = self.bed.get("pods", ns=self.namespace)["items"]
-        return [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "kubelet-plugin"
-                and not p["metadata"].get("deletionTimestamp")]
+        return self._pods("kubelet-plugin")
 
     def controller_pods(self) -> list[dict[str, Any]]:
+        return self._pods("controller")
+
+    def _pods(self, component: str) -> list[dict[str, Any]]:
+        """The release's live pods of one component (not those already terminating)."""
         pods = self.bed.get("pods", ns=self.namespace)["items"]
-        return [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "controller"
+        return [p for p in pods if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
                 and not p["metadata"].get("deletionTimestamp")]
 
     def load_image(self, image: str) -> None:
@@ -72,10 +71,9 @@ class Install:
         return items
 
 
-def run(cmd: Sequence[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(cmd: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False, timeout=timeout)
-    if check:
-        assert proc.returncode == 0, f"{' '.join(cmd[:4])} failed: {proc.stderr.strip()}"
+    assert proc.returncode == 0, f"{' '.join(cmd[:4])} failed: {proc.stderr.strip()}"
     return proc
 
 

@@ -77,7 +77,8 @@ def test_controller_runs_in_cluster_and_holds_the_lease(install: Install) -> Non
         install.bed.kubectl("get", "lease", "dra-driver-controller", "-n", install.namespace, "-o", "json", check=False)),
         timeout=60)
     assert lease["spec"]["holderIdentity"].startswith(name), f"Lease held by {lease['spec'].get('holderIdentity')}, not {name}"
-    assert "leader_elect=True" in logs(install, name, "controller") or '"leader_elect": true' in logs(install, name, "controller")
+    text = logs(install, name, "controller")
+    assert "leader_elect=True" in text or '"leader_elect": true' in text
 
 
 def test_plugin_may_write_only_its_own_nodes_slice(install: Install) -> None:
