@@ -33,6 +33,7 @@ POINTS: Mapping[str, str] = {
     "unprepare.after-spec-delete": "CDI spec deleted, checkpoint entry still present",
     "unprepare.after-checkpoint": "entry removed from the checkpoint, the kubelet has no answer yet",
     "atomic-write.before-rename": "temporary file written and synced, not yet renamed over the target",
+    "checkpoint.before-flush": "checkpoint journal record appended, not yet flushed to disk",
 }
 
 _armed: dict[str, float] | None = None

@@ -39,7 +39,8 @@ from e2e.reliability import (
 NODE_GPU, NODE_MIG = "gpu-node-1", "gpu-node-2"
 CLASSES = {NODE_GPU: "gpu.gpu.dra-driver.io", NODE_MIG: "mig.gpu.dra-driver.io"}
 FAILPOINTS = ("prepare.after-started=0.05,prepare.after-cdi-write=0.05,prepare.after-completed=0.05,"
-              "unprepare.after-spec-delete=0.05,unprepare.after-checkpoint=0.05,atomic-write.before-rename=0.03")
+              "unprepare.after-spec-delete=0.05,unprepare.after-checkpoint=0.05,atomic-write.before-rename=0.03,"
+              "checkpoint.before-flush=0.03")
 
 pytestmark = pytest.mark.testbed_only
 
@@ -209,8 +210,9 @@ def test_reboot_rewrites_specs(bed: Bed, ns: str, tmp_path: Path) -> None:
     missing = {i for e in entries.values() for d in e.devices for i in d.cdi_device_ids} - spec_device_ids(bed, node)
     assert not missing, f"prepared devices that a runtime cannot resolve: {missing}"
     assert {p: p.read_bytes() for p in metadata} == metadata, "torn device metadata files re-written"
-    saved = json.loads((Path(n.state_dir) / "checkpoint.json").read_text())["data"]["bootID"]
-    assert saved == "11111111-2222-3333-4444-555555555555"
+    store = CheckpointStore(Path(n.state_dir), node, DRIVER, boot_id="")
+    store.load()
+    assert store.saved_boot_id == "11111111-2222-3333-4444-555555555555"
     # A pod started after the reboot works, and everything agrees.
     bed.apply([pod("r-after", node)], ns=ns)
     wait_for("new pod running", lambda: phases(bed, ns).get("r-after") == "Running", 120)

@@ -225,3 +225,153 @@ class TestWriteFailures:
             os.umask(old)
         for p in ("a", "a/b", "a/b/c"):
             assert stat.S_IMODE((tmp_path / p).stat().st_mode) == 0o750
+
+
+class TestJournal:
+    """Saves after a process's first append one record, flushed with one fdatasync."""
+
+    def lines(self, tmp_path: Path) -> list[bytes]:
+        return (tmp_path / "state" / "checkpoint.json").read_bytes().splitlines()
+
+    def test_a_save_appends_one_record_of_what_changed(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        both = entries()
+        s.save({UID: both[UID]})
+        s.save(both)
+        s.save({UID2: both[UID2]})
+        first, *records = self.lines(tmp_path)
+        assert json.loads(first)["data"]["claims"].keys() == {UID}
+        assert [json.loads(r)["record"]["seq"] for r in records] == [1, 2]
+        assert json.loads(records[0])["record"]["set"].keys() == {UID2} and json.loads(records[0])["record"]["del"] == []
+        assert json.loads(records[1])["record"] == {"seq": 2, "bootID": "boot-1", "set": {}, "del": [UID]}
+        assert store(tmp_path).load() == {UID2: both[UID2]}
+
+    def test_nothing_changed_writes_nothing(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        both = entries()
+        s.save(both)
+        s.save(dict(both))
+        assert len(self.lines(tmp_path)) == 1
+
+    def test_one_fdatasync_per_save_and_no_fsync(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s = store(tmp_path)
+        s.save({})
+        calls: list[str] = []
+        for name in ("fsync", "fdatasync"):
+            real = getattr(os, name)
+            monkeypatch.setattr(os, name, lambda fd, name=name, real=real: (calls.append(name), real(fd))[1])
+        s.save(entries())
+        s.save({})
+        assert calls == ["fdatasync", "fdatasync"]
+
+    def test_first_save_of_a_process_is_a_snapshot(self, tmp_path: Path) -> None:
+        store(tmp_path).save({})
+        store(tmp_path).save(entries())
+        s = store(tmp_path)
+        assert s.load() == entries()
+        s.save(entries())
+        assert len(self.lines(tmp_path)) == 1
+
+    def test_compaction(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("dra_driver.node.checkpoint.COMPACT_MIN_BYTES", 4096)
+        s = store(tmp_path)
+        both = entries()
+        s.save({})
+        longest = 0
+        for i in range(40):
+            s.save(both if i % 2 else {})
+            longest = max(longest, len(self.lines(tmp_path)))
+            assert store(tmp_path).load() == (both if i % 2 else {})
+        assert 2 < longest < 40, "records are compacted into a new snapshot"
+        assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]
+
+    def test_version_1_file_loads(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        doc = json.loads(s.encode(entries()))
+        doc["version"] = 1
+        (tmp_path / "state").mkdir()
+        (tmp_path / "state" / "checkpoint.json").write_text(json.dumps(doc) + "\n")
+        assert s.load() == entries() and s.quarantined is None
+        s.save({})
+        assert json.loads(self.lines(tmp_path)[0])["version"] == CHECKPOINT_VERSION
+
+    @pytest.mark.parametrize("tail", [b'{"checksum":"sha256:ab', b"\x00" * 700, b'{"checksum":"sha256:00","rec\x00\x00'])
+    def test_torn_last_record_is_dropped(self, tmp_path: Path, tail: bytes,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+        s = store(tmp_path)
+        s.save({})
+        s.save(entries())
+        path = tmp_path / "state" / "checkpoint.json"
+        with open(path, "ab") as f:
+            f.write(tail)
+        loaded = store(tmp_path)
+        assert loaded.load() == entries() and loaded.quarantined is None
+        assert "cut short" in capsys.readouterr().out
+        loaded.save({})  # a snapshot replaces the torn file
+        assert store(tmp_path).load() == {} and len(self.lines(tmp_path)) == 1
+
+    def test_damaged_record_is_quarantined(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save({})
+        s.save(entries())
+        s.save({})
+        path = tmp_path / "state" / "checkpoint.json"
+        lines = path.read_bytes().splitlines(keepends=True)
+        lines[1] = lines[1].replace(b'"gpu-0"', b'"gpu-7"')  # valid JSON, wrong checksum
+        path.write_bytes(b"".join(lines))
+        fresh = store(tmp_path)
+        assert fresh.load() == {}
+        assert "checksum mismatch in journal line 1" in (fresh.quarantine_reason or "")
+
+    def test_missing_record_is_quarantined(self, tmp_path: Path) -> None:
+        s = store(tmp_path)
+        s.save({})
+        s.save(entries())
+        s.save({})
+        path = tmp_path / "state" / "checkpoint.json"
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(lines[0] + lines[2])
+        fresh = store(tmp_path)
+        assert fresh.load() == {}
+        assert "sequence number 2" in (fresh.quarantine_reason or "")
+
+    def test_failed_append_is_cut_back(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s = store(tmp_path)
+        s.save({})
+        real = os.write
+
+        def half(fd: int, data: bytes) -> int:
+            if len(data) > 64:
+                return real(fd, bytes(data)[:64])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", half)
+        with pytest.raises(OSError):
+            s.save(entries())
+        monkeypatch.undo()
+        assert self.lines(tmp_path) == self.lines(tmp_path)[:1], "the partial record was cut off"
+        s.save({UID: entries()[UID]})  # appends after the last complete save
+        assert store(tmp_path).load() == {UID: entries()[UID]}
+
+    def test_failed_flush_is_cut_back(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        s = store(tmp_path)
+        s.save({})
+
+        def eio(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", eio)
+        with pytest.raises(OSError):
+            s.save(entries())
+        monkeypatch.undo()
+        assert store(tmp_path).load() == {}, "a save that failed leaves the file as it was"
+
+    def test_reboot_seen_in_the_last_record(self, tmp_path: Path) -> None:
+        store(tmp_path, boot="boot-1").save({})
+        s = store(tmp_path, boot="boot-2")
+        s.load()
+        s.save(entries())  # snapshot of boot-2
+        s.save({})  # record of boot-2
+        later = store(tmp_path, boot="boot-2")
+        assert later.load() == {} and not later.rebooted and later.saved_boot_id == "boot-2"
+        assert store(tmp_path, boot="boot-3").load() == {}

@@ -91,7 +91,7 @@ def test_bad_spec_fails_the_plugin_start() -> None:
 # --- crash recovery at each point -----------------------------------------------------------------
 
 PREPARE_POINTS = ["prepare.after-started", "prepare.after-cdi-write", "prepare.after-completed",
-                  "atomic-write.before-rename"]
+                  "atomic-write.before-rename", "checkpoint.before-flush"]
 
 
 def consistent(env: Env, state_uids: set[str]) -> None:
@@ -129,7 +129,7 @@ def test_crash_in_prepare_then_retry(env: Env, crashing: None, point: str) -> No
 
 
 @pytest.mark.parametrize("point", ["unprepare.after-spec-delete", "unprepare.after-checkpoint",
-                                   "atomic-write.before-rename"])
+                                   "checkpoint.before-flush"])
 def test_crash_in_unprepare_then_retry(env: Env, crashing: None, point: str) -> None:
     refs = [env.reader.add(make_claim(f"c{i}", [("gpu", f"gpu-3-1g-{i}")])) for i in range(2)]
     assert all(o.ok for o in env.state.prepare(refs).values())

@@ -452,13 +452,19 @@ class TestCrashes:
         assert {p: p.read_bytes() for p in files} == before
         assert menv.state.prepare([ref])[ref.uid].error is None
 
-    def test_only_the_checkpoint_is_fsynced(self, menv: MetaEnv, monkeypatch: pytest.MonkeyPatch) -> None:
-        synced: list[int] = []
-        real = os.fsync
-        monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
-        ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+    def test_only_the_checkpoint_is_flushed(self, menv: MetaEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+        first = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        assert menv.state.prepare([first])[first.uid].error is None  # the process's first save: a snapshot
+        flushed: list[str] = []
+        for name in ("fsync", "fdatasync"):
+            real = getattr(os, name)
+            monkeypatch.setattr(os, name, lambda fd, name=name, real=real: (flushed.append(name), real(fd))[1])
+        ref = menv.reader.add(make_claim("d", [("gpu", "gpu-1")]))
         assert menv.state.prepare([ref])[ref.uid].error is None
-        assert len(synced) == 4, "PrepareStarted and PrepareCompleted: the file, then its directory, each"
+        assert flushed == ["fdatasync", "fdatasync"], "PrepareStarted and PrepareCompleted: one journal record each"
+        flushed.clear()
+        assert menv.state.unprepare([ref]) == {ref.uid: None}
+        assert flushed == ["fdatasync"]
 
     def test_missing_metadata_spec_rewritten_at_start(self, menv: MetaEnv) -> None:
         ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import json
 import threading
 import time
@@ -190,9 +191,9 @@ class Env:
         return (self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").exists()
 
     def checkpoint(self) -> dict[str, Any]:
-        doc = json.loads((self.tmp / "state" / "checkpoint.json").read_text())
-        claims: dict[str, Any] = doc["data"]["claims"]
-        return claims
+        """What the file holds, by UID, as another process reading it sees it."""
+        store = CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id="")
+        return {uid: entry.to_dict() for uid, entry in store.load().items()}
 
     def prepare_one(self, claim: dict[str, Any]) -> Any:
         ref = self.reader.add(claim)
@@ -472,12 +473,32 @@ class TestDiskFull:
         assert env.state.prepared_claims() == {}
         assert not env.spec_exists(claim["metadata"]["uid"])
 
-    def test_unprepare_checkpoint_enospc_retries(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.node.checkpoint as cp_mod
+    def test_completed_record_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+        first = env.reader.add(make_claim("a", [("gpu", "gpu-1")]))
+        assert env.state.prepare([first])[first.uid].error is None  # the file exists: later saves append
+        real = os.write
+        records: list[bytes] = []
 
+        def second_record_fails(fd: int, data: Any) -> int:
+            if bytes(data[:14]) == b'{"checksum":"s':
+                records.append(bytes(data))
+                if len(records) == 2:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", second_record_fails)
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        out = env.state.prepare([ref])[ref.uid]
+        monkeypatch.undo()
+        assert "no space left on device" in (out.error or "") and "checkpoint" in (out.error or "")
+        assert ref.uid not in env.state.prepared_claims() and not env.spec_exists(ref.uid)
+        assert set(env.checkpoint()) == {first.uid}
+        assert env.state.prepare([ref])[ref.uid].error is None
+
+    def test_unprepare_checkpoint_enospc_retries(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         env.state.prepare([ref])
-        monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
+        monkeypatch.setattr(os, "write", self._enospc)
         assert "no space left" in (env.state.unprepare([ref])[ref.uid] or "")
         assert ref.uid in env.state.prepared_claims()
         monkeypatch.undo()

@@ -4,11 +4,11 @@ The file survives plugin restarts (and node reboots, when the state dir is on pe
 that a re-sent NodePrepareResources returns the same devices, NodeUnprepareResources works in a
 new process, and claims half-prepared by a crashed process can be rolled back.
 
-Format (JSON, one object)::
+Format: JSON lines. The first line is a **snapshot** of every entry (shown indented)::
 
     {
       "kind": "DraDriverCheckpoint",
-      "version": 1,
+      "version": 2,
       "checksum": "sha256:<hex of SHA-256 over the canonical JSON of data>",
       "data": {
         "nodeName": "node-a", "driverName": "gpu.dra-driver.io", "bootID": "<boot id at write>",
@@ -28,16 +28,34 @@ Format (JSON, one object)::
       }
     }
 
-Canonical JSON = ``json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``; the
-file is the whole object in canonical JSON on one line (shown indented above).
+Every later line is a **journal record**, the change one save made, applied in order::
 
-Writes are atomic: a temporary file in the same directory, fsync, rename over the target,
-fsync of the directory. The file is 0600 inside a 0700 directory.
+    {"checksum": "sha256:<hex over the canonical JSON of record>",
+     "record": {"seq": 1, "bootID": "<boot id at write>", "set": {"<uid>": {<entry>}}, "del": ["<uid>"]}}
 
-Loading never raises for bad content: a file that does not parse, is truncated, fails its
-checksum, has a newer version, or belongs to another node or driver is renamed to
-``checkpoint.json.corrupt-<UTC timestamp>`` and recovery starts empty. A different boot ID keeps
-the entries (``/var/run/cdi`` is emptied by a reboot, so re-prepare must re-write the specs).
+Canonical JSON = ``json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``; every
+line is canonical JSON. A version 1 file (the snapshot alone) loads as it is.
+
+**Why a journal.** A save appends one record and makes it durable with one ``fdatasync``: the
+file's directory entry is already durable, and an append changes only the file's data and size,
+which ``fdatasync`` flushes. Rewriting the whole file atomically costs two fsyncs (the file, then
+the directory for the rename) and serializes and checksums every claim on every save. So a
+prepare (``PrepareStarted``, then ``PrepareCompleted``) costs two flushes and an unprepare one,
+each record as long as the claims it changes. The durability order is unchanged: a save returns
+only once its record is on disk. When the records outgrow the snapshot (:data:`COMPACT_MIN_BYTES`,
+twice the snapshot), the next save writes a new snapshot atomically (temporary file, fsync,
+rename, directory fsync) in place of the file; so does the first save of a process.
+
+**A torn tail.** A power loss during an append can leave its record cut short, or the file's new
+length filled with NUL bytes. Such a record was never acknowledged (its save had not returned), so
+a last line without its newline is dropped with a warning. Anything else that does not verify
+(a line with a bad checksum, out of sequence, or a damaged snapshot) is damage, not a torn write.
+
+Loading never raises for bad content: a file that does not parse, fails a checksum, has a newer
+version, or belongs to another node or driver is renamed to ``checkpoint.json.corrupt-<UTC
+timestamp>`` and recovery starts empty. A different boot ID keeps the entries (``/var/run/cdi`` is
+emptied by a reboot, so re-prepare must re-write the specs). The file is 0600 inside a 0700
+directory.
 """
 
 from __future__ import annotations
@@ -60,7 +78,9 @@ from dra_driver.node.metrics import METRICS
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_KIND = "DraDriverCheckpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+COMPACT_MIN_BYTES = 256 * 1024
+"""Journal records are compacted into a new snapshot once they exceed this and twice the snapshot."""
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 _log = logs.get("checkpoint")
@@ -378,7 +398,11 @@ class CheckpointError(Exception):
 
 
 class CheckpointStore:
-    """Loads and saves ``<state_dir>/checkpoint.json`` for one node and driver."""
+    """Loads and saves ``<state_dir>/checkpoint.json`` for one node and driver.
+
+    One process saves (the plugin); others may :meth:`load` at any time and see the last complete
+    save. Not thread-safe: the caller serializes saves (the plugin's state lock does).
+    """
 
     def __init__(
         self,
@@ -396,17 +420,35 @@ class CheckpointStore:
         self.boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         self.rebooted = False
         """Set by :meth:`load` when the file was written in another boot."""
+        self.saved_boot_id = ""
+        """Set by :meth:`load`: the boot ID of the file's last save."""
         self.quarantined: Path | None = None
         """Set by :meth:`load` when it moved a bad file aside."""
         self.quarantine_reason: str | None = None
         """Set by :meth:`load` when the file was unusable: why."""
         self._log = _log.bind(node=node_name, path=str(self.path))
+        # What this process knows the file holds, for appending: None until its first save,
+        # which writes a snapshot (a loaded file may end in a torn record, and is not appended to).
+        self._saved: dict[str, ClaimEntry] | None = None
+        self._fd: int | None = None
+        self._size = 0
+        self._snapshot_size = 0
+        self._seq = 0
+
+    def close(self) -> None:
+        """Close the file kept open for appending; the next save writes a snapshot."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = None
+        self._saved = None
 
     def load(self) -> dict[str, ClaimEntry]:
         """The saved entries; empty (after quarantining the file) when the file is unusable."""
         self.rebooted = False
         self.quarantined = None
         self.quarantine_reason = None
+        self.close()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -416,12 +458,14 @@ class CheckpointStore:
             self._quarantine(f"unreadable: {exc}")
             return {}
         try:
-            data = self._parse(raw)
-            entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in _claims(data).items()}
+            entries, saved_boot, torn = self._replay(raw)
         except (CheckpointError, ValueError, TypeError, KeyError, AttributeError) as exc:
             self._quarantine(str(exc))
             return {}
-        saved_boot = str(data.get("bootID") or "")
+        if torn:
+            self._log.warning("dropped a checkpoint record cut short by a crash or power loss; its save had not "
+                              "returned, so nothing was acknowledged from it", bytes=torn)
+        self.saved_boot_id = saved_boot
         if saved_boot and self.boot_id and saved_boot != self.boot_id:
             self.rebooted = True
             self._log.warning(
@@ -435,6 +479,30 @@ class CheckpointStore:
         """Delete temporary files of checkpoint writes interrupted by a crash (start-up only)."""
         prefix = temp_name_prefix(self.path)
         return remove_stale_temp_files(self.state_dir, lambda name: name.startswith(prefix))
+
+    def _replay(self, raw: bytes) -> tuple[dict[str, ClaimEntry], str, int]:
+        """Entries, the last save's boot ID, and the length of a torn last record (0: none)."""
+        lines = raw.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with its last newline
+        if not lines:
+            # Snapshots are written whole (temp file, rename), so one without its newline is still
+            # the snapshot: if it is cut short, parsing says so.
+            lines, tail = [tail], b""
+        torn = len(tail)
+        data = self._parse(lines[0])
+        version = data.pop("_version")
+        entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in _claims(data).items()}
+        boot = str(data.get("bootID") or "")
+        if version < 2 and len(lines) > 1:
+            raise CheckpointError(f"version {version} has no journal, but the file has {len(lines)} lines")
+        for number, line in enumerate(lines[1:], start=1):
+            record = _record(line, number)
+            for uid, entry in record["set"].items():
+                entries[uid] = ClaimEntry.from_dict(uid, entry)
+            for uid in record["del"]:
+                entries.pop(uid, None)
+            boot = record["bootID"]
+        return entries, boot, torn
 
     def _parse(self, raw: bytes) -> dict[str, Any]:
         try:
@@ -467,6 +535,7 @@ class CheckpointStore:
             raise CheckpointError(
                 f"written for driver {data.get('driverName')!r}, this is driver {self.driver_name!r}"
             )
+        data["_version"] = version
         return data
 
     def _quarantine(self, reason: str) -> None:
@@ -491,6 +560,7 @@ class CheckpointStore:
             )
 
     def encode(self, entries: Mapping[str, ClaimEntry]) -> bytes:
+        """A snapshot line of ``entries``."""
         data = {
             "nodeName": self.node_name,
             "driverName": self.driver_name,
@@ -508,12 +578,74 @@ class CheckpointStore:
         return canonical(doc) + b"\n"
 
     def save(self, entries: Mapping[str, ClaimEntry]) -> None:
-        """Write all entries atomically; OSError (e.g. ENOSPC) propagates, the old file stays."""
+        """Make ``entries`` what the file holds, durably; OSError (e.g. ENOSPC) propagates and the
+        file keeps what it held."""
+        started = time.perf_counter()
+        saved, fd = self._saved, self._fd
+        journal = self._size - self._snapshot_size
+        if saved is None or fd is None or journal > max(COMPACT_MIN_BYTES, 2 * self._snapshot_size):
+            self._write_snapshot(entries)
+        else:
+            self._append(fd, saved, entries)
+        METRICS.checkpoint_write_seconds.observe(time.perf_counter() - started)
+
+    def _write_snapshot(self, entries: Mapping[str, ClaimEntry]) -> None:
+        self.close()
         ensure_dir(self.state_dir, 0o700)
         data = self.encode(entries)
-        started = time.perf_counter()
         atomic_write(self.path, data, 0o600)
-        METRICS.checkpoint_write_seconds.observe(time.perf_counter() - started)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._saved = dict(entries)
+        self._size = self._snapshot_size = len(data)
+        self._seq = 0
+
+    def _append(self, fd: int, saved: dict[str, ClaimEntry], entries: Mapping[str, ClaimEntry]) -> None:
+        changed = {uid: entry.to_dict() for uid, entry in entries.items() if saved.get(uid) is not entry}
+        removed = [uid for uid in saved if uid not in entries]
+        if not changed and not removed:
+            return
+        record = canonical({"seq": self._seq + 1, "bootID": self.boot_id, "set": changed, "del": sorted(removed)})
+        # The canonical JSON of {"checksum": ..., "record": ...}, without encoding the record twice.
+        line = b'{"checksum":"sha256:%s","record":%s}\n' % (hashlib.sha256(record).hexdigest().encode(), record)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            failpoints.hit("checkpoint.before-flush")
+            os.fdatasync(fd)
+        except OSError:
+            # Cut the file back to its last complete save. If even that fails, the next save
+            # replaces the whole file with a snapshot.
+            try:
+                os.ftruncate(fd, self._size)
+            except OSError:
+                self.close()
+            raise
+        self._size += len(line)
+        self._seq += 1
+        self._saved = dict(entries)
+
+
+def _record(line: bytes, number: int) -> dict[str, Any]:
+    """A verified journal record (line ``number``; the snapshot is line 0)."""
+    try:
+        doc = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"journal line {number} is not valid JSON: {exc}") from None
+    record = doc.get("record") if isinstance(doc, dict) else None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"journal line {number} has no record")
+    want = "sha256:" + hashlib.sha256(canonical(record)).hexdigest()
+    if doc.get("checksum") != want:
+        raise CheckpointError(f"checksum mismatch in journal line {number}: file says {doc.get('checksum')!r}, "
+                              f"content is {want!r}")
+    if record.get("seq") != number:
+        raise CheckpointError(f"journal line {number} has sequence number {record.get('seq')!r}: a record is missing "
+                              "or out of order")
+    if not isinstance(record.get("set"), dict) or not isinstance(record.get("del"), list) \
+            or not isinstance(record.get("bootID"), str):
+        raise CheckpointError(f"journal line {number} is not a record of set, del and bootID")
+    return record
 
 
 def _claims(data: Mapping[str, Any]) -> dict[str, Any]:

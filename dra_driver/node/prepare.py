@@ -22,16 +22,18 @@ answer, so no container can be using it, and the kubelet retries Prepare until i
 then prepares it from scratch. ``PrepareCompleted`` entries are kept and their CDI specs re-written
 when missing (the kubelet does not call Prepare again for claims it already has prepared).
 
-Durability: the checkpoint is the one durable record, written with fsync (file and directory) at
-``PrepareStarted`` and at ``PrepareCompleted``, so the order started → CDI → completed holds on disk
-as well as for other processes. The CDI specs and device metadata files a claim gets in between are
-replaced atomically but not fsynced (``DERIVED_FILES_DURABLE``): they are derived from the
-checkpoint entry, and only a power loss (or kernel crash) can lose what a killed process wrote. A
-power loss always ends in a new boot ID, and on a new boot every ``PrepareCompleted`` entry is
-re-materialized (its specs and metadata files re-written, whatever is at their paths, before the
-plugin serves), so an empty or missing file left by a power loss is replaced before any container
-can use it; a ``PrepareStarted`` entry is rolled back, which deletes them. Six of the ten fsyncs a
-prepare with device metadata made were these files'.
+Durability: the checkpoint is the one durable record. It is saved at ``PrepareStarted`` and at
+``PrepareCompleted``, each save a journal record flushed with one ``fdatasync`` before it returns
+(:mod:`dra_driver.node.checkpoint`), so the order started → CDI → completed holds on disk as well as
+for other processes; an unprepare is one more record. The CDI specs and device metadata files a
+claim gets in between are replaced atomically but not fsynced (``DERIVED_FILES_DURABLE``): they are
+derived from the checkpoint entry, and only a power loss (or kernel crash) can lose what a killed
+process wrote. A power loss always ends in a new boot ID, and on a new boot every
+``PrepareCompleted`` entry is re-materialized (its specs and metadata files re-written, whatever is
+at their paths, before the plugin serves), so an empty or missing file left by a power loss is
+replaced before any container can use it; a ``PrepareStarted`` entry is rolled back, which deletes
+them. A prepare with device metadata made ten fsyncs when every file was synced and the checkpoint
+rewritten whole; it makes two.
 
 Every failure is a per-claim error string; nothing raises out of ``prepare``/``unprepare``.
 """
@@ -412,6 +414,13 @@ class DeviceState:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        # Under the lock: a save in progress must not write to a descriptor number reused after
+        # closing. A round stuck longer than this is left alone; the process is ending anyway.
+        if self._lock.acquire(timeout=5):
+            try:
+                self._checkpoint.close()
+            finally:
+                self._lock.release()
 
     # -- queries / updates
 
