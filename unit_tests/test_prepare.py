@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import errno
-import os
 import json
+import os
 import threading
 import time
 import uuid
