@@ -189,3 +189,22 @@ def test_the_write_waits_until_the_kubelets_calls_have_settled(tmp_path: Path) -
         assert all(bed.devices(ref) for ref in refs)
     finally:
         stop.set()
+
+
+def test_the_idle_hook_runs_once_the_writes_of_a_burst_are_done(tmp_path: Path) -> None:
+    bed = Bed(tmp_path)
+    idle: list[int] = []
+    bed.writer = ClaimStatusWriter(bed.kube, DRIVER, NODE, settle=0.1,
+                                   on_idle=lambda: idle.append(len(bed.kube.writes("apply_status"))))
+    bed.handler = ReportingHandler(bed.state, bed.writer, DEVICES)
+    stop = threading.Event()
+    bed.writer.start(stop)
+    try:
+        refs = [bed.claim(f"c{i}", [f"gpu-{i}"], other_driver=False) for i in range(3)]
+        assert all(o.ok for o in bed.handler.prepare(refs).values())
+        deadline = time.monotonic() + 10
+        while not idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert idle and idle[0] == 3, "called after the last write of the burst, not between them"
+    finally:
+        stop.set()

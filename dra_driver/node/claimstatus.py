@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,8 +126,11 @@ class ClaimStatusWriter:
     """Writes ``status.devices`` from a queue (see the module docstring for when and how). Thread-safe."""
 
     def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, retry_base: float = RETRY_BASE,
-                 retry_max: float = RETRY_MAX, settle: float = SETTLE, max_settle: float = MAX_SETTLE) -> None:
+                 retry_max: float = RETRY_MAX, settle: float = SETTLE, max_settle: float = MAX_SETTLE,
+                 on_idle: Callable[[], object] | None = None) -> None:
         self._api = api
+        self._on_idle = on_idle
+        """Called when the writes of a burst are done (the kubelet has been quiet ``settle`` seconds)."""
         self.driver_name = driver_name
         self.node_name = node_name
         self.field_manager = driver_name
@@ -174,6 +177,8 @@ class ClaimStatusWriter:
                 self.write(uid)
             finally:
                 self._queue.done(uid)
+            if self._on_idle is not None and not len(self._queue):
+                self._on_idle()
 
     def _wait_for_quiet(self, stop: threading.Event) -> None:
         """Until no call was reported for ``settle`` seconds, ``max_settle`` seconds at most."""

@@ -19,7 +19,7 @@ from dra_driver import __version__, logs
 from dra_driver.k8s import client as kube
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.node import events as notices
-from dra_driver.node import probe
+from dra_driver.node import memory, probe
 from dra_driver.node.claimstatus import ClaimStatusWriter, ReportingHandler
 from dra_driver.node.devices import describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
@@ -145,6 +145,7 @@ def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str
 
 
 def run(settings: PluginSettings) -> int:
+    memory.limit_arenas()  # before any thread starts
     logs.configure(settings.log_format, settings.log_level)
     log = logs.get("plugin", node=settings.node_name, driver=settings.driver_name)
     started = time.monotonic()
@@ -173,7 +174,7 @@ def run(settings: PluginSettings) -> int:
         on_prepare_error=lambda claim, error: events.on_claim(claim, notices.prepare_failed(error)))
     report_quarantine(state, events)
     board = HealthBoard(sorted(devices))
-    status_writer = ClaimStatusWriter(api, settings.driver_name, settings.node_name)
+    status_writer = ClaimStatusWriter(api, settings.driver_name, settings.node_name, on_idle=memory.trim)
     handler = ReportingHandler(state, status_writer, devices)
     servers = PluginServers.from_settings(settings, handler, health=board)
 

@@ -126,7 +126,7 @@ PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "urllib3/", "http/client.py", "ssl.py")),
     ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/metadata.py")),
     ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/cdi.py")),
-    ("checkpoint (serialize, checksum, atomic write)", ("CheckpointStore",)),
+    ("checkpoint (journal record + fdatasync, or a snapshot)", ("CheckpointStore",)),
     ("claim status report", ("ClaimStatusWriter",)),
     ("metrics", ("dra_driver/node/metrics.py", "prometheus_client/")),
     ("group commit (queueing, bookkeeping)", ("_GroupCommit",)),
