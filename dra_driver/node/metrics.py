@@ -50,7 +50,8 @@ class PluginMetrics:
         self.devices = Gauge(f"{PREFIX}_devices", "Devices published in the node's ResourceSlices, by type and health",
                              ["type", "health"], registry=r)
         self.checkpoint_write_seconds = Histogram(
-            f"{PREFIX}_checkpoint_write_duration_seconds", "Time to save the checkpoint durably (a journal record and its fdatasync, or a snapshot)",
+            f"{PREFIX}_checkpoint_write_duration_seconds",
+            "Time to save the checkpoint durably (a journal record and its fdatasync, or a snapshot)",
             buckets=_WRITE_BUCKETS, registry=r)
         self.cdi_spec_writes = Counter(f"{PREFIX}_cdi_spec_writes_total", "CDI spec file writes, by result", ["result"],
                                        registry=r)
