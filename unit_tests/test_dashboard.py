@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import generate_latest
-
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.node.metrics import PluginMetrics
 from e2e.dashboard import DASHBOARD, exported_families, family, queried_metrics
 
 
 def test_every_dashboard_query_names_a_defined_metric() -> None:
-    page = generate_latest(PluginMetrics().registry).decode() + generate_latest(ControllerMetrics().registry).decode()
+    page = PluginMetrics().registry.exposition().decode() + ControllerMetrics().registry.exposition().decode()
     families = exported_families(page)
     queried = queried_metrics()
     assert len(queried) >= 15, f"the dashboard should graph the plugin and the controller: {sorted(queried)}"

@@ -213,12 +213,11 @@ def test_nvml_init_failure_is_a_clear_error(open_nvml: Callable[..., NvmlBackend
 
 
 def test_a_lost_gpu_names_the_gpu_and_the_call_and_is_counted(open_nvml: Callable[..., NvmlBackend]) -> None:
-    counter = METRICS.nvml_errors.labels(function="nvmlDeviceGetMemoryInfo")
-    before = counter._value.get()
+    before = METRICS.value("nvml_errors_total", {"function": "nvmlDeviceGetMemoryInfo"})
     backend = open_nvml("dgxh100", fail="nvmlDeviceGetMemoryInfo=15")
     with pytest.raises(NvmlError, match=r"^GPU 0: reading memory info: the GPU is lost .*\(NVML error 15\)$"):
         backend.discover()
-    assert counter._value.get() == before + 1
+    assert METRICS.value("nvml_errors_total", {"function": "nvmlDeviceGetMemoryInfo"}) == before + 1
 
 
 def test_an_unknown_machine_fails_init_and_says_which_exist(open_nvml: Callable[..., NvmlBackend],

@@ -9,9 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 from dra_driver import __version__, httpserve
+from dra_driver.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, Registry
 
 PREFIX = "dra_driver_controller"
 
@@ -19,8 +18,8 @@ PREFIX = "dra_driver_controller"
 class ControllerMetrics:
     """The controller's metrics, in their own registry (tests create as many as they like)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
         r = self.registry
         self.claims_explained = Counter(
             f"{PREFIX}_claims_explained_total", "Explanations written for pending ResourceClaims (verdict changes)", registry=r
@@ -60,7 +59,7 @@ class MetricsServer:
             return (200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
 
         pages: dict[str, httpserve.Page] = {path: health for path in httpserve.HEALTH_PATHS}
-        pages["/metrics"] = lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST)
+        pages["/metrics"] = lambda: (200, registry.exposition(), CONTENT_TYPE)
         self._server = httpserve.bind(host, port, pages)
         self._thread: threading.Thread | None = None
 

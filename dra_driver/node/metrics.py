@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from dra_driver.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, Registry
 
 PREFIX = "dra_driver_plugin"
 
@@ -34,8 +34,8 @@ def xid_label(xid: int) -> str:
 class PluginMetrics:
     """The node plugin's metrics, in their own registry (tests may create more)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry()
         r = self.registry
         self.prepare_seconds = Histogram(
             f"{PREFIX}_prepare_duration_seconds",
@@ -92,11 +92,11 @@ class PluginMetrics:
 
     def page(self) -> tuple[bytes, str]:
         """``/metrics``: the body in the Prometheus text format and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return self.registry.exposition(), CONTENT_TYPE
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float:
         """A sample's current value, 0 when absent (tests); ``name`` without the prefix."""
-        v = self.registry.get_sample_value(f"{PREFIX}_{name}", dict(labels or {}))
+        v = self.registry.get_sample_value(f"{PREFIX}_{name}", labels)
         return float(v) if v is not None else 0.0
 
 

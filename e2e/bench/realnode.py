@@ -128,7 +128,7 @@ PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/cdi.py")),
     ("checkpoint (journal record + fdatasync, or a snapshot)", ("CheckpointStore",)),
     ("claim status report", ("ClaimStatusWriter",)),
-    ("metrics", ("dra_driver/node/metrics.py", "prometheus_client/")),
+    ("metrics", ("dra_driver/node/metrics.py", "dra_driver/metrics.py")),
     ("group commit (queueing, bookkeeping)", ("_GroupCommit",)),
     ("gRPC server and protobuf", ("grpc/", "google/protobuf/", "dra_driver/_proto/", "dra_driver/node/grpc.py")),
     ("prepare logic (config, sharing, devices)", ("dra_driver/node/prepare.py", "dra_driver/node/claimstatus.py",
