@@ -21,6 +21,8 @@ class Server:
     def __init__(self, user: dict[str, Any] | None = None, **api_kwargs: Any) -> None:
         self.requests: list[dict[str, Any]] = []
         self.replies: list[Reply | RawReply | list[bytes]] = []
+        self.close_after: set[int] = set()
+        """Request numbers (1, 2, ...) after whose reply the server closes the connection, unannounced."""
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -34,7 +36,10 @@ class Server:
                                        "auth": self.headers.get("Authorization"),
                                        "agent": self.headers.get("User-Agent"),
                                        "accept": self.headers.get("Accept"),
+                                       "peer": self.client_address[1],
                                        "body": json.loads(body) if body else None})
+                if len(outer.requests) in outer.close_after:
+                    self.close_connection = True
                 reply = outer.replies.pop(0)
                 if isinstance(reply, list):  # a watch stream
                     data = b"".join(reply)

@@ -4,12 +4,14 @@ TLS are in test_credentials.py."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, RestKubeApi
-from unit_tests.kubeserver import Server, plain_credentials
+from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, RestKubeApi, load_credentials
+from unit_tests.kubeserver import Server, kubeconfig_dict, plain_credentials
 
 
 def test_paths() -> None:
@@ -139,3 +141,33 @@ def test_unreachable_server_gives_a_short_clear_error() -> None:
     assert info.value.status == 0
     assert text.startswith("API server not reached") and "Connection refused" in text and f"127.0.0.1:{port}" in text
     assert "HTTPConnectionPool" not in text and "Max retries" not in text
+
+
+def test_connections_are_kept_alive(srv: Server) -> None:
+    srv.replies = [(200, {"metadata": {"name": f"c{i}"}}) for i in range(5)]
+    for i in range(5):
+        srv.api.get(CLAIMS, f"c{i}", namespace="ns")
+    assert len({r["peer"] for r in srv.requests}) == 1, "one connection for sequential requests"
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used_again(srv: Server) -> None:
+    # A POST is not retried after a broken send, so it must not be sent on a connection that
+    # the server closed while it sat idle in the pool.
+    srv.replies = [(200, {"metadata": {"name": "a"}}), (201, {"metadata": {"name": "b"}})]
+    srv.close_after = {1}
+    srv.api.get(CLAIMS, "a", namespace="ns")
+    time.sleep(0.2)  # the server's close arrives
+    assert srv.api.create(CLAIMS, {"metadata": {"name": "b"}}, namespace="ns") == {"metadata": {"name": "b"}}
+    assert srv.requests[0]["peer"] != srv.requests[1]["peer"]
+
+
+def test_a_plain_http_server_through_a_proxy(srv: Server, tmp_path: Path) -> None:
+    # The fake server plays the proxy: it receives the request with the server's whole URL.
+    config = tmp_path / "config"
+    config.write_text(json.dumps(kubeconfig_dict("http://api.example:8080/prefix", {"token": "t"},
+                                                 {"proxy-url": srv.host})))
+    api = RestKubeApi(load_credentials(str(config)))
+    srv.replies = [(200, {"metadata": {"name": "c"}})]
+    assert api.get(CLAIMS, "c", namespace="ns") == {"metadata": {"name": "c"}}
+    assert srv.requests[0]["path"] == "http://api.example:8080/prefix/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c"
+    assert srv.requests[0]["auth"] == "Bearer t"

@@ -2,7 +2,8 @@
 
 Everything above this module sees API objects as plain dicts in their JSON form (camelCase), the
 form the resolution engine reads. :class:`KubeApi` is the protocol the rest of the code depends
-on; :class:`RestKubeApi` implements it directly on ``urllib3``, with the server and credentials
+on; :class:`RestKubeApi` implements it directly on the standard library's ``http.client``, with the
+server and credentials
 that the official ``kubernetes`` client's loaders read (:mod:`dra_driver.k8s.credentials`). The
 official client's API and model classes are not used: they are typed for one client release, may
 lag the server's ``resource.k8s.io/v1`` fields and would drop what they do not know, and loading
@@ -14,17 +15,17 @@ failures (and credentials that cannot be obtained) become ``ApiError(status=0)``
 
 from __future__ import annotations
 
-import contextlib
+import http.client
 import json
+import select
 import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import orjson
-import urllib3
 
 from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
@@ -115,15 +116,10 @@ class ApiError(Exception):
 
 
 def unreachable(exc: BaseException, host: str) -> ApiError:
-    """An ApiError for a request that never got an HTTP answer, with urllib3's retry wrapper peeled
-    off: what a person needs is "connection refused at <host>", not the pool's repr."""
-    cause: BaseException = exc
-    while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
-        cause = cause.reason
-    text = str(cause)
-    if isinstance(cause, urllib3.exceptions.NewConnectionError) or "Failed to establish a new connection" in text:
-        text = text.rsplit(":", 1)[-1].strip() or text  # "[Errno 111] Connection refused"
-    return ApiError(0, type(cause).__name__, f"{text} ({host})")
+    """An ApiError for a request that never got an HTTP answer: what a person needs is "connection
+    refused at <host>"."""
+    return ApiError(0, type(exc).__name__, f"{str(exc) or type(exc).__name__} ({host})")
+
 
 @dataclass(frozen=True)
 class ListResult:
@@ -219,14 +215,131 @@ WATCH_READ_SLACK = 30.0
 cannot hang an informer forever while a healthy one always ends server-side first."""
 
 
-class RestKubeApi:
-    """:class:`KubeApi` over a ``urllib3`` connection pool.
+IDEMPOTENT = frozenset({"GET", "PUT", "DELETE", "HEAD"})
+"""Methods retried once when a connection breaks after the request was sent (a PUT carries its
+resourceVersion precondition, so a repeat cannot overwrite a newer object)."""
+CONNECT_RETRIES = 2
 
-    Thread-safe. ``pool_size`` is how many connections stay open; bursts beyond it (the plugin
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS that checks the certificate for ``server_name`` (and sends it as SNI): the API server's
+    host, or ``tls-server-name``; also through a proxy, where ``host`` is the proxy's."""
+
+    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, server_name: str,
+                 timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_name = server_name
+        self._tls = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel when set
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """An idle kept-alive connection the server has closed (or sent something on) since."""
+    if conn.sock is None:
+        return True
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class _Transport:
+    """Kept-alive connections to one API server with one set of TLS settings. Thread-safe: a
+    connection serves one request at a time, and returns to the idle list after its response."""
+
+    def __init__(self, conn: Connection, size: int) -> None:
+        url = urlsplit(conn.host)
+        self.https = url.scheme == "https"
+        self.host = url.hostname or ""
+        self.port = url.port or (443 if self.https else 80)
+        self.netloc = url.netloc
+        self.prefix = url.path.rstrip("/")
+        self.context = _ssl_context(conn) if self.https else None
+        self.server_name = conn.tls_server_name if self.https and conn.verify_ssl and conn.tls_server_name else None
+        self.proxy = urlsplit(conn.proxy_url) if conn.proxy_url else None
+        if self.proxy is not None and self.proxy.scheme != "http":
+            raise ApiError(0, "ConfigurationError",
+                           f"proxy {conn.proxy_url}: only http:// proxies are supported (an https:// API server "
+                           "is reached through it with CONNECT)")
+        self._size = size
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def target(self, suffix: str) -> str:
+        """The request target: a path, or for a plain-HTTP server behind a proxy the whole URL."""
+        path = self.prefix + suffix
+        return f"http://{self.netloc}{path}" if self.proxy is not None and not self.https else path
+
+    def _new(self, timeout: float) -> http.client.HTTPConnection:
+        host, port = self.host, self.port
+        if self.proxy is not None:
+            host, port = self.proxy.hostname or "", self.proxy.port or 80
+        if self.context is None:
+            return http.client.HTTPConnection(host, port, timeout=timeout)
+        conn = _HTTPSConnection(host, port, context=self.context, server_name=self.server_name or self.host,
+                                timeout=timeout)
+        if self.proxy is not None:
+            conn.set_tunnel(self.host, self.port)
+        return conn
+
+    def take(self, timeout: float) -> http.client.HTTPConnection:
+        """An idle connection the server has not closed, or a new (unconnected) one."""
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not _dropped(conn):
+                    conn.timeout = timeout
+                    if conn.sock is not None:
+                        conn.sock.settimeout(timeout)
+                    return conn
+                conn.close()
+        return self._new(timeout)
+
+    def give(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        """Back to the idle list, if the response was read to its end and the server keeps it open."""
+        if resp.will_close or not resp.isclosed() or conn.sock is None:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < self._size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def clear(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    headers: http.client.HTTPMessage
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """A 2xx response still to be read; the reader hands ``conn`` back (or closes it)."""
+
+    resp: http.client.HTTPResponse
+    conn: http.client.HTTPConnection
+    transport: _Transport
+
+
+class RestKubeApi:
+    """:class:`KubeApi` over kept-alive ``http.client`` connections.
+
+    Thread-safe. ``pool_size`` is how many idle connections stay open; bursts beyond it (the plugin
     reads up to 32 claims at once) open extra connections instead of waiting. Connection failures
     are retried twice, and an idempotent request (GET, PUT with its resourceVersion precondition,
-    DELETE) once more when a kept-alive connection turns out to be dead. A 401 reloads the
-    credentials (re-reading files, re-running an exec plugin) and retries once.
+    DELETE) once more when a connection breaks after the request was sent; a kept-alive connection
+    the server closed while it was idle is not used again. A 401 reloads the credentials
+    (re-reading files, re-running an exec plugin) and retries once.
     """
 
     def __init__(self, credentials: Credentials, *, request_timeout: float = 30.0, user_agent: str | None = None,
@@ -236,11 +349,8 @@ class RestKubeApi:
         self._user_agent = user_agent or "dra-driver"
         self._pool_size = pool_size
         self._lock = threading.Lock()
-        self._pool: urllib3.PoolManager | None = None
-        self._pool_tls: tuple[object, ...] | None = None
-        self._retries = urllib3.Retry(total=3, connect=2, read=1, status=0, other=0, redirect=False,
-                                      allowed_methods=frozenset({"GET", "PUT", "DELETE", "HEAD"}),
-                                      raise_on_status=False)
+        self._current: _Transport | None = None
+        self._current_key: tuple[object, ...] | None = None
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> RestKubeApi:
@@ -252,37 +362,24 @@ class RestKubeApi:
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.clear()
-                self._pool = None
+            if self._current is not None:
+                self._current.clear()
+                self._current = None
 
     # -- plumbing
 
-    def _manager(self, conn: Connection) -> urllib3.PoolManager:
-        """The pool for the current TLS settings; a reload or an exec plugin may rotate the client
-        certificate, which needs new TLS connections."""
+    def _transport(self, conn: Connection) -> _Transport:
+        """The connections for the current server and TLS settings; a reload or an exec plugin may
+        rotate the client certificate, which needs new TLS connections."""
+        key = (conn.host, conn.proxy_url, conn.tls)
         with self._lock:
-            if self._pool is None or conn.tls != self._pool_tls:
-                old = self._pool
-                self._pool = self._new_manager(conn)
-                self._pool_tls = conn.tls
+            if self._current is None or key != self._current_key:
+                old = self._current
+                self._current = _Transport(conn, self._pool_size)
+                self._current_key = key
                 if old is not None:
                     old.clear()
-            return self._pool
-
-    def _new_manager(self, conn: Connection) -> urllib3.PoolManager:
-        kwargs: dict[str, Any] = {"num_pools": 4, "maxsize": self._pool_size, "block": False}
-        if conn.host.startswith("https:"):
-            kwargs["ssl_context"] = _ssl_context(conn)
-            kwargs["cert_reqs"] = "CERT_REQUIRED" if conn.verify_ssl else "CERT_NONE"
-            if not conn.verify_ssl:
-                kwargs["assert_hostname"] = False
-            elif conn.tls_server_name:
-                # SNI and certificate name check against tls-server-name instead of the URL's host.
-                kwargs["server_hostname"] = conn.tls_server_name
-        if conn.proxy_url:
-            return urllib3.ProxyManager(conn.proxy_url, **kwargs)
-        return urllib3.PoolManager(**kwargs)
+            return self._current
 
     def _send(
         self,
@@ -292,13 +389,14 @@ class RestKubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: urllib3.Timeout | float | None = None,
-        stream: bool = False,
+        timeout: float | None = None,
+        read_timeout: float | None = None,
         accept: str = "application/json",
-    ) -> urllib3.BaseHTTPResponse:
-        """Send one request; returns the response for 2xx, raises ApiError otherwise.
+    ) -> _Stream:
+        """Send one request and return a 2xx response unread; anything else raises ApiError.
 
-        With ``stream`` the body is left unread (the caller releases the connection).
+        ``timeout`` bounds the connect and every read; ``read_timeout``, when given, the reads after
+        the request was sent (a watch waits for the server's own timeout).
         """
         suffix = path + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
@@ -314,33 +412,37 @@ class RestKubeApi:
                 raise ApiError(0, "CredentialError", str(exc)) from None
             if conn.authorization:
                 headers["Authorization"] = conn.authorization
-            try:
-                resp = self._manager(conn).request(
-                    method, conn.host + suffix, body=payload, headers=headers,
-                    timeout=timeout if timeout is not None else self._timeout,
-                    retries=self._retries, preload_content=not stream, redirect=False)
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                raise unreachable(exc, conn.host) from None
+            transport = self._transport(conn)
+            resp, http_conn = _exchange(transport, method, suffix, payload, headers,
+                                        timeout if timeout is not None else self._timeout, read_timeout, conn.host)
             if 200 <= resp.status <= 299:
-                return resp
+                return _Stream(resp, http_conn, transport)
             try:
-                data = resp.data if not stream else resp.read()
-            except (urllib3.exceptions.HTTPError, OSError):
+                data = resp.read()
+            except (OSError, http.client.HTTPException):
                 data = b""
-            finally:
-                resp.release_conn()
+            transport.give(http_conn, resp)
             if resp.status == 401 and attempt == 1:
                 continue  # an expired exec credential, a rotated token file or client certificate
             raise _error_from_body(resp.status, resp.reason or "", data)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        resp = self._send(method, path, **kwargs)
+    def _read(self, method: str, path: str, **kwargs: Any) -> _Response:
+        sent = self._send(method, path, **kwargs)
         try:
-            data = resp.data
+            data = sent.resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            sent.conn.close()
+            raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
+        sent.transport.give(sent.conn, sent.resp)
+        return _Response(sent.resp.status, sent.resp.headers, data)
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self._read(method, path, **kwargs)
+        try:
             # orjson: decoding a list of ~800 claims (1 MB) is 10 ms with json, 3 ms with orjson.
-            return orjson.loads(data) if data else {}
-        except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
+            return orjson.loads(resp.data) if resp.data else {}
+        except ValueError as exc:
             raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
 
     def server_version(self) -> Obj:
@@ -377,15 +479,13 @@ class RestKubeApi:
     def list_claim_allocations(self) -> ListResult:
         # JSON stays acceptable: a proxy or an aggregated server may not speak protobuf.
         path = CLAIMS.path()
-        resp = self._send("GET", path, query=[("resourceVersion", "0")],
-                          accept=f"{wire.PROTOBUF}, application/json")
+        resp = self._read("GET", path, query=[("resourceVersion", "0")], accept=f"{wire.PROTOBUF}, application/json")
         try:
-            data = resp.data
             if str(resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
-                items, rv = wire.decode_claim_list(data)
+                items, rv = wire.decode_claim_list(resp.data)
                 return ListResult(items, rv)
-            page = orjson.loads(data) if data else {}
-        except (ValueError, urllib3.exceptions.HTTPError, OSError) as exc:
+            page = orjson.loads(resp.data) if resp.data else {}
+        except ValueError as exc:
             raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
         items = [wire.allocation_view(i) for i in page.get("items") or [] if isinstance(i, Mapping)]
         return ListResult(items, str((page.get("metadata") or {}).get("resourceVersion") or ""))
@@ -398,11 +498,14 @@ class RestKubeApi:
         query += [("allowWatchBookmarks", "true"), ("timeoutSeconds", str(int(timeout_seconds)))]
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        timeout = urllib3.Timeout(connect=WATCH_CONNECT_TIMEOUT, read=float(timeout_seconds) + WATCH_READ_SLACK)
-        resp = self._send("GET", res.path(), query=query, timeout=timeout, stream=True)
+        sent = self._send("GET", res.path(), query=query, timeout=WATCH_CONNECT_TIMEOUT,
+                          read_timeout=float(timeout_seconds) + WATCH_READ_SLACK)
         ended = False
         try:
-            for line in _lines(resp):
+            # Newline-delimited JSON; readline returns each event as soon as its chunk arrives.
+            for line in iter(sent.resp.readline, b""):
+                if not line.strip():
+                    continue
                 try:
                     event = orjson.loads(line)
                 except ValueError:
@@ -422,10 +525,10 @@ class RestKubeApi:
         except Exception as exc:  # connection reset, read timeout, ...
             raise unreachable(exc, self.host) from None
         finally:
-            with contextlib.suppress(Exception):
-                if not ended:
-                    resp.close()  # unread data: the connection cannot serve another request
-                resp.release_conn()
+            if ended:
+                sent.transport.give(sent.conn, sent.resp)
+            else:
+                sent.conn.close()  # unread data: the connection cannot serve another request
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
         obj: Obj = self._json("GET", res.path(namespace, name))
@@ -468,32 +571,49 @@ class RestKubeApi:
         self._json("DELETE", res.path(namespace, name), body=body)
 
 
+def _exchange(transport: _Transport, method: str, suffix: str, payload: bytes | None, headers: dict[str, str],
+              timeout: float, read_timeout: float | None, host: str) -> tuple[http.client.HTTPResponse,
+                                                                             http.client.HTTPConnection]:
+    """Send a request and read the response's head, retrying what can be (see :class:`RestKubeApi`)."""
+    connect_left, read_left = CONNECT_RETRIES, 1 if method in IDEMPOTENT else 0
+    while True:
+        conn = transport.take(timeout)
+        if conn.sock is None:
+            try:
+                conn.connect()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if connect_left and not isinstance(exc, ssl.SSLCertVerificationError):
+                    connect_left -= 1
+                    continue
+                raise unreachable(exc, host) from None
+        try:
+            conn.request(method, transport.target(suffix), body=payload, headers=headers)
+            if read_timeout is not None and conn.sock is not None:
+                conn.sock.settimeout(read_timeout)
+            return conn.getresponse(), conn
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            if read_left:
+                read_left -= 1
+                continue
+            raise unreachable(exc, host) from None
+
+
 def _ssl_context(conn: Connection) -> ssl.SSLContext:
-    ctx = urllib3.util.ssl_.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED if conn.verify_ssl else ssl.CERT_NONE)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if conn.verify_ssl:
         if conn.ca_file:
             ctx.load_verify_locations(cafile=conn.ca_file)
         else:
             ctx.load_default_certs()
+    else:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     if conn.cert_file and conn.key_file:
         ctx.load_cert_chain(conn.cert_file, conn.key_file)
     return ctx
-
-
-def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:
-    """Newline-delimited JSON of a watch; chunks are yielded by urllib3 as they arrive."""
-    buf = b""
-    for chunk in resp.stream(amt=None, decode_content=True):
-        buf += chunk
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                break
-            line, buf = buf[:nl], buf[nl + 1 :]
-            if line.strip():
-                yield line.decode("utf-8", errors="replace")
-    if buf.strip():
-        yield buf.decode("utf-8", errors="replace")
 
 
 def _error_from_body(status: int, reason: str, data: bytes | None) -> ApiError:

@@ -123,7 +123,7 @@ PROFILE_RATE_HZ = 1000
 # leaf up (an atomic write counts for the file it writes; a wait for the group commit for itself).
 PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging (structlog)", ("structlog/", "dra_driver/logs.py", "logging/__init__.py")),
-    ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "urllib3/", "http/client.py", "ssl.py")),
+    ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "_Transport", "http/client.py", "ssl.py")),
     ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/metadata.py")),
     ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/cdi.py")),
     ("checkpoint (journal record + fdatasync, or a snapshot)", ("CheckpointStore",)),
