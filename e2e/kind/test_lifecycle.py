@@ -5,8 +5,11 @@ for the next, except the last."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from pathlib import Path
 
+from dra_driver.node.checkpoint import CheckpointStore
 from e2e.bed import DRIVER, wait_for, wait_running
 from e2e.kind.install import (
     ALTERNATIVE_ROOT,
@@ -22,6 +25,17 @@ from e2e.kind.install import (
 )
 
 CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
+
+
+def prepared(node: str, path: str = CHECKPOINT) -> set[str]:
+    """The claim UIDs that the node's checkpoint holds, read as the plugin reads it (a journal:
+    an unprepared claim's UID stays in the file, in the record that removed it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "checkpoint.json").write_text(on_node(node, f"cat {path}"))
+        store = CheckpointStore(Path(tmp), node, DRIVER, boot_id="")
+        entries = store.load()
+        assert store.quarantined is None, f"{path} on {node}: {store.quarantine_reason}"
+        return set(entries)
 
 
 def container_id(install: Install, ns: str, pod: str) -> str:
@@ -42,7 +56,7 @@ def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str
     node = pod["spec"]["nodeName"]
     before_uid = claim_uid(install, ns, "before")
     before_ctr = container_id(install, ns, "before")
-    assert before_uid in on_node(node, f"cat {CHECKPOINT}"), "the prepared claim is in the host's checkpoint"
+    assert before_uid in prepared(node), "the prepared claim is in the host's checkpoint"
     old_pods = {p["metadata"]["name"] for p in install.plugin_pods()}
 
     # A new image tag, as a release upgrade brings: the DaemonSet rolls its pods.
@@ -56,7 +70,7 @@ def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str
     assert not old_pods & {p["metadata"]["name"] for p in new_pods}, "the plugin pods were replaced"
     assert all(p["spec"]["containers"][0]["image"].endswith(":e2e-upgrade") for p in new_pods)
     assert container_id(install, ns, "before") == before_ctr, "the GPU pod kept running through the upgrade"
-    assert before_uid in on_node(node, f"cat {CHECKPOINT}"), "the checkpoint survived the upgrade"
+    assert before_uid in prepared(node), "the checkpoint survived the upgrade"
     assert any(before_uid in spec for spec in cdi_specs(node)), "the running pod's CDI spec is kept"
 
     # The new plugin prepares new claims, and unprepares the one prepared before it started.
@@ -67,7 +81,7 @@ def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str
         bed.delete("pod", name, ns)
     for uid in (before_uid, after_uid):
         wait_gone(bed, f"the CDI spec of claim {uid} on {node}", lambda u=uid: [s for s in cdi_specs(node) if u in s], 60)
-    assert before_uid not in on_node(node, f"cat {CHECKPOINT}"), "the unprepared claim left the checkpoint"
+    assert before_uid not in prepared(node), "the unprepared claim left the checkpoint"
 
 
 def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:
@@ -86,7 +100,7 @@ def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:
         bed.apply(claim_and_pod(ns, "alt", node=node), ns=ns)
         wait_running(bed, ns, "alt", timeout=120)
         uid = claim_uid(install, ns, "alt")
-        assert uid in on_node(node, f"cat {ALTERNATIVE_ROOT}/plugins/{DRIVER}/checkpoint.json")
+        assert uid in prepared(node, f"{ALTERNATIVE_ROOT}/plugins/{DRIVER}/checkpoint.json")
         bed.delete("pod", "alt", ns)
         wait_gone(bed, f"the CDI spec of claim {uid}", lambda: [s for s in cdi_specs(node) if uid in s], 60)
     finally:
