@@ -459,8 +459,8 @@ def test_a_named_context(tmp_path: Path) -> None:
     assert simple_kubeconfig(str(path), "other").authorization() == "Bearer two"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("shape", ["exec", "basic auth", "proxy-url", "proxy variable", "list of files", "missing CA",
-                                   "unknown user field", "unknown context"])
+@pytest.mark.parametrize("shape", ["exec", "basic auth", "proxy-url", "proxy variable", "no_proxy variable",
+                                   "list of files", "missing CA", "unknown user field", "unknown context"])
 def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     user: dict[str, Any] = {"token": "t"}
     cluster: dict[str, Any] = {"insecure-skip-tls-verify": True}
@@ -473,6 +473,8 @@ def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path,
         cluster["proxy-url"] = "http://proxy.example:3128"
     elif shape == "proxy variable":
         monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    elif shape == "no_proxy variable":
+        monkeypatch.setenv("no_proxy", "10.0.0.0/8")
     elif shape == "list of files":
         path = f"{path}{os.pathsep}{tmp_path / 'other'}"
     elif shape == "missing CA":

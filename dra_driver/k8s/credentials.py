@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.request import getproxies
 
 import yaml
 
@@ -233,10 +232,16 @@ def _static(value: str | None) -> Callable[[], str | None]:
     return lambda: value
 
 
+def _proxy_configured() -> bool:
+    """Whether any ``*_proxy`` variable (``HTTPS_PROXY``, ``no_proxy``, ...) is set: then the official
+    loader decides. ``urllib.request.getproxies`` says the same but costs its import."""
+    return any(value and name.lower().endswith("_proxy") for name, value in os.environ.items())
+
+
 def simple_kubeconfig(path: str, context: str | None = None) -> Loaded | None:
     """The kubeconfig at ``path`` read without the official loader, or None when it is not one of the
     shapes this module reads itself (see the module docstring)."""
-    if os.pathsep in path or getproxies():
+    if os.pathsep in path or _proxy_configured():
         return None
     path = os.path.abspath(os.path.expanduser(path))
     try:
@@ -314,7 +319,7 @@ def simple_incluster(token_path: str, ca_path: str) -> Loaded | None:
     """The service account read without the official loader; None when anything is missing or a proxy is
     set (the official loader then reports or handles it)."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port or getproxies() or not os.path.isfile(token_path) or not os.path.isfile(ca_path):
+    if not host or not port or _proxy_configured() or not os.path.isfile(token_path) or not os.path.isfile(ca_path):
         return None
     try:
         with open(ca_path) as f:
