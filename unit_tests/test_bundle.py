@@ -12,6 +12,7 @@ from kubefake import FakeKube
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import bundle as b
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
+from dra_driver.node.metadata import HOST_SUBDIR
 
 DRIVER = "gpu.dra-driver.io"
 JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLWJ5dGVz"
@@ -110,15 +111,21 @@ def test_node_files_and_archive(tmp_path: Path) -> None:
     (state / ".checkpoint.json.tmp-abcd").write_text("half")
     (cdi / f"k8s.{DRIVER}-claim_0b1c2d3e-0000-4000-8000-000000000001.json").write_text('{"kind":"k8s.x/claim"}')
     (cdi / "k8s.other.example.com-claim_x.json").write_text("{}")
+    (cdi / f"{DRIVER}_metadata_0b1c2d3e-0000-4000-8000-000000000001_gpu.json").write_text('{"kind":"x/metadata"}')
+    (state / HOST_SUBDIR).mkdir()
+    (state / HOST_SUBDIR / "0b1c2d3e-0000-4000-8000-000000000001_gpu.json").write_text('{"requests":[]}')
     got = b.Bundle()
     src = b.NodeSources("n1", state, cdi, "http://127.0.0.1:1/metrics")
     b.collect_node(got, src, DRIVER, fetch=lambda url: b"dra_driver_plugin_prepared_claims 1.0\n")
     assert sorted(got.files) == [
+        "node/n1/cdi/gpu.dra-driver.io_metadata_0b1c2d3e-0000-4000-8000-000000000001_gpu.json",
         "node/n1/cdi/k8s.gpu.dra-driver.io-claim_0b1c2d3e-0000-4000-8000-000000000001.json",
         "node/n1/metrics.txt",
         "node/n1/state/checkpoint.json",
         "node/n1/state/checkpoint.json.corrupt-20261123T000000Z",
+        "node/n1/state/device-metadata/0b1c2d3e-0000-4000-8000-000000000001_gpu.json",
     ]
+    assert b.METADATA_SUBDIR == HOST_SUBDIR
     got.add_json("manifest.json", {"x": 1})
     out = tmp_path / "bundle.tar.gz"
     assert b.write_bundle(got, "top", str(out)) == str(out)

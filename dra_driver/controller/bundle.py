@@ -264,6 +264,10 @@ def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engin
     return out
 
 
+METADATA_SUBDIR = "device-metadata"
+"""Where the node plugin keeps device metadata files in its state dir (its ``HOST_SUBDIR``; the
+controller's package does not import the node plugin's)."""
+
 def collect_node(bundle: Bundle, src: NodeSources, driver: str,
                  fetch: Callable[[str], bytes] | None = None) -> None:
     base = f"node/{src.node}"
@@ -275,8 +279,17 @@ def collect_node(bundle: Bundle, src: NodeSources, driver: str,
     if not src.state_dir.is_dir():
         bundle.problems.append(f"checkpoint: {src.state_dir} is not a directory here (run this on the node, or "
                                "in its plugin pod, or pass --state-dir)")
+    # Device metadata (KEP-5304): what each container was told about its devices, and the specs
+    # that mount it.
+    metadata_dir = src.state_dir / METADATA_SUBDIR
+    for path in sorted(metadata_dir.glob("*.json")) if metadata_dir.is_dir() else []:
+        data = bundle.attempt(f"device metadata {path}", partial(_read_small, path))
+        if data is not None:
+            bundle.files[f"{base}/state/{METADATA_SUBDIR}/{path.name}"] = redact_text(
+                data.decode(errors="replace")).encode()
     if src.cdi_root.is_dir():
-        for path in sorted(src.cdi_root.glob(f"k8s.{driver}-claim_*.json")):
+        specs = [*src.cdi_root.glob(f"k8s.{driver}-claim_*.json"), *src.cdi_root.glob(f"{driver}_metadata_*.json")]
+        for path in sorted(specs):
             data = bundle.attempt(f"CDI spec {path}", partial(_read_small, path))
             if data is not None:
                 bundle.files[f"{base}/cdi/{path.name}"] = redact_text(data.decode(errors="replace")).encode()
