@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -310,30 +311,21 @@ class TestJournal:
         loaded.save({})  # a snapshot replaces the torn file
         assert store(tmp_path).load() == {} and len(self.lines(tmp_path)) == 1
 
-    def test_damaged_record_is_quarantined(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(("damage", "reason"), [
+        (lambda lines: [lines[0], lines[1].replace(b'"gpu-0"', b'"gpu-7"'), lines[2]],  # valid JSON, wrong checksum
+         "checksum mismatch in journal line 1"),
+        (lambda lines: [lines[0], lines[2]], "sequence number 2"),  # a record missing
+    ], ids=["bad-checksum", "missing-record"])
+    def test_damaged_journal_is_quarantined(self, tmp_path: Path, damage: Any, reason: str) -> None:
         s = store(tmp_path)
         s.save({})
         s.save(entries())
         s.save({})
         path = tmp_path / "state" / "checkpoint.json"
-        lines = path.read_bytes().splitlines(keepends=True)
-        lines[1] = lines[1].replace(b'"gpu-0"', b'"gpu-7"')  # valid JSON, wrong checksum
-        path.write_bytes(b"".join(lines))
+        path.write_bytes(b"".join(damage(path.read_bytes().splitlines(keepends=True))))
         fresh = store(tmp_path)
         assert fresh.load() == {}
-        assert "checksum mismatch in journal line 1" in (fresh.quarantine_reason or "")
-
-    def test_missing_record_is_quarantined(self, tmp_path: Path) -> None:
-        s = store(tmp_path)
-        s.save({})
-        s.save(entries())
-        s.save({})
-        path = tmp_path / "state" / "checkpoint.json"
-        lines = path.read_bytes().splitlines(keepends=True)
-        path.write_bytes(lines[0] + lines[2])
-        fresh = store(tmp_path)
-        assert fresh.load() == {}
-        assert "sequence number 2" in (fresh.quarantine_reason or "")
+        assert reason in (fresh.quarantine_reason or "")
 
     def test_failed_append_is_cut_back(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         s = store(tmp_path)
