@@ -2,12 +2,12 @@
 
 Everything above this module sees API objects as plain dicts in their JSON form (camelCase), the
 form the resolution engine reads. :class:`KubeApi` is the protocol the rest of the code depends
-on; :class:`RestKubeApi` implements it directly on the standard library's ``http.client``, with the
-server and credentials
-that the official ``kubernetes`` client's loaders read (:mod:`dra_driver.k8s.credentials`). The
-official client's API and model classes are not used: they are typed for one client release, may
-lag the server's ``resource.k8s.io/v1`` fields and would drop what they do not know, and loading
-them costs the node plugin ~40 MiB of memory. Unit tests use an in-memory fake of the same protocol.
+on; :class:`RestKubeApi` implements it directly on the standard library's ``http.client``, with
+the server and credentials that the official ``kubernetes`` client's loaders read
+(:mod:`dra_driver.k8s.credentials`). The official client's API and model classes are not used:
+they are typed for one client release, may lag the server's ``resource.k8s.io/v1`` fields and would
+drop what they do not know, and loading them costs the node plugin ~40 MiB of memory. Unit tests
+use an in-memory fake of the same protocol.
 
 Errors from the server become :class:`ApiError` (status code + reason + message); transport
 failures (and credentials that cannot be obtained) become ``ApiError(status=0)``.
