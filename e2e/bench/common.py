@@ -114,6 +114,8 @@ class Result:
     targets: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    files: dict[str, str] = field(default_factory=dict)
+    """More output by file name (raw profiles), written next to ``<name>.json``."""
 
     def target(self, what: str, value: float, limit: float, unit: str, higher_is_better: bool = False) -> bool:
         """Record a target and whether ``value`` meets it."""
@@ -146,6 +148,8 @@ class Result:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{self.name}.json"
         path.write_text(json.dumps(self.document(machine), indent=2, sort_keys=False) + "\n")
+        for name, text in self.files.items():
+            (directory / name).write_text(text)
         return path
 
 

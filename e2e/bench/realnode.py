@@ -19,7 +19,7 @@ figure is a ratio measured under the same load:
 * the profile: when ``py-spy`` is installed (``pip install py-spy``), a further sequential phase of
   our pods only, after the measured ones (so the sampler cannot skew them), is sampled at 1 kHz;
   :func:`profile_breakdown` turns the stacks of the gRPC prepare handler into milliseconds per call
-  by part of the path, and the raw stacks go to ``results/real_node-profile.txt``.
+  by part of the path, and the raw stacks go to ``real_node-profile.txt`` next to the results.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import yaml
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, SLICES, ApiError
 from dra_driver.node.settings import DEFAULT_CLEANUP_INTERVAL
 from e2e.bench.bed import BenchBed, parallel, wait_until
-from e2e.bench.common import RESULTS, Result, summarize_ms
+from e2e.bench.common import Result, summarize_ms
 from e2e.bench.plugin import vm_rss_kib
 from e2e.testbed import gotools, images, realnode
 from e2e.testbed.nodes import DRIVER_NAME
@@ -251,7 +251,7 @@ def profile_phase(run_: Run, pid: int, pods: int) -> tuple[set[str], list[str]] 
     spy = py_spy()
     if spy is None:
         return None
-    out = RESULTS / "real_node-profile.txt"
+    out = Path(tempfile.mkdtemp(prefix="bench-profile-")) / "real_node-profile.txt"
     before = set(run_.created["ours"])
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE_HZ), "--format", "raw",
                              "--threads", "--idle", "--nonblocking", "--output", str(out)],
@@ -264,6 +264,7 @@ def profile_phase(run_: Run, pid: int, pods: int) -> tuple[set[str], list[str]] 
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     stacks = out.read_text().splitlines() if out.exists() else []
+    shutil.rmtree(out.parent, ignore_errors=True)
     if not stacks:
         raise RuntimeError(f"real_node bench: py-spy ({spy}) recorded nothing for pid {pid}; it needs ptrace")
     return set(run_.created["ours"]) - before, stacks
@@ -364,6 +365,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
                               "kubelet_observed_ms": summarize_ms(durations),
                               "ms_per_call": profile_breakdown(stacks, PROFILE_RATE_HZ, len(durations))}
         figures["profile"]["handler_ms_per_call"] = round(sum(figures["profile"]["ms_per_call"].values()), 2)
+        result.files["real_node-profile.txt"] = "\n".join(stacks) + "\n"
     else:
         result.notes.append("No profile: py-spy is not installed (pip install py-spy).")
     headline: dict[str, str] = {}
