@@ -383,6 +383,11 @@ def canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def checksum(payload: bytes) -> str:
+    """The ``checksum`` field of a snapshot or record over its canonical JSON ``payload``."""
+    return "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     try:
         return path.read_text().strip()
@@ -489,8 +494,7 @@ class CheckpointStore:
             # the snapshot: if it is cut short, parsing says so.
             lines, tail = [tail], b""
         torn = len(tail)
-        data = self._parse(lines[0])
-        version = data.pop("_version")
+        version, data = self._parse(lines[0])
         entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in _claims(data).items()}
         boot = str(data.get("bootID") or "")
         if version < 2 and len(lines) > 1:
@@ -504,7 +508,8 @@ class CheckpointStore:
             boot = record["bootID"]
         return entries, boot, torn
 
-    def _parse(self, raw: bytes) -> dict[str, Any]:
+    def _parse(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """The snapshot line's version and verified ``data``."""
         try:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -526,7 +531,7 @@ class CheckpointStore:
         data = doc.get("data")
         if not isinstance(data, dict):
             raise CheckpointError("data is missing")
-        want = "sha256:" + hashlib.sha256(canonical(data)).hexdigest()
+        want = checksum(canonical(data))
         if doc.get("checksum") != want:
             raise CheckpointError(f"checksum mismatch: file says {doc.get('checksum')!r}, content is {want!r}")
         if data.get("nodeName") != self.node_name:
@@ -535,8 +540,7 @@ class CheckpointStore:
             raise CheckpointError(
                 f"written for driver {data.get('driverName')!r}, this is driver {self.driver_name!r}"
             )
-        data["_version"] = version
-        return data
+        return version, data
 
     def _quarantine(self, reason: str) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -570,7 +574,7 @@ class CheckpointStore:
         doc = {
             "kind": CHECKPOINT_KIND,
             "version": CHECKPOINT_VERSION,
-            "checksum": "sha256:" + hashlib.sha256(canonical(data)).hexdigest(),
+            "checksum": checksum(canonical(data)),
             "data": data,
         }
         # Canonical (compact) like the checksummed part: json's C encoder writes it; an indented
@@ -606,7 +610,7 @@ class CheckpointStore:
             return
         record = canonical({"seq": self._seq + 1, "bootID": self.boot_id, "set": changed, "del": sorted(removed)})
         # The canonical JSON of {"checksum": ..., "record": ...}, without encoding the record twice.
-        line = b'{"checksum":"sha256:%s","record":%s}\n' % (hashlib.sha256(record).hexdigest().encode(), record)
+        line = b'{"checksum":"%s","record":%s}\n' % (checksum(record).encode(), record)
         try:
             view = memoryview(line)
             while view:
@@ -635,7 +639,7 @@ def _record(line: bytes, number: int) -> dict[str, Any]:
     record = doc.get("record") if isinstance(doc, dict) else None
     if not isinstance(record, dict):
         raise CheckpointError(f"journal line {number} has no record")
-    want = "sha256:" + hashlib.sha256(canonical(record)).hexdigest()
+    want = checksum(canonical(record))
     if doc.get("checksum") != want:
         raise CheckpointError(f"checksum mismatch in journal line {number}: file says {doc.get('checksum')!r}, "
                               f"content is {want!r}")
