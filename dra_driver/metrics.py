@@ -102,12 +102,15 @@ class _Metric:
             raise ValueError(f"{self.name} has labels {list(self.labelnames)}: use .labels(...)")
         return self._children[()]
 
-    def _snapshot(self) -> list[tuple[tuple[str, ...], list[float]]]:
+    def _snapshot(self) -> list[tuple[dict[str, str], list[float]]]:
+        """Every series: its labels and a copy of its values."""
         with self._lock:
-            return [(key, list(values)) for key, values in self._children.items()]
+            children = [(key, list(values)) for key, values in self._children.items()]
+        return [(dict(zip(self.labelnames, key, strict=True)), values) for key, values in children]
 
     def samples(self) -> list[tuple[str, dict[str, str], float]]:
-        raise NotImplementedError
+        """One sample per series (counters and gauges; a histogram has more)."""
+        return [(self.name, labels, values[0]) for labels, values in self._snapshot()]
 
     def text(self) -> str:
         doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
@@ -147,9 +150,6 @@ class Counter(_Metric):
     def inc(self, amount: float = 1.0) -> None:
         _CounterChild(self, self._unlabelled()).inc(amount)
 
-    def samples(self) -> list[tuple[str, dict[str, str], float]]:
-        return [(self.name, dict(zip(self.labelnames, key, strict=True)), v[0]) for key, v in self._snapshot()]
-
 
 class _GaugeChild(_Child):
     def set(self, value: float) -> None:
@@ -165,9 +165,6 @@ class Gauge(_Metric):
 
     def set(self, value: float) -> None:
         _GaugeChild(self, self._unlabelled()).set(value)
-
-    def samples(self) -> list[tuple[str, dict[str, str], float]]:
-        return [(self.name, dict(zip(self.labelnames, key, strict=True)), v[0]) for key, v in self._snapshot()]
 
 
 class _HistogramChild(_Child):
@@ -208,8 +205,7 @@ class Histogram(_Metric):
 
     def samples(self) -> list[tuple[str, dict[str, str], float]]:
         out: list[tuple[str, dict[str, str], float]] = []
-        for key, values in self._snapshot():
-            labels = dict(zip(self.labelnames, key, strict=True))
+        for labels, values in self._snapshot():
             total = 0.0
             for bound, count in zip(self.buckets, values, strict=False):
                 total += count
