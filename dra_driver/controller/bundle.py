@@ -268,31 +268,33 @@ METADATA_SUBDIR = "device-metadata"
 """Where the node plugin keeps device metadata files in its state dir (its ``HOST_SUBDIR``; the
 controller's package does not import the node plugin's)."""
 
+
+def _add_files(bundle: Bundle, what: str, paths: list[Path], folder: str, *, redact: bool) -> None:
+    """Each file (sorted) into ``folder`` of the bundle; one that cannot be read is a problem, not an end."""
+    for path in sorted(paths):
+        data = bundle.attempt(f"{what} {path}", partial(_read_small, path))
+        if data is not None:
+            bundle.files[f"{folder}/{path.name}"] = redact_text(data.decode(errors="replace")).encode() if redact else data
+
+
 def collect_node(bundle: Bundle, src: NodeSources, driver: str,
                  fetch: Callable[[str], bytes] | None = None) -> None:
     base = f"node/{src.node}"
-    for path in sorted(src.state_dir.glob("checkpoint.json*")) if src.state_dir.is_dir() else []:
-        if ".tmp-" not in path.name:
-            data = bundle.attempt(f"checkpoint {path}", partial(_read_small, path))
-            if data is not None:
-                bundle.files[f"{base}/state/{path.name}"] = data
-    if not src.state_dir.is_dir():
+    if src.state_dir.is_dir():
+        checkpoints = [p for p in src.state_dir.glob("checkpoint.json*") if ".tmp-" not in p.name]
+        _add_files(bundle, "checkpoint", checkpoints, f"{base}/state", redact=False)
+    else:
         bundle.problems.append(f"checkpoint: {src.state_dir} is not a directory here (run this on the node, or "
                                "in its plugin pod, or pass --state-dir)")
     # Device metadata (KEP-5304): what each container was told about its devices, and the specs
     # that mount it.
     metadata_dir = src.state_dir / METADATA_SUBDIR
-    for path in sorted(metadata_dir.glob("*.json")) if metadata_dir.is_dir() else []:
-        data = bundle.attempt(f"device metadata {path}", partial(_read_small, path))
-        if data is not None:
-            bundle.files[f"{base}/state/{METADATA_SUBDIR}/{path.name}"] = redact_text(
-                data.decode(errors="replace")).encode()
+    if metadata_dir.is_dir():
+        _add_files(bundle, "device metadata", list(metadata_dir.glob("*.json")), f"{base}/state/{METADATA_SUBDIR}",
+                   redact=True)
     if src.cdi_root.is_dir():
         specs = [*src.cdi_root.glob(f"k8s.{driver}-claim_*.json"), *src.cdi_root.glob(f"{driver}_metadata_*.json")]
-        for path in sorted(specs):
-            data = bundle.attempt(f"CDI spec {path}", partial(_read_small, path))
-            if data is not None:
-                bundle.files[f"{base}/cdi/{path.name}"] = redact_text(data.decode(errors="replace")).encode()
+        _add_files(bundle, "CDI spec", specs, f"{base}/cdi", redact=True)
     else:
         bundle.problems.append(f"CDI specs: {src.cdi_root} is not a directory here (pass --cdi-root)")
     body = bundle.attempt(f"plugin metrics {src.metrics_url}", lambda: (fetch or _http_get)(src.metrics_url))
