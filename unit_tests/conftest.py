@@ -1,4 +1,5 @@
-"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv`` and ``crashing`` fixtures.
+"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv``, ``crashing`` and
+``flushes`` fixtures.
 
 * ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
   reproducible, a deadline per example; the whole fuzz set stays well under a minute.
@@ -10,7 +11,7 @@ A test that is costlier per example scales its count with :func:`examples`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -48,3 +49,20 @@ def crashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(failpoints, "_die", die)
     yield
     failpoints.configure({})
+
+
+@pytest.fixture
+def flushes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[str]]:
+    """Call it to start recording ``os.fsync`` and ``os.fdatasync`` calls by name; they still flush."""
+    def start() -> list[str]:
+        calls: list[str] = []
+        for name in ("fsync", "fdatasync"):
+            real = getattr(os, name)
+
+            def flush(fd: int, name: str = name, real: Callable[[int], None] = real) -> None:
+                calls.append(name)
+                real(fd)
+
+            monkeypatch.setattr(os, name, flush)
+        return calls
+    return start

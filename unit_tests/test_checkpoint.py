@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -254,13 +255,10 @@ class TestJournal:
         s.save(dict(both))
         assert len(self.lines(tmp_path)) == 1
 
-    def test_one_fdatasync_per_save_and_no_fsync(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_one_fdatasync_per_save_and_no_fsync(self, tmp_path: Path, flushes: Callable[[], list[str]]) -> None:
         s = store(tmp_path)
         s.save({})
-        calls: list[str] = []
-        for name in ("fsync", "fdatasync"):
-            real = getattr(os, name)
-            monkeypatch.setattr(os, name, lambda fd, name=name, real=real: (calls.append(name), real(fd))[1])
+        calls = flushes()
         s.save(entries())
         s.save({})
         assert calls == ["fdatasync", "fdatasync"]

@@ -452,13 +452,10 @@ class TestCrashes:
         assert {p: p.read_bytes() for p in files} == before
         assert menv.state.prepare([ref])[ref.uid].error is None
 
-    def test_only_the_checkpoint_is_flushed(self, menv: MetaEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_only_the_checkpoint_is_flushed(self, menv: MetaEnv, flushes: Callable[[], list[str]]) -> None:
         first = menv.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         assert menv.state.prepare([first])[first.uid].error is None  # the process's first save: a snapshot
-        flushed: list[str] = []
-        for name in ("fsync", "fdatasync"):
-            real = getattr(os, name)
-            monkeypatch.setattr(os, name, lambda fd, name=name, real=real: (flushed.append(name), real(fd))[1])
+        flushed = flushes()
         ref = menv.reader.add(make_claim("d", [("gpu", "gpu-1")]))
         assert menv.state.prepare([ref])[ref.uid].error is None
         assert flushed == ["fdatasync", "fdatasync"], "PrepareStarted and PrepareCompleted: one journal record each"
