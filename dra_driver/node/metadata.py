@@ -34,13 +34,14 @@ rolled back. Every name that ends up in a path is validated first.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import orjson
 
 from dra_driver.gpuconfig import base_request
 from dra_driver.node.cdi import (
@@ -196,20 +197,18 @@ def build_document(claim: MetadataClaim, requests: Sequence[tuple[str, Sequence[
 
 
 def go_json(obj: Any) -> str:
-    """``obj`` as Go's ``json.MarshalIndent(obj, "", "  ")`` writes it (dict order = struct field order)."""
-    return json.dumps(obj, indent=2, ensure_ascii=False).translate(_GO_ESCAPES)
+    """``obj`` as Go's ``json.MarshalIndent(obj, "", "  ")`` writes it (dict order = struct field order).
+
+    orjson, not json: an indented ``json.dumps`` takes json's pure-Python path, the costliest step of
+    writing a claim's files on the prepare path; orjson's two-space indent writes the same bytes.
+    """
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode().translate(_GO_ESCAPES)
 
 
 def encode_stream(doc: Mapping[str, Any]) -> bytes:
-    """The file's bytes: ``doc`` once per API version, newest first, each followed by a newline.
-
-    Encoded once (an indented dump is json's slow, pure-Python path): the versions differ only in
-    the apiVersion, the second key, which comes before any text taken from the claim or devices.
-    """
-    newest = go_json({"kind": doc["kind"], "apiVersion": API_VERSIONS[0],
-                      **{k: v for k, v in doc.items() if k != "kind"}}) + "\n"
-    first = f'"apiVersion": "{API_VERSIONS[0]}"'
-    return "".join(newest.replace(first, f'"apiVersion": "{version}"', 1) for version in API_VERSIONS).encode()
+    """The file's bytes: ``doc`` once per API version, newest first, each followed by a newline."""
+    rest = {k: v for k, v in doc.items() if k != "kind"}
+    return "".join(go_json({"kind": doc["kind"], "apiVersion": version, **rest}) + "\n" for version in API_VERSIONS).encode()
 
 
 def request_documents(driver: str, claim: MetadataClaim, devices: Sequence[PreparedDevice],

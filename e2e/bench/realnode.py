@@ -25,6 +25,7 @@ figure is a ratio measured under the same load:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import signal
@@ -313,6 +314,12 @@ def real_node(bed: BenchBed) -> Iterator[realnode.RealNode]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its threads, living or gone (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ratio(ours: float, base: float) -> float:
     return ours / base if base else float("inf")
 
@@ -341,23 +348,33 @@ def run(bed: BenchBed, quick: bool) -> Result:
         for who in DRIVERS:
             run_.delete_pods(run_.start_pods(who, 1, "warm-up"))
         warm = {who: set(uids) for who, uids in run_.created.items()}
+        pids = {"ours": node.procs.procs["plugin"].pid, "baseline": baseline_pid}
+        cpu = {who: [cpu_seconds(pid)] for who, pid in pids.items()}
         for i in range(sequential):
             for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
                 run_.delete_pods(run_.start_pods(who, 1, "sequential"))
         seq_uids = {who: set(uids) - warm[who] for who, uids in run_.created.items()}
+        for who, pid in pids.items():
+            cpu[who].append(cpu_seconds(pid))
         for i in range(bursts):
             for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
                 run_.delete_pods(run_.start_pods(who, BURST, "burst"))
         time.sleep(1.0)  # the last unprepare's "Done" line
         burst_uids = {who: set(uids) - warm[who] - seq_uids[who] for who, uids in run_.created.items()}
-        ours_pid = node.procs.procs["plugin"].pid
-        rss = {"ours": vm_rss_kib(ours_pid), "baseline": vm_rss_kib(baseline_pid)}
-        profile = profile_phase(run_, ours_pid, 6 if quick else 20)
+        for who, pid in pids.items():
+            cpu[who].append(cpu_seconds(pid))
+        rss = {who: vm_rss_kib(pid) for who, pid in pids.items()}
+        profile = profile_phase(run_, pids["ours"], 6 if quick else 20)
         events = parse_kubelet_log((node.logs / "kubelet.log").read_text(errors="replace").splitlines())
         for log in ("kubelet", "plugin", "baseline"):  # the node's root goes with it: keep its logs to read
             shutil.copy(node.logs / f"{log}.log", Path(tempfile.gettempdir()) / f"bench-real-node-{log}.log")
 
-    figures: dict[str, Any] = {"rss_kib": rss, "pod_start_ms": {}, "calls": {}}
+    # Everything each plugin did while its pods came and went (prepare, unprepare, status writes, logs),
+    # per pod: in a burst the node's CPUs are busy starting containers, so CPU is what calls wait for.
+    pods = {"sequential": sequential, "burst": bursts * BURST}
+    figures: dict[str, Any] = {"rss_kib": rss, "pod_start_ms": {}, "calls": {}, "cpu_ms_per_pod": {
+        phase: {who: round((cpu[who][i + 1] - cpu[who][i]) * 1000 / pods[phase], 2) for who in pids}
+        for i, phase in enumerate(pods)}}
     if profile is not None:
         uids, stacks = profile
         durations, _ = call_durations(events, DRIVER_NAME, "prepare", uids)
@@ -392,6 +409,9 @@ def run(bed: BenchBed, quick: bool) -> Result:
         o, b = figures["pod_start_ms"][phase]["ours"], figures["pod_start_ms"][phase]["baseline"]
         headline[f"pod create → Running p50, {phase}"] = (
             f"{o['p50_ms']:.0f} / {b['p50_ms']:.0f} ms = {ratio(o['p50_ms'], b['p50_ms']):.2f}")
+    for phase, per_pod in figures["cpu_ms_per_pod"].items():
+        headline[f"plugin CPU per pod, {phase}"] = (f"{per_pod['ours']:.1f} / {per_pod['baseline']:.1f} ms = "
+                                                    f"{ratio(per_pod['ours'], per_pod['baseline']):.2f}")
     headline["plugin RSS"] = (f"{rss['ours']['VmRSS'] / 1024:.1f} / {rss['baseline']['VmRSS'] / 1024:.1f} MiB = "
                               f"{ratio(rss['ours']['VmRSS'], rss['baseline']['VmRSS']):.2f}")
     figures["headline"] = headline

@@ -2,7 +2,8 @@
 // kubeletplugin helper, doing the same durable work per claim as ours (a CDI spec with the same
 // device nodes, and a checkpoint, each written atomically) so that e2e/bench/realnode.py can report
 // our Prepare/Unprepare latency and memory as ratios to it, measured in one run on one kubelet.
-// It publishes simulated GPUs only and is used by nothing but the benchmark.
+// It publishes simulated GPUs only and is used by nothing but the benchmark. Its grpc-floor
+// command (floor.go) measures a no-op call's round trip for e2e/bench/floor.py.
 package main
 
 import (
@@ -52,7 +53,7 @@ type preparedDevice struct {
 }
 
 type checkpoint struct {
-	Checksum string                       `json:"checksum"`
+	Checksum string                      `json:"checksum"`
 	Claims   map[string][]preparedDevice `json:"claims"`
 }
 
@@ -302,6 +303,13 @@ func run(s settings) error {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "grpc-floor" {
+		if err := floor(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "baseline-driver grpc-floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var s settings
 	flag.StringVar(&s.driverName, "driver-name", "baseline.dra-driver.io", "DRA driver name")
 	flag.StringVar(&s.nodeName, "node-name", "", "this node's name")
