@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 from e2e.bench import realnode
@@ -93,3 +96,17 @@ def test_profile_counts_only_the_prepare_handler_and_names_the_part_nearest_the_
                      "logging (structlog)": 2.5, "prepare logic (config, sharing, devices)": 2.0,
                      "gRPC server and protobuf": 0.5}
     assert next(iter(parts)) == "claim read (HTTP, TLS, JSON)", "largest first"
+
+
+def test_cpu_seconds_counts_threads_that_have_ended() -> None:
+    """A plugin's pool threads come and go during a burst; their CPU must stay in the per-pod figure."""
+    def burn() -> None:
+        end = time.thread_time() + 0.15
+        while time.thread_time() < end:
+            pass
+
+    before = realnode.cpu_seconds(os.getpid())
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    assert realnode.cpu_seconds(os.getpid()) - before >= 0.1

@@ -65,19 +65,20 @@ def serve(folder: Path) -> int:
 
 @contextmanager
 def _server(command: list[str], env: dict[str, str] | None = None) -> Iterator[int]:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})})
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == READY:
-                break
-        else:
-            raise RuntimeError(f"{command[0]} exited ({proc.wait()}) before it was ready")
-        yield proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **(env or {})})
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == READY:
+                    break
+            else:
+                stderr.seek(0)
+                raise RuntimeError(f"{' '.join(command)} exited ({proc.wait()}) before it was ready: {stderr.read()[-2000:]}")
+            yield proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def run(bed: BenchBed, quick: bool) -> Result:

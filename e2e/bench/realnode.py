@@ -16,6 +16,8 @@ figure is a ratio measured under the same load:
   the verbosity is raised at run time through the node proxy's ``/debug/flags/v``;
 * pod create → Running is the client's view (create call to the first poll that sees Running);
 * RSS is each plugin's VmRSS after the workload;
+* CPU per pod is each plugin's user + system time over a phase (all its threads, ended ones too,
+  idle wake-ups included) divided by the pods it served in that phase;
 * the profile: when ``py-spy`` is installed (``pip install py-spy``), a further sequential phase of
   our pods only, after the measured ones (so the sampler cannot skew them), is sampled at 1 kHz;
   :func:`profile_breakdown` turns the stacks of the gRPC prepare handler into milliseconds per call
