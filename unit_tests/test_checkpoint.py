@@ -17,11 +17,11 @@ from dra_driver.node.checkpoint import (
     CheckpointStore,
     ClaimEntry,
     ClaimState,
-    MigInstance,
     PreparedDevice,
     describe_os_error,
     ensure_dir,
 )
+from dra_driver.node.discovery.model import MigDevice, MigPlacement
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
@@ -29,7 +29,7 @@ UID2 = "1b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
 
 
 def entries() -> dict[str, ClaimEntry]:
-    mig = MigInstance("MIG-1", "1g.10gb", "GPU-a", 10 * 2**30, 16, 7, 0, 6, 1)
+    mig = MigDevice("MIG-1", "1g.10gb", "GPU-a", 10 * 2**30, 16, 7, 0, MigPlacement(6, 1))
     return {
         UID: ClaimEntry(
             UID, "ns", "a", ClaimState.PREPARE_COMPLETED,
@@ -58,6 +58,15 @@ def corrupt_files(tmp_path: Path) -> list[Path]:
 class TestRoundTrip:
     def test_missing_file_is_empty(self, tmp_path: Path) -> None:
         assert store(tmp_path).load() == {}
+
+    def test_a_created_mig_instance_keeps_its_field_names(self) -> None:
+        """Files written by earlier versions name the instance's fields so; they must keep loading."""
+        device = entries()[UID2].devices[0]
+        saved = device.to_dict()["migInstance"]
+        assert saved == {"uuid": "MIG-1", "profile": "1g.10gb", "parentUUID": "GPU-a", "memoryBytes": 10 * 2**30,
+                         "multiprocessors": 16, "gpuInstanceID": 7, "computeInstanceID": 0,
+                         "placementStart": 6, "placementSize": 1}
+        assert PreparedDevice.from_dict(device.to_dict()) == device
 
     def test_save_load(self, tmp_path: Path) -> None:
         s = store(tmp_path)

@@ -12,8 +12,9 @@ import pytest
 
 from dra_driver.k8s.client import CLAIMS, ApiError
 from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, MigInstance, PreparedDevice
+from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.node.claimstatus import ClaimStatusWriter, ReportingHandler, apply_body, device_data, device_statuses
+from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.prepare import ClaimRef, DeviceState
 from unit_tests.kubefake import FakeKube
 from unit_tests.test_prepare import DRIVER, NODE, FakeBackend, build_devices, make_claim
@@ -35,9 +36,9 @@ def test_data_of_a_full_gpu_a_static_and_a_dynamic_mig_device() -> None:
     static = device_data(prepared("gpu-2-mig-1"), DEVICES["gpu-2-mig-1"])
     assert static == {"uuid": "MIG-2-1", "productName": "NVIDIA H100", "memory": "10Gi", "migProfile": "1g.10gb",
                       "parentUUID": DEVICES["gpu-2"].gpu.uuid, "gpuInstanceID": 8, "computeInstanceID": 0}
-    inst = MigInstance(uuid="MIG-created-7", profile="1g.10gb", parent_uuid=DEVICES["gpu-3"].gpu.uuid,
-                       memory_bytes=10 * 2**30, multiprocessors=16, gpu_instance_id=9, compute_instance_id=0,
-                       placement_start=1, placement_size=1)
+    inst = MigDevice(uuid="MIG-created-7", profile="1g.10gb", parent_uuid=DEVICES["gpu-3"].gpu.uuid,
+                     memory_bytes=10 * 2**30, multiprocessors=16, gpu_instance_id=9, compute_instance_id=0,
+                     placement=MigPlacement(1, 1))
     dynamic = device_data(prepared("gpu-3-1g-1", mig_instance=inst, uuid=inst.uuid), DEVICES["gpu-3-1g-1"])
     assert dynamic["uuid"] == dynamic["migUUID"] == "MIG-created-7"  # the instance created for the claim
     assert dynamic["migProfile"] == "1g.10gb" and dynamic["gpuInstanceID"] == 9 and dynamic["memory"] == "10Gi"

@@ -617,12 +617,8 @@ class TestRecovery:
         dev = env.devices[device]
         mig_inst = None
         if with_mig:
-            from dra_driver.node.checkpoint import MigInstance
-
             assert dev.mig_profile is not None and dev.placement is not None
-            m = env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)
-            mig_inst = MigInstance(m.uuid, m.profile, m.parent_uuid, m.memory_bytes, m.multiprocessors,
-                                   m.gpu_instance_id, m.compute_instance_id, m.placement.start, m.placement.size)
+            mig_inst = env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)
         else:
             assert dev.mig_profile is not None and dev.placement is not None
             env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)  # created, not recorded

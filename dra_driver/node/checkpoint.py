@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import failpoints, logs
+from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.metrics import METRICS
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -201,36 +202,23 @@ class ClaimState(StrEnum):
     PREPARE_COMPLETED = "PrepareCompleted"
 
 
-@dataclass(frozen=True)
-class MigInstance:
-    """A MIG instance created for a dynamic-MIG device (destroyed at unprepare)."""
+def mig_to_dict(mig: MigDevice) -> dict[str, Any]:
+    """A MIG instance created for a dynamic-MIG device, as the checkpoint keeps it."""
+    return {
+        "uuid": mig.uuid, "profile": mig.profile, "parentUUID": mig.parent_uuid,
+        "memoryBytes": mig.memory_bytes, "multiprocessors": mig.multiprocessors,
+        "gpuInstanceID": mig.gpu_instance_id, "computeInstanceID": mig.compute_instance_id,
+        "placementStart": mig.placement.start, "placementSize": mig.placement.size,
+    }
 
-    uuid: str
-    profile: str
-    parent_uuid: str
-    memory_bytes: int
-    multiprocessors: int
-    gpu_instance_id: int
-    compute_instance_id: int
-    placement_start: int
-    placement_size: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "uuid": self.uuid, "profile": self.profile, "parentUUID": self.parent_uuid,
-            "memoryBytes": self.memory_bytes, "multiprocessors": self.multiprocessors,
-            "gpuInstanceID": self.gpu_instance_id, "computeInstanceID": self.compute_instance_id,
-            "placementStart": self.placement_start, "placementSize": self.placement_size,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MigInstance:
-        return cls(
-            uuid=_str(d, "uuid"), profile=_str(d, "profile"), parent_uuid=_str(d, "parentUUID"),
-            memory_bytes=_int(d, "memoryBytes"), multiprocessors=_int(d, "multiprocessors"),
-            gpu_instance_id=_int(d, "gpuInstanceID"), compute_instance_id=_int(d, "computeInstanceID"),
-            placement_start=_int(d, "placementStart"), placement_size=_int(d, "placementSize"),
-        )
+def mig_from_dict(d: Mapping[str, Any]) -> MigDevice:
+    return MigDevice(
+        uuid=_str(d, "uuid"), profile=_str(d, "profile"), parent_uuid=_str(d, "parentUUID"),
+        memory_bytes=_int(d, "memoryBytes"), multiprocessors=_int(d, "multiprocessors"),
+        gpu_instance_id=_int(d, "gpuInstanceID"), compute_instance_id=_int(d, "computeInstanceID"),
+        placement=MigPlacement(_int(d, "placementStart"), _int(d, "placementSize")),
+    )
 
 
 @dataclass(frozen=True)
@@ -251,7 +239,7 @@ class PreparedDevice:
     gpu_minor: int = 0
     mig_caps: tuple[int, ...] = ()
     """Minors of /dev/nvidia-caps/nvidia-capN for a MIG device."""
-    mig_instance: MigInstance | None = None
+    mig_instance: MigDevice | None = None
     """Dynamic MIG: the instance this claim created."""
     kind: str = "gpu"
     """``gpu`` (a whole GPU) or ``mig`` (a slice of ``gpu_uuid``)."""
@@ -270,7 +258,7 @@ class PreparedDevice:
             "cdiDeviceIDs": list(self.cdi_device_ids), "sharing": self.sharing, "shareID": self.share_id,
             "adminAccess": self.admin_access, "uuid": self.uuid, "gpuUUID": self.gpu_uuid,
             "gpuMinor": self.gpu_minor, "migCaps": list(self.mig_caps),
-            "migInstance": self.mig_instance.to_dict() if self.mig_instance else None,
+            "migInstance": mig_to_dict(self.mig_instance) if self.mig_instance else None,
             "kind": self.kind, "placement": list(self.placement) if self.placement else None,
             "consumedCapacity": dict(self.consumed_capacity), "memoryShareBytes": self.memory_share_bytes,
             "computeSharePercent": self.compute_share_percent,
@@ -296,7 +284,7 @@ class PreparedDevice:
             share_id=share_id if isinstance(share_id, str) else None,
             admin_access=bool(d.get("adminAccess", False)), uuid=_str(d, "uuid"), gpu_uuid=_str(d, "gpuUUID"),
             gpu_minor=_int(d, "gpuMinor"), mig_caps=tuple(int(x) for x in d.get("migCaps") or ()),
-            mig_instance=MigInstance.from_dict(mig) if isinstance(mig, Mapping) else None,
+            mig_instance=mig_from_dict(mig) if isinstance(mig, Mapping) else None,
             kind=kind,
             placement=(int(placement[0]), int(placement[1])) if isinstance(placement, list) else None,
             consumed_capacity={str(k): v for k, v in consumed.items()},

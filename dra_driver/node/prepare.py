@@ -65,14 +65,13 @@ from dra_driver.node.checkpoint import (
     CheckpointStore,
     ClaimEntry,
     ClaimState,
-    MigInstance,
     PreparedDevice,
     describe_os_error,
     now_rfc3339,
 )
 from dra_driver.node.devices import AllocatableDevice, device_totals
 from dra_driver.node.discovery.backend import Backend
-from dra_driver.node.discovery.model import MigDevice, MigPlacement
+from dra_driver.node.discovery.model import MigDevice
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.metadata import MetadataClaim, MetadataFiles, pod_claim_name
 from dra_driver.node.metrics import METRICS
@@ -502,32 +501,19 @@ class DeviceState:
 
     # -- dynamic MIG
 
-    def _destroy_mig(self, inst: MigInstance) -> None:
+    def _destroy_mig(self, inst: MigDevice) -> None:
         if self._backend is None:
             raise ClaimFailure(f"cannot destroy MIG instance {inst.uuid}: no GPU backend")
-        self._backend.destroy_mig_instance(
-            MigDevice(
-                uuid=inst.uuid, profile=inst.profile, parent_uuid=inst.parent_uuid, memory_bytes=inst.memory_bytes,
-                multiprocessors=inst.multiprocessors, gpu_instance_id=inst.gpu_instance_id,
-                compute_instance_id=inst.compute_instance_id,
-                placement=MigPlacement(inst.placement_start, inst.placement_size),
-            )
-        )
+        self._backend.destroy_mig_instance(inst)
 
-    def _create_mig(self, device: AllocatableDevice) -> MigInstance:
+    def _create_mig(self, device: AllocatableDevice) -> MigDevice:
         if self._backend is None:
             raise ClaimFailure(f"device {device.name} needs a MIG instance but there is no GPU backend")
         if device.mig_profile is None or device.placement is None:
             raise ClaimFailure(f"device {device.name} has no MIG profile/placement")
-        mig = self._backend.create_mig_instance(device.gpu, device.mig_profile, device.placement)
-        return MigInstance(
-            uuid=mig.uuid, profile=mig.profile, parent_uuid=mig.parent_uuid, memory_bytes=mig.memory_bytes,
-            multiprocessors=mig.multiprocessors, gpu_instance_id=mig.gpu_instance_id,
-            compute_instance_id=mig.compute_instance_id, placement_start=mig.placement.start,
-            placement_size=mig.placement.size,
-        )
+        return self._backend.create_mig_instance(device.gpu, device.mig_profile, device.placement)
 
-    def _with_mig(self, dev: PreparedDevice, inst: MigInstance) -> PreparedDevice:
+    def _with_mig(self, dev: PreparedDevice, inst: MigDevice) -> PreparedDevice:
         caps = mig_cap_minors(dev.gpu_minor, inst.gpu_instance_id, inst.compute_instance_id, self._proc_root)
         return replace(dev, mig_instance=inst, uuid=inst.uuid, mig_caps=caps)
 
