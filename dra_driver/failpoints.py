@@ -27,6 +27,7 @@ ENV = "DRA_DRIVER_FAILPOINTS"
 SEED_ENV = "DRA_DRIVER_FAILPOINTS_SEED"
 
 POINTS: Mapping[str, str] = {
+    "prepare.after-intent": "checkpoint has a claim as PrepareStarted without devices, its ResourceClaim being read",
     "prepare.after-started": "checkpoint has the batch as PrepareStarted, no CDI spec written yet",
     "prepare.after-cdi-write": "one claim's CDI spec written, the batch still PrepareStarted",
     "prepare.after-completed": "checkpoint says PrepareCompleted, the kubelet has no answer yet",

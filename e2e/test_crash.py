@@ -38,8 +38,8 @@ from e2e.reliability import (
 
 NODE_GPU, NODE_MIG = "gpu-node-1", "gpu-node-2"
 CLASSES = {NODE_GPU: "gpu.gpu.dra-driver.io", NODE_MIG: "mig.gpu.dra-driver.io"}
-FAILPOINTS = ("prepare.after-started=0.05,prepare.after-cdi-write=0.05,prepare.after-completed=0.05,"
-              "unprepare.after-spec-delete=0.05,unprepare.after-checkpoint=0.05,atomic-write.before-rename=0.03,"
+FAILPOINTS = ("prepare.after-intent=0.05,prepare.after-started=0.05,prepare.after-cdi-write=0.05,"
+              "prepare.after-completed=0.05,unprepare.after-spec-delete=0.05,unprepare.after-checkpoint=0.05,atomic-write.before-rename=0.03,"
               "checkpoint.before-flush=0.03")
 
 pytestmark = pytest.mark.testbed_only

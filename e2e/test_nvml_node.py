@@ -28,8 +28,8 @@ pytestmark = pytest.mark.testbed_only
 
 H100, A100 = "nvml-h100", "nvml-a100"
 A100_MIG = {0: [(2, 0), (0, 4), (0, 5)], 1: [(4, 0)]}  # (profile id, placement start) per GPU
-STORM_FAILPOINTS = ("prepare.after-started=0.1,prepare.after-cdi-write=0.1,prepare.after-completed=0.1,"
-                    "unprepare.after-spec-delete=0.1,unprepare.after-checkpoint=0.1")
+STORM_FAILPOINTS = ("prepare.after-intent=0.1,prepare.after-started=0.1,prepare.after-cdi-write=0.1,"
+                    "prepare.after-completed=0.1,unprepare.after-spec-delete=0.1,unprepare.after-checkpoint=0.1")
 STORM_WAVES, STORM_WAVE_SIZE = 3, 4
 
 

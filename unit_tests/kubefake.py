@@ -136,7 +136,10 @@ class FakeKube:
             if plural == res.plural and rv > since and _selected(obj, field_selector):
                 yield {"type": etype, "object": copy.deepcopy(obj)}
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> Obj:
+        if meanwhile is not None:
+            meanwhile()
         key = f"{namespace}/{name}" if namespace else name
         self._check("get", res, key)
         obj = self._bucket(res).get(key)

@@ -9,7 +9,7 @@ import copy
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dra_driver.k8s.client import SLICES, ApiError, ListResult, Resource
@@ -75,7 +75,8 @@ class InMemorySliceApi:
             items = [copy.deepcopy(o) for o in self.objects.values() if self._matches(o, field_selector)]
             return ListResult(items, str(self._rv))
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> Obj:
         assert res.kind == "Node"
         return {"metadata": {"name": name, "uid": self.node_uid}}
 

@@ -128,6 +128,26 @@ def test_crash_in_prepare_then_retry(env: Env, crashing: None, point: str) -> No
     consistent(env, {r.uid for r in refs})
 
 
+@pytest.mark.parametrize("device", ["gpu-0", "gpu-3-1g-0"])
+@pytest.mark.parametrize("point", ["prepare.after-intent", *PREPARE_POINTS])
+def test_crash_in_a_one_claim_prepare_then_retry(env: Env, crashing: None, point: str, device: str) -> None:
+    """The kubelet's usual request: one claim, recorded while its ResourceClaim is read."""
+    ref = env.reader.add(make_claim("c", [("gpu", device)]))
+    arm(f"{point}=1")
+    with pytest.raises(Crash):
+        env.state.prepare([ref])
+    failpoints.configure({})
+    env.state = env.new_state()
+    kept = set(env.state.prepared_claims())
+    assert kept in (set(), {ref.uid}), kept
+    assert {p.name for p in env.cdi_root.glob("*.json")} == {f"k8s.gpu.dra-driver.io-claim_{u}.json" for u in kept}
+    if not kept:
+        assert env.backend.live == {}, "a dynamic MIG instance must not leak through a crash"
+    out = env.state.prepare([ref])
+    assert out[ref.uid].ok and out[ref.uid].devices[0].device_name == device, out
+    consistent(env, {ref.uid})
+
+
 @pytest.mark.parametrize("point", ["unprepare.after-spec-delete", "unprepare.after-checkpoint",
                                    "checkpoint.before-flush"])
 def test_crash_in_unprepare_then_retry(env: Env, crashing: None, point: str) -> None:

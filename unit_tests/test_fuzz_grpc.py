@@ -15,7 +15,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,10 @@ class FuzzReader:
 
     claims: dict[tuple[str, str], Any] = field(default_factory=dict)
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        if meanwhile is not None:
+            meanwhile()
         value = self.claims.get((namespace, name))
         if value is None:
             raise ApiError(404, "NotFound", f"{namespace}/{name}")

@@ -8,7 +8,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,10 @@ class Reader:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        if meanwhile is not None:
+            meanwhile()
         try:
             return json.loads(json.dumps(self.claims[(namespace, name)]))
         except KeyError:

@@ -143,6 +143,29 @@ def test_unreachable_server_gives_a_short_clear_error() -> None:
     assert "HTTPConnectionPool" not in text and "Max retries" not in text
 
 
+def test_meanwhile_runs_once_while_the_server_has_the_request(srv: Server) -> None:
+    # The first answer is a 401, so the request is sent twice (after a credential reload): the
+    # caller's work (the node plugin's checkpoint record) must not be done twice.
+    srv.replies = [(401, {"kind": "Status", "reason": "Unauthorized"}), (200, {"metadata": {"name": "c"}})]
+    calls: list[int] = []
+    got = srv.api.get(CLAIMS, "c", namespace="ns", meanwhile=lambda: calls.append(1))
+    assert got == {"metadata": {"name": "c"}} and len(srv.requests) == 2
+    assert calls == [1]
+
+
+def test_meanwhile_is_not_called_when_the_request_is_not_sent() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api = RestKubeApi(plain_credentials(f"http://127.0.0.1:{port}"), request_timeout=2)
+    calls: list[int] = []
+    with pytest.raises(ApiError):
+        api.get(CLAIMS, "c", namespace="ns", meanwhile=lambda: calls.append(1))
+    assert calls == []
+
+
 def test_connections_are_kept_alive(srv: Server) -> None:
     srv.replies = [(200, {"metadata": {"name": f"c{i}"}}) for i in range(5)]
     for i in range(5):

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,10 @@ class FakeReader:
     errors: dict[tuple[str, str], Exception] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        if meanwhile is not None:
+            meanwhile()
         with self.lock:
             self.calls += 1
         if self.delay:
@@ -718,3 +722,53 @@ class TestLogging:
             assert e["claim"] in ("default/c", "default/bad")
         events = {e["event"] for e in claim_lines}
         assert {"prepared claim", "cannot prepare claim", "unprepared claim"} <= events
+
+
+class TestRecordedAhead:
+    """A one-claim request is checkpointed while its ResourceClaim is read (prepare.py's docstring)."""
+
+    def test_the_claim_is_on_disk_before_its_read_returns(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
+        seen: dict[str, Any] = {}
+        read = env.reader.get
+
+        def get(res: Resource, name: str, *, namespace: str | None = None,
+                meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+            def then_look() -> None:
+                assert meanwhile is not None
+                meanwhile()
+                seen.update(env.checkpoint())  # what another process finds on disk now
+            return read(res, name, namespace=namespace, meanwhile=then_look)
+
+        env.reader.get = get  # type: ignore[method-assign]
+        assert env.state.prepare([ref])[ref.uid].ok
+        assert seen[ref.uid]["state"] == "PrepareStarted" and seen[ref.uid]["devices"] == []
+        assert env.checkpoint()[ref.uid]["state"] == "PrepareCompleted"
+
+    def test_a_claim_that_fails_leaves_no_entry(self, env: Env) -> None:
+        ref = ClaimRef(str(uuid.uuid4()), "default", "gone")  # not in the reader: 404
+        assert "not found" in (env.state.prepare([ref])[ref.uid].error or "")
+        assert env.state.prepared_claims() == {}
+        env.state = env.new_state()  # its record may still be on disk: rolled back, nothing to remove
+        assert env.state.prepared_claims() == {}
+        assert list(env.cdi_root.glob("*.json")) == []
+
+    def test_a_claim_without_devices_of_this_driver_leaves_no_entry(self, env: Env) -> None:
+        claim = make_claim("other", [{"request": "gpu", "device": "x", "driver": "other.example.com"}])
+        ref = env.reader.add(claim)
+        out = env.state.prepare([ref])[ref.uid]
+        assert out.ok and out.devices == ()
+        assert env.state.prepared_claims() == {}
+
+    def test_a_dynamic_mig_claim_is_recorded_with_its_devices_before_the_instance_is_made(self, env: Env) -> None:
+        ref = env.reader.add(make_claim("m", [("gpu", "gpu-3-1g-0")]))
+        before: dict[str, Any] = {}
+        create = env.backend.create_mig_instance
+
+        def look_then_create(*args: Any) -> Any:
+            before.update(env.checkpoint())
+            return create(*args)
+
+        env.backend.create_mig_instance = look_then_create  # type: ignore[method-assign]
+        assert env.state.prepare([ref])[ref.uid].ok
+        assert [d["device"] for d in before[ref.uid]["devices"]] == ["gpu-3-1g-0"]

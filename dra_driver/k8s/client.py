@@ -20,7 +20,7 @@ import json
 import select
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit
@@ -154,7 +154,12 @@ class KubeApi(Protocol):
         """
         ...
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj: ...
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> Obj:
+        """``meanwhile``, when given, is called once while the server works on the request (after it
+        was sent, before the answer is read): the caller's own I/O overlaps the round trip. It must
+        not raise. It is not called when the request could not be sent."""
+        ...
 
     def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj: ...
 
@@ -392,6 +397,7 @@ class RestKubeApi:
         timeout: float | None = None,
         read_timeout: float | None = None,
         accept: str = "application/json",
+        meanwhile: Callable[[], object] | None = None,
     ) -> _Stream:
         """Send one request and return a 2xx response unread; anything else raises ApiError.
 
@@ -414,7 +420,8 @@ class RestKubeApi:
                 headers["Authorization"] = conn.authorization
             transport = self._transport(conn)
             resp, http_conn = _exchange(transport, method, suffix, payload, headers,
-                                        timeout if timeout is not None else self._timeout, read_timeout, conn.host)
+                                        timeout if timeout is not None else self._timeout, read_timeout, conn.host,
+                                        meanwhile)
             if 200 <= resp.status <= 299:
                 return _Stream(resp, http_conn, transport)
             try:
@@ -530,8 +537,9 @@ class RestKubeApi:
             else:
                 sent.conn.close()  # unread data: the connection cannot serve another request
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
-        obj: Obj = self._json("GET", res.path(namespace, name))
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> Obj:
+        obj: Obj = self._json("GET", res.path(namespace, name), meanwhile=_once(meanwhile) if meanwhile else None)
         return obj
 
     def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
@@ -571,10 +579,21 @@ class RestKubeApi:
         self._json("DELETE", res.path(namespace, name), body=body)
 
 
+def _once(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` on the first call only: a retried request must not repeat the caller's work."""
+    pending = [fn]
+
+    def call() -> None:
+        if pending:
+            pending.pop()()
+    return call
+
+
 def _exchange(transport: _Transport, method: str, suffix: str, payload: bytes | None, headers: dict[str, str],
-              timeout: float, read_timeout: float | None, host: str) -> tuple[http.client.HTTPResponse,
-                                                                             http.client.HTTPConnection]:
-    """Send a request and read the response's head, retrying what can be (see :class:`RestKubeApi`)."""
+              timeout: float, read_timeout: float | None, host: str, meanwhile: Callable[[], object] | None = None,
+              ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+    """Send a request and read the response's head, retrying what can be (see :class:`RestKubeApi`);
+    ``meanwhile`` runs between the two."""
     connect_left, read_left = CONNECT_RETRIES, 1 if method in IDEMPOTENT else 0
     while True:
         conn = transport.take(timeout)
@@ -589,6 +608,8 @@ def _exchange(transport: _Transport, method: str, suffix: str, payload: bytes | 
                 raise unreachable(exc, host) from None
         try:
             conn.request(method, transport.target(suffix), body=payload, headers=headers)
+            if meanwhile is not None:
+                meanwhile()
             if read_timeout is not None and conn.sock is not None:
                 conn.sock.settimeout(read_timeout)
             return conn.getresponse(), conn

@@ -12,6 +12,15 @@ Flow of :meth:`DeviceState.prepare` for one request (a batch of claims):
    (checkpointed again when any were created) -> write one CDI spec per claim -> checkpoint
    ``PrepareCompleted`` (one write) -> respond.
 
+A request for one claim (what the kubelet sends for a pod with one claim) records the claim as
+``PrepareStarted`` without devices while its GET is in flight (:meth:`KubeApi.get`'s
+``meanwhile``): the flush overlaps the API server's work instead of following it, and step 3 then
+needs no ``PrepareStarted`` write of its own unless it creates MIG instances (whose rollback needs
+the devices on disk first). Rolling back such an entry removes the claim's files by UID. If the
+claim turns out not to need preparing (an error, no devices of this driver) the entry is dropped in
+memory; the next save records that, and until then a crash leaves an entry whose rollback finds
+nothing to remove.
+
 A claim already ``PrepareCompleted`` answers with the stored devices; a missing CDI spec (for
 example after a reboot emptied ``/var/run/cdi``) is re-written first, and dynamic MIG instances of
 an earlier boot are re-created.
@@ -378,6 +387,9 @@ class DeviceState:
         self._prepares: _GroupCommit[tuple[ClaimRef, dict[str, Any] | BaseException], PrepareOutcome] = (
             _GroupCommit(self._lock, self._prepare_batch))
         self._unprepares: _GroupCommit[ClaimRef, str | None] = _GroupCommit(self._lock, self._unprepare_batch)
+        self._intents: _GroupCommit[ClaimRef, bool] = _GroupCommit(self._lock, self._intent_batch)
+        self._intended: set[str] = set()
+        """UIDs whose ``PrepareStarted`` entry without devices is on disk (see the module docstring)."""
         self._log = _log.bind(node=node_name)
         self._entries: dict[str, ClaimEntry] = {}
         self._published: dict[str, ClaimEntry] = {}
@@ -542,7 +554,10 @@ class DeviceState:
             errors.append(f"deleting CDI spec: {exc}")
         if self._metadata is not None:
             try:
-                self._metadata.remove_handed_out(entry.uid, entry.devices)
+                if entry.devices:
+                    self._metadata.remove_handed_out(entry.uid, entry.devices)
+                else:  # recorded before its devices were known (see the module docstring)
+                    self._metadata.remove(entry.uid)
             except (OSError, CdiError) as exc:
                 errors.append(f"deleting device metadata: {exc}")
         if errors:
@@ -646,9 +661,9 @@ class DeviceState:
         return outcomes
 
     def _fetch_all(self, claims: Sequence[ClaimRef]) -> dict[str, dict[str, Any] | BaseException]:
-        def get(claim: ClaimRef) -> dict[str, Any] | BaseException:
+        def get(claim: ClaimRef, meanwhile: Callable[[], object] | None = None) -> dict[str, Any] | BaseException:
             try:
-                obj = self._api.get(CLAIMS, claim.name, namespace=claim.namespace)
+                obj = self._api.get(CLAIMS, claim.name, namespace=claim.namespace, meanwhile=meanwhile)
             except Exception as exc:
                 return exc
             if not isinstance(obj, dict):
@@ -656,7 +671,8 @@ class DeviceState:
             return obj
 
         if len(claims) == 1:
-            return {claims[0].uid: get(claims[0])}
+            one = claims[0]
+            return {one.uid: get(one, lambda: self._intents.run({one.uid: one}))}
         return {c.uid: r for c, r in zip(claims, self._pool.map(get, claims), strict=True)}
 
     def _prepare_locked(
@@ -718,6 +734,48 @@ class DeviceState:
             self._save_quietly()
         if plans:
             self._execute(plans, outcomes)
+        for uid in claims:
+            self._drop_intent(uid)
+
+    def _intent_batch(self, claims: dict[str, ClaimRef]) -> dict[str, bool]:
+        """Record claims about to be prepared, durably (see the module docstring); never raises."""
+        added = []
+        for uid, claim in claims.items():
+            if uid in self._entries:
+                continue  # prepared already, or being prepared by another call
+            try:
+                validate_claim_uid(uid)
+            except CdiError:
+                continue  # refused by the prepare itself, with the reason
+            self._entries[uid] = ClaimEntry(uid=uid, namespace=claim.namespace, name=claim.name,
+                                            state=ClaimState.PREPARE_STARTED, devices=(),
+                                            boot_id=self._checkpoint.boot_id, updated=now_rfc3339())
+            added.append(uid)
+        if not added:
+            return {}
+        try:
+            self._checkpoint.save(self._entries)
+        except OSError as exc:
+            for uid in added:
+                del self._entries[uid]
+            self._log.warning("could not record claims about to be prepared; their preparation records them",
+                              error=describe_os_error(exc, f"checkpoint {self._checkpoint.path}"))
+            return {}
+        self._intended.update(added)
+        failpoints.hit("prepare.after-intent")
+        return dict.fromkeys(added, True)
+
+    def _drop_intent(self, uid: str) -> None:
+        """Forget that ``uid`` was recorded ahead; its entry goes too if the claim got no devices."""
+        if uid not in self._intended:
+            return
+        self._intended.discard(uid)
+        entry = self._entries.get(uid)
+        if entry is not None and entry.state is ClaimState.PREPARE_STARTED and not entry.devices:
+            del self._entries[uid]
+
+    def _creates_mig(self, plan: _Plan) -> bool:
+        return any(d.device.mig_profile is not None and d.prepared.mig_instance is None for d in plan.devices)
 
     def _verify_claim(self, claim: ClaimRef, obj: Mapping[str, Any]) -> None:
         try:
@@ -871,15 +929,18 @@ class DeviceState:
                 devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
                 pod_claim_name=plan.pod_claim_name,
             )
-        try:
-            self._checkpoint.save(self._entries)
-        except OSError as exc:
-            msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
-            for plan in plans:
-                del self._entries[plan.claim.uid]
-                outcomes[plan.claim.uid] = PrepareOutcome(error=msg)
-                self._claim_log(plan.claim.uid, plan.claim.ref).error("cannot prepare claim", error=msg)
-            return
+        # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
+        # whose rollback needs the devices, need this record on disk before they are created.
+        if any(p.claim.uid not in self._intended or self._creates_mig(p) for p in plans):
+            try:
+                self._checkpoint.save(self._entries)
+            except OSError as exc:
+                msg = describe_os_error(exc, f"checkpoint {self._checkpoint.path}")
+                for plan in plans:
+                    del self._entries[plan.claim.uid]
+                    outcomes[plan.claim.uid] = PrepareOutcome(error=msg)
+                    self._claim_log(plan.claim.uid, plan.claim.ref).error("cannot prepare claim", error=msg)
+                return
         failpoints.hit("prepare.after-started")
 
         live: list[_Plan] = []
@@ -1000,6 +1061,7 @@ class DeviceState:
                 self._rollback(entry)
                 failpoints.hit("unprepare.after-spec-delete")
                 removed[uid] = self._entries.pop(uid)
+                self._intended.discard(uid)  # a prepare still running for it must write its own record
                 out[uid] = None
             except (ClaimFailure, NvmlError) as exc:
                 out[uid] = f"unpreparing claim {claim.ref}: {exc}"

@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +128,11 @@ class _TimedReader:
         self.inner = inner
         self.local = threading.local()
 
-    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
-            return self.inner.get(res, name, namespace=namespace)
+            return self.inner.get(res, name, namespace=namespace, meanwhile=meanwhile)
         finally:
             self.local.last = time.perf_counter() - t0
 
