@@ -22,6 +22,7 @@ from dra_driver.node.cdi import CdiSpecs
 from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from dra_driver.node.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare import ClaimRef, DeviceState
 
 DRIVER = "gpu.dra-driver.io"
@@ -744,6 +745,29 @@ class TestRecordedAhead:
         assert env.state.prepare([ref])[ref.uid].ok
         assert seen[ref.uid]["state"] == "PrepareStarted" and seen[ref.uid]["devices"] == []
         assert env.checkpoint()[ref.uid]["state"] == "PrepareCompleted"
+
+    def test_a_claim_still_being_read_is_not_listed_as_prepared(self, env: Env) -> None:
+        first = env.reader.add(make_claim("first", [("gpu", "gpu-0")]))
+        second = env.reader.add(make_claim("second", [("gpu", "gpu-1")]))
+        listed: dict[str, Any] = {}
+        read = env.reader.get
+
+        def get(res: Resource, name: str, *, namespace: str | None = None,
+                meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+            def then_prepare_the_second() -> None:
+                assert meanwhile is not None
+                meanwhile()
+                if name == "first":  # the first claim is recorded, its answer not yet read
+                    env.reader.get = read  # type: ignore[method-assign]
+                    assert env.state.prepare([second])[second.uid].ok
+                    listed.update(prepared=set(env.state.prepared_claims()),
+                                  gauge=METRICS.value("prepared_claims", {}))
+            return read(res, name, namespace=namespace, meanwhile=then_prepare_the_second)
+
+        env.reader.get = get  # type: ignore[method-assign]
+        assert env.state.prepare([first])[first.uid].ok
+        assert listed == {"prepared": {second.uid}, "gauge": 1}
+        assert set(env.state.prepared_claims()) == {first.uid, second.uid}
 
     def test_a_claim_that_fails_leaves_no_entry(self, env: Env) -> None:
         ref = ClaimRef(str(uuid.uuid4()), "default", "gone")  # not in the reader: 404

@@ -446,7 +446,8 @@ class DeviceState:
         return self._checkpoint
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
-        """A snapshot of the checkpointed claims (both states), by UID, as of the last finished batch.
+        """A snapshot of the checkpointed claims (both states), by UID, as of the last finished batch;
+        not the claims other calls have recorded ahead while reading them (see the module docstring).
 
         Without the lock: a call answered by one batch must not wait for the next batch (which holds
         the lock for its durable writes) to read what its own batch did.
@@ -455,8 +456,9 @@ class DeviceState:
 
     def _publish(self) -> None:
         """End of a batch (the lock is held): the state that :meth:`prepared_claims` reads from now on."""
-        self._published = dict(self._entries)  # replaced, never changed: readers need no lock
-        METRICS.prepared_claims.set(len(self._entries))
+        # replaced, never changed: readers need no lock
+        self._published = {uid: e for uid, e in self._entries.items() if uid not in self._intended}
+        METRICS.prepared_claims.set(len(self._published))
 
     def _claim_log(self, uid: str, ref: str) -> Any:
         return self._log.bind(claim_uid=uid, claim=ref)
