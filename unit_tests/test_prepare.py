@@ -103,11 +103,15 @@ class FakeReader:
     calls: int = 0
     errors: dict[tuple[str, str], Exception] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    while_reading: Callable[[str], object] | None = None
+    """Called with the claim's name after the caller's ``meanwhile``: what happens while the answer travels."""
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None,
             meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
         if meanwhile is not None:
             meanwhile()
+        if self.while_reading is not None:
+            self.while_reading(name)
         with self.lock:
             self.calls += 1
         if self.delay:
@@ -731,17 +735,7 @@ class TestRecordedAhead:
     def test_the_claim_is_on_disk_before_its_read_returns(self, env: Env) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         seen: dict[str, Any] = {}
-        read = env.reader.get
-
-        def get(res: Resource, name: str, *, namespace: str | None = None,
-                meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
-            def then_look() -> None:
-                assert meanwhile is not None
-                meanwhile()
-                seen.update(env.checkpoint())  # what another process finds on disk now
-            return read(res, name, namespace=namespace, meanwhile=then_look)
-
-        env.reader.get = get  # type: ignore[method-assign]
+        env.reader.while_reading = lambda name: seen.update(env.checkpoint())  # what another process finds on disk
         assert env.state.prepare([ref])[ref.uid].ok
         assert seen[ref.uid]["state"] == "PrepareStarted" and seen[ref.uid]["devices"] == []
         assert env.checkpoint()[ref.uid]["state"] == "PrepareCompleted"
@@ -750,21 +744,13 @@ class TestRecordedAhead:
         first = env.reader.add(make_claim("first", [("gpu", "gpu-0")]))
         second = env.reader.add(make_claim("second", [("gpu", "gpu-1")]))
         listed: dict[str, Any] = {}
-        read = env.reader.get
 
-        def get(res: Resource, name: str, *, namespace: str | None = None,
-                meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
-            def then_prepare_the_second() -> None:
-                assert meanwhile is not None
-                meanwhile()
-                if name == "first":  # the first claim is recorded, its answer not yet read
-                    env.reader.get = read  # type: ignore[method-assign]
-                    assert env.state.prepare([second])[second.uid].ok
-                    listed.update(prepared=set(env.state.prepared_claims()),
-                                  gauge=METRICS.value("prepared_claims", {}))
-            return read(res, name, namespace=namespace, meanwhile=then_prepare_the_second)
+        def prepare_the_second(name: str) -> None:
+            if name == "first":  # the first claim is recorded, its answer not yet read
+                assert env.state.prepare([second])[second.uid].ok
+                listed.update(prepared=set(env.state.prepared_claims()), gauge=METRICS.value("prepared_claims", {}))
 
-        env.reader.get = get  # type: ignore[method-assign]
+        env.reader.while_reading = prepare_the_second
         assert env.state.prepare([first])[first.uid].ok
         assert listed == {"prepared": {second.uid}, "gauge": 1}
         assert set(env.state.prepared_claims()) == {first.uid, second.uid}

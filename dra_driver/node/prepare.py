@@ -280,6 +280,11 @@ def _nested(obj: Any, *keys: str) -> Any:
     return obj
 
 
+def _mig_to_create(device: AllocatableDevice, prepared: PreparedDevice) -> bool:
+    """Whether preparing ``prepared`` creates a dynamic MIG instance (whose record must be on disk first)."""
+    return device.mig_profile is not None and prepared.mig_instance is None
+
+
 def _response_device(dev: PreparedDevice) -> ResponseDevice:
     return ResponseDevice(
         request_names=tuple(dict.fromkeys(base_request(r) for r in dev.requests)),
@@ -777,7 +782,7 @@ class DeviceState:
             del self._entries[uid]
 
     def _creates_mig(self, plan: _Plan) -> bool:
-        return any(d.device.mig_profile is not None and d.prepared.mig_instance is None for d in plan.devices)
+        return any(_mig_to_create(d.device, d.prepared) for d in plan.devices)
 
     def _verify_claim(self, claim: ClaimRef, obj: Mapping[str, Any]) -> None:
         try:
@@ -954,7 +959,7 @@ class DeviceState:
                 devices = list(entry.devices)
                 for i, dev in enumerate(devices):
                     known = self._devices.get(dev.device)
-                    if known is not None and known.mig_profile is not None and dev.mig_instance is None:
+                    if known is not None and _mig_to_create(known, dev):
                         devices[i] = self._with_mig(dev, self._create_mig(known))
                         created_mig = True
                         self._entries[uid] = replace(entry, devices=tuple(devices))
