@@ -31,7 +31,6 @@ import base64
 import contextlib
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -193,6 +192,8 @@ def _data_file(b64: str) -> str:
     with _data_files_lock:
         path = _data_files.get(content)
         if path is None or not os.path.isfile(path):
+            import tempfile  # here: only inline *-data needs it, and it brings shutil, bz2 and lzma
+
             fd, path = tempfile.mkstemp()
             with os.fdopen(fd, "wb") as f:
                 f.write(content)

@@ -7,7 +7,6 @@ not delay registration.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import threading
 import time
@@ -91,6 +90,8 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
 def toolkit_config(settings: PluginSettings) -> ToolkitConfig:
     ctk = settings.nvidia_ctk_path
     if not ctk.is_absolute():
+        import shutil  # here: at module level it brings bz2 and lzma into the plugin for this one lookup
+
         found = shutil.which(str(ctk))
         ctk = Path(found) if found else ctk
     return ToolkitConfig(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -48,7 +47,7 @@ def main(registration_socket: str, driver_name: str) -> int:
 
 
 def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.0.0.0",
-                  pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None) -> ThreadingHTTPServer:
+                  pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None) -> httpserve.Server:
     """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem;
     ``pages`` adds more paths (``/metrics``), each answering ``(body, content type)``."""
     def health() -> tuple[int, bytes, str]:

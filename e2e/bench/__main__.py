@@ -7,7 +7,6 @@ file present, so a ``--only`` run refreshes one row and keeps the others.
 from __future__ import annotations
 
 import argparse
-import compileall
 import importlib
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from e2e.bench.bed import bench_bed
 from e2e.bench.common import BENCH_ORDER, RESULTS, machine_facts, summary_markdown
-from e2e.testbed import binaries
+from e2e.testbed import binaries, bytecode
 
 # Benchmarks that need no bed run without starting one.
 NEEDS_BED = {"prepare", "mig_publish", "plugin_start", "resolution", "explain", "real_node"}
@@ -33,10 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     selected = [n for n in BENCH_ORDER if not args.only or n in args.only]
     failures = 0
-    # The plugin is measured as the image ships it: from bytecode compiled at build time
-    # (compileall in deploy/image/Dockerfile). Run from the work tree where PYTHONDONTWRITEBYTECODE
-    # is set, it would compile every module at each start: slower, and 2 MiB more memory.
-    compileall.compile_dir(Path(__file__).resolve().parents[2] / "dra_driver", quiet=1)
+    # The plugin is measured as the image ships it (e2e/testbed/bytecode.py); compiled before any
+    # timing starts.
+    bytecode.shipped_python()
     bed_ctx = bench_bed(keep=args.keep)
     with bed_ctx as bed:
         if any(n in NEEDS_BED for n in selected):

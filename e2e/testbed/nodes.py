@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import mocknvml
+from e2e.testbed import bytecode, mocknvml
 from e2e.testbed.cluster import die_with_parent, free_port
 
 DRIVER_NAME = "gpu.dra-driver.io"
@@ -98,7 +98,7 @@ class SimNode:
         environment = [f"{k}={v}" for k, v in self.plugin_env().items()]
         return [
             *(["env", *environment] if environment else []),
-            sys.executable, "-m", "dra_driver", "kubelet-plugin",
+            *bytecode.shipped_python(), "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.name}",
             f"--driver-name={DRIVER_NAME}",
             *self.backend_args(),
@@ -200,7 +200,7 @@ class NodeFleet:
         self._start_nodes(list(self.nodes.values()), timeout)
         if with_controller:
             self.procs.start("controller", [
-                sys.executable, "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
+                *bytecode.shipped_python(), "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
                 f"--driver-name={DRIVER_NAME}", "--log-format=json", f"--metrics-port={self.controller_port}",
                 "--leader-election-namespace=kube-system", "--resync-seconds=5",
             ])

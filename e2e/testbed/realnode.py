@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed import binaries, gotools, images, runtime
+from e2e.testbed import binaries, bytecode, gotools, images, runtime
 from e2e.testbed.cluster import FEATURE_GATES, free_port
 from e2e.testbed.nodes import DRIVER_NAME, REPO, Processes
 
@@ -410,7 +410,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             env = {"PYTHONPATH": str(REPO), **nvml.environment}
         before = self.registrations()  # a restart waits for the new process's own line
         self.procs.start("plugin", [
-            sys.executable, "-m", "dra_driver", "kubelet-plugin",
+            *bytecode.shipped_python(), "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.node_name}",
             f"--driver-name={DRIVER_NAME}",
             *backend,

@@ -112,7 +112,7 @@ __all__ = ["FixtureBackend", "PciInfo", "gpus_from_json", "gpus_to_json", "load_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dra_driver.node.discovery.dump", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dra_driver.node.discovery.dump", description="Dump discovered GPUs as JSON.")
     parser.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
     parser.add_argument("--profile", default="h100-8x", help="simulated profile name or YAML path")
     parser.add_argument("--node-name", default="node-0", help="simulated: node name the UUIDs derive from")
