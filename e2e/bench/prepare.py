@@ -206,7 +206,8 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
     node = SimNode(PLUGIN_NODE, "h100-8x", root / "inproc")
     parser = argparse.ArgumentParser()
     add_plugin_arguments(parser)
-    settings = plugin_settings(parser.parse_args(node.plugin_args(kubeconfig)[4:]))
+    command = node.plugin_args(kubeconfig)
+    settings = plugin_settings(parser.parse_args(command[command.index("kubelet-plugin") + 1:]))
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with _output_to(log_file), open(log_file, "a") as log:
         logs.configure("json", "info")
