@@ -13,17 +13,22 @@ read with a timeout, so a client that never finishes its request costs one threa
 
 from __future__ import annotations
 
+import contextlib
 import socketserver
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from io import BufferedIOBase
 
+from dra_driver import logs
+
 Page = Callable[[], tuple[int, bytes, str]]
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 MAX_LINE = 8192
 MAX_HEADERS = 100
 READ_TIMEOUT = 10.0
+
+_log = logs.get("http")
 
 
 class Server(socketserver.ThreadingTCPServer):
@@ -73,22 +78,29 @@ def bind(host: str, port: int, pages: Mapping[str, Page]) -> Server:
         timeout = READ_TIMEOUT
 
         def handle(self) -> None:
-            try:
-                request = _read_request(self.rfile)
-            except (TimeoutError, ConnectionError):
-                return
+            # A client that goes away (timeout, reset, closed early) ends its request quietly:
+            # socketserver would print a traceback for it.
+            with contextlib.suppress(OSError):
+                self.wfile.write(self._answer())
+
+        def _answer(self) -> bytes:
+            request = _read_request(self.rfile)
             if request is None:
-                return
+                return b""
             if isinstance(request, HTTPStatus):
-                self.wfile.write(_response(request, f"{HTTPStatus(request).phrase}\n".encode(), "text/plain"))
-                return
+                return _response(request, f"{request.phrase}\n".encode(), "text/plain")
             method, path = request
             if method not in ("GET", "HEAD"):
-                self.wfile.write(_response(HTTPStatus.METHOD_NOT_ALLOWED, b"only GET\n", "text/plain"))
-                return
+                return _response(HTTPStatus.METHOD_NOT_ALLOWED, b"only GET\n", "text/plain")
             page = routes.get(path.split("?", 1)[0])
-            code, body, ctype = page() if page is not None else (404, b"not found\n", "text/plain")
-            self.wfile.write(_response(code, body, ctype, head_only=method == "HEAD"))
+            if page is None:
+                return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            try:
+                code, body, ctype = page()
+            except Exception:
+                _log.exception("page failed", path=path)
+                code, body, ctype = HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error, see the log\n", "text/plain"
+            return _response(code, body, ctype, head_only=method == "HEAD")
 
     return Server((host, port), Handler)
 

@@ -94,3 +94,29 @@ def test_the_plugin_does_not_import_http_server() -> None:
             "print(sorted(m for m in ('http.server', 'html', 'mimetypes', 'shutil', 'tempfile') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_failing_page_is_a_500_and_a_log_line(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken() -> tuple[int, bytes, str]:
+        raise RuntimeError("registry gone")
+
+    server = httpserve.bind("127.0.0.1", 0, {"/metrics": broken})
+    httpserve.serve_in_background(server, "test-http")
+    try:
+        status, _, body = _get(server.server_address[1], "GET", "/metrics")
+        assert status == 500 and b"internal error" in body
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr()
+    assert "registry gone" in err.out + err.err  # the log line names the failure
+    assert "Exception occurred during processing of request" not in err.err  # no socketserver traceback
+
+
+def test_a_client_that_leaves_before_the_answer_costs_no_traceback(port: int, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset on close
+    time.sleep(0.2)
+    assert "Traceback" not in capsys.readouterr().err
+    assert _get(port, "GET", "/metrics")[0] == 200
