@@ -164,7 +164,7 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def summary_markdown(directory: Path = RESULTS) -> str:
-    """The table the README includes: one row per target (or per informational benchmark)."""
+    """The table docs/benchmarks.md includes: one row per target (or per informational benchmark)."""
     docs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
     order = {n: i for i, n in enumerate(BENCH_ORDER)}
     docs.sort(key=lambda d: order.get(d["name"], len(order)))

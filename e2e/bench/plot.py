@@ -1,4 +1,4 @@
-"""Pictures of benchmark results, for the README: the prepare-latency distribution.
+"""Pictures of benchmark results, for docs/benchmarks.md: the prepare-latency distribution.
 
 matplotlib is a dev extra; without it the benchmark still runs and says the plot was skipped.
 """
