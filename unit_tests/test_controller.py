@@ -58,7 +58,8 @@ from dra_driver.controller.verdicts import (
     one_line,
 )
 from dra_driver.k8s.claims import FINALIZER, POD_CLAIM_NAME_ANNOTATION, device_ids, pod_claim_keys
-from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, key_of
+from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError
+from dra_driver.k8s.objects import key_of
 
 # ============================================================================ pure decisions
 

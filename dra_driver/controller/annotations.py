@@ -38,8 +38,9 @@ from dra_driver.controller.keys import (
     SUMMARY_ANNOTATION,
 )
 from dra_driver.controller.verdicts import Outcome, Verdict, one_line
-from dra_driver.k8s.client import Obj, Resource, meta
+from dra_driver.k8s.client import Resource
 from dra_driver.k8s.leader import micro_time
+from dra_driver.k8s.objects import Obj, meta
 
 
 def explanation_document(outcome: Outcome, *, limit: int = MAX_EXPLANATION_BYTES) -> str:

@@ -51,10 +51,9 @@ from dra_driver.k8s.client import (
     ApiError,
     ConfigurationError,
     KubeApi,
-    Obj,
     RestKubeApi,
-    meta,
 )
+from dra_driver.k8s.objects import Obj, meta
 
 REDACTED = "<redacted>"
 LEASE_NAME = "dra-driver-controller"

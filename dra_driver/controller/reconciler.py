@@ -91,14 +91,12 @@ from dra_driver.k8s.client import (
     ApiError,
     ConfigurationError,
     KubeApi,
-    Obj,
     Resource,
     RestKubeApi,
-    key_of,
-    meta,
 )
 from dra_driver.k8s.informer import Informer, WorkQueue
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
+from dra_driver.k8s.objects import Obj, key_of, meta
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""

@@ -21,7 +21,7 @@ from dra_driver.k8s.claims import (
     is_generated_for_pod,
     reserved_for,
 )
-from dra_driver.k8s.client import Obj
+from dra_driver.k8s.objects import Obj
 
 # --------------------------------------------------------------------------------------------
 # Opaque configuration validation

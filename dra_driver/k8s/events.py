@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dra_driver import logs
-from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, Obj
+from dra_driver.k8s.client import EVENTS, ApiError, KubeApi
 from dra_driver.k8s.leader import micro_time
+from dra_driver.k8s.objects import Obj
 
 _log = logs.get("events")
 

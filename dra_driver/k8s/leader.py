@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dra_driver import logs
-from dra_driver.k8s.client import LEASES, ApiError, KubeApi, Obj
+from dra_driver.k8s.client import LEASES, ApiError, KubeApi
+from dra_driver.k8s.objects import Obj
 
 
 class Leadership(Protocol):

@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+Obj = dict[str, Any]
+"""A Kubernetes object as a JSON dict."""
+
 # =========================================================================== helpers
 
 
@@ -30,6 +33,19 @@ def as_str(value: Any) -> str | None:
 
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, Mapping) else {}
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
+    m = meta(obj)
+    ns = m.get("namespace")
+    name = str(m.get("name", ""))
+    return f"{ns}/{name}" if ns else name
 
 
 # =========================================================================== nodes
