@@ -43,6 +43,7 @@ from dra_driver.controller.keys import (
     ALLOCATE_ANNOTATION,
     EXPLANATION_ANNOTATION,
     HASH_ANNOTATION,
+    MAX_SUMMARY_CHARS,
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
@@ -55,10 +56,10 @@ from dra_driver.controller.verdicts import (
     classify,
     config_errors,
     object_config_errors,
-    one_line,
 )
 from dra_driver.k8s.claims import FINALIZER, POD_CLAIM_NAME_ANNOTATION, device_ids, pod_claim_keys
 from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError
+from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.objects import key_of
 
 # ============================================================================ pure decisions
@@ -181,7 +182,7 @@ class TestAnnotations:
         assert not needs_event({}, outcome(verdict=Verdict.SATISFIABLE))
 
     def test_summary_is_one_short_line(self) -> None:
-        s = one_line("a\nb " + "x" * 5000)
+        s = one_line("a\nb " + "x" * 5000, MAX_SUMMARY_CHARS)
         assert "\n" not in s and len(s.encode()) <= 1024
 
 

@@ -37,9 +37,9 @@ from dra_driver.controller.keys import (
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
-from dra_driver.controller.verdicts import Outcome, Verdict, one_line
+from dra_driver.controller.verdicts import Outcome, Verdict
 from dra_driver.k8s.client import Resource
-from dra_driver.k8s.leader import micro_time
+from dra_driver.k8s.fields import micro_time, one_line
 from dra_driver.k8s.objects import Obj, meta
 
 

@@ -45,11 +45,10 @@ from dra_driver.controller.annotations import (
     annotation_patch,
     content_hash,
     desired_annotations,
-    dumps,
     make_event,
     needs_event,
 )
-from dra_driver.controller.keys import OUR_ANNOTATIONS, wants_controller_allocation
+from dra_driver.controller.keys import MAX_SUMMARY_CHARS, OUR_ANNOTATIONS, wants_controller_allocation
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
 from dra_driver.controller.settings import ControllerSettings
 from dra_driver.controller.verdicts import (
@@ -62,7 +61,6 @@ from dra_driver.controller.verdicts import (
     config_only_outcome,
     evaluate,
     object_config_errors,
-    one_line,
 )
 from dra_driver.k8s.claims import (
     annotations_of,
@@ -94,9 +92,10 @@ from dra_driver.k8s.client import (
     Resource,
     RestKubeApi,
 )
+from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer, WorkQueue
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
-from dra_driver.k8s.objects import Obj, key_of, meta
+from dra_driver.k8s.objects import Obj, describe_node_selector, key_of, meta
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
@@ -128,24 +127,6 @@ def allocation_conflicts(
 def describe_devices(allocation: Mapping[str, Any] | None) -> str:
     ids = device_ids(allocation)
     return ", ".join(f"{d}/{p}/{n}" for d, p, n in sorted(ids)) or "no devices"
-
-
-def describe_node_selector(allocation: Mapping[str, Any] | None) -> str:
-    """``node X`` when the selector pins one node by name, else compact JSON, or 'any node'."""
-    sel = allocation.get("nodeSelector") if isinstance(allocation, Mapping) else None
-    if not sel:
-        return "any node"
-    names: list[str] = []
-    try:
-        for term in sel.get("nodeSelectorTerms") or []:
-            for expr in list(term.get("matchFields") or []) + list(term.get("matchExpressions") or []):
-                if expr.get("key") in ("metadata.name", "kubernetes.io/hostname") and expr.get("operator") == "In":
-                    names += [str(v) for v in expr.get("values") or []]
-    except AttributeError:
-        names = []
-    if names:
-        return "node " + ", ".join(dict.fromkeys(names))
-    return "nodes matching " + dumps(sel)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,7 +330,7 @@ class Controller:
             except Exception as exc:
                 self.metrics.error("inventory")
                 msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
-                return Outcome(Verdict.ERROR, one_line(msg), None, None, msg,
+                return Outcome(Verdict.ERROR, one_line(msg, MAX_SUMMARY_CHARS), None, None, msg,
                                tuple(claim_config_errors(claim, classes, self.driver)))
             nodes = None
             pods = self.waiting_pods(key_of(claim))

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 from dra_driver import logs
 from dra_driver.k8s.client import EVENTS, ApiError, KubeApi
-from dra_driver.k8s.leader import micro_time
+from dra_driver.k8s.fields import micro_time, one_line
 from dra_driver.k8s.objects import Obj
 
 _log = logs.get("events")
@@ -77,11 +77,7 @@ class Occurrence:
 
 def fit_note(text: str) -> str:
     """One line, within the API server's 1024-byte limit (cut at a character boundary with …)."""
-    line = " ".join(text.split())
-    data = line.encode()
-    if len(data) <= MAX_NOTE_BYTES:
-        return line
-    return data[: MAX_NOTE_BYTES - 3].decode(errors="ignore") + "…"
+    return one_line(text, MAX_NOTE_BYTES, "…")
 
 
 def event_name(regarding: ObjectRef, what: Occurrence, controller: str, instance: str) -> str:
