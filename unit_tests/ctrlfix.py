@@ -155,10 +155,12 @@ def sync(ctrl: Controller) -> None:
 
 
 def drain(ctrl: Controller, limit: int = 200) -> int:
+    """Process the queue, then write the Events it recorded (in the controller, a background thread's job)."""
     n = 0
     while ctrl.process_next(timeout=0):
         n += 1
         assert n < limit, "queue does not drain"
+    assert ctrl.events.flush(timeout=5.0), "Events not written"
     return n
 
 
