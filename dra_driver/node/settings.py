@@ -10,8 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import env, env_flag
+from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
@@ -76,7 +75,7 @@ DEFAULT_CLEANUP_INTERVAL = 60.0
 def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--node-name", default=env("NODE_NAME"), help="Node this plugin serves [NODE_NAME] (required)")
-    add("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME), help="DRA driver name [DRIVER_NAME]")
+    add_shared_arguments(parser)
     add("--gpu-backend", default=env("GPU_BACKEND", "auto"), choices=["auto", "nvml", "simulated"],
         help="GPU discovery backend [GPU_BACKEND]")
     add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
@@ -90,7 +89,6 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add("--dev-root", default=env("DEV_ROOT", "/"),
         help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
     add("--sysfs-root", default=env("SYSFS_ROOT", "/sys"), help="sysfs mount, for PCI NUMA/root lookups [SYSFS_ROOT]")
-    add("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
     add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
     add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
     add("--dynamic-mig", action="store_true", default=env_flag(env("DYNAMIC_MIG")),
