@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return reconciler.run(controller_settings.controller_settings(args))
         if args.command == "debug-bundle":
-            from dra_driver.controller import bundle
+            from dra_driver.tools import bundle
 
             return bundle.main(kubeconfig=args.kubeconfig, output=args.output, node=args.node, state_dir=args.state_dir,
                                cdi_root=args.cdi_root, metrics_url=args.metrics_url, driver=args.driver_name)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             from dra_driver.node import probe
 
             return probe.main(args.registration_socket, args.driver_name)
-        from dra_driver.controller import explain
+        from dra_driver.tools import explain
 
         return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)
     except KeyboardInterrupt:

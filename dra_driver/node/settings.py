@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
+from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 
@@ -80,11 +81,11 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU discovery backend [GPU_BACKEND]")
     add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
         help="Built-in simulated node profile name or a YAML file [SIMULATED_PROFILE]")
-    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR),
         help="Kubelet plugin-registration directory [KUBELET_REGISTRY_DIR]")
-    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins"),
+    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", KUBELET_PLUGINS_DIR),
         help="Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock [KUBELET_PLUGINS_DIR]")
-    add("--cdi-root", default=env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory [CDI_ROOT]")
+    add("--cdi-root", default=env("CDI_ROOT", CDI_ROOT), help="CDI spec directory [CDI_ROOT]")
     add("--state-dir", default=env("STATE_DIR"), help="Checkpoint directory; default <plugins-dir>/<driver> [STATE_DIR]")
     add("--dev-root", default=env("DEV_ROOT", "/"),
         help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
