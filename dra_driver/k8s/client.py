@@ -388,11 +388,11 @@ class RestKubeApi:
             try:
                 if attempt == 2:
                     self._credentials.reload()
-                conn = self._credentials.connection()
+                conn, authorization = self._credentials.connection()
             except CredentialError as exc:
                 raise ApiError(0, "CredentialError", str(exc)) from None
-            if conn.authorization:
-                headers["Authorization"] = conn.authorization
+            if authorization:
+                headers["Authorization"] = authorization
             transport = self._transport(conn)
             resp, http_conn = _exchange(transport, method, suffix, payload, headers,
                                         timeout if timeout is not None else self._timeout, read_timeout, conn.host,
