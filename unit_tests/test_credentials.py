@@ -65,6 +65,15 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def service_account(d: Path, pki: Path, token: str = "sa-token") -> Path:
+    """``d/sa`` as the kubelet mounts a service account: ``token`` and the cluster's ``ca.crt``."""
+    sa = d / "sa"
+    sa.mkdir(exist_ok=True)
+    (sa / "token").write_text(token)
+    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    return sa
+
+
 # --- PKI and a TLS server ---------------------------------------------------------------------------
 
 
@@ -214,10 +223,7 @@ def test_where_the_configuration_comes_from(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.delenv("KUBECONFIG")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki)
     creds = Credentials(incluster_loader(str(sa)), "in-cluster")
     assert creds.host == "https://[fd00::1]:443"
     conn, authorization = creds.connection()
@@ -278,10 +284,7 @@ def test_in_cluster_token_rotation(tmp_path: Path, pki: Path, tls_ip: TlsServer,
     host, port = tls.url.removeprefix("https://").split(":")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("old")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki, "old")
     api = RestKubeApi(Credentials(incluster_loader(str(sa)), "in-cluster"))
     assert get(api)["auth"] == "bearer old"
     tls.revoked.add("bearer old")
@@ -489,14 +492,10 @@ def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path)
     assert simple_kubeconfig(path, "nope" if shape == "unknown context" else None) is None
 
 
-def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path, pki: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def _same_in_cluster(sa: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native and the official reading of ``sa`` agree, for an IPv4 and an IPv6 service address."""
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token\n")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
     token, ca = str(sa / "token"), str(sa / "ca.crt")
     for host in ("10.96.0.1", "fd00::1"):
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
@@ -504,8 +503,14 @@ def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path
         official = official_loader(lambda cfg: InClusterConfigLoader(token_filename=token, cert_filename=ca)
                                    .load_and_set(cfg))()
         _same(simple_incluster(token, ca), official)
+
+
+def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path, pki: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = service_account(tmp_path, pki, "sa-token\n")
+    _same_in_cluster(sa, monkeypatch)
     (sa / "token").write_text("")
-    assert simple_incluster(token, ca) is None  # the official loader says what is wrong
+    assert simple_incluster(str(sa / "token"), str(sa / "ca.crt")) is None  # the official loader says what is wrong
 
 
 def test_the_plugin_with_a_common_kubeconfig_never_imports_kubernetes(tmp_path: Path) -> None:
@@ -568,21 +573,9 @@ PROXY_ENVS = [
 @pytest.mark.parametrize("env", PROXY_ENVS)
 def test_proxy_variables_decided_natively_as_the_official_loader_decides(
         env: dict[str, str], tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes.config.incluster_config import InClusterConfigLoader
-
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
-    token, ca = str(sa / "token"), str(sa / "ca.crt")
-    for host in ("10.96.0.1", "fd00::1"):
-        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
-        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-        official = official_loader(lambda cfg: InClusterConfigLoader(token_filename=token, cert_filename=ca)
-                                   .load_and_set(cfg))()
-        _same(simple_incluster(token, ca), official)
+    _same_in_cluster(service_account(tmp_path, pki), monkeypatch)
     for server in ("https://api.example:6443", "http://api.example:8080"):
         path = write_kubeconfig(tmp_path / "config", server, {"token": "t"}, {"insecure-skip-tls-verify": True})
         _same(simple_kubeconfig(str(path)), _official_kubeconfig(path))
@@ -591,10 +584,7 @@ def test_proxy_variables_decided_natively_as_the_official_loader_decides(
 def _plugin_process(tmp_path: Path, pki: Path, how: str, env: dict[str, str]) -> list[str]:
     """In a fresh interpreter, the plugin's credentials (in-cluster or a kubeconfig) loaded and used for a
     connection: the proxy it decided, then every ``kubernetes`` module loaded."""
-    sa = tmp_path / "sa"
-    sa.mkdir(exist_ok=True)
-    (sa / "token").write_text("sa-token")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki)
     kubeconfig = write_kubeconfig(tmp_path / "config", "https://10.96.0.1", {"token": "t"},
                                   {"insecure-skip-tls-verify": True})
     load = (f"Credentials(incluster_loader({str(sa)!r}), 'in-cluster')" if how == "in-cluster" else
@@ -674,10 +664,7 @@ def proxy() -> Iterator[ConnectProxy]:
 
 def test_in_cluster_through_a_proxy_and_past_it(tmp_path: Path, pki: Path, tls_ip: TlsServer, proxy: ConnectProxy,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki)
     port = tls_ip.url.rsplit(":", 1)[1]
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
