@@ -436,7 +436,9 @@ class Controller:
 
     def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
         """Best effort (the annotation carries the same information): written in the background, a
-        repeat folded into the Event already there, one given up on counted as error kind ``event``."""
+        repeat folded into the Event already there, one given up on counted as error kind ``event``.
+        The note is cut here, ending in ``...`` as the controller's notes always have, so the
+        recorder's own cut (``…``) never changes it."""
         if not self.leadership.is_leader():
             return
         self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
