@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dra_driver import DEFAULT_DRIVER_NAME, __version__
+from dra_driver import __version__
+from dra_driver.config import add_shared_arguments
 from dra_driver.controller import settings as controller_settings
 from dra_driver.node import settings as plugin_settings
 
@@ -21,10 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     controller_settings.add_controller_arguments(sub.add_parser("controller", help="explain and allocate ResourceClaims"))
     explain = sub.add_parser("explain", help="say why a ResourceClaim can or cannot be allocated")
     explain.add_argument("claim", help="NAMESPACE/NAME of the ResourceClaim")
-    explain.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
+    add_shared_arguments(explain, driver_name=False)
     explain.add_argument("--output", "-o", choices=["text", "json"], default="text")
     bundle = sub.add_parser("debug-bundle", help="write a tar.gz with what a bug report needs (redacted)")
-    bundle.add_argument("--kubeconfig", default=None, help="kubeconfig; $KUBECONFIG or in-cluster when unset")
+    add_shared_arguments(bundle)
     bundle.add_argument("--output", "-o", default=None,
                         help="file to write ('-' for stdout); default dra-driver-debug-<time>.tar.gz")
     bundle.add_argument("--node", default=None,
@@ -33,10 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--state-dir", default=None, help="the plugin's checkpoint directory, when not the default")
     bundle.add_argument("--cdi-root", default=None, help="the plugin's CDI spec directory, when not the default")
     bundle.add_argument("--metrics-url", default=None, help="the plugin's /metrics; default http://127.0.0.1:$HEALTH_PORT")
-    bundle.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
     probe = sub.add_parser("probe", help="check that a running node plugin answers on its sockets")
     probe.add_argument("--registration-socket", required=True, help="path of <driver>-reg.sock")
-    probe.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    add_shared_arguments(probe, kubeconfig=False)
     return parser
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return reconciler.run(controller_settings.controller_settings(args))
         if args.command == "debug-bundle":
-            from dra_driver.controller import bundle
+            from dra_driver.tools import bundle
 
             return bundle.main(kubeconfig=args.kubeconfig, output=args.output, node=args.node, state_dir=args.state_dir,
                                cdi_root=args.cdi_root, metrics_url=args.metrics_url, driver=args.driver_name)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             from dra_driver.node import probe
 
             return probe.main(args.registration_socket, args.driver_name)
-        from dra_driver.controller import explain
+        from dra_driver.tools import explain
 
         return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)
     except KeyboardInterrupt:

@@ -1,9 +1,12 @@
-"""Settings come from flags whose defaults come from environment variables; the two helpers here
-read those variables the same way for the node plugin and the controller."""
+"""Settings come from flags whose defaults come from environment variables; the helpers here read
+those variables the same way for every command, and declare the flags every command shares."""
 
 from __future__ import annotations
 
+import argparse
 import os
+
+from dra_driver import DEFAULT_DRIVER_NAME
 
 
 def env(name: str, default: str | None = None) -> str | None:
@@ -13,3 +16,13 @@ def env(name: str, default: str | None = None) -> str | None:
 
 def env_flag(text: str | None) -> bool:
     return (text or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_shared_arguments(parser: argparse.ArgumentParser, *, kubeconfig: bool = True, driver_name: bool = True) -> None:
+    """``--kubeconfig`` and ``--driver-name``, the flags of the programs and the operator tools alike."""
+    if driver_name:
+        parser.add_argument("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME),
+                            help="DRA driver name [DRIVER_NAME]")
+    if kubeconfig:
+        parser.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                            help="kubeconfig; in-cluster config, then ~/.kube/config, when unset [KUBECONFIG]")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_driver.controller import explain
+from dra_driver.tools import explain
 from e2e.bed import (
     DEVICECLASSES,
     DRIVER,

@@ -10,7 +10,8 @@ from kubefake import FakeKube
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION
 from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.settings import ControllerSettings
-from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Obj, Resource
+from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Resource
+from dra_driver.k8s.objects import Obj
 
 DRIVER = "gpu.dra-driver.io"
 CLASS = "gpu.dra-driver.io"
@@ -154,10 +155,12 @@ def sync(ctrl: Controller) -> None:
 
 
 def drain(ctrl: Controller, limit: int = 200) -> int:
+    """Process the queue, then write the Events it recorded (in the controller, a background thread's job)."""
     n = 0
     while ctrl.process_next(timeout=0):
         n += 1
         assert n < limit, "queue does not drain"
+    assert ctrl.events.flush(timeout=5.0), "Events not written"
     return n
 
 

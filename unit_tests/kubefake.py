@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Obj, Resource, key_of
+from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
+from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import allocation_view
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from kubefake import FakeKube
 
 from dra_driver.allocator.resolve import Engine
-from dra_driver.controller import bundle as b
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
 from dra_driver.node.metadata import HOST_SUBDIR
+from dra_driver.tools import bundle as b
 
 DRIVER = "gpu.dra-driver.io"
 JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLWJ5dGVz"

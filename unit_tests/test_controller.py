@@ -31,18 +31,17 @@ from kubefake import FakeKube
 
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.annotations import (
-    EventSpec,
     annotation_patch,
     content_hash,
     desired_annotations,
     explanation_document,
-    make_event,
     needs_event,
 )
 from dra_driver.controller.keys import (
     ALLOCATE_ANNOTATION,
     EXPLANATION_ANNOTATION,
     HASH_ANNOTATION,
+    MAX_SUMMARY_CHARS,
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
@@ -55,10 +54,12 @@ from dra_driver.controller.verdicts import (
     classify,
     config_errors,
     object_config_errors,
-    one_line,
 )
 from dra_driver.k8s.claims import FINALIZER, POD_CLAIM_NAME_ANNOTATION, device_ids, pod_claim_keys
-from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, key_of
+from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError
+from dra_driver.k8s.events import Occurrence
+from dra_driver.k8s.fields import one_line
+from dra_driver.k8s.objects import key_of
 
 # ============================================================================ pure decisions
 
@@ -180,16 +181,20 @@ class TestAnnotations:
         assert not needs_event({}, outcome(verdict=Verdict.SATISFIABLE))
 
     def test_summary_is_one_short_line(self) -> None:
-        s = one_line("a\nb " + "x" * 5000)
+        s = one_line("a\nb " + "x" * 5000, MAX_SUMMARY_CHARS)
         assert "\n" not in s and len(s.encode()) <= 1024
 
 
 class TestEvents:
     def test_claim_event(self) -> None:
+        kube = FakeKube()
+        ctrl, _ = make(kube)
         c = claim()
         c["metadata"].update(uid="u1", resourceVersion="7")
         c.update(apiVersion="resource.k8s.io/v1", kind="ResourceClaim")
-        ev = make_event(c, EventSpec("Warning", "Unsatisfiable", "x" * 3000, "Explain"), instance="r1")
+        ctrl.emit(c, Occurrence("Warning", "Unsatisfiable", "Explain", "x" * 3000), CLAIMS)
+        drain(ctrl)
+        [ev] = events(kube)
         assert ev["apiVersion"] == "events.k8s.io/v1"
         assert ev["reportingController"] == REPORTING_CONTROLLER == "gpu.dra-driver.io/controller"
         assert ev["type"] == "Warning" and ev["reason"] == "Unsatisfiable" and ev["action"] == "Explain"
@@ -200,8 +205,11 @@ class TestEvents:
         assert ev["eventTime"].endswith("Z")
 
     def test_cluster_scoped_object_events_go_to_default(self) -> None:
-        ev = make_event(device_class(), EventSpec("Warning", "InvalidConfig", "n", "Validate"),
-                            instance="r", resource=DEVICE_CLASSES)
+        kube = FakeKube()
+        ctrl, _ = make(kube)
+        ctrl.emit(device_class(), Occurrence("Warning", "InvalidConfig", "Validate", "n"), DEVICE_CLASSES)
+        drain(ctrl)
+        [ev] = events(kube)
         assert ev["metadata"]["namespace"] == "default"
         assert "namespace" not in ev["regarding"] and ev["regarding"]["kind"] == "DeviceClass"
 
@@ -539,6 +547,14 @@ class TestInvalidConfig:
         assert "spec.config[0].opaque.parameters.sharing.strategy" in by_kind["DeviceClass"]["note"]
         assert by_kind["ResourceClaimTemplate"]["metadata"]["namespace"] == "ns1"
         assert "spec.spec.devices.config[0]" in by_kind["ResourceClaimTemplate"]["note"]
+
+    def test_a_restarted_controller_adds_to_the_same_event(self) -> None:
+        kube = FakeKube()
+        kube.add(DEVICE_CLASSES, device_class("bad", config=[sharing_config("Bogus")]))
+        for _ in range(3):  # each new process validates the class once more
+            step(make(kube)[0])
+        [ev] = events(kube, "InvalidConfig")
+        assert ev["series"]["count"] == 3, "one Event, counted three times (it was three Events)"
 
 
 class TestAllocate:

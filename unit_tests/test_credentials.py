@@ -11,7 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
+import socket
+import socketserver
 import ssl
 import subprocess
 import sys
@@ -30,8 +33,10 @@ import yaml
 from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
 from dra_driver.k8s.credentials import (
     ConfigurationError,
+    Connection,
     Credentials,
-    Loaded,
+    bypassed,
+    env_proxies,
     incluster_loader,
     load_credentials,
     official_loader,
@@ -43,8 +48,10 @@ from unit_tests.kubeserver import Server, kubeconfig_dict
 
 @pytest.fixture(autouse=True)
 def _no_ambient_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+    for var in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "REQUEST_METHOD"):
         monkeypatch.delenv(var, raising=False)
+    for var in [v for v in os.environ if v.lower().endswith("_proxy")]:
+        monkeypatch.delenv(var)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
@@ -56,6 +63,15 @@ def write_kubeconfig(path: Path, server: str, user: dict[str, Any], cluster: dic
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def service_account(d: Path, pki: Path, token: str = "sa-token") -> Path:
+    """``d/sa`` as the kubelet mounts a service account: ``token`` and the cluster's ``ca.crt``."""
+    sa = d / "sa"
+    sa.mkdir(exist_ok=True)
+    (sa / "token").write_text(token)
+    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    return sa
 
 
 # --- PKI and a TLS server ---------------------------------------------------------------------------
@@ -178,18 +194,18 @@ def test_cluster_fields_static_token_and_relative_ca(tmp_path: Path, pki: Path) 
     path = write_kubeconfig(tmp_path / "kc" / "config", "https://api.example:6443/", {"token": "t0k"},
                             {"certificate-authority": "ca.crt", "tls-server-name": "kubernetes",
                              "proxy-url": "http://proxy.example:3128"})
-    conn = load_credentials(str(path)).connection()
+    conn, authorization = load_credentials(str(path)).connection()
     assert conn.host == "https://api.example:6443"
     assert conn.ca_file == str(tmp_path / "kc" / "ca.crt")  # relative to the kubeconfig
     assert conn.verify_ssl and conn.tls_server_name == "kubernetes" and conn.proxy_url == "http://proxy.example:3128"
-    assert conn.authorization == "Bearer t0k" and conn.cert_file is None
+    assert authorization == "Bearer t0k" and conn.cert_file is None
 
 
 def test_basic_auth_and_insecure(tmp_path: Path) -> None:
     path = write_kubeconfig(tmp_path / "config", "https://api.example", {"username": "u", "password": "p"},
                             {"insecure-skip-tls-verify": True})
-    conn = load_credentials(str(path)).connection()
-    assert conn.authorization == "Basic " + b64(b"u:p") and not conn.verify_ssl
+    conn, authorization = load_credentials(str(path)).connection()
+    assert authorization == "Basic " + b64(b"u:p") and not conn.verify_ssl
 
 
 def test_where_the_configuration_comes_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pki: Path) -> None:
@@ -200,20 +216,18 @@ def test_where_the_configuration_comes_from(tmp_path: Path, monkeypatch: pytest.
     first = write_kubeconfig(tmp_path / "a", "https://first", {"token": "one"})
     second = write_kubeconfig(tmp_path / "b", "https://second", {"token": "two"})
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}{os.pathsep}{first}{os.pathsep}{second}")
-    conn = load_credentials(None).connection()
-    assert (conn.host, conn.authorization) == ("https://first", "Bearer one")
+    conn, authorization = load_credentials(None).connection()
+    assert (conn.host, authorization) == ("https://first", "Bearer one")
     assert load_credentials(str(second)).host == "https://second"  # --kubeconfig beats $KUBECONFIG
     # In-cluster beats ~/.kube/config when $KUBECONFIG is unset.
     monkeypatch.delenv("KUBECONFIG")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki)
     creds = Credentials(incluster_loader(str(sa)), "in-cluster")
     assert creds.host == "https://[fd00::1]:443"
-    assert creds.connection().authorization == "bearer sa-token" and creds.connection().ca_file == str(sa / "ca.crt")
+    conn, authorization = creds.connection()
+    assert authorization == "bearer sa-token" and conn.ca_file == str(sa / "ca.crt")
 
 
 def test_errors_name_the_problem_and_the_file(tmp_path: Path) -> None:
@@ -270,10 +284,7 @@ def test_in_cluster_token_rotation(tmp_path: Path, pki: Path, tls_ip: TlsServer,
     host, port = tls.url.removeprefix("https://").split(":")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("old")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
+    sa = service_account(tmp_path, pki, "old")
     api = RestKubeApi(Credentials(incluster_loader(str(sa)), "in-cluster"))
     assert get(api)["auth"] == "bearer old"
     tls.revoked.add("bearer old")
@@ -400,14 +411,14 @@ def test_credentials_that_fail_at_request_time_are_an_api_error(tmp_path: Path) 
 # --- the native reading of the common shapes: the official loaders' results, without them ------------------
 
 
-def _official_kubeconfig(path: Path, context: str | None = None) -> Loaded:
+def _official_kubeconfig(path: Path, context: str | None = None) -> Connection:
     from kubernetes.config import load_kube_config
 
     return official_loader(lambda cfg: load_kube_config(config_file=str(path), context=context,
                                                         client_configuration=cfg, persist_config=False))()
 
 
-def _same(native: Loaded | None, official: Loaded) -> None:
+def _same(native: Connection | None, official: Connection) -> None:
     assert native is not None, "this shape is read natively"
 
     def content(path: str | None) -> bytes | None:  # *-data files have different temporary names
@@ -459,9 +470,9 @@ def test_a_named_context(tmp_path: Path) -> None:
     assert simple_kubeconfig(str(path), "other").authorization() == "Bearer two"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("shape", ["exec", "basic auth", "proxy-url", "proxy variable", "no_proxy variable",
-                                   "list of files", "missing CA", "unknown user field", "unknown context"])
-def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("shape", ["exec", "basic auth", "proxy-url", "list of files", "missing CA", "unknown user field",
+                                   "unknown context"])
+def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path) -> None:
     user: dict[str, Any] = {"token": "t"}
     cluster: dict[str, Any] = {"insecure-skip-tls-verify": True}
     path = str(tmp_path / "config")
@@ -471,10 +482,6 @@ def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path,
         user = {"username": "u", "password": "p"}
     elif shape == "proxy-url":
         cluster["proxy-url"] = "http://proxy.example:3128"
-    elif shape == "proxy variable":
-        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
-    elif shape == "no_proxy variable":
-        monkeypatch.setenv("no_proxy", "10.0.0.0/8")
     elif shape == "list of files":
         path = f"{path}{os.pathsep}{tmp_path / 'other'}"
     elif shape == "missing CA":
@@ -485,14 +492,10 @@ def test_everything_else_goes_to_the_official_loader(shape: str, tmp_path: Path,
     assert simple_kubeconfig(path, "nope" if shape == "unknown context" else None) is None
 
 
-def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path, pki: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def _same_in_cluster(sa: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native and the official reading of ``sa`` agree, for an IPv4 and an IPv6 service address."""
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("sa-token\n")
-    shutil.copy(pki / "ca.crt", sa / "ca.crt")
     token, ca = str(sa / "token"), str(sa / "ca.crt")
     for host in ("10.96.0.1", "fd00::1"):
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
@@ -500,8 +503,14 @@ def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path
         official = official_loader(lambda cfg: InClusterConfigLoader(token_filename=token, cert_filename=ca)
                                    .load_and_set(cfg))()
         _same(simple_incluster(token, ca), official)
+
+
+def test_in_cluster_read_natively_as_the_official_loader_reads_it(tmp_path: Path, pki: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = service_account(tmp_path, pki, "sa-token\n")
+    _same_in_cluster(sa, monkeypatch)
     (sa / "token").write_text("")
-    assert simple_incluster(token, ca) is None  # the official loader says what is wrong
+    assert simple_incluster(str(sa / "token"), str(sa / "ca.crt")) is None  # the official loader says what is wrong
 
 
 def test_the_plugin_with_a_common_kubeconfig_never_imports_kubernetes(tmp_path: Path) -> None:
@@ -511,3 +520,163 @@ def test_the_plugin_with_a_common_kubeconfig_never_imports_kubernetes(tmp_path: 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.strip() == "[]"
+
+
+# --- proxies from the environment, decided without the official loader --------------------------------------
+
+
+@pytest.mark.parametrize("env", [
+    {"HTTPS_PROXY": "http://upper:1"},
+    {"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:2"},
+    {"HTTPS_PROXY": "http://upper:1", "https_proxy": ""},
+    {"Https_Proxy": "http://mixed:3", "NO_PROXY": "10.0.0.0/8", "no_proxy": ".svc"},
+    {"HTTP_PROXY": "http://h:4", "http_proxy": "", "ALL_PROXY": "socks5://a:5"},
+    {"HTTP_PROXY": "http://h:4", "REQUEST_METHOD": "GET"},
+    {"http_proxy": "http://h:4", "REQUEST_METHOD": "GET"},
+    {"_proxy": "x", "PROXY": "y", "NO_PROXY": ""},
+])
+def test_proxy_variables_are_read_as_urllib_reads_them(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.request import getproxies_environment  # what the official loader's Configuration calls
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert env_proxies(os.environ) == getproxies_environment()
+
+
+def test_no_proxy_rules_are_the_official_clients() -> None:
+    from kubernetes.client.rest import should_bypass_proxies
+
+    urls = ["https://10.96.0.1:443", "https://[fd00::1]:443", "https://api.example.com:6443", "http://localhost:8080",
+            "https://kubernetes.default.svc"]
+    rules = ["", "*", " , ", "10.0.0.0/8", "10.96.0.1", "10.96.0.1/33", "fd00::/8", "example.com", ".example.com",
+             "EXAMPLE.COM", "xample.com", "api.example.com:6443", "api.example.com:443", "localhost", "svc",
+             "other.org, 10.96.0.0/12", "[fd00::1]:443", "kubernetes.default.svc.cluster.local"]
+    for url in urls:
+        for rule in rules:
+            assert bypassed(url, rule) == should_bypass_proxies(url, rule), (url, rule)
+    assert bypassed("https://10.96.0.1:443", "10.0.0.0/8") and bypassed("https://[fd00::1]:443", "fd00::/8")
+    assert bypassed("https://api.example.com:6443", ".example.com") and not bypassed("https://api.example.com", "xample.com")
+    assert not bypassed("https://api.example.com:6443", "api.example.com:443")
+
+
+PROXY_ENVS = [
+    {"NO_PROXY": "10.0.0.0/8"},
+    {"HTTPS_PROXY": "http://proxy.example:3128"},
+    {"HTTPS_PROXY": "http://proxy.example:3128", "NO_PROXY": "10.96.0.0/12,.example"},
+    {"https_proxy": "http://lower.example:1", "HTTPS_PROXY": "http://upper.example:2", "no_proxy": "fd00::1"},
+    {"ALL_PROXY": "http://all.example:3"},
+    {"HTTP_PROXY": "http://plain.example:4"},
+    {"HTTPS_PROXY": "http://proxy.example:3128", "no_proxy": "*"},
+]
+
+
+@pytest.mark.parametrize("env", PROXY_ENVS)
+def test_proxy_variables_decided_natively_as_the_official_loader_decides(
+        env: dict[str, str], tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    _same_in_cluster(service_account(tmp_path, pki), monkeypatch)
+    for server in ("https://api.example:6443", "http://api.example:8080"):
+        path = write_kubeconfig(tmp_path / "config", server, {"token": "t"}, {"insecure-skip-tls-verify": True})
+        _same(simple_kubeconfig(str(path)), _official_kubeconfig(path))
+
+
+def _plugin_process(tmp_path: Path, pki: Path, how: str, env: dict[str, str]) -> list[str]:
+    """In a fresh interpreter, the plugin's credentials (in-cluster or a kubeconfig) loaded and used for a
+    connection: the proxy it decided, then every ``kubernetes`` module loaded."""
+    sa = service_account(tmp_path, pki)
+    kubeconfig = write_kubeconfig(tmp_path / "config", "https://10.96.0.1", {"token": "t"},
+                                  {"insecure-skip-tls-verify": True})
+    load = (f"Credentials(incluster_loader({str(sa)!r}), 'in-cluster')" if how == "in-cluster" else
+            f"load_credentials({str(kubeconfig)!r})")
+    code = ("import sys\nfrom dra_driver.k8s.credentials import Credentials, incluster_loader, load_credentials\n"
+            f"conn, _ = {load}.connection()\nprint(conn.proxy_url)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))")
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", **env}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=Path(__file__).resolve().parent.parent, env=env)
+    return out.stdout.split("\n")[:2]
+
+
+@pytest.mark.parametrize("how", ["in-cluster", "kubeconfig"])
+def test_a_proxy_variable_does_not_load_the_official_loader(how: str, tmp_path: Path, pki: Path) -> None:
+    # It did: any *_proxy variable, NO_PROXY alone included, cost the plugin ~18 MiB of the official client.
+    assert _plugin_process(tmp_path, pki, how, {"NO_PROXY": "10.0.0.0/8"}) == ["None", "[]"]
+    assert _plugin_process(tmp_path, pki, how, {"HTTPS_PROXY": "http://proxy.example:3128"}) == [
+        "http://proxy.example:3128", "[]"]
+    assert _plugin_process(tmp_path, pki, how, {"HTTPS_PROXY": "http://proxy.example:3128",
+                                                "no_proxy": "10.96.0.0/12"}) == ["None", "[]"]
+
+
+class ConnectProxy:
+    """A loopback HTTP proxy that tunnels (CONNECT) and does nothing else; ``targets`` is what it was asked."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        outer = self
+
+        class Tunnel(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = self.request.recv(4096)
+                    if not chunk:
+                        return
+                    head += chunk
+                method, target = head.split(b"\r\n", 1)[0].decode().split(" ")[:2]
+                outer.targets.append(f"{method} {target}")
+                if method != "CONNECT":
+                    self.request.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                    return
+                host, port = target.rsplit(":", 1)
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=10) as upstream:
+                    self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    _pipe(self.request, upstream)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Tunnel)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    while True:
+        ready, _, _ = select.select([a, b], [], [], 10)
+        if not ready:
+            return
+        for sock in ready:
+            data = sock.recv(65536)
+            if not data:
+                return
+            (b if sock is a else a).sendall(data)
+
+
+@pytest.fixture
+def proxy() -> Iterator[ConnectProxy]:
+    p = ConnectProxy()
+    yield p
+    p.close()
+
+
+def test_in_cluster_through_a_proxy_and_past_it(tmp_path: Path, pki: Path, tls_ip: TlsServer, proxy: ConnectProxy,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = service_account(tmp_path, pki)
+    port = tls_ip.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,.cluster.local")  # not this server
+    api = RestKubeApi(Credentials(incluster_loader(str(sa)), "in-cluster"))
+    assert get(api) == {"client": None, "auth": "bearer sa-token"}, "TLS to the server, through the tunnel"
+    assert proxy.targets == [f"CONNECT 127.0.0.1:{port}"]
+    api.close()
+    monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,127.0.0.0/8")
+    api = RestKubeApi(Credentials(incluster_loader(str(sa)), "in-cluster"))
+    assert get(api) == {"client": None, "auth": "bearer sa-token"}
+    assert proxy.targets == [f"CONNECT 127.0.0.1:{port}"], "NO_PROXY names the server: straight there"
+    assert len(tls_ip.seen) == 2
+    api.close()

@@ -7,6 +7,7 @@ entries (pool problems, per-request notes), never as an exception or an "interna
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from fuzzing import TEXT, examples, json_values, mutate
@@ -16,10 +17,12 @@ from test_prepare import build_devices
 
 from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import Engine, resolve
-from dra_driver.controller.annotations import EventSpec, desired_annotations, explanation_document, make_event
-from dra_driver.controller.keys import MAX_EXPLANATION_BYTES
+from dra_driver.controller.annotations import desired_annotations, explanation_document
+from dra_driver.controller.keys import MAX_EXPLANATION_BYTES, REPORTING_CONTROLLER
 from dra_driver.controller.reconciler import allocation_conflicts
 from dra_driver.controller.verdicts import Verdict, evaluate
+from dra_driver.k8s.client import CLAIMS as CLAIM_RESOURCE
+from dra_driver.k8s.events import Occurrence, event_body, object_ref
 from dra_driver.node.devices import describe
 
 OURS = "gpu.dra-driver.io"
@@ -86,7 +89,8 @@ def check(slices: list[Any], claim: dict[str, Any]) -> None:
     json.loads(doc)
     annotations = desired_annotations(outcome)
     assert annotations is None or all(isinstance(v, str) for v in annotations.values())
-    make_event(claim, EventSpec("Warning", str(outcome.verdict), outcome.summary, "Allocate"), instance="fuzz")
+    event_body(object_ref(claim, CLAIM_RESOURCE), Occurrence("Warning", str(outcome.verdict), "Allocate", outcome.summary),
+               controller=REPORTING_CONTROLLER, instance="fuzz", now=datetime.now(UTC))
     if res.allocation is not None:
         other = {**claim, "metadata": {**claim["metadata"], "uid": "uid-2"}, "status": {"allocation": res.allocation}}
         assert allocation_conflicts(res.allocation, "uid-1", [other])

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 ENTRY_MODULES = ["dra_driver.cli", "dra_driver.node.plugin", "dra_driver.node.prepare", "dra_driver.node.slices",
-                 "dra_driver.controller.reconciler", "dra_driver.controller.explain"]
+                 "dra_driver.controller.reconciler", "dra_driver.tools.explain"]
 FORBIDDEN = ("kubernetes.client.models.", "kubernetes.client.api.")
 
 CHECK = textwrap.dedent("""

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dra_driver.k8s.fields import cut
+
 __all__ = [
     "MAX_SUMMARY_BYTES",
     "CandidateNote",
@@ -132,7 +134,7 @@ class Explanation:
             if self.nodes.get("tried"):
                 parts.append(self._node_line())
             text = "cannot allocate: " + "; ".join(p for p in parts if p)
-        return _truncate(text, MAX_SUMMARY_BYTES)
+        return cut(text, MAX_SUMMARY_BYTES)
 
     def _shares(self) -> Counter[str]:
         return Counter(r.device for r in self.results if r.share)
@@ -204,9 +206,3 @@ def device_range(devices: list[str], count: int) -> str:
         last = last[len(prefix):]
     return f"{first} … {last} ({count} devices)"
 
-
-def _truncate(text: str, limit: int) -> str:
-    raw = text.encode()
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode(errors="ignore") + "..."

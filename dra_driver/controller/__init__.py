@@ -1,2 +1,2 @@
-"""``dra-driver controller`` and ``dra-driver explain``: resolve pending claims, say why they cannot
-be satisfied, and allocate the ones that ask for it."""
+"""``dra-driver controller``: resolve pending claims, say why they cannot be satisfied, and allocate
+the ones that ask for it."""

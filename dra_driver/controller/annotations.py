@@ -22,24 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from dra_driver.controller.keys import (
     EXPLANATION_ANNOTATION,
     HASH_ANNOTATION,
-    MAX_EVENT_NOTE,
     MAX_EXPLANATION_BYTES,
     OUR_ANNOTATIONS,
-    REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
-from dra_driver.controller.verdicts import Outcome, Verdict, one_line
-from dra_driver.k8s.client import Obj, Resource, meta
-from dra_driver.k8s.leader import micro_time
+from dra_driver.controller.verdicts import Outcome, Verdict
+from dra_driver.k8s.fields import one_line
 
 
 def explanation_document(outcome: Outcome, *, limit: int = MAX_EXPLANATION_BYTES) -> str:
@@ -123,49 +117,3 @@ def annotation_patch(current: Mapping[str, str], desired: Mapping[str, str] | No
 def needs_event(current: Mapping[str, str], outcome: Outcome) -> bool:
     """A Warning Event goes out when the verdict line changes, not on every re-evaluation."""
     return outcome.verdict is not Verdict.SATISFIABLE and current.get(SUMMARY_ANNOTATION) != outcome.summary
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    type: str
-    reason: str
-    note: str
-    action: str
-
-
-def make_event(
-    regarding: Mapping[str, Any],
-    spec: EventSpec,
-    *,
-    instance: str,
-    now: datetime | None = None,
-    resource: Resource | None = None,
-) -> Obj:
-    """An ``events.k8s.io/v1`` Event about ``regarding``."""
-    m = meta(regarding)
-    name = str(m.get("name", "object"))
-    namespace = str(m.get("namespace") or "default")
-    when = now or datetime.now(UTC)
-    token = uuid.uuid4().hex[:16]
-    ref: dict[str, Any] = {
-        "apiVersion": regarding.get("apiVersion") or (resource.api_version if resource else ""),
-        "kind": regarding.get("kind") or (resource.kind if resource else ""),
-        "name": name,
-        "uid": m.get("uid", ""),
-        "resourceVersion": m.get("resourceVersion", ""),
-    }
-    if m.get("namespace"):
-        ref["namespace"] = m["namespace"]
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": f"{name[:200]}.{token}", "namespace": namespace},
-        "eventTime": micro_time(when),
-        "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": instance[:128],
-        "action": spec.action[:128],
-        "reason": spec.reason[:128],
-        "type": spec.type,
-        "note": one_line(spec.note, MAX_EVENT_NOTE),
-        "regarding": ref,
-    }

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -40,16 +40,14 @@ from dra_driver import logs
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import fence
-from dra_driver.controller.annotations import (
-    EventSpec,
-    annotation_patch,
-    content_hash,
-    desired_annotations,
-    dumps,
-    make_event,
-    needs_event,
+from dra_driver.controller.annotations import annotation_patch, content_hash, desired_annotations, needs_event
+from dra_driver.controller.keys import (
+    MAX_EVENT_NOTE,
+    MAX_SUMMARY_CHARS,
+    OUR_ANNOTATIONS,
+    REPORTING_CONTROLLER,
+    wants_controller_allocation,
 )
-from dra_driver.controller.keys import OUR_ANNOTATIONS, wants_controller_allocation
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
 from dra_driver.controller.settings import ControllerSettings
 from dra_driver.controller.verdicts import (
@@ -62,7 +60,6 @@ from dra_driver.controller.verdicts import (
     config_only_outcome,
     evaluate,
     object_config_errors,
-    one_line,
 )
 from dra_driver.k8s.claims import (
     annotations_of,
@@ -85,20 +82,19 @@ from dra_driver.k8s.client import (
     CLAIMS,
     CONFIGMAPS,
     DEVICE_CLASSES,
-    EVENTS,
     PODS,
     SLICES,
     ApiError,
     ConfigurationError,
     KubeApi,
-    Obj,
     Resource,
     RestKubeApi,
-    key_of,
-    meta,
 )
+from dra_driver.k8s.events import EventRecorder, Occurrence, object_ref
+from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer, WorkQueue
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
+from dra_driver.k8s.objects import Obj, describe_node_selector, key_of, meta
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
@@ -130,24 +126,6 @@ def allocation_conflicts(
 def describe_devices(allocation: Mapping[str, Any] | None) -> str:
     ids = device_ids(allocation)
     return ", ".join(f"{d}/{p}/{n}" for d, p, n in sorted(ids)) or "no devices"
-
-
-def describe_node_selector(allocation: Mapping[str, Any] | None) -> str:
-    """``node X`` when the selector pins one node by name, else compact JSON, or 'any node'."""
-    sel = allocation.get("nodeSelector") if isinstance(allocation, Mapping) else None
-    if not sel:
-        return "any node"
-    names: list[str] = []
-    try:
-        for term in sel.get("nodeSelectorTerms") or []:
-            for expr in list(term.get("matchFields") or []) + list(term.get("matchExpressions") or []):
-                if expr.get("key") in ("metadata.name", "kubernetes.io/hostname") and expr.get("operator") == "In":
-                    names += [str(v) for v in expr.get("values") or []]
-    except AttributeError:
-        names = []
-    if names:
-        return "node " + ", ".join(dict.fromkeys(names))
-    return "nodes matching " + dumps(sel)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,6 +167,7 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         settle_seconds: float = ALLOCATION_SETTLE_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
+        events: EventRecorder | None = None,
     ) -> None:
         self.api = api
         self.settings = settings
@@ -196,6 +175,8 @@ class Controller:
         self.engine = engine or Engine()
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.metrics = metrics or ControllerMetrics()
+        self.events = events or EventRecorder(api, REPORTING_CONTROLLER, settings.identity,
+                                              on_drop=lambda: self.metrics.error("event"))
         self.clock = clock
         self.settle_seconds = settle_seconds
         self.sleep = sleep
@@ -351,7 +332,7 @@ class Controller:
             except Exception as exc:
                 self.metrics.error("inventory")
                 msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
-                return Outcome(Verdict.ERROR, one_line(msg), None, None, msg,
+                return Outcome(Verdict.ERROR, one_line(msg, MAX_SUMMARY_CHARS), None, None, msg,
                                tuple(claim_config_errors(claim, classes, self.driver)))
             nodes = None
             pods = self.waiting_pods(key_of(claim))
@@ -414,7 +395,7 @@ class Controller:
             if self._validated.get(uid) == digest:
                 return errors
         note = f"invalid configuration for {self.driver}: " + "; ".join(errors)
-        self.emit(obj, EventSpec("Warning", "InvalidConfig", note, "Validate"), resource)
+        self.emit(obj, Occurrence("Warning", "InvalidConfig", "Validate", note), resource)
         with self._lock:
             self._validated[uid] = digest
         self._log.warning("invalid opaque configuration", kind=resource.kind, object=key_of(obj), uid=uid,
@@ -453,16 +434,14 @@ class Controller:
 
     # -- writes
 
-    def emit(self, regarding: Obj, spec: EventSpec, resource: Resource) -> None:
+    def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
+        """Best effort (the annotation carries the same information): written in the background, a
+        repeat folded into the Event already there, one given up on counted as error kind ``event``.
+        The note is cut here, ending in ``...`` as the controller's notes always have, so the
+        recorder's own cut (``…``) never changes it."""
         if not self.leadership.is_leader():
             return
-        body = make_event(regarding, spec, instance=self.settings.identity, resource=resource)
-        try:
-            self.api.create(EVENTS, body, namespace=body["metadata"]["namespace"])
-        except ApiError as exc:
-            # Events are best effort; the annotation carries the same information.
-            self.metrics.error("event")
-            self._log.warning("cannot create event", reason=spec.reason, object=key_of(regarding), error=str(exc))
+        self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
 
     def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> bool:
         """Bring our annotations in line with ``outcome``; True when something was written."""
@@ -486,9 +465,9 @@ class Controller:
             self.claims.store.put_if_unchanged(updated, _rv(claim))
         if outcome is not None:
             if event:
-                self.emit(claim, EventSpec("Warning", EVENT_REASON.get(outcome.verdict, "Unsatisfiable"),
-                                           outcome.summary, "Allocate" if wants_controller_allocation(claim)
-                                           else "Explain"), CLAIMS)
+                self.emit(claim, Occurrence("Warning", EVENT_REASON.get(outcome.verdict, "Unsatisfiable"),
+                                            "Allocate" if wants_controller_allocation(claim) else "Explain",
+                                            outcome.summary), CLAIMS)
             self.metrics.claims_explained.inc()
             log.info("claim explained", verdict=outcome.verdict.value, summary=outcome.summary)
         else:
@@ -588,8 +567,8 @@ class Controller:
         self.metrics.claims_allocated.inc()
         where = describe_node_selector(allocation)
         log.info("claim allocated", devices=describe_devices(allocation), where=where)
-        self.emit(written, EventSpec("Normal", "Allocated",
-                                     f"allocated {describe_devices(allocation)} on {where}", "Allocate"), CLAIMS)
+        self.emit(written, Occurrence("Normal", "Allocated", "Allocate",
+                                      f"allocated {describe_devices(allocation)} on {where}"), CLAIMS)
         if any(a in annotations_of(written) for a in OUR_ANNOTATIONS):
             try:
                 self.write_annotations(written, None, log)
@@ -674,7 +653,7 @@ class Controller:
                 f"{self.ledger_namespace}/{self.ledger_name} (the Helm chart does both)")
         log.error("allocation fence not in force", policy=fence.POLICY_NAME,
                   ledger=f"{self.ledger_namespace}/{self.ledger_name}")
-        self.emit(claim, EventSpec("Warning", "AllocationFenceMissing", note, "Allocate"), CLAIMS)
+        self.emit(claim, Occurrence("Warning", "AllocationFenceMissing", "Allocate", note), CLAIMS)
         self.queue.add_after(_kind_key("claim", key_of(claim)), FENCE_RETRY_SECONDS)
         return False
 
@@ -729,7 +708,7 @@ class Controller:
             self.metrics.error("double_allocation")
             log.error("device allocated twice; our claim is already in use", other=other_key, devices=shared)
             note = f"device(s) {shared} are also allocated to claim {other_key}; this claim is in use, not rolled back"
-            self.emit(mine, EventSpec("Warning", "DeviceConflict", note, "Allocate"), CLAIMS)
+            self.emit(mine, Occurrence("Warning", "DeviceConflict", "Allocate", note), CLAIMS)
             with self._lock:
                 self._written.pop(uid, None)
             return False
@@ -747,9 +726,9 @@ class Controller:
         with self._lock:
             self._written.pop(uid, None)
         self.release(uid)
-        self.emit(mine, EventSpec("Warning", "AllocationRolledBack",
-                                  f"device(s) {shared} were allocated to claim {other_key} concurrently; "
-                                  "allocation withdrawn, re-resolving", "Allocate"), CLAIMS)
+        self.emit(mine, Occurrence("Warning", "AllocationRolledBack", "Allocate",
+                                   f"device(s) {shared} were allocated to claim {other_key} concurrently; "
+                                   "allocation withdrawn, re-resolving"), CLAIMS)
         self.queue.add_after(_kind_key("claim", key_of(claim)), 0.5)
         return False
 
@@ -846,6 +825,7 @@ def run(settings: ControllerSettings) -> int:
         leadership = elector
         threads.append(elector.start(stop))
     controller = Controller(api, settings, leadership=leadership, metrics=metrics)
+    threads.append(controller.events.start(stop))
     server: MetricsServer | None = None
     if settings.metrics_port:
         server = MetricsServer(metrics, settings.metrics_port, controller.healthy)
@@ -857,6 +837,7 @@ def run(settings: ControllerSettings) -> int:
         stop.set()
         for t in threads:
             t.join(timeout=5)  # the elector releases the Lease on its way out
+        controller.events.flush(timeout=2.0)
         if server is not None:
             server.stop()
         api.close()

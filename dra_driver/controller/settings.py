@@ -6,8 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import env, env_flag
+from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.controller import fence
 from dra_driver.k8s.names import parse_namespaced_name
 
@@ -29,8 +28,7 @@ class ControllerSettings:
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME), help="DRA driver name [DRIVER_NAME]")
-    add("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
+    add_shared_arguments(parser)
     add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
     add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
     add("--leader-elect", action=argparse.BooleanOptionalAction, default=env_flag(env("LEADER_ELECT", "true")),

@@ -21,7 +21,8 @@ from dra_driver.k8s.claims import (
     is_generated_for_pod,
     reserved_for,
 )
-from dra_driver.k8s.client import Obj
+from dra_driver.k8s.fields import one_line
+from dra_driver.k8s.objects import Obj
 
 # --------------------------------------------------------------------------------------------
 # Opaque configuration validation
@@ -187,12 +188,12 @@ def evaluate(
             text = summary
     except Exception as exc:  # an engine bug must not take the controller down
         msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
-        return Outcome(Verdict.ERROR, one_line(msg), None, None, msg, errors)
+        return Outcome(Verdict.ERROR, one_line(msg, MAX_SUMMARY_CHARS), None, None, msg, errors)
     if errors:
         head = invalid_config_summary(errors, driver, summary if allocation is None else None)
         return Outcome(Verdict.INVALID_CONFIG, head, None, doc, text, errors)
     if allocation is None:
-        return Outcome(Verdict.UNSATISFIABLE, one_line(summary), None, doc, text, errors)
+        return Outcome(Verdict.UNSATISFIABLE, one_line(summary, MAX_SUMMARY_CHARS), None, doc, text, errors)
     if require_own_driver:
         foreign = sorted({d for d, _, _ in device_ids(allocation) if d != driver})
         if foreign:
@@ -201,8 +202,8 @@ def evaluate(
                 f"this claim needs devices of {', '.join(foreign)}: remove the "
                 f"{ALLOCATE_ANNOTATION} annotation and let the scheduler allocate it"
             )
-            return Outcome(Verdict.NOT_ALLOCATABLE, one_line(msg), None, doc, text, errors)
-    return Outcome(Verdict.SATISFIABLE, one_line(summary), allocation, doc, text, errors)
+            return Outcome(Verdict.NOT_ALLOCATABLE, one_line(msg, MAX_SUMMARY_CHARS), None, doc, text, errors)
+    return Outcome(Verdict.SATISFIABLE, one_line(summary, MAX_SUMMARY_CHARS), allocation, doc, text, errors)
 
 
 def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: str | None = None) -> str:
@@ -211,7 +212,7 @@ def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: st
         head += f" (and {len(errors) - 1} more)"
     if unsatisfiable:
         head += f"; also unsatisfiable: {unsatisfiable}"
-    return one_line(head)
+    return one_line(head, MAX_SUMMARY_CHARS)
 
 
 def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:
@@ -219,10 +220,3 @@ def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:
     summary = invalid_config_summary(errors, driver)
     return Outcome(Verdict.INVALID_CONFIG, summary, None, None, summary, tuple(errors))
 
-
-def one_line(text: str, limit: int = MAX_SUMMARY_CHARS) -> str:
-    line = " ".join(str(text).split())
-    if len(line.encode()) <= limit:
-        return line
-    cut = line.encode()[: limit - 3].decode("utf-8", errors="ignore")
-    return cut + "..."

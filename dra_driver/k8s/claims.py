@@ -6,7 +6,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from dra_driver.k8s.client import Obj, meta
+from dra_driver.k8s.objects import Obj, meta
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"

@@ -29,12 +29,9 @@ import orjson
 
 from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
+from dra_driver.k8s.objects import Obj, meta
 
 __all__ = ["ConfigurationError", "Credentials", "load_credentials"]  # re-exported: this client is the one boundary
-
-Obj = dict[str, Any]
-"""A Kubernetes object as a JSON dict."""
-
 
 @dataclass(frozen=True)
 class Resource:
@@ -187,28 +184,6 @@ class KubeApi(Protocol):
                resource_version: str | None = None) -> None:
         """DELETE, with optional UID / resourceVersion preconditions (409 when they do not hold)."""
         ...
-
-
-def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    m = obj.get("metadata")
-    return m if isinstance(m, Mapping) else {}
-
-
-def key_of(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
-    m = meta(obj)
-    ns = m.get("namespace")
-    name = str(m.get("name", ""))
-    return f"{ns}/{name}" if ns else name
-
-
-def split_key(key: str) -> tuple[str | None, str]:
-    if "/" in key:
-        ns, name = key.split("/", 1)
-        return ns, name
-    return None, key
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,11 +388,11 @@ class RestKubeApi:
             try:
                 if attempt == 2:
                     self._credentials.reload()
-                conn = self._credentials.connection()
+                conn, authorization = self._credentials.connection()
             except CredentialError as exc:
                 raise ApiError(0, "CredentialError", str(exc)) from None
-            if conn.authorization:
-                headers["Authorization"] = conn.authorization
+            if authorization:
+                headers["Authorization"] = authorization
             transport = self._transport(conn)
             resp, http_conn = _exchange(transport, method, suffix, payload, headers,
                                         timeout if timeout is not None else self._timeout, read_timeout, conn.host,

@@ -15,10 +15,13 @@ two shapes are read here without them, with the official loaders' results:
   ``tokenFile`` and ``client-certificate[-data]``/``client-key[-data]``: what kubeadm, kind and
   the test bed write.
 
-Anything else (exec plugins, auth providers, basic auth, a list of files, a ``proxy-url``, proxy
-variables in the environment, a missing or unreadable file, whose error the official loader words)
-goes to the official loaders, imported then. ``unit_tests/test_credentials.py`` checks that both
-ways give the same connection.
+Both decide a proxy from the environment the way the official loader does (``<scheme>_proxy``, else
+``all_proxy``; none for a server that ``no_proxy`` exempts, by name, domain, ``host:port``, IP address
+or CIDR range), and the client reaches the server through it itself (CONNECT for https), so a proxy
+variable costs no import. Anything else (exec plugins, auth providers, basic auth, a list of files, a
+``proxy-url``, a missing or unreadable file, whose error the official loader words) goes to the
+official loaders, imported then. ``unit_tests/test_credentials.py`` checks that both ways give the
+same connection.
 
 :meth:`Credentials.reload` runs the loader again (the client does once on a 401: an expired exec
 credential, a rotated token file or client certificate).
@@ -29,14 +32,16 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import ipaddress
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -64,30 +69,7 @@ class LoadError(Exception):
 
 @dataclass(frozen=True)
 class Connection:
-    """What one request needs: the server, how to check it, and who we are."""
-
-    host: str
-    ca_file: str | None
-    verify_ssl: bool
-    tls_server_name: str | None
-    proxy_url: str | None
-    cert_file: str | None
-    key_file: str | None
-    authorization: str | None
-    """The ``Authorization`` header's value (``Bearer …``, ``Basic …``), None for none."""
-    generation: int
-    """Counts reloads: files at the same paths may hold a new certificate after one."""
-
-    @property
-    def tls(self) -> tuple[object, ...]:
-        """What a connection pool is built from; a new value needs new TLS connections."""
-        return (self.host, self.ca_file, self.verify_ssl, self.tls_server_name, self.proxy_url, self.cert_file,
-                self.key_file, self.generation)
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What a loader read."""
+    """What a loader read and every request needs: the server, how to check it, and who we are."""
 
     host: str
     ca_file: str | None
@@ -97,10 +79,86 @@ class Loaded:
     cert_file: str | None
     key_file: str | None
     authorization: Callable[[], str | None]
-    """The ``Authorization`` header's value now: it may read a token file again or run an exec plugin."""
+    """The ``Authorization`` header's value now (``Bearer …``, ``Basic …``, None for none): it may read a
+    token file again or run an exec plugin."""
+    generation: int = 0
+    """Counts reloads: files at the same paths may hold a new certificate after one."""
+
+    @property
+    def tls(self) -> tuple[object, ...]:
+        """What a connection pool is built from; a new value needs new TLS connections."""
+        return (self.host, self.ca_file, self.verify_ssl, self.tls_server_name, self.proxy_url, self.cert_file,
+                self.key_file, self.generation)
 
 
-Loader = Callable[[], Loaded]
+Loader = Callable[[], Connection]
+
+
+# --- proxies from the environment ------------------------------------------------------------------------
+
+
+def env_proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    """``{scheme: proxy URL}`` from the ``<scheme>_proxy`` variables (``no`` for ``no_proxy``), read as
+    Python's ``urllib.request.getproxies`` reads them on Linux, which the official loader uses: the
+    variable's name in any case, one spelled ``…_proxy`` winning (an empty one removing the scheme),
+    and ``HTTP_PROXY`` not trusted in a CGI request. ``urllib.request`` itself costs the node plugin
+    ``tempfile``, ``bz2`` and ``lzma``."""
+    found: dict[str, str] = {}
+    for name, value in environ.items():
+        if name[-6:].lower() == "_proxy" and value:
+            found[name[:-6].lower()] = value
+    if "REQUEST_METHOD" in environ:
+        found.pop("http", None)
+    for name, value in environ.items():
+        if name.endswith("_proxy"):
+            if value:
+                found[name[:-6].lower()] = value
+            else:
+                found.pop(name[:-6].lower(), None)
+    return found
+
+
+def bypassed(url: str, no_proxy: str) -> bool:
+    """Whether ``no_proxy`` exempts ``url``'s host. Entries are comma-separated: ``*``; a host name, also
+    matching its subdomains (a leading dot is the same); ``host:port``; an IP address or CIDR range."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        return True
+    netloc = parts.netloc.lower()
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if entry == "*":
+            return True
+        if not entry:
+            continue
+        if ip is not None and _in_range(ip, entry):
+            return True
+        name = entry.lstrip(".")
+        if any(x == name or x.endswith("." + name) for x in (host, netloc)):
+            return True
+    return False
+
+
+def _in_range(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, entry: str) -> bool:
+    try:
+        return ip in ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+
+
+def proxy_for(url: str, proxy: str | None, no_proxy: str | None) -> str | None:
+    """``proxy``, unless there is none or ``no_proxy`` exempts ``url``."""
+    return proxy if proxy and not bypassed(url, no_proxy or "") else None
+
+
+def env_proxy(url: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The proxy the environment gives requests to ``url``: its scheme's, else ``all_proxy``'s."""
+    proxies = env_proxies(environ)
+    return proxy_for(url, proxies.get(urlsplit(url).scheme) or proxies.get("all"), proxies.get("no"))
 
 
 # --- the official loaders ------------------------------------------------------------------------------
@@ -136,22 +194,13 @@ def _authorization(cfg: Any) -> str | None:
     return value.strip() if value else None
 
 
-def _proxy(cfg: Any) -> str | None:
-    from kubernetes.client.rest import should_bypass_proxies
-
-    proxy = cfg.proxy
-    if proxy and should_bypass_proxies(cfg.host, cfg.no_proxy or ""):
-        return None
-    return proxy or None
-
-
 def official_loader(fill: Callable[[Any], None]) -> Loader:
     """``fill``, an official ``load_*`` call, on a fresh ``kubernetes.client.Configuration``.
 
     Only the loaders and ``Configuration`` are used; ``kubernetes`` ≥ 37 loads its model classes
     lazily, and ``unit_tests/test_imports.py`` fails if a model module is ever loaded.
     """
-    def load() -> Loaded:
+    def load() -> Connection:
         from kubernetes.client import Configuration
         from kubernetes.config import ConfigException
 
@@ -165,9 +214,9 @@ def official_loader(fill: Callable[[Any], None]) -> Loader:
                 raise LoadError(f"{type(exc).__name__}: {exc}") from None
         if logged.messages and not _authorization(cfg) and not cfg.cert_file:
             raise LoadError(f"no credentials: {'; '.join(logged.messages)}")
-        return Loaded(host=str(cfg.host).rstrip("/"), ca_file=cfg.ssl_ca_cert, verify_ssl=bool(cfg.verify_ssl),
-                      tls_server_name=cfg.tls_server_name, proxy_url=_proxy(cfg), cert_file=cfg.cert_file,
-                      key_file=cfg.key_file, authorization=lambda: _authorization(cfg))
+        return Connection(host=str(cfg.host).rstrip("/"), ca_file=cfg.ssl_ca_cert, verify_ssl=bool(cfg.verify_ssl),
+                          tls_server_name=cfg.tls_server_name, proxy_url=proxy_for(cfg.host, cfg.proxy, cfg.no_proxy),
+                          cert_file=cfg.cert_file, key_file=cfg.key_file, authorization=lambda: _authorization(cfg))
     return load
 
 
@@ -233,16 +282,10 @@ def _static(value: str | None) -> Callable[[], str | None]:
     return lambda: value
 
 
-def _proxy_configured() -> bool:
-    """Whether any ``*_proxy`` variable (``HTTPS_PROXY``, ``no_proxy``, ...) is set: then the official
-    loader decides. ``urllib.request.getproxies`` says the same but costs its import."""
-    return any(value and name.lower().endswith("_proxy") for name, value in os.environ.items())
-
-
-def simple_kubeconfig(path: str, context: str | None = None) -> Loaded | None:
+def simple_kubeconfig(path: str, context: str | None = None) -> Connection | None:
     """The kubeconfig at ``path`` read without the official loader, or None when it is not one of the
     shapes this module reads itself (see the module docstring)."""
-    if os.pathsep in path or _proxy_configured():
+    if os.pathsep in path:
         return None
     path = os.path.abspath(os.path.expanduser(path))
     try:
@@ -273,8 +316,9 @@ def simple_kubeconfig(path: str, context: str | None = None) -> Loaded | None:
             key = _file_or_data(user, "client-key", base)
     except (LoadError, OSError, UnicodeDecodeError, ValueError):
         return None
-    return Loaded(host=server.rstrip("/"), ca_file=ca, verify_ssl=not insecure, tls_server_name=sni, proxy_url=None,
-                  cert_file=cert, key_file=key, authorization=_static(f"Bearer {token}".strip() if token else None))
+    return Connection(host=server.rstrip("/"), ca_file=ca, verify_ssl=not insecure, tls_server_name=sni,
+                      proxy_url=env_proxy(server), cert_file=cert, key_file=key,
+                      authorization=_static(f"Bearer {token}".strip() if token else None))
 
 
 def _token(user: Mapping[str, Any], base: str) -> str | None:
@@ -316,11 +360,11 @@ class _InClusterToken:
             return self._value
 
 
-def simple_incluster(token_path: str, ca_path: str) -> Loaded | None:
-    """The service account read without the official loader; None when anything is missing or a proxy is
-    set (the official loader then reports or handles it)."""
+def simple_incluster(token_path: str, ca_path: str) -> Connection | None:
+    """The service account read without the official loader; None when anything is missing (the official
+    loader then says what)."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port or _proxy_configured() or not os.path.isfile(token_path) or not os.path.isfile(ca_path):
+    if not host or not port or not os.path.isfile(token_path) or not os.path.isfile(ca_path):
         return None
     try:
         with open(ca_path) as f:
@@ -330,8 +374,9 @@ def simple_incluster(token_path: str, ca_path: str) -> Loaded | None:
     except (LoadError, OSError, UnicodeDecodeError):
         return None
     joined = f"[{host}]:{port}" if ":" in host or "%" in host else f"{host}:{port}"  # Go's net.JoinHostPort
-    return Loaded(host=f"https://{joined}", ca_file=ca_path, verify_ssl=True, tls_server_name=None, proxy_url=None,
-                  cert_file=None, key_file=None, authorization=token)
+    server = f"https://{joined}"
+    return Connection(host=server, ca_file=ca_path, verify_ssl=True, tls_server_name=None, proxy_url=env_proxy(server),
+                      cert_file=None, key_file=None, authorization=token)
 
 
 def kubeconfig_loader(path: str, context: str | None = None) -> Loader:
@@ -366,10 +411,9 @@ class Credentials:
         self.source = source
         """Where the configuration came from, for messages."""
         self._lock = threading.Lock()
-        self._generation = 0
         self._loaded = self._fresh(ConfigurationError)
 
-    def _fresh(self, error: type[Exception]) -> Loaded:
+    def _fresh(self, error: type[Exception]) -> Connection:
         try:
             return self._load()
         except LoadError as exc:
@@ -384,25 +428,20 @@ class Credentials:
         with self._lock:
             return self._loaded.host
 
-    def connection(self) -> Connection:
+    def connection(self) -> tuple[Connection, str | None]:
+        """The connection, and its ``Authorization`` header's value now."""
         with self._lock:
-            loaded = self._loaded
+            conn = self._loaded
             try:
-                authorization = loaded.authorization()
+                return conn, conn.authorization()
             except Exception as exc:  # a failed exec plugin run, an unreadable token file
                 raise CredentialError(f"{self.source}: {exc}") from None
-            return Connection(
-                host=loaded.host, ca_file=loaded.ca_file, verify_ssl=loaded.verify_ssl,
-                tls_server_name=loaded.tls_server_name, proxy_url=loaded.proxy_url, cert_file=loaded.cert_file,
-                key_file=loaded.key_file, authorization=authorization, generation=self._generation,
-            )
 
     def reload(self) -> None:
         """Run the loader again: re-reads the files, re-runs an exec plugin."""
         loaded = self._fresh(CredentialError)
         with self._lock:
-            self._loaded = loaded
-            self._generation += 1
+            self._loaded = replace(loaded, generation=self._loaded.generation + 1)
 
 
 def load_credentials(kubeconfig: str | None) -> Credentials:

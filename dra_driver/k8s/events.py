@@ -1,4 +1,5 @@
-"""Kubernetes Events (``events.k8s.io/v1``) written in the background, repeats folded into one series.
+"""Kubernetes Events (``events.k8s.io/v1``) written in the background, repeats folded into one series:
+the one way both programs, the node plugin and the controller, write Events.
 
 An Event's name is derived from everything that makes it the same occurrence (what it is about,
 type, reason, action, note, reporter), so a repeat — in this process or in the next one after a
@@ -19,13 +20,15 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from dra_driver import logs
-from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, Obj
-from dra_driver.k8s.leader import micro_time
+from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, Resource
+from dra_driver.k8s.fields import micro_time, one_line
+from dra_driver.k8s.objects import Obj, as_str, meta
 
 _log = logs.get("events")
 
@@ -47,6 +50,8 @@ class ObjectRef:
     name: str
     uid: str = ""
     namespace: str = ""
+    resource_version: str = ""
+    """The version the reporter saw; not part of what makes two occurrences the same."""
 
     def as_dict(self) -> dict[str, str]:
         out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
@@ -54,7 +59,23 @@ class ObjectRef:
             out["uid"] = self.uid
         if self.namespace:
             out["namespace"] = self.namespace
+        if self.resource_version:
+            out["resourceVersion"] = self.resource_version
         return out
+
+
+def object_ref(obj: Mapping[str, Any], resource: Resource | None = None) -> ObjectRef:
+    """An API object as ``regarding``; ``resource`` supplies kind and apiVersion where the object
+    has none (list items and informer caches may lack them)."""
+    m = meta(obj)
+    return ObjectRef(
+        api_version=as_str(obj.get("apiVersion")) or (resource.api_version if resource else ""),
+        kind=as_str(obj.get("kind")) or (resource.kind if resource else ""),
+        name=str(m.get("name", "object")),
+        uid=as_str(m.get("uid")) or "",
+        namespace=as_str(m.get("namespace")) or "",
+        resource_version=as_str(m.get("resourceVersion")) or "",
+    )
 
 
 def node_ref(name: str) -> ObjectRef:
@@ -76,11 +97,7 @@ class Occurrence:
 
 def fit_note(text: str) -> str:
     """One line, within the API server's 1024-byte limit (cut at a character boundary with …)."""
-    line = " ".join(text.split())
-    data = line.encode()
-    if len(data) <= MAX_NOTE_BYTES:
-        return line
-    return data[: MAX_NOTE_BYTES - 3].decode(errors="ignore") + "…"
+    return one_line(text, MAX_NOTE_BYTES, "…")
 
 
 def event_name(regarding: ObjectRef, what: Occurrence, controller: str, instance: str) -> str:

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.k8s.client import ApiError, KubeApi, Obj, Resource, key_of, meta
+from dra_driver.k8s.client import ApiError, KubeApi, Resource
+from dra_driver.k8s.objects import Obj, key_of, meta
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """``handler(old, new)``: add (old None), update, delete (new None)."""

@@ -25,7 +25,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from dra_driver import logs
-from dra_driver.k8s.client import LEASES, ApiError, KubeApi, Obj
+from dra_driver.k8s.client import LEASES, ApiError, KubeApi
+from dra_driver.k8s.fields import micro_time
+from dra_driver.k8s.objects import Obj
 
 
 class Leadership(Protocol):
@@ -37,11 +39,6 @@ class AlwaysLeader:
 
     def is_leader(self) -> bool:
         return True
-
-
-def micro_time(when: datetime) -> str:
-    """``metav1.MicroTime`` JSON form."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)

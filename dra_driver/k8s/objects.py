@@ -1,10 +1,14 @@
-"""Reading decoded API objects (plain JSON dicts) defensively, and matching node selectors."""
+"""Reading decoded API objects (plain JSON dicts) defensively; matching and describing node selectors."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+Obj = dict[str, Any]
+"""A Kubernetes object as a JSON dict."""
 
 # =========================================================================== helpers
 
@@ -30,6 +34,19 @@ def as_str(value: Any) -> str | None:
 
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, Mapping) else {}
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
+    m = meta(obj)
+    ns = m.get("namespace")
+    name = str(m.get("name", ""))
+    return f"{ns}/{name}" if ns else name
 
 
 # =========================================================================== nodes
@@ -62,18 +79,38 @@ def _requirement_ok(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
     return False
 
 
+def selector_terms(selector: Any) -> Iterator[tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]]:
+    """Each term of a NodeSelector as (its ``matchExpressions``, its ``matchFields``), read defensively."""
+    for term in as_list(as_mapping(selector).get("nodeSelectorTerms")):
+        term = as_mapping(term)
+        yield ([as_mapping(r) for r in as_list(term.get("matchExpressions"))],
+               [as_mapping(r) for r in as_list(term.get("matchFields"))])
+
+
 def selector_matches(selector: Mapping[str, Any], node: Node) -> bool:
     if node.name is None:
         return True  # anonymous node: optimistic, the result carries the selector
     labels = dict(node.labels)
     fields = {"metadata.name": node.name}
-    for term in as_list(selector.get("nodeSelectorTerms")):
-        term = as_mapping(term)
-        exprs, flds = as_list(term.get("matchExpressions")), as_list(term.get("matchFields"))
-        if (
-            (exprs or flds)
-            and all(_requirement_ok(as_mapping(r), labels) for r in exprs)
-            and all(_requirement_ok(as_mapping(r), fields) for r in flds)
-        ):
-            return True
-    return False
+    return any(
+        (exprs or flds)
+        and all(_requirement_ok(r, labels) for r in exprs)
+        and all(_requirement_ok(r, fields) for r in flds)
+        for exprs, flds in selector_terms(selector)
+    )
+
+
+NODE_NAME_KEYS = ("metadata.name", "kubernetes.io/hostname")
+"""A field and a label that name one node: what the scheduler writes for node-local devices."""
+
+
+def describe_node_selector(allocation: Mapping[str, Any] | None) -> str:
+    """``node X`` when an allocation's selector pins nodes by name, else compact JSON, or 'any node'."""
+    sel = allocation.get("nodeSelector") if isinstance(allocation, Mapping) else None
+    if not sel:
+        return "any node"
+    names = [str(v) for exprs, flds in selector_terms(sel) for r in (*flds, *exprs)
+             if r.get("key") in NODE_NAME_KEYS and r.get("operator") == "In" for v in as_list(r.get("values"))]
+    if names:
+        return "node " + ", ".join(dict.fromkeys(names))
+    return "nodes matching " + json.dumps(sel, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)

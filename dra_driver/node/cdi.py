@@ -37,6 +37,7 @@ from dra_driver.node.checkpoint import atomic_write, ensure_dir, remove_stale_te
 from dra_driver.node.discovery import sysfs
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.toolkit import merge_edits
+from dra_driver.ondisk import claim_spec_prefix
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -206,7 +207,7 @@ class CdiSpecs:
         return f"{self.kind}={self.cdi_device_name(claim_uid, device_name, share_id)}"
 
     def spec_path(self, claim_uid: str) -> Path:
-        return self.cdi_root / f"{self.vendor}-claim_{validate_claim_uid(claim_uid)}.json"
+        return self.cdi_root / f"{claim_spec_prefix(self.driver_name)}{validate_claim_uid(claim_uid)}.json"
 
     def require_driver(self) -> None:
         """Raise DriverEditsError, naming what is missing, when the driver's edits cannot be had."""
@@ -332,7 +333,7 @@ class CdiSpecs:
     def remove_stale_temp_files(self) -> list[str]:
         """Delete temporary spec files of writes interrupted by a crash (only this driver's names)."""
         # atomic_write names them ".<spec file name>.tmp-<random>".
-        prefix = f".{self.vendor}-claim_"
+        prefix = f".{claim_spec_prefix(self.driver_name)}"
         return remove_stale_temp_files(self.cdi_root, lambda name: name.startswith(prefix))
 
     def list_claim_specs(self) -> list[str]:

@@ -76,8 +76,8 @@ from typing import Any
 from dra_driver import failpoints, logs
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.metrics import METRICS
+from dra_driver.ondisk import CHECKPOINT_FILE
 
-CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_KIND = "DraDriverCheckpoint"
 CHECKPOINT_VERSION = 2
 COMPACT_MIN_BYTES = 256 * 1024

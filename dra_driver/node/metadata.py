@@ -56,6 +56,8 @@ from dra_driver.node.cdi import (
 )
 from dra_driver.node.checkpoint import PreparedDevice, atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.devices import AllocatableDevice, device_attributes
+from dra_driver.ondisk import METADATA_SUBDIR as HOST_SUBDIR
+from dra_driver.ondisk import metadata_spec_prefix
 
 GROUP = "metadata.resource.k8s.io"
 API_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1alpha1")
@@ -63,7 +65,6 @@ API_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1alpha1")
 KIND = "DeviceMetadata"
 CONTAINER_DIR = PurePosixPath("/var/run/kubernetes.io/dra-device-attributes")
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
-HOST_SUBDIR = "device-metadata"
 FILE_MODE = 0o644
 HOST_DIR_MODE = 0o700
 
@@ -255,7 +256,7 @@ class MetadataFiles:
         self.cdi_root = Path(cdi_root)
         self.driver_name = validate_driver_name(driver_name)
         self.enabled = enabled
-        self._spec_prefix = f"{driver_name}_metadata_"
+        self._spec_prefix = metadata_spec_prefix(driver_name)
 
     def host_path(self, uid: str, request: str) -> Path:
         return self.dir / f"{validate_claim_uid(uid)}_{validate_request_name(request)}.json"

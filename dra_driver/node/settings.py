@@ -10,9 +10,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver import DEFAULT_DRIVER_NAME
-from dra_driver.config import env, env_flag
+from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
+from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 
@@ -76,21 +76,20 @@ DEFAULT_CLEANUP_INTERVAL = 60.0
 def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--node-name", default=env("NODE_NAME"), help="Node this plugin serves [NODE_NAME] (required)")
-    add("--driver-name", default=env("DRIVER_NAME", DEFAULT_DRIVER_NAME), help="DRA driver name [DRIVER_NAME]")
+    add_shared_arguments(parser)
     add("--gpu-backend", default=env("GPU_BACKEND", "auto"), choices=["auto", "nvml", "simulated"],
         help="GPU discovery backend [GPU_BACKEND]")
     add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
         help="Built-in simulated node profile name or a YAML file [SIMULATED_PROFILE]")
-    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR),
         help="Kubelet plugin-registration directory [KUBELET_REGISTRY_DIR]")
-    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins"),
+    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", KUBELET_PLUGINS_DIR),
         help="Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock [KUBELET_PLUGINS_DIR]")
-    add("--cdi-root", default=env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory [CDI_ROOT]")
+    add("--cdi-root", default=env("CDI_ROOT", CDI_ROOT), help="CDI spec directory [CDI_ROOT]")
     add("--state-dir", default=env("STATE_DIR"), help="Checkpoint directory; default <plugins-dir>/<driver> [STATE_DIR]")
     add("--dev-root", default=env("DEV_ROOT", "/"),
         help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
     add("--sysfs-root", default=env("SYSFS_ROOT", "/sys"), help="sysfs mount, for PCI NUMA/root lookups [SYSFS_ROOT]")
-    add("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset [KUBECONFIG]")
     add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
     add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
     add("--dynamic-mig", action="store_true", default=env_flag(env("DYNAMIC_MIG")),

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi, meta
+from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi
 from dra_driver.k8s.informer import Informer
+from dra_driver.k8s.objects import meta
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 from dra_driver.node.metrics import METRICS
 

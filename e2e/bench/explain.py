@@ -1,6 +1,6 @@
 """``dra-driver explain`` latency for one claim on the resolution benchmark's cluster.
 
-Measured in this process through :func:`dra_driver.controller.explain.main` (a new REST client per call,
+Measured in this process through :func:`dra_driver.tools.explain.main` (a new REST client per call,
 GET of the claim, LIST of slices and classes, the protobuf LIST of every claim's allocation, the
 engine, JSON rendering): that is the command without Python start-up. The fetch and the evaluation
 are also timed apart, and the real command (``python -m dra_driver explain``) is timed as a
@@ -21,8 +21,8 @@ import time
 from typing import Any
 
 from dra_driver.allocator.resolve import Engine
-from dra_driver.controller import explain
 from dra_driver.k8s.client import CLAIMS, RestKubeApi
+from dra_driver.tools import explain
 from e2e.bench.bed import BenchBed
 from e2e.bench.common import REPO, Result, summarize_ms
 from e2e.bench.resolution import CLAIM_SPEC, ensure_cluster

@@ -31,11 +31,11 @@ from dra_driver.allocator.capacity import rounding_note, show
 from dra_driver.allocator.inventory import AllocatedState, Inventory, quantity_or_none
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.controller.reconciler import describe_node_selector
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES, ApiError, ConfigurationError, KubeApi, Obj, RestKubeApi, meta
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES, ApiError, ConfigurationError, KubeApi, RestKubeApi
 from dra_driver.k8s.names import parse_namespaced_name
+from dra_driver.k8s.objects import Obj, describe_node_selector, meta
 
 
 class ExplainError(Exception):

@@ -39,7 +39,6 @@ from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.config import env
-from dra_driver.controller.explain import build_report
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
@@ -51,10 +50,19 @@ from dra_driver.k8s.client import (
     ApiError,
     ConfigurationError,
     KubeApi,
-    Obj,
     RestKubeApi,
-    meta,
 )
+from dra_driver.k8s.objects import Obj, meta
+from dra_driver.ondisk import (
+    CDI_ROOT,
+    CHECKPOINT_FILE,
+    HEALTH_PORT,
+    KUBELET_PLUGINS_DIR,
+    METADATA_SUBDIR,
+    claim_spec_prefix,
+    metadata_spec_prefix,
+)
+from dra_driver.tools.explain import build_report
 
 REDACTED = "<redacted>"
 LEASE_NAME = "dra-driver-controller"
@@ -264,11 +272,6 @@ def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engin
     return out
 
 
-METADATA_SUBDIR = "device-metadata"
-"""Where the node plugin keeps device metadata files in its state dir (its ``HOST_SUBDIR``; the
-controller's package does not import the node plugin's)."""
-
-
 def _add_files(bundle: Bundle, what: str, paths: list[Path], folder: str, *, redact: bool) -> None:
     """Each file (sorted) into ``folder`` of the bundle; one that cannot be read is a problem, not an end."""
     for path in sorted(paths):
@@ -281,7 +284,7 @@ def collect_node(bundle: Bundle, src: NodeSources, driver: str,
                  fetch: Callable[[str], bytes] | None = None) -> None:
     base = f"node/{src.node}"
     if src.state_dir.is_dir():
-        checkpoints = [p for p in src.state_dir.glob("checkpoint.json*") if ".tmp-" not in p.name]
+        checkpoints = [p for p in src.state_dir.glob(f"{CHECKPOINT_FILE}*") if ".tmp-" not in p.name]
         _add_files(bundle, "checkpoint", checkpoints, f"{base}/state", redact=False)
     else:
         bundle.problems.append(f"checkpoint: {src.state_dir} is not a directory here (run this on the node, or "
@@ -293,7 +296,8 @@ def collect_node(bundle: Bundle, src: NodeSources, driver: str,
         _add_files(bundle, "device metadata", list(metadata_dir.glob("*.json")), f"{base}/state/{METADATA_SUBDIR}",
                    redact=True)
     if src.cdi_root.is_dir():
-        specs = [*src.cdi_root.glob(f"k8s.{driver}-claim_*.json"), *src.cdi_root.glob(f"{driver}_metadata_*.json")]
+        specs = [*src.cdi_root.glob(f"{claim_spec_prefix(driver)}*.json"),
+                 *src.cdi_root.glob(f"{metadata_spec_prefix(driver)}*.json")]
         _add_files(bundle, "CDI spec", specs, f"{base}/cdi", redact=True)
     else:
         bundle.problems.append(f"CDI specs: {src.cdi_root} is not a directory here (pass --cdi-root)")
@@ -372,12 +376,12 @@ def write_bundle(bundle: Bundle, top: str, output: str) -> str:
 def node_sources(node: str, state_dir: str | None, cdi_root: str | None, metrics_url: str | None,
                  driver: str) -> NodeSources:
     """The plugin's defaults (and its environment variables, set in its pod) unless given."""
-    plugins_dir = Path(env("KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins") or "/var/lib/kubelet/plugins")
-    port = env("HEALTH_PORT", "8081") or "8081"
+    plugins_dir = Path(env("KUBELET_PLUGINS_DIR") or KUBELET_PLUGINS_DIR)
+    port = env("HEALTH_PORT") or str(HEALTH_PORT)
     return NodeSources(
         node=node,
         state_dir=Path(state_dir or env("STATE_DIR") or plugins_dir / driver),
-        cdi_root=Path(cdi_root or env("CDI_ROOT", "/var/run/cdi") or "/var/run/cdi"),
+        cdi_root=Path(cdi_root or env("CDI_ROOT") or CDI_ROOT),
         metrics_url=metrics_url or f"http://127.0.0.1:{port}/metrics",
     )
 
