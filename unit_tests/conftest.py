@@ -55,7 +55,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not outcome.problems:
         terminalreporter.write_line(outcome.summary())
         return
-    terminalreporter.write_sep("=", "CDI specs the reference library refuses", red=True)
+    terminalreporter.write_sep("=", "CDI specs the driver wrote, by the reference CDI library", red=True)
     for problem in outcome.problems:
         terminalreporter.write_line(problem)
     if outcome.kept:

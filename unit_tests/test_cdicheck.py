@@ -142,7 +142,7 @@ def test_the_run_fails_when_the_driver_writes_a_spec_the_library_refuses(tmp_pat
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
-    assert "CDI specs the reference library refuses" in proc.stdout
+    assert "CDI specs the driver wrote, by the reference CDI library" in proc.stdout
     [problem] = [line for line in proc.stdout.splitlines() if "refused.json written by" in line]
     assert "test_writes.py::test_writes_a_spec_with_a_bad_device_name" in problem
     assert "invalid character '!' in device name" in problem
