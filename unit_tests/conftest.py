@@ -1,5 +1,6 @@
-"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), and the ``srv``, ``crashing`` and
-``flushes`` fixtures.
+"""Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), the ``srv``, ``crashing`` and
+``flushes`` fixtures, and the session's check of every CDI spec the driver wrote with the reference CDI
+library (``unit_tests/cdispecs.py``): a spec it refuses fails the run.
 
 * ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
   reproducible, a deadline per example; the whole fuzz set stays well under a minute.
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from dra_driver import failpoints
+from unit_tests import cdispecs
 from unit_tests.crashes import Crash
 from unit_tests.kubeserver import Server
 
@@ -29,6 +31,37 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+CDI_OUTCOME = pytest.StashKey[cdispecs.Outcome]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cdispecs.install()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    outcome = cdispecs.SESSION.check()
+    if outcome is None:
+        return
+    session.config.stash[CDI_OUTCOME] = outcome
+    if outcome.problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    outcome = terminalreporter.config.stash.get(CDI_OUTCOME, None)
+    if outcome is None:
+        return
+    if not outcome.problems:
+        terminalreporter.write_line(outcome.summary())
+        return
+    terminalreporter.write_sep("=", "CDI specs the driver wrote, by the reference CDI library", red=True)
+    for problem in outcome.problems:
+        terminalreporter.write_line(problem)
+    if outcome.kept:
+        terminalreporter.write_line(f"The refused specs are kept in {outcome.kept}; check them again with: "
+                                    f"{cdispecs.cdicheck.binary()} {outcome.kept}/*")
+    terminalreporter.write_sep("=", outcome.summary(), red=True)
 
 
 @pytest.fixture

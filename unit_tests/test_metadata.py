@@ -24,6 +24,8 @@ from dra_driver.node.devices import describe_device
 from dra_driver.node.metadata import MetadataClaim, MetadataError, MetadataFiles
 from dra_driver.node.prepare import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
+from e2e.testbed import cdicheck
+from unit_tests.cdispecs import stand_in_device_nodes
 from unit_tests.crashes import Crash
 
 DRIVER = "gpu.dra-driver.io"
@@ -266,16 +268,18 @@ class TestPrepare:
         assert menv.checkpoint()[uid]["devices"][0]["cdiDeviceIDs"][1] == meta_id
 
     def test_a_cdi_runtime_resolves_every_id_handed_out(self, menv: MetaEnv) -> None:
-        from e2e.kubelet_peer import cdi
-
         claim = make_claim("c", [("gpu", "gpu-0"), ("other", "gpu-2-mig-0")])
         out = menv.prepare_one(claim)
         assert out.error is None
-        registry = cdi.Registry.load(menv.cdi_root)  # validates like the CDI Go library
-        assert registry.errors == {}
-        edits = registry.resolve([i for d in out.devices for i in d.cdi_device_ids])
-        assert sorted(m["containerPath"].split("/")[-2] for m in edits.mounts) == ["gpu", "other"]
-        assert all(m["options"] == ["ro", "bind"] and Path(m["hostPath"]).is_file() for m in edits.mounts)
+        stand_in_device_nodes(menv.cdi_root, menv.tmp / "devroot")
+        ids = [i for d in out.devices for i in d.cdi_device_ids]
+        verdicts, injection = cdicheck.inject(menv.cdi_root, ids)  # as containerd injects them into one container
+        assert cdicheck.problems(verdicts) == [] and len(verdicts) == 3 + len(ids)
+        assert injection.ok, injection.error
+        mounts = injection.oci["mounts"]
+        assert sorted(m["destination"].split("/")[-2] for m in mounts) == ["gpu", "other"]
+        assert all(m["options"] == ["ro", "bind"] and Path(m["source"]).is_file() for m in mounts)
+        assert {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia2"} <= {d["path"] for d in injection.oci["linux"]["devices"]}
 
     def test_permissions(self, menv: MetaEnv) -> None:
         claim = make_claim("c", [("gpu", "gpu-0")])

@@ -1,8 +1,12 @@
 """Container-runtime side of CDI: load and validate spec files, resolve qualified device names.
 
-Validation follows what the CDI Go library enforces when a runtime loads a spec directory
-(strict field set, known versions, minimum version for the features used, name formats), so a
-spec that this module accepts would also be accepted by containerd/CRI-O, and vice versa.
+Validation follows what the CDI Go library (tags.cncf.io/container-device-interface v1.1.1, the
+version containerd in the bed links) enforces when a runtime loads a spec directory (strict field
+set, known versions, minimum version for the features used, name formats, container edits), so that
+a spec this module accepts is one containerd accepts, and the other way round. The unit tests hold
+it to that: each of their cases is also put to the library (unit_tests/peer/test_peer_cdi.py).
+That library checks no annotation keys (its check takes a map[string]any and is handed a
+map[string]string), so neither does this module.
 """
 
 from __future__ import annotations
@@ -34,8 +38,6 @@ _VALID_HOOK_NAMES = frozenset({"prestart", "createRuntime", "createContainer", "
 _DEVICE_NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
 _KIND_PART_CHARS = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _DEVICE_NAME_CHARS = re.compile(r"^[A-Za-z0-9_.:\-]+$")
-_ANNOTATION_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class CDIError(Exception):
@@ -91,24 +93,21 @@ _SPEC: Schema = {
 
 
 def _decode(value: Any, typ: Any, where: str) -> Any:
-    """Type-check ``value`` against ``typ``; returns it with object keys canonicalised.
+    """Type-check ``value`` against ``typ``; returns it without the fields set to null.
 
-    Go's encoding/json matches field names case-insensitively and rejects unknown ones when
-    decoding strictly; null means "unset". Both are reproduced here.
+    The library reads JSON and YAML alike with a YAML decoder that knows its fields: a field name
+    matches exactly (``CDIVersion`` is not ``cdiVersion``), an unknown one is refused, and null
+    means "unset". All three are reproduced here.
     """
     if value is None:
         return None
     if isinstance(typ, dict):
         if not isinstance(value, dict):
             raise SpecError(f"{where}: expected an object, got {type(value).__name__}")
-        canon = {k.lower(): k for k in typ}
         out: dict[str, Any] = {}
-        for k, v in value.items():
-            key = canon.get(str(k).lower())
-            if key is None:
-                raise SpecError(f'{where}: unknown field "{k}"')
-            if key in out:
-                raise SpecError(f'{where}: duplicate field "{k}"')
+        for key, v in value.items():
+            if key not in typ:
+                raise SpecError(f'{where}: unknown field "{key}"')
             decoded = _decode(v, typ[key], f"{where}.{key}")
             if decoded is not None:
                 out[key] = decoded
@@ -142,14 +141,26 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping as the library's YAML decoder does."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    loader.flatten_mapping(node)
+    return _reject_duplicate_keys(loader.construct_pairs(node, deep=True))
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def parse_document(text: str) -> Any:
-    """JSON first (with duplicate-key detection); anything else is read as YAML, like sigs.k8s.io/yaml."""
+    """JSON first, else YAML (the library reads both as YAML); a key given twice is refused either way."""
     try:
         return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except json.JSONDecodeError:
         pass
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise SpecError(f"failed to parse: {e}") from e
 
@@ -208,19 +219,6 @@ def parse_qualified_name(qualified: str) -> tuple[str, str]:
     return kind, name
 
 
-def _validate_annotations(ann: dict[str, str] | None, where: str) -> None:
-    total = 0
-    for k, v in (ann or {}).items():
-        prefix, sep, name = k.rpartition("/")
-        if not name or len(name) > 63 or not _ANNOTATION_NAME.match(name):
-            raise SpecError(f'{where}: invalid annotation key "{k}"')
-        if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-            raise SpecError(f'{where}: invalid annotation key prefix "{k}"')
-        total += len(k) + len(v)
-    if total > 256 * 1024:
-        raise SpecError(f"{where}: annotations too large")
-
-
 def _validate_env(env: list[str], where: str) -> None:
     for e in env:
         if e.find("=") <= 0:
@@ -245,8 +243,6 @@ def validate_edits(edits: dict[str, Any], where: str) -> None:
         if not h.get("path"):
             raise SpecError(f"{w}: missing path")
         _validate_env(h.get("env", []), f"{w}.env")
-        if "timeout" in h and h["timeout"] <= 0:
-            raise SpecError(f"{w}: invalid timeout {h['timeout']}")
     for i, m in enumerate(edits.get("mounts", [])):
         w = f"{where}.mounts[{i}]"
         if not m.get("hostPath"):
@@ -256,6 +252,11 @@ def validate_edits(edits: dict[str, Any], where: str) -> None:
     for i, g in enumerate(edits.get("additionalGids", [])):
         if g < 0 or g > 0xFFFFFFFF:
             raise SpecError(f"{where}.additionalGids[{i}]: out of range")
+    rdt = edits.get("intelRdt")
+    if rdt is not None:
+        clos = rdt.get("closID", "")
+        if clos != "/" and (len(clos) >= 4096 or clos in (".", "..") or "/" in clos or "\n" in clos):
+            raise SpecError(f"{where}.intelRdt: invalid ClosID")
     seen_host: set[str] = set()
     seen_name: set[str] = set()
     for i, nd in enumerate(edits.get("netDevices", [])):
@@ -333,7 +334,6 @@ def validate_spec(raw: Any, path: str = "<spec>") -> Spec:
         raise SpecError(f'the spec version must be at least v{fmt_version(required)} (has "{version_s}")')
     kind = spec.get("kind", "")
     validate_kind(kind)
-    _validate_annotations(spec.get("annotations"), "spec.annotations")
     spec_edits = spec.get("containerEdits") or {}
     validate_edits(spec_edits, "spec.containerEdits")
     devices = spec.get("devices") or []
@@ -345,7 +345,6 @@ def validate_spec(raw: Any, path: str = "<spec>") -> Spec:
         validate_device_name(name)
         if name in by_name:
             raise SpecError(f'invalid spec, multiple device "{name}"')
-        _validate_annotations(d.get("annotations"), f"devices[{i}].annotations")
         edits = d.get("containerEdits")
         if _edits_empty(edits):
             raise SpecError(f'device "{name}": empty container edits')

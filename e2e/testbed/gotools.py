@@ -162,6 +162,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("nvidia-container-toolkit", "github.com/NVIDIA/nvidia-container-toolkit",
          {f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{c}": c for c in ("nvidia-ctk", "nvidia-cdi-hook")},
          cgo=True, ldflags=lambda v: f"-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version={v.lstrip('v')}"),
+    # The unit suite's check of every CDI spec the driver writes: our command over the reference CDI
+    # library, at the version containerd's pin links (e2e/testbed/cdicheck.py).
+    Tool("cdi-validate", "tags.cncf.io/container-device-interface", {".": "cdi-validate"}, own_source=True),
     # NVML on CPU-only machines: our cgo shim over NVIDIA's mock DGX servers (e2e/testbed/mocknvml.py).
     Tool("mock-nvml", "github.com/NVIDIA/go-nvml", {".": "libnvidia-ml.so.1"}, cgo=True,
          library=CLibrary(soname="libnvidia-ml.so.1", header_module="github.com/NVIDIA/go-nvml",

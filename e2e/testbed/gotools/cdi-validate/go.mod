@@ -1,0 +1,16 @@
+// Pinned build of tags.cncf.io/container-device-interface; regenerate with: python -m e2e.testbed.gotools pin cdi-validate@<version>
+module dra-driver.local/gotools/cdi-validate
+
+go 1.26.0
+
+require (
+	github.com/opencontainers/runtime-spec v1.3.0
+	tags.cncf.io/container-device-interface v1.1.1
+	tags.cncf.io/container-device-interface/specs-go v1.1.1
+)
+
+require (
+	github.com/fsnotify/fsnotify v1.7.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.19.0 // indirect
+)
