@@ -12,7 +12,7 @@ from kubefake import FakeKube
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import bundle as b
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
-from dra_driver.node.metadata import HOST_SUBDIR
+from dra_driver.node.prepare.metadata import HOST_SUBDIR
 
 DRIVER = "gpu.dra-driver.io"
 JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLWJ5dGVz"

@@ -13,7 +13,7 @@ import pytest
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.gpuconfig import decode
-from dra_driver.node.cdi import (
+from dra_driver.node.prepare.cdi import (
     CdiError,
     CdiSpecs,
     ClaimDevice,

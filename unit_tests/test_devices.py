@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from dra_driver.k8s.quantity import format_canonical, parse_quantity
-from dra_driver.node.devices import (
+from dra_driver.node.describe.devices import (
     ATTR_NUMA_NODE,
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,

@@ -20,7 +20,7 @@ from dra_driver.controller.annotations import EventSpec, desired_annotations, ex
 from dra_driver.controller.keys import MAX_EXPLANATION_BYTES
 from dra_driver.controller.reconciler import allocation_conflicts
 from dra_driver.controller.verdicts import Verdict, evaluate
-from dra_driver.node.devices import describe
+from dra_driver.node.describe.devices import describe
 
 OURS = "gpu.dra-driver.io"
 BUGGY = "buggy.example.com"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dra_driver.node.prepare import _GroupCommit
+from dra_driver.node.prepare.state import _GroupCommit
 
 
 def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:

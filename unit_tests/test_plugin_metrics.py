@@ -13,13 +13,13 @@ from test_health import DEVICES, make_monitor
 from test_prepare import Env, make_claim
 
 from dra_driver.k8s.client import ApiError
-from dra_driver.node import probe
-from dra_driver.node.devices import describe
+from dra_driver.node.describe.devices import describe
 from dra_driver.node.discovery.nvml import NvmlBackend
-from dra_driver.node.health import HealthFileSource, HealthReport
+from dra_driver.node.kubelet import probe
 from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
-from dra_driver.node.prepare import ClaimRef, DeviceState
-from dra_driver.node.slices import SlicePublisher
+from dra_driver.node.prepare.state import ClaimRef, DeviceState
+from dra_driver.node.publish.health import HealthFileSource, HealthReport
+from dra_driver.node.publish.slices import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 
@@ -111,8 +111,8 @@ def test_devices_by_type_and_health_and_xids(tmp_path: Path) -> None:
 
 
 def test_monitor_reports_changes() -> None:
-    from dra_driver.node.grpc import HealthBoard
-    from dra_driver.node.health import HealthMonitor
+    from dra_driver.node.kubelet.grpc import HealthBoard
+    from dra_driver.node.publish.health import HealthMonitor
 
     changes = []
     devices_json, _ = describe(DEVICES, DRIVER, False)

@@ -18,12 +18,12 @@ import structlog
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.client import ApiError, Resource
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare import ClaimRef, DeviceState
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.state import ClaimRef, DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -458,7 +458,7 @@ class TestDiskFull:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def test_cdi_write_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.node.cdi as cdi_mod
+        import dra_driver.node.prepare.cdi as cdi_mod
 
         monkeypatch.setattr(cdi_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-3-1g-0")])
@@ -473,7 +473,7 @@ class TestDiskFull:
         assert env.state.prepare([ClaimRef(uid, "default", "c")])[uid].error is None
 
     def test_checkpoint_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.node.checkpoint as cp_mod
+        import dra_driver.node.prepare.checkpoint as cp_mod
 
         monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-0")])

@@ -17,10 +17,8 @@ from test_prepare import DRIVER, MPS, NODE, TS, Env, build_devices, env_of, gpu_
 
 from dra_driver.gpuconfig import decode_sharing
 from dra_driver.k8s.quantity import parse_quantity
-from dra_driver.node.checkpoint import CheckpointStore, canonical
-from dra_driver.node.devices import describe, describe_device, enumerate_devices
-from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from dra_driver.node.shares import (
+from dra_driver.node.describe.devices import describe, describe_device, enumerate_devices
+from dra_driver.node.describe.shares import (
     DISABLED,
     ConsumableShares,
     ShareAmounts,
@@ -32,6 +30,8 @@ from dra_driver.node.shares import (
     share_amounts,
     shared_capacity,
 )
+from dra_driver.node.prepare.checkpoint import CheckpointStore, canonical
+from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 
 GI = 2**30
 MI = 2**20

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.config import env, env_flag
-from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
 
 SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
 

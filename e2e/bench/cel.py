@@ -13,7 +13,7 @@ import argparse
 import time
 
 from dra_driver.allocator.cel.compile import compile_selector, compile_uncached, device_activation
-from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import BenchBed

@@ -127,14 +127,14 @@ PROFILE_RATE_HZ = 1000
 PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging (structlog)", ("structlog/", "dra_driver/logs.py", "logging/__init__.py")),
     ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "_Transport", "http/client.py", "ssl.py")),
-    ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/metadata.py")),
-    ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/cdi.py")),
+    ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/prepare/metadata.py")),
+    ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/prepare/cdi.py")),
     ("checkpoint (journal record + fdatasync, or a snapshot)", ("CheckpointStore",)),
     ("claim status report", ("ClaimStatusWriter",)),
     ("metrics", ("dra_driver/node/metrics.py", "dra_driver/metrics.py")),
     ("group commit (queueing, bookkeeping)", ("_GroupCommit",)),
-    ("gRPC server and protobuf", ("grpc/", "google/protobuf/", "dra_driver/_proto/", "dra_driver/node/grpc.py")),
-    ("prepare logic (config, sharing, devices)", ("dra_driver/node/prepare.py", "dra_driver/node/claimstatus.py",
+    ("gRPC server and protobuf", ("grpc/", "google/protobuf/", "dra_driver/_proto/", "dra_driver/node/kubelet/grpc.py")),
+    ("prepare logic (config, sharing, devices)", ("dra_driver/node/prepare/state.py", "dra_driver/node/prepare/claimstatus.py",
                                                    "dra_driver/gpuconfig.py")),
 )
 PREPARE_ENTRY = "NodePrepareResources"

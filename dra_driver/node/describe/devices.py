@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.k8s.quantity import format_canonical
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares, shared_capacity
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
-from dra_driver.node.shares import DISABLED, ConsumableShares, shared_capacity
 
 
 @dataclass(frozen=True)

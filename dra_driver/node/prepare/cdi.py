@@ -16,7 +16,7 @@ share). With a fake dev root (simulated GPUs) every node gets ``hostPath`` under
 while ``path`` stays ``/dev/...``.
 
 With the NVML backend the driver's own edits from the NVIDIA Container Toolkit (libraries, binaries,
-firmware, hooks: :mod:`dra_driver.node.toolkit`) join the spec-level edits.
+firmware, hooks: :mod:`dra_driver.node.prepare.toolkit`) join the spec-level edits.
 
 Every name that ends up in a path is validated first (claim UID, driver name).
 """
@@ -33,10 +33,10 @@ from typing import Any
 
 from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.quantity import format_canonical
-from dra_driver.node.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.discovery import sysfs
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.toolkit import merge_edits
+from dra_driver.node.prepare.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.prepare.toolkit import merge_edits
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -48,7 +48,7 @@ DIR_MODE = 0o755
 DERIVED_FILES_DURABLE = False
 """Whether claims' CDI specs and device metadata files are fsynced. They are not: they are derived
 from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
-re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare`,
+re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare.state`,
 "Durability"; ``test_power_loss_*`` in the unit tests)."""
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
@@ -191,7 +191,7 @@ class CdiSpecs:
         self.dev_root = Path(dev_root)
         self.node_name = node_name
         self._fake_dev_root = self.dev_root.resolve() != Path("/")
-        # The driver's libraries, binaries and hooks (dra_driver.node.toolkit); raises when the driver
+        # The driver's libraries, binaries and hooks (dra_driver.node.prepare.toolkit); raises when the driver
         # is missing, so that no spec starts a container without it.
         self._driver_edits = driver_edits
 

@@ -44,7 +44,8 @@ from typing import Any
 import orjson
 
 from dra_driver.gpuconfig import base_request
-from dra_driver.node.cdi import (
+from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
+from dra_driver.node.prepare.cdi import (
     DERIVED_FILES_DURABLE,
     DIR_MODE,
     SPEC_MODE,
@@ -54,8 +55,7 @@ from dra_driver.node.cdi import (
     validate_claim_uid,
     validate_driver_name,
 )
-from dra_driver.node.checkpoint import PreparedDevice, atomic_write, ensure_dir, remove_stale_temp_files
-from dra_driver.node.devices import AllocatableDevice, device_attributes
+from dra_driver.node.prepare.checkpoint import PreparedDevice, atomic_write, ensure_dir, remove_stale_temp_files
 
 GROUP = "metadata.resource.k8s.io"
 API_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1alpha1")

@@ -38,8 +38,8 @@ from typing import Any, Protocol
 import grpc
 
 from dra_driver import logs
-from dra_driver.node.checkpoint import ensure_dir
-from dra_driver.node.prepare import ClaimRef, PrepareOutcome
+from dra_driver.node.prepare.checkpoint import ensure_dir
+from dra_driver.node.prepare.state import ClaimRef, PrepareOutcome
 
 
 def _proto(module: str) -> Any:
@@ -69,7 +69,7 @@ _log = logs.get("grpc")
 
 
 class PrepareHandler(Protocol):
-    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.DeviceState`)."""
+    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.state.DeviceState`)."""
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]: ...
 

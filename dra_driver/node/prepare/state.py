@@ -33,7 +33,7 @@ when missing (the kubelet does not call Prepare again for claims it already has 
 
 Durability: the checkpoint is the one durable record. It is saved at ``PrepareStarted`` and at
 ``PrepareCompleted``, each save a journal record flushed with one ``fdatasync`` before it returns
-(:mod:`dra_driver.node.checkpoint`), so the order started → CDI → completed holds on disk as well as
+(:mod:`dra_driver.node.prepare.checkpoint`), so the order started → CDI → completed holds on disk as well as
 for other processes; an unprepare is one more record. The CDI specs and device metadata files a
 claim gets in between are replaced atomically but not fsynced (``DERIVED_FILES_DURABLE``): they are
 derived from the checkpoint entry, and only a power loss (or kernel crash) can lose what a killed
@@ -69,22 +69,8 @@ from dra_driver.gpuconfig import (
 )
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.k8s.quantity import format_canonical
-from dra_driver.node.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid, validate_share_id
-from dra_driver.node.checkpoint import (
-    CheckpointStore,
-    ClaimEntry,
-    ClaimState,
-    PreparedDevice,
-    describe_os_error,
-    now_rfc3339,
-)
-from dra_driver.node.devices import AllocatableDevice, device_totals
-from dra_driver.node.discovery.backend import Backend
-from dra_driver.node.discovery.model import MigDevice
-from dra_driver.node.discovery.nvml import NvmlError
-from dra_driver.node.metadata import MetadataClaim, MetadataFiles, pod_claim_name
-from dra_driver.node.metrics import METRICS
-from dra_driver.node.shares import (
+from dra_driver.node.describe.devices import AllocatableDevice, device_totals
+from dra_driver.node.describe.shares import (
     DISABLED,
     ConsumableShares,
     ShareAmounts,
@@ -93,7 +79,21 @@ from dra_driver.node.shares import (
     mps_for_share,
     share_amounts,
 )
-from dra_driver.node.toolkit import DriverEditsError
+from dra_driver.node.discovery.backend import Backend
+from dra_driver.node.discovery.model import MigDevice
+from dra_driver.node.discovery.nvml import NvmlError
+from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid, validate_share_id
+from dra_driver.node.prepare.checkpoint import (
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    PreparedDevice,
+    describe_os_error,
+    now_rfc3339,
+)
+from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles, pod_claim_name
+from dra_driver.node.prepare.toolkit import DriverEditsError
 
 _log = logs.get("prepare")
 
