@@ -75,7 +75,7 @@ def test_the_bench_profile_has_one_device_per_burst_pod(tmp_path: Path) -> None:
 
 def test_profile_counts_only_the_prepare_handler_and_names_the_part_nearest_the_leaf() -> None:
     handler = "thread (0x7f);_serve (grpc/_server.py:1314);NodePrepareResources (dra_driver/node/kubelet/grpc.py:286)"
-    state, write = "dra_driver/node/prepare/state.py", "atomic_write (dra_driver/node/prepare/checkpoint.py:96)"
+    state, write = "dra_driver/node/prepare/state.py", "atomic_write (dra_driver/node/fileio.py:96)"
     stacks = [
         f"{handler};prepare ({state}:578);RestKubeApi.get (dra_driver/k8s/client.py:430);"
         "do_handshake (/usr/lib/python3.11/ssl.py:1383) 30",

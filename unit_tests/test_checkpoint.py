@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
+from dra_driver.node.fileio import describe_os_error, ensure_dir
 from dra_driver.node.prepare.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointStore,
     ClaimEntry,
     ClaimState,
     PreparedDevice,
-    describe_os_error,
-    ensure_dir,
 )
 
 DRIVER = "gpu.dra-driver.io"

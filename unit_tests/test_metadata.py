@@ -18,9 +18,10 @@ from test_prepare import Env, make_claim
 
 from dra_driver import failpoints
 from dra_driver.node.describe.devices import describe_device
+from dra_driver.node.fileio import atomic_write
 from dra_driver.node.prepare import metadata as md
 from dra_driver.node.prepare.cdi import CdiSpecs
-from dra_driver.node.prepare.checkpoint import CheckpointStore, PreparedDevice, atomic_write
+from dra_driver.node.prepare.checkpoint import CheckpointStore, PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataError, MetadataFiles
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings

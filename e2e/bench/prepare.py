@@ -16,7 +16,7 @@ scheduler): device ``gpu-N`` of pool ``bench-node`` with a TimeSlicing ``GpuConf
 claim, so any number of claims may share the 8 simulated H100s without breaking exclusivity.
 
 The fsync floor (write + fsync + rename + directory fsync of a small file in the plugin's state
-directory, i.e. one :func:`dra_driver.node.prepare.checkpoint.atomic_write`) is measured alongside: a prepare
+directory, i.e. one :func:`dra_driver.node.fileio.atomic_write`) is measured alongside: a prepare
 cannot be faster than the durable writes it makes.
 """
 
@@ -38,9 +38,9 @@ from dra_driver import logs
 from dra_driver.k8s.client import CLAIMS, ApiError, Resource, RestKubeApi
 from dra_driver.node.describe.devices import enumerate_devices
 from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.fileio import atomic_write
 from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.plugin import api_client
-from dra_driver.node.prepare.checkpoint import atomic_write
 from dra_driver.node.prepare.state import DeviceState, PrepareOutcome
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel

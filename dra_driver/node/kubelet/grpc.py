@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import grpc
 
 from dra_driver import logs
-from dra_driver.node.prepare.checkpoint import ensure_dir
+from dra_driver.node.fileio import ensure_dir
 from dra_driver.node.prepare.state import ClaimRef, PrepareOutcome
 
 

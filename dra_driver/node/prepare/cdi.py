@@ -34,8 +34,8 @@ from typing import Any
 from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.discovery import sysfs
+from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.checkpoint import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.prepare.toolkit import merge_edits
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

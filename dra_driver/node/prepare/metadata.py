@@ -45,6 +45,7 @@ import orjson
 
 from dra_driver.gpuconfig import base_request
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
+from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.prepare.cdi import (
     DERIVED_FILES_DURABLE,
     DIR_MODE,
@@ -55,7 +56,7 @@ from dra_driver.node.prepare.cdi import (
     validate_claim_uid,
     validate_driver_name,
 )
-from dra_driver.node.prepare.checkpoint import PreparedDevice, atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.prepare.checkpoint import PreparedDevice
 
 GROUP = "metadata.resource.k8s.io"
 API_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1alpha1")

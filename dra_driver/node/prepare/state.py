@@ -82,6 +82,7 @@ from dra_driver.node.describe.shares import (
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice
 from dra_driver.node.discovery.nvml import NvmlError
+from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid, validate_share_id
 from dra_driver.node.prepare.checkpoint import (
@@ -89,7 +90,6 @@ from dra_driver.node.prepare.checkpoint import (
     ClaimEntry,
     ClaimState,
     PreparedDevice,
-    describe_os_error,
     now_rfc3339,
 )
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles, pod_claim_name
