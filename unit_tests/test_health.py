@@ -18,7 +18,6 @@ from test_prepare import build_devices
 
 from dra_driver.k8s.client import SLICES
 from dra_driver.node.describe.devices import describe
-from dra_driver.node.kubelet.grpc import HealthBoard
 from dra_driver.node.publish.health import (
     TAINT_KEY,
     HealthFileError,
@@ -30,6 +29,7 @@ from dra_driver.node.publish.health import (
     parse_health_file,
     taint_value,
 )
+from dra_driver.node.publish.healthboard import HealthBoard
 from dra_driver.node.publish.slices import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"

@@ -17,7 +17,8 @@ from dra_driver.node.describe.devices import describe
 from dra_driver.node.discovery.nvml import NvmlBackend
 from dra_driver.node.kubelet import probe
 from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
-from dra_driver.node.prepare.state import ClaimRef, DeviceState
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.publish.health import HealthFileSource, HealthReport
 from dra_driver.node.publish.slices import SlicePublisher
 
@@ -111,8 +112,8 @@ def test_devices_by_type_and_health_and_xids(tmp_path: Path) -> None:
 
 
 def test_monitor_reports_changes() -> None:
-    from dra_driver.node.kubelet.grpc import HealthBoard
     from dra_driver.node.publish.health import HealthMonitor
+    from dra_driver.node.publish.healthboard import HealthBoard
 
     changes = []
     devices_json, _ = describe(DEVICES, DRIVER, False)

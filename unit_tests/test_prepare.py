@@ -23,7 +23,8 @@ from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigPro
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.prepare.state import ClaimRef, DeviceState
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"

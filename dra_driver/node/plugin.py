@@ -25,12 +25,14 @@ from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.kubelet import probe
-from dra_driver.node.kubelet.grpc import HealthBoard, PluginServers
+from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
-from dra_driver.node.prepare.state import CLAIM_READ_CONCURRENCY, ClaimRef, DeviceState
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import CLAIM_READ_CONCURRENCY, DeviceState
 from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
 from dra_driver.node.publish.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
+from dra_driver.node.publish.healthboard import HealthBoard
 from dra_driver.node.publish.slices import SlicePublisher
 from dra_driver.node.settings import PluginSettings
 

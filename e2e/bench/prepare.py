@@ -41,7 +41,8 @@ from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.fileio import atomic_write
 from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.plugin import api_client
-from dra_driver.node.prepare.state import DeviceState, PrepareOutcome
+from dra_driver.node.prepare.records import PrepareOutcome
+from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
 from e2e.bench.common import RESULTS, Result, percentile, summarize_ms

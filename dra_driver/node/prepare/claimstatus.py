@@ -37,7 +37,8 @@ from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.prepare.checkpoint import ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.prepare.state import ClaimRef, DeviceState, PrepareOutcome
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
+from dra_driver.node.prepare.state import DeviceState
 
 _log = logs.get("claimstatus")
 

@@ -93,6 +93,7 @@ from dra_driver.node.prepare.checkpoint import (
     now_rfc3339,
 )
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles, pod_claim_name
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.toolkit import DriverEditsError
 
 _log = logs.get("prepare")
@@ -121,39 +122,6 @@ def _read_error(exc: BaseException) -> str:
 
 
 # --- results ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class ResponseDevice:
-    """One ``Device`` of a NodePrepareResourceResponse."""
-
-    request_names: tuple[str, ...]
-    """Base request names (``req/sub`` -> ``req``)."""
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
-
-
-@dataclass(frozen=True)
-class PrepareOutcome:
-    devices: tuple[ResponseDevice, ...] = ()
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 class ClaimFailure(Exception):

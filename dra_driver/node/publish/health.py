@@ -55,14 +55,13 @@ from dra_driver.node.discovery.nvml import (
     error_code,
     nvml_text,
 )
-from dra_driver.node.kubelet.grpc import HEALTHY, UNHEALTHY, UNKNOWN, HealthBoard
 from dra_driver.node.metrics import METRICS, xid_label
+from dra_driver.node.publish.healthboard import HEALTH_VALUES, HEALTHY, UNHEALTHY, HealthBoard
 
 _log = logs.get("health")
 
 TAINT_KEY = "gpu.dra-driver.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
-HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
 POLL_INTERVAL = 0.5
 MAX_HEALTH_FILE_BYTES = 1 << 20
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
