@@ -86,7 +86,7 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
     def fallback(reason: str) -> None:
         events.on_node(notices.backend_unavailable(reason, settings.simulated_profile))
 
-    backend = open_backend(settings, on_fallback=fallback)
+    backend = open_backend(settings.backend_choice, on_fallback=fallback)
     return backend, backend.discover()
 
 

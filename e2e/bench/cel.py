@@ -35,7 +35,7 @@ def _device() -> dict[str, object]:
     add_plugin_arguments(parser)
     settings = plugin_settings(parser.parse_args(["--node-name=cel", "--gpu-backend=simulated",
                                                   "--simulated-profile=h100-8x"]))
-    devices_json, _ = describe(enumerate_devices(open_backend(settings).discover(), False), DRIVER_NAME, False)
+    devices_json, _ = describe(enumerate_devices(open_backend(settings.backend_choice).discover(), False), DRIVER_NAME, False)
     return devices_json[0]
 
 

@@ -213,7 +213,7 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
     with _output_to(log_file), open(log_file, "a") as log:
         logs.configure("json", "info")
         structlog.configure(logger_factory=structlog.WriteLoggerFactory(file=log))
-        backend = open_backend(settings)
+        backend = open_backend(settings.backend_choice)
         devices = enumerate_devices(backend.discover(), settings.dynamic_mig)
         reader = _TimedReader(api_client(str(kubeconfig)))
         state = DeviceState.from_settings(settings, devices, reader, backend=backend)

@@ -30,7 +30,7 @@ def catalogue(node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], fl
     add_plugin_arguments(parser)
     settings = plugin_settings(parser.parse_args([
         f"--node-name={node}", "--gpu-backend=simulated", "--simulated-profile=h100-8x", "--dynamic-mig"]))
-    gpus = open_backend(settings).discover()
+    gpus = open_backend(settings.backend_choice).discover()
     t0 = time.perf_counter()
     devices_json, counters_json = describe(enumerate_devices(gpus, True), DRIVER_NAME, True)
     return devices_json, counters_json, time.perf_counter() - t0

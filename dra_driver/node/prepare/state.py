@@ -338,7 +338,7 @@ class DeviceState:
         backend: Backend | None = None,
         proc_root: Path | None = Path("/proc"),
         max_parallel_gets: int = CLAIM_READ_CONCURRENCY,
-        sharing_strategies: Iterable[str] = ("Exclusive", "TimeSlicing", "MPS"),
+        sharing_strategies: Iterable[str] = tuple(Strategy),
         consumable_shares: ConsumableShares = DISABLED,
         on_prepare_error: Callable[[ClaimRef, str], None] | None = None,
         metadata: MetadataFiles | None = None,
