@@ -13,11 +13,11 @@ import pytest
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.gpuconfig import decode
+from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.prepare.cdi import (
     CdiError,
     CdiSpecs,
     ClaimDevice,
-    mig_cap_minors,
     minimum_cdi_version,
     validate_claim_uid,
     validate_driver_name,
@@ -201,14 +201,14 @@ class TestFiles:
 
 class TestMigCaps:
     def test_formula(self) -> None:
-        assert mig_cap_minors(0, 0, 0, None) == (3, 4)
-        assert mig_cap_minors(0, 1, 0, None) == (12, 13)
-        assert mig_cap_minors(1, 0, 0, None) == (138, 139)
-        assert mig_cap_minors(0, 2, 3, None) == (21, 25)
+        assert read_mig_cap_minors(0, 0, 0, None) == (3, 4)
+        assert read_mig_cap_minors(0, 1, 0, None) == (12, 13)
+        assert read_mig_cap_minors(1, 0, 0, None) == (138, 139)
+        assert read_mig_cap_minors(0, 2, 3, None) == (21, 25)
 
     def test_reads_proc_table(self, tmp_path: Path) -> None:
         table = tmp_path / "driver" / "nvidia-caps"
         table.mkdir(parents=True)
         (table / "mig-minors").write_text("config 1\nmonitor 2\ngpu0/gi7/access 900\ngpu0/gi7/ci0/access 901\n")
-        assert mig_cap_minors(0, 7, 0, tmp_path) == (900, 901)
-        assert mig_cap_minors(1, 0, 0, tmp_path) == (138, 139)  # not listed: formula
+        assert read_mig_cap_minors(0, 7, 0, tmp_path) == (900, 901)
+        assert read_mig_cap_minors(1, 0, 0, tmp_path) == (138, 139)  # not listed: formula

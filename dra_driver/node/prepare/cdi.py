@@ -33,7 +33,6 @@ from typing import Any
 
 from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.quantity import format_canonical
-from dra_driver.node.discovery import sysfs
 from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.toolkit import merge_edits
@@ -79,24 +78,6 @@ def validate_device_name(name: str) -> str:
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
         raise CdiError(f"device name {name!r} is not a DNS label")
     return name
-
-
-# --- MIG capability minors ----------------------------------------------------------------------
-
-def mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int,
-                   proc_root: Path | None = Path("/proc")) -> tuple[int, int]:
-    """Minors of the ``nvidia-capN`` nodes granting access to a MIG GPU instance and compute instance.
-
-    Read from ``<proc_root>/driver/nvidia-caps/mig-minors`` when it lists them; otherwise computed
-    with the fixed layout the NVIDIA kernel module uses there (see :mod:`dra_driver.node.discovery.sysfs`).
-    """
-    if proc_root is not None:
-        table = sysfs.read_mig_minors(proc_root)
-        gi_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/access"
-        ci_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
-        if gi_key in table and ci_key in table:
-            return table[gi_key], table[ci_key]
-    return sysfs.mig_cap_minors(gpu_minor, gpu_instance_id, compute_instance_id)
 
 
 # --- spec content -----------------------------------------------------------------------------

@@ -82,9 +82,10 @@ from dra_driver.node.describe.shares import (
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice
 from dra_driver.node.discovery.nvml import NvmlError
+from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.cdi import CdiError, CdiSpecs, ClaimDevice, mig_cap_minors, validate_claim_uid, validate_share_id
+from dra_driver.node.prepare.cdi import CdiError, CdiSpecs, ClaimDevice, validate_claim_uid, validate_share_id
 from dra_driver.node.prepare.checkpoint import (
     CheckpointStore,
     ClaimEntry,
@@ -501,7 +502,7 @@ class DeviceState:
         return self._backend.create_mig_instance(device.gpu, device.mig_profile, device.placement)
 
     def _with_mig(self, dev: PreparedDevice, inst: MigDevice) -> PreparedDevice:
-        caps = mig_cap_minors(dev.gpu_minor, inst.gpu_instance_id, inst.compute_instance_id, self._proc_root)
+        caps = read_mig_cap_minors(dev.gpu_minor, inst.gpu_instance_id, inst.compute_instance_id, self._proc_root)
         return replace(dev, mig_instance=inst, uuid=inst.uuid, mig_caps=caps)
 
     def _rollback(self, entry: ClaimEntry) -> None:
@@ -842,7 +843,7 @@ class DeviceState:
         uuid = device.gpu.uuid
         if device.mig is not None:
             uuid = device.mig.uuid
-            caps = mig_cap_minors(device.gpu.minor, device.mig.gpu_instance_id, device.mig.compute_instance_id,
+            caps = read_mig_cap_minors(device.gpu.minor, device.mig.gpu_instance_id, device.mig.compute_instance_id,
                                   self._proc_root)
         return PreparedDevice(
             pool=self.node_name, device=device.name, requests=(request,),
