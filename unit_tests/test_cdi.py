@@ -54,12 +54,20 @@ class TestNames:
         with pytest.raises(CdiError):
             validate_claim_uid(bad)
 
-    @pytest.mark.parametrize("bad", ["", "Gpu.Example.com", "a/b", "..", "x" * 64, "-a.com", "a..b"])
+    @pytest.mark.parametrize("bad", ["", "a/b", "..", "x" * 64, "-a.com", "a..b", "a.com\n", "\u212a8s.io"])
     def test_bad_driver(self, tmp_path: Path, bad: str) -> None:
         with pytest.raises(CdiError):
             validate_driver_name(bad)
         with pytest.raises(CdiError):
             CdiSpecs(tmp_path, bad)
+
+    def test_driver_name_case_as_the_api_server_takes_it(self, tmp_path: Path) -> None:
+        # The API server checks a driver name lower-cased, so it stores Gpu.Example.com as given.
+        specs = CdiSpecs(tmp_path, "Gpu.Example.com")
+        assert specs.kind == "k8s.Gpu.Example.com/claim"
+        specs.write_claim_spec(UID, "ns", "c", [ClaimDevice("gpu-0", "req", "GPU-0", 0)])
+        assert specs.list_claim_specs() == [UID]
+        assert CdiSpecs(tmp_path, "gpu.example.com").list_claim_specs() == []
 
     @pytest.mark.parametrize("bad", ["", "GPU-0", "gpu_0", "../x", "a" * 64])
     def test_bad_device_name(self, specs: CdiSpecs, bad: str) -> None:

@@ -149,12 +149,12 @@ class TestNames:
         assert md.pod_claim_name(claim) is None
         claim["metadata"]["annotations"] = {md.POD_CLAIM_NAME_ANNOTATION: "gpu"}
         assert md.pod_claim_name(claim) == "gpu"
-        for bad in ("../../etc", "a/b", "GPU", "x" * 64, 7):
+        for bad in ("../../etc", "a/b", "GPU", "x" * 64, 7, "gpu\n"):
             claim["metadata"]["annotations"] = {md.POD_CLAIM_NAME_ANNOTATION: bad}
             with pytest.raises(MetadataError, match="pod-claim-name"):
                 md.pod_claim_name(claim)
 
-    @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64])
+    @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64, "gpu\n"])
     def test_request_names_are_validated(self, bad: str) -> None:
         with pytest.raises(MetadataError, match="request name"):
             md.validate_request_name(bad)

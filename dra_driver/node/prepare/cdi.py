@@ -32,15 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
+from dra_driver.k8s.names import is_dns_label, is_driver_name
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.toolkit import merge_edits
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SPEC_FILE = re.compile(r"^k8s\.(?P<driver>[a-z0-9.-]+)-claim_(?P<uid>[0-9a-f-]{36})\.json$")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
 
 SPEC_MODE = 0o644
 DIR_MODE = 0o755
@@ -57,25 +56,27 @@ class CdiError(ValueError):
 
 
 def validate_claim_uid(uid: str) -> str:
-    if not isinstance(uid, str) or not _UUID.match(uid):
+    if not isinstance(uid, str) or not _UUID.fullmatch(uid):
         raise CdiError(f"claim UID {uid!r} is not a lower-case RFC 4122 UUID")
     return uid
 
 
 def validate_share_id(share_id: Any) -> str:
-    if not isinstance(share_id, str) or not _UUID.match(share_id):
+    if not isinstance(share_id, str) or not _UUID.fullmatch(share_id):
         raise CdiError(f"shareID {share_id!r} is not a lower-case RFC 4122 UUID")
     return share_id
 
 
 def validate_driver_name(driver: str) -> str:
-    if not isinstance(driver, str) or len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+    # ASCII as well: the API server lower-cases a driver name before checking it, which lets two
+    # non-ASCII letters through, and a CDI vendor name is ASCII.
+    if not is_driver_name(driver) or not driver.isascii():
         raise CdiError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
     return driver
 
 
 def validate_device_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not is_dns_label(name):
         raise CdiError(f"device name {name!r} is not a DNS label")
     return name
 
@@ -324,7 +325,7 @@ class CdiSpecs:
             return []
         uids = []
         for entry in names:
-            m = _SPEC_FILE.match(entry)
-            if m and m["driver"] == self.driver_name and _UUID.match(m["uid"]):
+            m = _SPEC_FILE.fullmatch(entry)
+            if m and m["driver"] == self.driver_name and _UUID.fullmatch(m["uid"]):
                 uids.append(m["uid"])
         return sorted(uids)

@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 
 from dra_driver.gpuconfig import base_request
+from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
 from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.prepare.cdi import (
@@ -68,8 +69,6 @@ HOST_SUBDIR = "device-metadata"
 FILE_MODE = 0o644
 HOST_DIR_MODE = 0o700
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _HOST_FILE = re.compile(rf"^(?P<uid>{_UID})_[a-z0-9-]+\.json$")
 # Go's encoder escapes these inside strings; so must we, for the same bytes.
@@ -81,13 +80,13 @@ class MetadataError(CdiError):
 
 
 def validate_request_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not is_dns_label(name):
         raise MetadataError(f"request name {name!r} is not a DNS label")
     return name
 
 
 def validate_claim_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if not is_dns_subdomain(name):
         raise MetadataError(f"claim name {name!r} is not a DNS subdomain")
     return name
 
@@ -109,7 +108,7 @@ def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
     value = annotations.get(POD_CLAIM_NAME_ANNOTATION) if isinstance(annotations, Mapping) else None
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
+    if not is_dns_label(value):
         raise MetadataError(f"annotation {POD_CLAIM_NAME_ANNOTATION}={value!r} is not a DNS label")
     return value
 
