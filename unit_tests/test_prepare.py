@@ -411,6 +411,16 @@ class TestErrors:
         ]}
         assert env.prepare_one(claim).error is None  # second term matches
 
+    def test_label_requirements_hold_where_the_plugin_cannot_see_labels(self, env: Env) -> None:
+        labels = [{"key": "zone", "operator": "In", "values": ["z1"]}]
+        claim = make_claim("c", [("gpu", "gpu-0")])
+        claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": labels}]}
+        assert env.prepare_one(claim).error is None
+        other = make_claim("d", [("gpu", "gpu-1")])
+        other["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": labels, "matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}
+        assert "allocated to another node" in (env.prepare_one(other).error or "")
+
     def test_unknown_device(self, env: Env) -> None:
         err = env.prepare_one(make_claim("c", [("gpu", "gpu-0"), ("gpu", "gpu-99")])).error or ""
         assert "'gpu-99'" in err and "not a device" in err

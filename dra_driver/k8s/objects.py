@@ -38,7 +38,8 @@ def as_int(value: Any) -> int | None:
 @dataclass(frozen=True)
 class Node:
     name: str | None
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] | None = ()
+    """None where the labels are not known (the node plugin reads no Node): label requirements then hold."""
 
 
 def _requirement_ok(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
@@ -65,14 +66,14 @@ def _requirement_ok(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
 def selector_matches(selector: Mapping[str, Any], node: Node) -> bool:
     if node.name is None:
         return True  # anonymous node: optimistic, the result carries the selector
-    labels = dict(node.labels)
+    labels = None if node.labels is None else dict(node.labels)
     fields = {"metadata.name": node.name}
     for term in as_list(selector.get("nodeSelectorTerms")):
         term = as_mapping(term)
         exprs, flds = as_list(term.get("matchExpressions")), as_list(term.get("matchFields"))
         if (
             (exprs or flds)
-            and all(_requirement_ok(as_mapping(r), labels) for r in exprs)
+            and (labels is None or all(_requirement_ok(as_mapping(r), labels) for r in exprs))
             and all(_requirement_ok(as_mapping(r), fields) for r in flds)
         ):
             return True

@@ -68,6 +68,7 @@ from dra_driver.gpuconfig import (
     resolve_sharing,
 )
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
+from dra_driver.k8s.objects import Node, as_mapping, selector_matches
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.describe.shares import (
@@ -211,34 +212,6 @@ class _Plan:
     claim: ClaimRef
     devices: list[_PlannedDevice]
     pod_claim_name: str | None = None
-
-
-def _node_selector_matches(selector: Any, node_name: str) -> bool:
-    """Whether an allocation's nodeSelector admits ``node_name``.
-
-    Only ``matchFields`` on ``metadata.name`` can be evaluated here (that is what the scheduler
-    writes for node-local devices); label expressions are taken as matching.
-    """
-    if not selector:
-        return True
-    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
-    if not terms:
-        return True
-    for term in terms:
-        if not isinstance(term, Mapping):
-            continue
-        ok = True
-        for req in term.get("matchFields") or []:
-            if not isinstance(req, Mapping) or req.get("key") != "metadata.name":
-                continue
-            values = req.get("values") or []
-            op = req.get("operator")
-            if (op == "In" and node_name not in values) or (op == "NotIn" and node_name in values):
-                ok = False
-                break
-        if ok:
-            return True
-    return False
 
 
 def _nested(obj: Any, *keys: str) -> Any:
@@ -766,7 +739,8 @@ class DeviceState:
         allocation = _nested(obj, "status", "allocation")
         if not isinstance(allocation, Mapping):
             raise ClaimFailure(f"ResourceClaim {claim.ref} is not allocated (no status.allocation)")
-        if not _node_selector_matches(allocation.get("nodeSelector"), self.node_name):
+        selector = allocation.get("nodeSelector")
+        if selector and not selector_matches(as_mapping(selector), Node(self.node_name, labels=None)):
             raise ClaimFailure(
                 f"ResourceClaim {claim.ref} is allocated to another node, not {self.node_name} "
                 f"(nodeSelector {allocation.get('nodeSelector')})"
