@@ -17,11 +17,11 @@ from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.prepare.cdi import (
     CdiError,
     CdiSpecs,
-    ClaimDevice,
     minimum_cdi_version,
     validate_claim_uid,
     validate_driver_name,
 )
+from dra_driver.node.prepare.edits import ClaimDevice
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"

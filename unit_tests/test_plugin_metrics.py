@@ -33,7 +33,7 @@ def test_prepare_and_unprepare_are_timed_by_result_and_failures_reported(tmp_pat
     env = Env(tmp_path)
     failures: list[tuple[ClaimRef, str]] = []
     env.state = DeviceState(
-        node_name=env.state.node_name, driver_name=DRIVER, devices=env.devices, cdi=env.state._cdi,
+        node_name=env.state.node_name, driver_name=DRIVER, devices=env.devices, cdi=env.new_cdi(),
         checkpoint=env.state.checkpoint, api=env.reader, backend=env.backend, proc_root=env.proc,
         on_prepare_error=lambda ref, error: failures.append((ref, error)))
     ok0, err0 = count("prepare_duration_seconds_count", result="success"), count("prepare_duration_seconds_count", result="error")

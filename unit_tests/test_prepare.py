@@ -23,6 +23,7 @@ from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigPro
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.config import ClaimPlanner
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
@@ -370,7 +371,7 @@ class TestIdempotency:
     def test_unprepare_removes_leftover_spec_of_unknown_claim(self, env: Env) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         env.state.prepare([ref])
-        env.state._entries.clear()  # simulate a lost entry
+        env.state._ledger.entries.clear()  # simulate a lost entry
         assert env.state.unprepare([ref]) == {ref.uid: None}
         assert not env.spec_exists(ref.uid)
 
@@ -456,7 +457,7 @@ class TestErrors:
         def boom(*a: Any) -> Any:
             raise ZeroDivisionError("bug")
 
-        monkeypatch.setattr(env.state, "_plan", boom)
+        monkeypatch.setattr(ClaimPlanner, "plan", boom)
         assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")
         monkeypatch.setattr(env.state, "_prepare_locked", boom)
         assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")

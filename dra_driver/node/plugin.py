@@ -28,8 +28,9 @@ from dra_driver.node.kubelet import probe
 from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
+from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
-from dra_driver.node.prepare.state import CLAIM_READ_CONCURRENCY, DeviceState
+from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
 from dra_driver.node.publish.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
 from dra_driver.node.publish.healthboard import HealthBoard

@@ -7,16 +7,9 @@
 * ``cdiVersion``: the lowest version the content needs (0.5.0 once ``hostPath`` is used or a device
   name starts with a digit, else 0.3.0)
 
-Spec-level edits (applied once when any device of the claim is injected): the control nodes
-``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, ``NVIDIA_VISIBLE_DEVICES`` with
-the claim's UUIDs, MPS client limits, and ``DRA_GPU_CLAIM*`` variables. Device-level edits: the GPU
-node ``/dev/nvidiaN``, MIG capability nodes ``/dev/nvidia-caps/nvidia-capN`` and the
-``DRA_GPU_<i>_*`` variables describing that device (for a share: its ID, memory and compute
-share). With a fake dev root (simulated GPUs) every node gets ``hostPath`` under the dev root
-while ``path`` stays ``/dev/...``.
-
-With the NVML backend the driver's own edits from the NVIDIA Container Toolkit (libraries, binaries,
-firmware, hooks: :mod:`dra_driver.node.prepare.toolkit`) join the spec-level edits.
+The container edits come from :mod:`dra_driver.node.prepare.edits` (what each device and the claim
+get); with the NVML backend the driver's own edits from the NVIDIA Container Toolkit (libraries,
+binaries, firmware, hooks: :mod:`dra_driver.node.prepare.toolkit`) join the claim-level edits.
 
 Every name that ends up in a path is validated first (claim UID, driver name).
 """
@@ -27,15 +20,13 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.names import is_dns_label, is_driver_name
-from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
 from dra_driver.node.prepare.toolkit import merge_edits
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -48,7 +39,6 @@ DERIVED_FILES_DURABLE = False
 from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
 re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare.state`,
 "Durability"; ``test_power_loss_*`` in the unit tests)."""
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 
 class CdiError(ValueError):
@@ -82,27 +72,6 @@ def validate_device_name(name: str) -> str:
 
 
 # --- spec content -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimDevice:
-    """What the spec needs to know about one prepared device of a claim."""
-
-    device_name: str
-    request: str
-    """Full request name of the allocation result (``req`` or ``req/sub``)."""
-    uuid: str
-    """GPU UUID, or MIG instance UUID."""
-    gpu_minor: int
-    """N of /dev/nvidiaN (the parent GPU for MIG)."""
-    mig_caps: tuple[int, ...] = ()
-    sharing: SharingConfig = EXCLUSIVE
-    admin_access: bool = False
-    share_id: str | None = None
-    memory_share_bytes: int | None = None
-    """A share's consumed memory."""
-    compute_share_percent: int | None = None
-    """A share's consumed compute, percent of the device."""
 
 
 def spec_bytes(spec: dict[str, Any]) -> bytes:
@@ -144,23 +113,6 @@ def minimum_cdi_version(spec: dict[str, Any]) -> str:
     return version
 
 
-def share_env(prefix: str, dev: ClaimDevice) -> list[str]:
-    """What a container is told about its share of a device; a variable is absent when the share
-    consumed none of it."""
-    env = []
-    if dev.memory_share_bytes is not None:
-        env += [f"{prefix}MEMORY_SHARE={format_canonical(dev.memory_share_bytes)}",
-                f"{prefix}MEMORY_SHARE_BYTES={dev.memory_share_bytes}"]
-    if dev.compute_share_percent is not None:
-        env.append(f"{prefix}COMPUTE_SHARE_PERCENT={dev.compute_share_percent}")
-    return env
-
-
-def _mps_limit_text(n_bytes: int) -> str:
-    mib = max(1, n_bytes // 2**20)
-    return f"{mib}M"
-
-
 class CdiSpecs:
     """Writes, deletes and lists the per-claim CDI specs of one driver in one directory."""
 
@@ -172,7 +124,7 @@ class CdiSpecs:
         self.kind = f"{self.vendor}/claim"
         self.dev_root = Path(dev_root)
         self.node_name = node_name
-        self._fake_dev_root = self.dev_root.resolve() != Path("/")
+        self._host_dev = self.dev_root / "dev" if self.dev_root.resolve() != Path("/") else None
         # The driver's libraries, binaries and hooks (dra_driver.node.prepare.toolkit); raises when the driver
         # is missing, so that no spec starts a container without it.
         self._driver_edits = driver_edits
@@ -196,12 +148,6 @@ class CdiSpecs:
             self._driver_edits()
 
     # content
-    def _node(self, name: str) -> dict[str, Any]:
-        node: dict[str, Any] = {"path": f"/dev/{name}"}
-        if self._fake_dev_root:
-            node["hostPath"] = str(self.dev_root / "dev" / name)
-        return node
-
     def build_spec(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
         validate_claim_uid(claim_uid)
         if not devices:
@@ -209,73 +155,13 @@ class CdiSpecs:
         for value in (namespace, name):
             if "\x00" in value or "\n" in value:
                 raise CdiError(f"invalid claim reference {namespace!r}/{name!r}")
-        spec_devices: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        uuids: list[str] = []
-        mps_pct: list[int] = []
-        mps_mem: dict[int, int] = {}
-        names: list[str] = []
-        for dev in devices:
-            cdi_name = self.cdi_device_name(claim_uid, dev.device_name, dev.share_id)
-            if cdi_name in seen:
-                continue
-            seen.add(cdi_name)
-            i = len(names)
-            names.append(dev.device_name)
-            if dev.uuid not in uuids:
-                uuids.append(dev.uuid)
-            nodes = [self._node(f"nvidia{int(dev.gpu_minor)}")]
-            nodes += [self._node(f"nvidia-caps/nvidia-cap{int(c)}") for c in dev.mig_caps]
-            prefix = f"DRA_GPU_{i}_"
-            env = [
-                f"{prefix}DEVICE={dev.device_name}",
-                f"{prefix}REQUEST={dev.request}",
-                f"{prefix}UUID={dev.uuid}",
-                f"{prefix}SHARING={dev.sharing.describe()}",
-            ]
-            if dev.admin_access:
-                env.append(f"{prefix}ADMIN_ACCESS=true")
-            if dev.share_id:
-                env.append(f"{prefix}SHARE_ID={dev.share_id}")
-                env += share_env(prefix, dev)
-            sharing = dev.sharing
-            if sharing.strategy is Strategy.TIME_SLICING and sharing.interval is not None:
-                env.append(f"{prefix}TIMESLICE_INTERVAL={sharing.interval.value}")
-            if sharing.strategy is Strategy.MPS and sharing.mps is not None:
-                ordinal = uuids.index(dev.uuid)
-                if sharing.mps.default_active_thread_percentage is not None:
-                    mps_pct.append(sharing.mps.default_active_thread_percentage)
-                    env.append(f"{prefix}MPS_ACTIVE_THREAD_PERCENTAGE={sharing.mps.default_active_thread_percentage}")
-                if sharing.mps.default_pinned_device_memory_limit_bytes is not None:
-                    limit_bytes = sharing.mps.default_pinned_device_memory_limit_bytes
-                    # Two shares of one GPU in one claim: one client, so their limits add up.
-                    mps_mem[ordinal] = mps_mem.get(ordinal, 0) + limit_bytes
-                    env.append(f"{prefix}MPS_PINNED_DEVICE_MEM_LIMIT={_mps_limit_text(limit_bytes)}")
-            spec_devices.append({"name": cdi_name, "containerEdits": {"deviceNodes": nodes, "env": env}})
-        claim_env = [
-            f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}",
-            f"DRA_GPU_DRIVER={self.driver_name}",
-            f"DRA_GPU_CLAIM={namespace}/{name}",
-            f"DRA_GPU_CLAIM_UID={claim_uid}",
-            f"DRA_GPU_COUNT={len(names)}",
-            f"DRA_GPU_DEVICES={','.join(names)}",
-        ]
-        if self.node_name:
-            claim_env.append(f"DRA_GPU_NODE={self.node_name}")
-        if mps_pct:
-            # One value per MPS client: the strictest of the claim's devices.
-            claim_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps_pct)}")
-        if mps_mem:
-            limits = ",".join(f"{ordinal}={_mps_limit_text(n)}" for ordinal, n in sorted(mps_mem.items()))
-            claim_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
+        edits = claim_edits(claim_uid, f"{namespace}/{name}", self.driver_name, self.node_name, devices, self._host_dev)
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": self.kind,
-            "devices": spec_devices,
-            "containerEdits": {
-                "deviceNodes": [self._node(n) for n in CONTROL_NODES],
-                "env": claim_env,
-            },
+            "devices": [{"name": self.cdi_device_name(claim_uid, d.device.device_name, d.device.share_id),
+                         "containerEdits": d.edits} for d in edits.devices],
+            "containerEdits": edits.common,
         }
         if self._driver_edits is not None:
             spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())

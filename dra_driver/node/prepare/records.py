@@ -1,5 +1,6 @@
 """What the kubelet asks to prepare and what it is answered: the records that the DRA gRPC service
-and the prepare state exchange (NodePrepareResources / NodeUnprepareResources, without protobuf)."""
+and the prepare state exchange (NodePrepareResources / NodeUnprepareResources, without protobuf),
+and the failure whose message is a claim's answer."""
 
 from __future__ import annotations
 
@@ -37,3 +38,7 @@ class PrepareOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class ClaimFailure(Exception):
+    """A per-claim failure whose message goes to the kubelet as is."""
