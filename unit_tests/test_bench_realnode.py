@@ -66,7 +66,7 @@ def test_other_claims_and_drivers_are_left_out() -> None:
 
 
 def test_the_bench_profile_has_one_device_per_burst_pod(tmp_path: Path) -> None:
-    from dra_driver.node.discovery.simulated import load_profile
+    from dra_driver.node.discovery.profiles import load_profile
 
     profile = load_profile(realnode.sixteen_gpu_profile(tmp_path / "p.yaml"))
     assert len(profile.gpus) == realnode.GPUS >= realnode.BURST

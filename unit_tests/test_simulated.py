@@ -7,14 +7,13 @@ import pytest
 
 from dra_driver.node.discovery.dump import gpus_from_json, gpus_to_json
 from dra_driver.node.discovery.model import MigPlacement
+from dra_driver.node.discovery.profiles import builtin_profiles, load_profile
 from dra_driver.node.discovery.select import BackendChoice
 from dra_driver.node.discovery.simulated import (
     MigError,
     SimulatedBackend,
-    builtin_profiles,
     create_fake_device_files,
     gpu_uuid,
-    load_profile,
     mig_device_paths,
     mig_uuid,
 )
