@@ -29,7 +29,9 @@ from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
 from dra_driver.node.prepare.toolkit import merge_edits
 
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+"""A lower-case RFC 4122 UUID, as the API server writes claim UIDs and share IDs."""
+_UUID = re.compile(UUID_PATTERN)
 _SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
 
 SPEC_MODE = 0o644

@@ -51,6 +51,7 @@ from dra_driver.node.prepare.cdi import (
     DERIVED_FILES_DURABLE,
     DIR_MODE,
     SPEC_MODE,
+    UUID_PATTERN,
     CdiError,
     minimum_cdi_version,
     spec_bytes,
@@ -69,8 +70,7 @@ HOST_SUBDIR = "device-metadata"
 FILE_MODE = 0o644
 HOST_DIR_MODE = 0o700
 
-_UID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_HOST_FILE = re.compile(rf"^(?P<uid>{_UID})_[a-z0-9-]+\.json$")
+_HOST_FILE = re.compile(rf"^(?P<uid>{UUID_PATTERN})_[a-z0-9-]+\.json$")
 # Go's encoder escapes these inside strings; so must we, for the same bytes.
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -326,7 +326,7 @@ class MetadataFiles:
 
     def claims(self) -> set[str]:
         """Claim UIDs that have a metadata file or spec of this driver."""
-        spec = re.compile(rf"^{re.escape(self._spec_prefix)}(?P<uid>{_UID})_[a-z0-9-]+\.json$")
+        spec = re.compile(rf"^{re.escape(self._spec_prefix)}(?P<uid>{UUID_PATTERN})_[a-z0-9-]+\.json$")
         uids: set[str] = set()
         for directory, pattern in ((self.cdi_root, spec), (self.dir, _HOST_FILE)):
             try:
