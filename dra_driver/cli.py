@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             return bundle.main(kubeconfig=args.kubeconfig, output=args.output, node=args.node, state_dir=args.state_dir,
                                cdi_root=args.cdi_root, metrics_url=args.metrics_url, driver=args.driver_name)
         if args.command == "probe":
-            from dra_driver.node import probe
+            from dra_driver.node.kubelet import probe
 
             return probe.main(args.registration_socket, args.driver_name)
         from dra_driver.tools import explain

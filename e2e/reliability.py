@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dra_driver.node import probe
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState
-from dra_driver.node.metadata import HOST_SUBDIR, MetadataFiles
+from dra_driver.node.kubelet import probe
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState
+from dra_driver.node.prepare.metadata import HOST_SUBDIR, MetadataFiles
 from e2e.bed import CONTAINERS_ANNOTATION, DRIVER, Bed, slice_devices, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reliability.json"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.node.checkpoint import CHECKPOINT_VERSION, CheckpointStore
-from dra_driver.node.metadata import HOST_SUBDIR
+from dra_driver.node.prepare.checkpoint import CHECKPOINT_VERSION, CheckpointStore
+from dra_driver.node.prepare.metadata import HOST_SUBDIR
 from e2e.bed import DRIVER, Bed, wait_for
 from e2e.reliability import (
     Supervisor,

@@ -16,7 +16,7 @@ import pytest
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.client import CLAIMS, ApiError, RestKubeApi
-from dra_driver.node.prepare import CLAIM_READ_CONCURRENCY
+from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from e2e.bed import DRIVER, Bed, slice_devices, wait_for
 from e2e.dra_calls import DraCaller, dra_socket
 from e2e.reliability import checkpoint_entries, node_state_problems, plugin_name, record

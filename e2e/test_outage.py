@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.node import probe
+from dra_driver.node.kubelet import probe
 from e2e.bed import DRIVER, EXPLANATION_ANNOTATION, Bed, claim_of, example, wait_for, wait_running
 from e2e.dra_calls import DraCaller, dra_socket
 from e2e.reliability import plugin_name, record, registration_socket

@@ -359,7 +359,7 @@ def test_real_cuda_ready_container_from_the_toolkits_edits(bed: Bed, ns: str, re
     has the driver's libraries, binaries, firmware and persistenced socket at their container paths,
     the symlinks nvidia-cdi-hook created, the ld.so.cache it updated, and runs the root's nvidia-smi,
     which prints the UUID of the GPU the claim got."""
-    from dra_driver.node.devices import to_semver
+    from dra_driver.node.describe.devices import to_semver
     from e2e.testbed import fakedriver
     from e2e.testbed.realnode import NvmlDriver
 

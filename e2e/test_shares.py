@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from dra_driver.k8s.quantity import parse_quantity
+from dra_driver.node.describe.shares import parse_consumable_shares, shared_capacity
 from dra_driver.node.discovery.select import SIMULATED_STATE_FILE
-from dra_driver.node.shares import parse_consumable_shares, shared_capacity
 from e2e.bed import (
     DRIVER,
     Bed,

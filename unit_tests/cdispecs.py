@@ -1,13 +1,13 @@
 """Every CDI spec the driver writes during a unit-test session, checked with the reference CDI library.
 
-:func:`install` wraps the function the driver writes its files with (the one ``dra_driver.node.cdi``
-writes claim specs with; ``dra_driver.node.metadata`` writes its specs with the same one), wherever it
+:func:`install` wraps the function the driver writes its files with (the one ``dra_driver.node.prepare.cdi``
+writes claim specs with; ``dra_driver.node.prepare.metadata`` writes its specs with the same one), wherever it
 has been imported. A file written through it whose content is a CDI spec (a JSON object with a
 ``cdiVersion``) is kept, with the test that wrote it, as it was written: a later unprepare may delete
 it. At the end of the session :func:`check` puts each distinct spec in a directory of its own and
 checks them all in one ``cdi-validate`` run (:mod:`e2e.testbed.cdicheck`): the library must load the
 spec, resolve and inject each of its devices, and agree that its ``cdiVersion`` is the lowest its
-content needs (what ``dra_driver.node.cdi`` promises). conftest.py fails the run otherwise.
+content needs (what ``dra_driver.node.prepare.cdi`` promises). conftest.py fails the run otherwise.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ _Writer = Callable[..., None]
 
 def install() -> None:
     """Record every CDI spec the driver writes from now on into :data:`SESSION`."""
-    from dra_driver.node import cdi, metadata
+    from dra_driver.node.prepare import cdi, metadata
 
     original: _Writer = cdi.atomic_write
     if getattr(original, "records_cdi_specs", False):
@@ -169,4 +169,4 @@ def install() -> None:
                 if value is original:
                     setattr(module, name, recording)
     # A third way of writing specs would escape the check: fail loudly instead.
-    assert metadata.atomic_write is recording, "dra_driver.node.metadata no longer writes specs as cdi does"
+    assert metadata.atomic_write is recording, "dra_driver.node.prepare.metadata no longer writes specs as cdi does"

@@ -66,7 +66,7 @@ def test_other_claims_and_drivers_are_left_out() -> None:
 
 
 def test_the_bench_profile_has_one_device_per_burst_pod(tmp_path: Path) -> None:
-    from dra_driver.node.discovery.simulated import load_profile
+    from dra_driver.node.discovery.profiles import load_profile
 
     profile = load_profile(realnode.sixteen_gpu_profile(tmp_path / "p.yaml"))
     assert len(profile.gpus) == realnode.GPUS >= realnode.BURST
@@ -74,20 +74,22 @@ def test_the_bench_profile_has_one_device_per_burst_pod(tmp_path: Path) -> None:
 
 
 def test_profile_counts_only_the_prepare_handler_and_names_the_part_nearest_the_leaf() -> None:
-    handler = "thread (0x7f);_serve (grpc/_server.py:1314);NodePrepareResources (dra_driver/node/grpc.py:286)"
+    handler = "thread (0x7f);_serve (grpc/_server.py:1314);NodePrepareResources (dra_driver/node/kubelet/grpc.py:286)"
+    state, write = "dra_driver/node/prepare/state.py", "atomic_write (dra_driver/node/fileio.py:96)"
+    commit, node = "dra_driver/node/prepare/groupcommit.py", "dra_driver/node/prepare/materialize.py"
     stacks = [
-        f"{handler};prepare (dra_driver/node/prepare.py:578);RestKubeApi.get (dra_driver/k8s/client.py:430);"
+        f"{handler};prepare ({state}:578);RestKubeApi.get (dra_driver/k8s/client.py:430);"
         "do_handshake (/usr/lib/python3.11/ssl.py:1383) 30",
-        f"{handler};prepare (dra_driver/node/prepare.py:578);CdiSpecs.write_claim_spec (dra_driver/node/cdi.py:280);"
-        "atomic_write (dra_driver/node/checkpoint.py:96) 10",
-        f"{handler};_GroupCommit.run (dra_driver/node/prepare.py:298);DeviceState._write_spec (dra_driver/node/prepare.py:545);"
-        "DeviceState._write_metadata (dra_driver/node/prepare.py:569);atomic_write (dra_driver/node/checkpoint.py:96) 6",
-        f"{handler};_GroupCommit.run (dra_driver/node/prepare.py:290);wait (threading.py:320) 8",
-        f"{handler};prepare (dra_driver/node/prepare.py:578);info (structlog/_native.py:1);"
+        f"{handler};prepare ({state}:578);CdiSpecs.write_claim_spec (dra_driver/node/prepare/cdi.py:280);"
+        f"{write} 10",
+        f"{handler};GroupCommit.run ({commit}:40);Materializer.write ({node}:90);"
+        f"Materializer._write_metadata ({node}:104);{write} 6",
+        f"{handler};GroupCommit.run ({commit}:38);wait (threading.py:320) 8",
+        f"{handler};prepare ({state}:578);info (structlog/_native.py:1);"
         "dumps (json/__init__.py:231) 5",
-        f"{handler};prepare (dra_driver/node/prepare.py:600) 4",
+        f"{handler};prepare ({state}:600) 4",
         f"{handler};x (/usr/lib/python3.11/threading.py:1) 1",
-        "thread (0x7f);run (dra_driver/node/slices.py:12);RestKubeApi.get (dra_driver/k8s/client.py:430) 999",
+        "thread (0x7f);run (dra_driver/node/publish/slices.py:12);RestKubeApi.get (dra_driver/k8s/client.py:430) 999",
         "not a stack line",
     ]
     parts = realnode.profile_breakdown(stacks, rate_hz=1000, calls=2)

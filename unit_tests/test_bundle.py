@@ -11,7 +11,7 @@ from kubefake import FakeKube
 
 from dra_driver.allocator.resolve import Engine
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
-from dra_driver.node.metadata import HOST_SUBDIR
+from dra_driver.node.prepare.metadata import HOST_SUBDIR
 from dra_driver.tools import bundle as b
 
 DRIVER = "gpu.dra-driver.io"

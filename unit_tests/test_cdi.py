@@ -13,15 +13,15 @@ import pytest
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.gpuconfig import decode
-from dra_driver.node.cdi import (
+from dra_driver.node.discovery.sysfs import read_mig_cap_minors
+from dra_driver.node.prepare.cdi import (
     CdiError,
     CdiSpecs,
-    ClaimDevice,
-    mig_cap_minors,
     minimum_cdi_version,
     validate_claim_uid,
     validate_driver_name,
 )
+from dra_driver.node.prepare.edits import ClaimDevice
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
@@ -54,12 +54,20 @@ class TestNames:
         with pytest.raises(CdiError):
             validate_claim_uid(bad)
 
-    @pytest.mark.parametrize("bad", ["", "Gpu.Example.com", "a/b", "..", "x" * 64, "-a.com", "a..b"])
+    @pytest.mark.parametrize("bad", ["", "a/b", "..", "x" * 64, "-a.com", "a..b", "a.com\n", "\u212a8s.io"])
     def test_bad_driver(self, tmp_path: Path, bad: str) -> None:
         with pytest.raises(CdiError):
             validate_driver_name(bad)
         with pytest.raises(CdiError):
             CdiSpecs(tmp_path, bad)
+
+    def test_driver_name_case_as_the_api_server_takes_it(self, tmp_path: Path) -> None:
+        # The API server checks a driver name lower-cased, so it stores Gpu.Example.com as given.
+        specs = CdiSpecs(tmp_path, "Gpu.Example.com")
+        assert specs.kind == "k8s.Gpu.Example.com/claim"
+        specs.write_claim_spec(UID, "ns", "c", [ClaimDevice("gpu-0", "req", "GPU-0", 0)])
+        assert specs.list_claim_specs() == [UID]
+        assert CdiSpecs(tmp_path, "gpu.example.com").list_claim_specs() == []
 
     @pytest.mark.parametrize("bad", ["", "GPU-0", "gpu_0", "../x", "a" * 64])
     def test_bad_device_name(self, specs: CdiSpecs, bad: str) -> None:
@@ -201,14 +209,14 @@ class TestFiles:
 
 class TestMigCaps:
     def test_formula(self) -> None:
-        assert mig_cap_minors(0, 0, 0, None) == (3, 4)
-        assert mig_cap_minors(0, 1, 0, None) == (12, 13)
-        assert mig_cap_minors(1, 0, 0, None) == (138, 139)
-        assert mig_cap_minors(0, 2, 3, None) == (21, 25)
+        assert read_mig_cap_minors(0, 0, 0, None) == (3, 4)
+        assert read_mig_cap_minors(0, 1, 0, None) == (12, 13)
+        assert read_mig_cap_minors(1, 0, 0, None) == (138, 139)
+        assert read_mig_cap_minors(0, 2, 3, None) == (21, 25)
 
     def test_reads_proc_table(self, tmp_path: Path) -> None:
         table = tmp_path / "driver" / "nvidia-caps"
         table.mkdir(parents=True)
         (table / "mig-minors").write_text("config 1\nmonitor 2\ngpu0/gi7/access 900\ngpu0/gi7/ci0/access 901\n")
-        assert mig_cap_minors(0, 7, 0, tmp_path) == (900, 901)
-        assert mig_cap_minors(1, 0, 0, tmp_path) == (138, 139)  # not listed: formula
+        assert read_mig_cap_minors(0, 7, 0, tmp_path) == (900, 901)
+        assert read_mig_cap_minors(1, 0, 0, tmp_path) == (138, 139)  # not listed: formula

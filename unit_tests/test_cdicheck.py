@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.node.cdi import CdiSpecs, ClaimDevice
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.edits import ClaimDevice
 from e2e.testbed import cdicheck
 from unit_tests import cdispecs
 
@@ -129,7 +130,9 @@ def test_the_run_fails_when_the_driver_writes_a_spec_the_library_refuses(tmp_pat
     (tmp_path / "test_writes.py").write_text(textwrap.dedent(f"""
         from pathlib import Path
 
-        from dra_driver.node.cdi import CdiSpecs, ClaimDevice, atomic_write
+        from dra_driver.node.fileio import atomic_write
+        from dra_driver.node.prepare.cdi import CdiSpecs
+        from dra_driver.node.prepare.edits import ClaimDevice
 
         def test_writes_a_spec_with_a_bad_device_name(tmp_path: Path) -> None:
             atomic_write(tmp_path / "refused.json", {refused!r}, 0o644)

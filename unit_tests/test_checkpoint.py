@@ -12,16 +12,15 @@ from typing import Any
 
 import pytest
 
-from dra_driver.node.checkpoint import (
+from dra_driver.node.discovery.model import MigDevice, MigPlacement
+from dra_driver.node.fileio import describe_os_error, ensure_dir
+from dra_driver.node.prepare.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointStore,
     ClaimEntry,
     ClaimState,
     PreparedDevice,
-    describe_os_error,
-    ensure_dir,
 )
-from dra_driver.node.discovery.model import MigDevice, MigPlacement
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
@@ -166,7 +165,7 @@ class TestQuarantine:
         doc["data"]["claims"][UID]["state"] = "Exploded"
         import hashlib
 
-        from dra_driver.node.checkpoint import canonical
+        from dra_driver.node.prepare.checkpoint import canonical
 
         doc["checksum"] = "sha256:" + hashlib.sha256(canonical(doc["data"])).hexdigest()
         path.write_text(json.dumps(doc))
@@ -281,7 +280,7 @@ class TestJournal:
         assert len(self.lines(tmp_path)) == 1
 
     def test_compaction(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr("dra_driver.node.checkpoint.COMPACT_MIN_BYTES", 4096)
+        monkeypatch.setattr("dra_driver.node.prepare.checkpoint.COMPACT_MIN_BYTES", 4096)
         s = store(tmp_path)
         both = entries()
         s.save({})

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from dra_driver.k8s.client import CLAIMS, ApiError
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.claimstatus import ClaimStatusWriter, ReportingHandler, apply_body, device_data, device_statuses
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
-from dra_driver.node.prepare import ClaimRef, DeviceState
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler, apply_body, device_data, device_statuses
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
 from unit_tests.kubefake import FakeKube
 from unit_tests.test_prepare import DRIVER, NODE, FakeBackend, build_devices, make_claim
 

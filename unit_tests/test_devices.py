@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from dra_driver.k8s.quantity import format_canonical, parse_quantity
-from dra_driver.node.devices import (
+from dra_driver.node.describe.devices import (
     ATTR_NUMA_NODE,
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
@@ -167,8 +167,9 @@ def test_check_limits_rejects() -> None:
         check_device_limits(dict(base, attributes={"v": {"version": "1.0"}}))
     with pytest.raises(ValueError, match="longer"):
         check_device_limits(dict(base, attributes={"s": {"string": "x" * 65}}))
-    with pytest.raises(ValueError, match="DNS label"):
-        check_device_limits(dict(base, name="GPU_0"))
+    for name in ("GPU_0", "gpu-0\n", "gpu-", "x" * 64):
+        with pytest.raises(ValueError, match="DNS label"):
+            check_device_limits(dict(base, name=name))
     with pytest.raises(ValueError, match="consumesCounters"):
         check_device_limits(dict(base, consumesCounters=[{}, {}, {}]))
 

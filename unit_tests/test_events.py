@@ -18,8 +18,8 @@ from dra_driver.k8s.events import (
     node_ref,
 )
 from dra_driver.node import events as notices
-from dra_driver.node.health import DeviceHealth, health_changes
-from dra_driver.node.prepare import ClaimRef
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.publish.health import DeviceHealth, health_changes
 
 CONTROLLER = "gpu.dra-driver.io/kubelet-plugin"
 NODE = node_ref("gpu-node-1")

@@ -17,7 +17,8 @@ from test_prepare import Env, make_claim
 from test_prepare import env as env  # a fixture, used by name
 
 from dra_driver import failpoints
-from dra_driver.node.checkpoint import ClaimState, atomic_write
+from dra_driver.node.fileio import atomic_write
+from dra_driver.node.prepare.checkpoint import ClaimState
 from unit_tests.crashes import Crash
 
 REPO = Path(__file__).resolve().parents[1]

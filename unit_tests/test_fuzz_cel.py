@@ -12,7 +12,7 @@ from test_prepare import build_devices
 
 from dra_driver.allocator.cel.compile import compile_selector, device_activation
 from dra_driver.allocator.cel.errors import CelCompileError, CelCostError, CelError, CelRuntimeError
-from dra_driver.node.devices import describe
+from dra_driver.node.describe.devices import describe
 
 DRIVER = "gpu.dra-driver.io"
 DEVICE = describe(build_devices(), DRIVER, False)[0][0]

@@ -32,10 +32,10 @@ from dra_driver._proto.dra.v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra.v1beta1 import api_pb2 as v1beta1
 from dra_driver._proto.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver.k8s.client import ApiError, Resource
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore
-from dra_driver.node.grpc import PluginServers
-from dra_driver.node.prepare import DeviceState
+from dra_driver.node.kubelet.grpc import PluginServers
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.state import DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"

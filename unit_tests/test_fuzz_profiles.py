@@ -11,8 +11,9 @@ from fuzzing import examples, json_values, mutate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_driver.node.discovery.simulated import NodeProfile, SimulatedBackend, builtin_profiles, parse_profile
-from dra_driver.node.discovery.simulated import load_profile as load
+from dra_driver.node.discovery.profiles import NodeProfile, builtin_profiles, parse_profile
+from dra_driver.node.discovery.profiles import load_profile as load
+from dra_driver.node.discovery.simulated import SimulatedBackend
 
 BUILTIN = {name: yaml.safe_load(resources.files("dra_driver").joinpath("profiles", f"{name}.yaml").read_text())
            for name in builtin_profiles()}

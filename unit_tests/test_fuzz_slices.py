@@ -23,7 +23,7 @@ from dra_driver.controller.reconciler import allocation_conflicts
 from dra_driver.controller.verdicts import Verdict, evaluate
 from dra_driver.k8s.client import CLAIMS as CLAIM_RESOURCE
 from dra_driver.k8s.events import Occurrence, event_body, object_ref
-from dra_driver.node.devices import describe
+from dra_driver.node.describe.devices import describe
 
 OURS = "gpu.dra-driver.io"
 BUGGY = "buggy.example.com"

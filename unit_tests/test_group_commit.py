@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dra_driver.node.prepare import _GroupCommit
+from dra_driver.node.prepare.groupcommit import GroupCommit
 
 
 def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:
@@ -21,7 +21,7 @@ def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:
             release_first.wait(5)
         return {k: f"done-{v}" for k, v in items.items()}
 
-    combiner: _GroupCommit[int, str] = _GroupCommit(lock, work)
+    combiner: GroupCommit[int, str] = GroupCommit(lock, work)
     results: dict[str, dict[str, str]] = {}
 
     def call(key: str, value: int) -> None:
@@ -48,7 +48,7 @@ def test_requests_waiting_for_the_lock_are_merged_into_one_round() -> None:
 
 
 def test_a_lone_request_is_done_at_once() -> None:
-    combiner: _GroupCommit[int, int] = _GroupCommit(threading.RLock(), lambda items: {k: v * 2 for k, v in items.items()})
+    combiner: GroupCommit[int, int] = GroupCommit(threading.RLock(), lambda items: {k: v * 2 for k, v in items.items()})
     assert combiner.run({"x": 21}) == {"x": 42}
 
 
@@ -64,7 +64,7 @@ def test_a_call_done_by_a_round_does_not_wait_for_the_next_round() -> None:
         release[n].wait(5)
         return dict(items)
 
-    combiner: _GroupCommit[int, int] = _GroupCommit(threading.RLock(), work)
+    combiner: GroupCommit[int, int] = GroupCommit(threading.RLock(), work)
     returned: dict[str, float] = {}
 
     def call(key: str) -> None:

@@ -26,12 +26,14 @@ from dra_driver._proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
 from dra_driver.k8s.client import ApiError, Resource
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore
-from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, PciInfo
-from dra_driver.node.grpc import SUPPORTED_VERSIONS, HealthBoard, PluginServers
-from dra_driver.node.prepare import ClaimRef, DeviceState, PrepareOutcome, ResponseDevice
+from dra_driver.node.kubelet.grpc import SUPPORTED_VERSIONS, PluginServers
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.state import DeviceState
+from dra_driver.node.publish.healthboard import HealthBoard
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"

@@ -17,9 +17,8 @@ from sliceapi import InMemorySliceApi
 from test_prepare import build_devices
 
 from dra_driver.k8s.client import SLICES
-from dra_driver.node.devices import describe
-from dra_driver.node.grpc import HealthBoard
-from dra_driver.node.health import (
+from dra_driver.node.describe.devices import describe
+from dra_driver.node.publish.health import (
     TAINT_KEY,
     HealthFileError,
     HealthFileSource,
@@ -30,7 +29,8 @@ from dra_driver.node.health import (
     parse_health_file,
     taint_value,
 )
-from dra_driver.node.slices import SlicePublisher
+from dra_driver.node.publish.healthboard import HealthBoard
+from dra_driver.node.publish.slices import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 DEVICES = build_devices()

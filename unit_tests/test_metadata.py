@@ -17,12 +17,13 @@ import pytest
 from test_prepare import Env, make_claim
 
 from dra_driver import failpoints
-from dra_driver.node import metadata as md
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, PreparedDevice, atomic_write
-from dra_driver.node.devices import describe_device
-from dra_driver.node.metadata import MetadataClaim, MetadataError, MetadataFiles
-from dra_driver.node.prepare import DeviceState
+from dra_driver.node.describe.devices import describe_device
+from dra_driver.node.fileio import atomic_write
+from dra_driver.node.prepare import metadata as md
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, PreparedDevice
+from dra_driver.node.prepare.metadata import MetadataClaim, MetadataError, MetadataFiles
+from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.testbed import cdicheck
 from unit_tests.cdispecs import stand_in_device_nodes
@@ -150,12 +151,12 @@ class TestNames:
         assert md.pod_claim_name(claim) is None
         claim["metadata"]["annotations"] = {md.POD_CLAIM_NAME_ANNOTATION: "gpu"}
         assert md.pod_claim_name(claim) == "gpu"
-        for bad in ("../../etc", "a/b", "GPU", "x" * 64, 7):
+        for bad in ("../../etc", "a/b", "GPU", "x" * 64, 7, "gpu\n"):
             claim["metadata"]["annotations"] = {md.POD_CLAIM_NAME_ANNOTATION: bad}
             with pytest.raises(MetadataError, match="pod-claim-name"):
                 md.pod_claim_name(claim)
 
-    @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64])
+    @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64, "gpu\n"])
     def test_request_names_are_validated(self, bad: str) -> None:
         with pytest.raises(MetadataError, match="request name"):
             md.validate_request_name(bad)

@@ -19,12 +19,12 @@ from unittest.mock import Mock
 import pynvml
 import pytest
 
-from dra_driver.node.devices import enumerate_devices
+from dra_driver.node.describe.devices import enumerate_devices
 from dra_driver.node.discovery import select
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
-from dra_driver.node.health import HealthMonitor, NvmlEventSource
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.publish.health import HealthMonitor, NvmlEventSource
 from e2e.testbed import gotools, mocknvml
 
 GIB = 1024**3

@@ -13,13 +13,14 @@ from test_health import DEVICES, make_monitor
 from test_prepare import Env, make_claim
 
 from dra_driver.k8s.client import ApiError
-from dra_driver.node import probe
-from dra_driver.node.devices import describe
+from dra_driver.node.describe.devices import describe
 from dra_driver.node.discovery.nvml import NvmlBackend
-from dra_driver.node.health import HealthFileSource, HealthReport
+from dra_driver.node.kubelet import probe
 from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
-from dra_driver.node.prepare import ClaimRef, DeviceState
-from dra_driver.node.slices import SlicePublisher
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
+from dra_driver.node.publish.health import HealthFileSource, HealthReport
+from dra_driver.node.publish.slices import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 
@@ -32,7 +33,7 @@ def test_prepare_and_unprepare_are_timed_by_result_and_failures_reported(tmp_pat
     env = Env(tmp_path)
     failures: list[tuple[ClaimRef, str]] = []
     env.state = DeviceState(
-        node_name=env.state.node_name, driver_name=DRIVER, devices=env.devices, cdi=env.state._cdi,
+        node_name=env.state.node_name, driver_name=DRIVER, devices=env.devices, cdi=env.new_cdi(),
         checkpoint=env.state.checkpoint, api=env.reader, backend=env.backend, proc_root=env.proc,
         on_prepare_error=lambda ref, error: failures.append((ref, error)))
     ok0, err0 = count("prepare_duration_seconds_count", result="success"), count("prepare_duration_seconds_count", result="error")
@@ -111,8 +112,8 @@ def test_devices_by_type_and_health_and_xids(tmp_path: Path) -> None:
 
 
 def test_monitor_reports_changes() -> None:
-    from dra_driver.node.grpc import HealthBoard
-    from dra_driver.node.health import HealthMonitor
+    from dra_driver.node.publish.health import HealthMonitor
+    from dra_driver.node.publish.healthboard import HealthBoard
 
     changes = []
     devices_json, _ = describe(DEVICES, DRIVER, False)

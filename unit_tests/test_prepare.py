@@ -18,12 +18,14 @@ import structlog
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.client import ApiError, Resource
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare import ClaimRef, DeviceState
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.config import ClaimPlanner
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
@@ -369,7 +371,7 @@ class TestIdempotency:
     def test_unprepare_removes_leftover_spec_of_unknown_claim(self, env: Env) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
         env.state.prepare([ref])
-        env.state._entries.clear()  # simulate a lost entry
+        env.state._ledger.entries.clear()  # simulate a lost entry
         assert env.state.unprepare([ref]) == {ref.uid: None}
         assert not env.spec_exists(ref.uid)
 
@@ -410,6 +412,16 @@ class TestErrors:
         ]}
         assert env.prepare_one(claim).error is None  # second term matches
 
+    def test_label_requirements_hold_where_the_plugin_cannot_see_labels(self, env: Env) -> None:
+        labels = [{"key": "zone", "operator": "In", "values": ["z1"]}]
+        claim = make_claim("c", [("gpu", "gpu-0")])
+        claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": labels}]}
+        assert env.prepare_one(claim).error is None
+        other = make_claim("d", [("gpu", "gpu-1")])
+        other["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": labels, "matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]}
+        assert "allocated to another node" in (env.prepare_one(other).error or "")
+
     def test_unknown_device(self, env: Env) -> None:
         err = env.prepare_one(make_claim("c", [("gpu", "gpu-0"), ("gpu", "gpu-99")])).error or ""
         assert "'gpu-99'" in err and "not a device" in err
@@ -445,7 +457,7 @@ class TestErrors:
         def boom(*a: Any) -> Any:
             raise ZeroDivisionError("bug")
 
-        monkeypatch.setattr(env.state, "_plan", boom)
+        monkeypatch.setattr(ClaimPlanner, "plan", boom)
         assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")
         monkeypatch.setattr(env.state, "_prepare_locked", boom)
         assert "internal error" in (env.state.prepare([ref])[ref.uid].error or "")
@@ -458,7 +470,7 @@ class TestDiskFull:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def test_cdi_write_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.node.cdi as cdi_mod
+        import dra_driver.node.prepare.cdi as cdi_mod
 
         monkeypatch.setattr(cdi_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-3-1g-0")])
@@ -473,7 +485,7 @@ class TestDiskFull:
         assert env.state.prepare([ClaimRef(uid, "default", "c")])[uid].error is None
 
     def test_checkpoint_enospc(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-        import dra_driver.node.checkpoint as cp_mod
+        import dra_driver.node.prepare.checkpoint as cp_mod
 
         monkeypatch.setattr(cp_mod, "atomic_write", self._enospc)
         claim = make_claim("c", [("gpu", "gpu-0")])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.node import probe
+from dra_driver.node.kubelet import probe
 
 
 def test_missing_socket_is_reported(tmp_path: Path) -> None:

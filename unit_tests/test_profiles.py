@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.node.discovery.simulated import load_profile, parse_profile
+from dra_driver.node.discovery.profiles import load_profile, parse_profile
 
 BASE: dict[str, Any] = {
     "driverVersion": "580.95.05",

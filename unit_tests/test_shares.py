@@ -17,21 +17,12 @@ from test_prepare import DRIVER, MPS, NODE, TS, Env, build_devices, env_of, gpu_
 
 from dra_driver.gpuconfig import decode_sharing
 from dra_driver.k8s.quantity import parse_quantity
-from dra_driver.node.checkpoint import CheckpointStore, canonical
-from dra_driver.node.devices import describe, describe_device, enumerate_devices
+from dra_driver.node.describe.devices import describe, describe_device, enumerate_devices
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares, SharesMode, parse_consumable_shares, shared_capacity
+from dra_driver.node.prepare.checkpoint import CheckpointStore, canonical
+from dra_driver.node.prepare.config import ShareAmounts, ShareError, mps_for_share, share_amounts
+from dra_driver.node.prepare.exclusive import coexistence_problem
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from dra_driver.node.shares import (
-    DISABLED,
-    ConsumableShares,
-    ShareAmounts,
-    ShareError,
-    SharesMode,
-    coexistence_problem,
-    mps_for_share,
-    parse_consumable_shares,
-    share_amounts,
-    shared_capacity,
-)
 
 GI = 2**30
 MI = 2**20

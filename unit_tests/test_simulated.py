@@ -7,13 +7,13 @@ import pytest
 
 from dra_driver.node.discovery.dump import gpus_from_json, gpus_to_json
 from dra_driver.node.discovery.model import MigPlacement
+from dra_driver.node.discovery.profiles import builtin_profiles, load_profile
+from dra_driver.node.discovery.select import BackendChoice
 from dra_driver.node.discovery.simulated import (
     MigError,
     SimulatedBackend,
-    builtin_profiles,
     create_fake_device_files,
     gpu_uuid,
-    load_profile,
     mig_device_paths,
     mig_uuid,
 )
@@ -184,32 +184,38 @@ def test_custom_profile_file(tmp_path: Path) -> None:
         load_profile(str(tmp_path / "missing.yaml"))
 
 
-def _settings(tmp_path: Path, backend: str) -> PluginSettings:
-    from dra_driver.node.settings import PluginSettings
+def _choice(tmp_path: Path, backend: str) -> BackendChoice:
+    return BackendChoice(backend, "node-a", "a100-mig", tmp_path / "state", sysfs_root=tmp_path / "sys",
+                         dev_root=tmp_path / "root")
 
-    return PluginSettings(
-        node_name="node-a", driver_name="gpu.example.com", backend=backend, simulated_profile="a100-mig",
+
+def test_settings_choose_the_backend_with_their_own_values(tmp_path: Path) -> None:
+    settings = PluginSettings(
+        node_name="node-a", driver_name="gpu.example.com", backend="simulated", simulated_profile="a100-mig",
         registry_dir=tmp_path / "reg", plugins_dir=tmp_path / "plugins", cdi_root=tmp_path / "cdi",
         state_dir=tmp_path / "state", dev_root=tmp_path / "root", sysfs_root=tmp_path / "sys", kubeconfig=None,
         log_format="json", log_level="info", dynamic_mig=False, socket_group=None, cleanup_interval=60.0,
-        health_file=None, ignored_xids=(), health_port=0,
+        health_file=None, ignored_xids=(), health_port=0, nvidia_driver_root=tmp_path / "driver",
     )
+    assert settings.backend_choice == BackendChoice(
+        "simulated", "node-a", "a100-mig", tmp_path / "state", nvidia_driver_root=tmp_path / "driver",
+        sysfs_root=tmp_path / "sys", dev_root=tmp_path / "root")
 
 
 def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from dra_driver.node.discovery import nvml, select
 
-    backend = select.open_backend(_settings(tmp_path, "simulated"))
+    backend = select.open_backend(_choice(tmp_path, "simulated"))
     assert backend.name == "simulated" and len(backend.discover()) == 4
     assert stat.S_ISCHR((tmp_path / "root" / "dev" / "nvidia0").stat().st_mode)
     monkeypatch.setattr(nvml, "nvml_available", lambda: (False, "libnvidia-ml.so.1 was not found"))
-    auto = select.open_backend(_settings(tmp_path, "auto"))
+    auto = select.open_backend(_choice(tmp_path, "auto"))
     assert auto.name == "simulated"
     captured = capsys.readouterr()
     assert "FALLING BACK TO SIMULATED" in captured.out + captured.err
     with pytest.raises(ValueError):
-        select.open_backend(_settings(tmp_path, "magic"))
+        select.open_backend(_choice(tmp_path, "magic"))
 
 
 def test_dump_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,9 +8,9 @@ from kubefake import FakeKube
 from sliceapi import InMemorySliceApi
 
 from dra_driver.k8s.client import NODES, SLICES, ApiError, Resource
-from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.simulated import SimulatedBackend
-from dra_driver.node.slices import (
+from dra_driver.node.publish.slices import (
     PoolOwner,
     SliceContent,
     SlicePublisher,

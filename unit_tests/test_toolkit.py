@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from test_prepare import DRIVER, NODE, Env, make_claim
 
-from dra_driver.node.cdi import CdiSpecs
-from dra_driver.node.toolkit import (
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.toolkit import (
     DriverEdits,
     DriverEditsError,
     ToolkitConfig,

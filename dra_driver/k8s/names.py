@@ -1,4 +1,9 @@
-"""Kubernetes object references typed by people: ``NAMESPACE/NAME``, validated before any request.
+"""Kubernetes names, checked by the API server's own rules, and ``NAMESPACE/NAME`` references typed
+by people, validated before any request.
+
+The rules are those of ``k8s.io/apimachinery/pkg/util/validation`` (``IsDNS1123Label``,
+``IsDNS1123Subdomain``) and of the driver name in ``resource.k8s.io`` (the CSI driver-name rule):
+a name this module accepts is one the API server accepts, and the other way round.
 
 Kept free of the API client so that settings parsing (every command, the liveness probe too)
 does not load it.
@@ -7,9 +12,42 @@ does not load it.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX_LENGTH = 63
+DNS_SUBDOMAIN_MAX_LENGTH = 253
+DRIVER_NAME_MAX_LENGTH = 63
+
+_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL = re.compile(_LABEL)
+_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+
+def _go_len(value: str) -> int:
+    # Go's len() of a string: bytes, not characters.
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def _go_lower(value: str) -> str:
+    # Go's strings.ToLower maps U+0130 to "i"; Python's str.lower() makes it "i" plus a combining dot.
+    return value.replace("\u0130", "i").lower()
+
+
+def is_dns_label(value: object) -> TypeGuard[str]:
+    """A DNS-1123 label: namespaces, device, request and counter names."""
+    return isinstance(value, str) and _go_len(value) <= DNS_LABEL_MAX_LENGTH and _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: object) -> TypeGuard[str]:
+    """A DNS-1123 subdomain: the names of most objects (ResourceClaims, DeviceClasses, ...)."""
+    return (isinstance(value, str) and _go_len(value) <= DNS_SUBDOMAIN_MAX_LENGTH
+            and _DNS_SUBDOMAIN.fullmatch(value) is not None)
+
+
+def is_driver_name(value: object) -> TypeGuard[str]:
+    """A DRA driver name: at most 63 bytes, and a DNS subdomain once lower-cased (so upper case is
+    accepted, as the API server does)."""
+    return isinstance(value, str) and 0 < _go_len(value) <= DRIVER_NAME_MAX_LENGTH and is_dns_subdomain(_go_lower(value))
 
 
 def parse_namespaced_name(text: str, what: str) -> tuple[str, str]:
@@ -18,8 +56,8 @@ def parse_namespaced_name(text: str, what: str) -> tuple[str, str]:
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise ValueError(f"{what} must be NAMESPACE/NAME, got {text!r}")
     ns, name = parts
-    if not _DNS_LABEL.match(ns) or len(ns) > 63:
+    if not is_dns_label(ns):
         raise ValueError(f"invalid namespace {ns!r} (must be a DNS label)")
-    if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+    if not is_dns_subdomain(name):
         raise ValueError(f"invalid {what} name {name!r} (must be a DNS subdomain)")
     return ns, name

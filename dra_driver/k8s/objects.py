@@ -55,7 +55,8 @@ def key_of(obj: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class Node:
     name: str | None
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] | None = ()
+    """None where the labels are not known (the node plugin reads no Node): label requirements then hold."""
 
 
 def _requirement_ok(req: Mapping[str, Any], values: Mapping[str, str]) -> bool:
@@ -90,11 +91,11 @@ def selector_terms(selector: Any) -> Iterator[tuple[list[Mapping[str, Any]], lis
 def selector_matches(selector: Mapping[str, Any], node: Node) -> bool:
     if node.name is None:
         return True  # anonymous node: optimistic, the result carries the selector
-    labels = dict(node.labels)
+    labels = None if node.labels is None else dict(node.labels)
     fields = {"metadata.name": node.name}
     return any(
         (exprs or flds)
-        and all(_requirement_ok(r, labels) for r in exprs)
+        and (labels is None or all(_requirement_ok(r, labels) for r in exprs))
         and all(_requirement_ok(r, fields) for r in flds)
         for exprs, flds in selector_terms(selector)
     )

@@ -14,8 +14,8 @@ from pathlib import Path
 from dra_driver import CONFIG_API_GROUP
 from dra_driver.k8s.client import CLAIMS
 from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
-from dra_driver.node.health import HealthChange
-from dra_driver.node.prepare import ClaimRef
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.publish.health import HealthChange
 
 REPORTING_CONTROLLER = f"{CONFIG_API_GROUP}/kubelet-plugin"
 

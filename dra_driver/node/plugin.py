@@ -18,20 +18,24 @@ from dra_driver import __version__, logs
 from dra_driver.k8s import client as kube
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.node import events as notices
-from dra_driver.node import memory, probe
-from dra_driver.node.claimstatus import ClaimStatusWriter, ReportingHandler
-from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node import memory
+from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.discovery.select import open_backend
-from dra_driver.node.grpc import HealthBoard, PluginServers
-from dra_driver.node.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
+from dra_driver.node.kubelet import probe
+from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare import CLAIM_READ_CONCURRENCY, ClaimRef, DeviceState
+from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
+from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
+from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
+from dra_driver.node.publish.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
+from dra_driver.node.publish.healthboard import HealthBoard
+from dra_driver.node.publish.slices import SlicePublisher
 from dra_driver.node.settings import PluginSettings
-from dra_driver.node.slices import SlicePublisher
-from dra_driver.node.toolkit import DriverEdits, ToolkitConfig
 
 
 def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
@@ -83,7 +87,7 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
     def fallback(reason: str) -> None:
         events.on_node(notices.backend_unavailable(reason, settings.simulated_profile))
 
-    backend = open_backend(settings, on_fallback=fallback)
+    backend = open_backend(settings.backend_choice, on_fallback=fallback)
     return backend, backend.discover()
 
 

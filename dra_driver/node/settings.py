@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.config import add_shared_arguments, env, env_flag
-from dra_driver.node.shares import DISABLED, ConsumableShares, parse_consumable_shares
+from dra_driver.gpuconfig import Strategy
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
+from dra_driver.node.discovery.select import BackendChoice
 from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
 
-SHARING_STRATEGIES = ("Exclusive", "TimeSlicing", "MPS")
+SHARING_STRATEGIES = tuple(s.value for s in Strategy)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class PluginSettings:
     @property
     def registration_socket(self) -> Path:
         return self.registry_dir / f"{self.driver_name}-reg.sock"
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        return BackendChoice(self.backend, self.node_name, self.simulated_profile, self.state_dir,
+                             self.nvidia_driver_root, self.sysfs_root, self.dev_root)
 
 
 # Non-fatal XIDs that NVIDIA documents as application-level errors; a GPU reporting only these

@@ -13,7 +13,7 @@ import argparse
 import time
 
 from dra_driver.allocator.cel.compile import compile_selector, compile_uncached, device_activation
-from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import BenchBed
@@ -35,7 +35,7 @@ def _device() -> dict[str, object]:
     add_plugin_arguments(parser)
     settings = plugin_settings(parser.parse_args(["--node-name=cel", "--gpu-backend=simulated",
                                                   "--simulated-profile=h100-8x"]))
-    devices_json, _ = describe(enumerate_devices(open_backend(settings).discover(), False), DRIVER_NAME, False)
+    devices_json, _ = describe(enumerate_devices(open_backend(settings.backend_choice).discover(), False), DRIVER_NAME, False)
     return devices_json[0]
 
 

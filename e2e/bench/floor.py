@@ -1,6 +1,6 @@
 """The gRPC floor: a NodePrepareResources round trip with nothing behind the handler.
 
-Ours is the node plugin's own server stack (:class:`dra_driver.node.grpc.PluginServers` on grpcio,
+Ours is the node plugin's own server stack (:class:`dra_driver.node.kubelet.grpc.PluginServers` on grpcio,
 with the same options and sockets) around a handler that answers at once; the other is grpc-go
 serving the same answer (``baseline-driver grpc-floor serve``). One Go client (grpc-go, as the
 kubelet) calls each in turn, one call at a time with a pause between calls as when pods start one
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dra_driver.node.grpc import PluginServers
-from dra_driver.node.prepare import ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.kubelet.grpc import PluginServers
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
 from e2e.bench.bed import BenchBed
 from e2e.bench.common import Result, summarize_ms
 from e2e.bench.realnode import cpu_seconds, ratio

@@ -16,7 +16,7 @@ scheduler): device ``gpu-N`` of pool ``bench-node`` with a TimeSlicing ``GpuConf
 claim, so any number of claims may share the 8 simulated H100s without breaking exclusivity.
 
 The fsync floor (write + fsync + rename + directory fsync of a small file in the plugin's state
-directory, i.e. one :func:`dra_driver.node.checkpoint.atomic_write`) is measured alongside: a prepare
+directory, i.e. one :func:`dra_driver.node.fileio.atomic_write`) is measured alongside: a prepare
 cannot be faster than the durable writes it makes.
 """
 
@@ -36,12 +36,13 @@ import structlog
 
 from dra_driver import logs
 from dra_driver.k8s.client import CLAIMS, ApiError, Resource, RestKubeApi
-from dra_driver.node.checkpoint import atomic_write
-from dra_driver.node.devices import enumerate_devices
+from dra_driver.node.describe.devices import enumerate_devices
 from dra_driver.node.discovery.select import open_backend
-from dra_driver.node.grpc import PluginServers
+from dra_driver.node.fileio import atomic_write
+from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.plugin import api_client
-from dra_driver.node.prepare import DeviceState, PrepareOutcome
+from dra_driver.node.prepare.records import PrepareOutcome
+from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
 from e2e.bench.common import RESULTS, Result, percentile, summarize_ms
@@ -212,7 +213,7 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
     with _output_to(log_file), open(log_file, "a") as log:
         logs.configure("json", "info")
         structlog.configure(logger_factory=structlog.WriteLoggerFactory(file=log))
-        backend = open_backend(settings)
+        backend = open_backend(settings.backend_choice)
         devices = enumerate_devices(backend.discover(), settings.dynamic_mig)
         reader = _TimedReader(api_client(str(kubeconfig)))
         state = DeviceState.from_settings(settings, devices, reader, backend=backend)

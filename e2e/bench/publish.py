@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from dra_driver.k8s import client as kube
-from dra_driver.node.devices import describe, enumerate_devices
+from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.publish.slices import SlicePublisher
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from dra_driver.node.slices import SlicePublisher
 from e2e.bench.bed import NODES, BenchBed
 from e2e.bench.common import Result, summarize_ms
 from e2e.testbed.nodes import DRIVER_NAME
@@ -30,7 +30,7 @@ def catalogue(node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], fl
     add_plugin_arguments(parser)
     settings = plugin_settings(parser.parse_args([
         f"--node-name={node}", "--gpu-backend=simulated", "--simulated-profile=h100-8x", "--dynamic-mig"]))
-    gpus = open_backend(settings).discover()
+    gpus = open_backend(settings.backend_choice).discover()
     t0 = time.perf_counter()
     devices_json, counters_json = describe(enumerate_devices(gpus, True), DRIVER_NAME, True)
     return devices_json, counters_json, time.perf_counter() - t0

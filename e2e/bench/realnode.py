@@ -127,15 +127,18 @@ PROFILE_RATE_HZ = 1000
 PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging (structlog)", ("structlog/", "dra_driver/logs.py", "logging/__init__.py")),
     ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "_Transport", "http/client.py", "ssl.py")),
-    ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/metadata.py")),
-    ("CDI spec (build + atomic write)", ("CdiSpecs", "_write_spec", "dra_driver/node/cdi.py")),
+    ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/prepare/metadata.py")),
+    ("CDI spec (build + atomic write)", ("CdiSpecs", "Materializer.write (", "dra_driver/node/prepare/cdi.py",
+                                         "dra_driver/node/prepare/edits.py")),
     ("checkpoint (journal record + fdatasync, or a snapshot)", ("CheckpointStore",)),
     ("claim status report", ("ClaimStatusWriter",)),
     ("metrics", ("dra_driver/node/metrics.py", "dra_driver/metrics.py")),
-    ("group commit (queueing, bookkeeping)", ("_GroupCommit",)),
-    ("gRPC server and protobuf", ("grpc/", "google/protobuf/", "dra_driver/_proto/", "dra_driver/node/grpc.py")),
-    ("prepare logic (config, sharing, devices)", ("dra_driver/node/prepare.py", "dra_driver/node/claimstatus.py",
-                                                   "dra_driver/gpuconfig.py")),
+    ("group commit (queueing, bookkeeping)", ("GroupCommit",)),
+    ("gRPC server and protobuf", ("grpc/", "google/protobuf/", "dra_driver/_proto/", "dra_driver/node/kubelet/grpc.py")),
+    ("prepare logic (config, sharing, devices)", (
+        *(f"dra_driver/node/prepare/{m}.py" for m in ("state", "config", "exclusive", "ledger", "reading", "materialize",
+                                                      "claimstatus")),
+        "dra_driver/gpuconfig.py")),
 )
 PREPARE_ENTRY = "NodePrepareResources"
 

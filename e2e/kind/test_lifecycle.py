@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dra_driver.node.checkpoint import CheckpointStore
+from dra_driver.node.prepare.checkpoint import CheckpointStore
 from e2e.bed import DRIVER, wait_for, wait_running
 from e2e.kind.install import (
     ALTERNATIVE_ROOT,

@@ -157,7 +157,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("helm", "helm.sh/helm/v3", {"helm.sh/helm/v3/cmd/helm": "helm"},
          ldflags=lambda v: f"-X helm.sh/helm/v3/internal/version.version={v} "
                            "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"),
-    # The driver's CDI edits (libraries, binaries, hooks) for CUDA containers: dra_driver/node/toolkit.py.
+    # The driver's CDI edits (libraries, binaries, hooks) for CUDA containers: dra_driver/node/prepare/toolkit.py.
     # cgo: nvidia-ctk loads libnvidia-ml through go-nvml's dlopen.
     Tool("nvidia-container-toolkit", "github.com/NVIDIA/nvidia-container-toolkit",
          {f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{c}": c for c in ("nvidia-ctk", "nvidia-cdi-hook")},

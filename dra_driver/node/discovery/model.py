@@ -20,6 +20,9 @@ class MigPlacement:
     start: int
     size: int
 
+    def overlaps(self, other: MigPlacement) -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
 
 @dataclass(frozen=True)
 class MigProfile:

@@ -1,14 +1,14 @@
-"""Pick the discovery backend the settings ask for."""
+"""Pick the discovery backend the plugin's flags ask for."""
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver import logs
 from dra_driver.node.discovery.backend import Backend
-from dra_driver.node.settings import PluginSettings
 
 _log = logs.get("discovery")
 
@@ -16,6 +16,23 @@ SIMULATED_STATE_FILE = "simulated-gpus.json"
 
 # Where distributions put libnvidia-ml below a driver root (a container mounts the host's at /driver-root).
 NVML_LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64")
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which backend to open, and what opening it needs."""
+
+    backend: str
+    """``auto``, ``nvml`` or ``simulated``."""
+    node_name: str
+    simulated_profile: str
+    """A built-in profile name or a YAML file."""
+    state_dir: Path
+    """Where the simulated backend keeps its GPUs' state (:data:`SIMULATED_STATE_FILE`)."""
+    nvidia_driver_root: Path = Path("/")
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/")
+    """``/``, or a fake root under which the simulated backend makes its device nodes."""
 
 
 def nvml_library_candidates(driver_root: Path) -> list[Path]:
@@ -38,40 +55,39 @@ def preload_nvml(driver_root: Path) -> Path | None:
     return None
 
 
-def open_backend(settings: PluginSettings, on_fallback: Callable[[str], None] | None = None) -> Backend:
+def open_backend(choice: BackendChoice, on_fallback: Callable[[str], None] | None = None) -> Backend:
     """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly:
     ``on_fallback`` hears why)."""
-    choice = settings.backend
-    if choice not in ("auto", "nvml", "simulated"):
-        raise ValueError(f"unknown GPU backend {choice!r} (expected auto, nvml or simulated)")
-    if choice in ("auto", "nvml"):
-        preload_nvml(settings.nvidia_driver_root)
+    if choice.backend not in ("auto", "nvml", "simulated"):
+        raise ValueError(f"unknown GPU backend {choice.backend!r} (expected auto, nvml or simulated)")
+    if choice.backend in ("auto", "nvml"):
+        preload_nvml(choice.nvidia_driver_root)
         from dra_driver.node.discovery.nvml import NvmlBackend, nvml_available
 
-        if choice == "nvml":
-            return NvmlBackend(sysfs_root=settings.sysfs_root)
+        if choice.backend == "nvml":
+            return NvmlBackend(sysfs_root=choice.sysfs_root)
         ok, reason = nvml_available()
         if ok:
             _log.info("using the NVML backend")
-            return NvmlBackend(sysfs_root=settings.sysfs_root)
+            return NvmlBackend(sysfs_root=choice.sysfs_root)
         _log.warning(
             "NVML IS NOT AVAILABLE: FALLING BACK TO SIMULATED GPUS; nothing this node publishes is real hardware",
-            reason=reason, profile=settings.simulated_profile,
+            reason=reason, profile=choice.simulated_profile,
         )
         if on_fallback is not None:
             on_fallback(reason)
-    return open_simulated(settings)
+    return open_simulated(choice)
 
 
-def open_simulated(settings: PluginSettings) -> Backend:
+def open_simulated(choice: BackendChoice) -> Backend:
     from dra_driver.node.discovery.simulated import SimulatedBackend
 
     backend = SimulatedBackend(
-        settings.simulated_profile,
-        settings.node_name,
-        dev_root=settings.dev_root if str(settings.dev_root) != "/" else None,
-        state_file=settings.state_dir / SIMULATED_STATE_FILE,
+        choice.simulated_profile,
+        choice.node_name,
+        dev_root=choice.dev_root if str(choice.dev_root) != "/" else None,
+        state_file=choice.state_dir / SIMULATED_STATE_FILE,
     )
     _log.info("using the simulated backend", profile=backend.profile.name, gpus=len(backend.profile.gpus),
-              dev_root=str(settings.dev_root))
+              dev_root=str(choice.dev_root))
     return backend

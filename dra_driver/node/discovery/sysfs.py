@@ -115,3 +115,16 @@ def read_mig_minors(proc_root: Path = Path("/proc")) -> dict[str, int]:
         if len(parts) == 2 and parts[1].isdigit():
             result[parts[0]] = int(parts[1])
     return result
+
+
+def read_mig_cap_minors(gpu_minor: int, gpu_instance_id: int, compute_instance_id: int,
+                        proc_root: Path | None = Path("/proc")) -> tuple[int, int]:
+    """(GI access minor, CI access minor) as ``<proc_root>/driver/nvidia-caps/mig-minors`` lists them;
+    computed with the driver's fixed layout when it does not (or ``proc_root`` is None)."""
+    if proc_root is not None:
+        table = read_mig_minors(proc_root)
+        gi_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/access"
+        ci_key = f"gpu{gpu_minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
+        if gi_key in table and ci_key in table:
+            return table[gi_key], table[ci_key]
+    return mig_cap_minors(gpu_minor, gpu_instance_id, compute_instance_id)

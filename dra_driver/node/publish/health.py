@@ -4,7 +4,7 @@ The :class:`HealthMonitor` is the one place health turns into effects:
 
 * the device health stream (``DRAResourceHealth``, v1 and v1alpha1) through :class:`HealthBoard.update`;
 * a device taint ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on every unhealthy device,
-  re-published through :class:`dra_driver.node.slices.SlicePublisher`, so the scheduler stops placing
+  re-published through :class:`dra_driver.node.publish.slices.SlicePublisher`, so the scheduler stops placing
   new claims there. Recovery removes the taint; nothing restarts.
 
 A GPU's health applies to every device carved from it (its MIG devices, its dynamic-MIG
@@ -46,7 +46,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.node.devices import AllocatableDevice
+from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_SUPPORTED,
@@ -55,14 +55,13 @@ from dra_driver.node.discovery.nvml import (
     error_code,
     nvml_text,
 )
-from dra_driver.node.grpc import HEALTHY, UNHEALTHY, UNKNOWN, HealthBoard
 from dra_driver.node.metrics import METRICS, xid_label
+from dra_driver.node.publish.healthboard import HEALTH_VALUES, HEALTHY, UNHEALTHY, HealthBoard
 
 _log = logs.get("health")
 
 TAINT_KEY = "gpu.dra-driver.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
-HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
 POLL_INTERVAL = 0.5
 MAX_HEALTH_FILE_BYTES = 1 << 20
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")

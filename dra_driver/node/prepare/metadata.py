@@ -44,18 +44,21 @@ from typing import Any
 import orjson
 
 from dra_driver.gpuconfig import base_request
-from dra_driver.node.cdi import (
+from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
+from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
+from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.prepare.cdi import (
     DERIVED_FILES_DURABLE,
     DIR_MODE,
     SPEC_MODE,
+    UUID_PATTERN,
     CdiError,
     minimum_cdi_version,
     spec_bytes,
     validate_claim_uid,
     validate_driver_name,
 )
-from dra_driver.node.checkpoint import PreparedDevice, atomic_write, ensure_dir, remove_stale_temp_files
-from dra_driver.node.devices import AllocatableDevice, device_attributes
+from dra_driver.node.prepare.checkpoint import PreparedDevice
 from dra_driver.ondisk import METADATA_SUBDIR as HOST_SUBDIR
 from dra_driver.ondisk import metadata_spec_prefix
 
@@ -68,10 +71,7 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 FILE_MODE = 0o644
 HOST_DIR_MODE = 0o700
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_UID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_HOST_FILE = re.compile(rf"^(?P<uid>{_UID})_[a-z0-9-]+\.json$")
+_HOST_FILE = re.compile(rf"^(?P<uid>{UUID_PATTERN})_[a-z0-9-]+\.json$")
 # Go's encoder escapes these inside strings; so must we, for the same bytes.
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -81,13 +81,13 @@ class MetadataError(CdiError):
 
 
 def validate_request_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not is_dns_label(name):
         raise MetadataError(f"request name {name!r} is not a DNS label")
     return name
 
 
 def validate_claim_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if not is_dns_subdomain(name):
         raise MetadataError(f"claim name {name!r} is not a DNS subdomain")
     return name
 
@@ -109,7 +109,7 @@ def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
     value = annotations.get(POD_CLAIM_NAME_ANNOTATION) if isinstance(annotations, Mapping) else None
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
+    if not is_dns_label(value):
         raise MetadataError(f"annotation {POD_CLAIM_NAME_ANNOTATION}={value!r} is not a DNS label")
     return value
 
@@ -327,7 +327,7 @@ class MetadataFiles:
 
     def claims(self) -> set[str]:
         """Claim UIDs that have a metadata file or spec of this driver."""
-        spec = re.compile(rf"^{re.escape(self._spec_prefix)}(?P<uid>{_UID})_[a-z0-9-]+\.json$")
+        spec = re.compile(rf"^{re.escape(self._spec_prefix)}(?P<uid>{UUID_PATTERN})_[a-z0-9-]+\.json$")
         uids: set[str] = set()
         for directory, pattern in ((self.cdi_root, spec), (self.dir, _HOST_FILE)):
             try:

@@ -35,9 +35,10 @@ from dra_driver import logs
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.quantity import format_canonical
-from dra_driver.node.checkpoint import ClaimEntry, ClaimState, PreparedDevice
-from dra_driver.node.devices import AllocatableDevice, device_totals
-from dra_driver.node.prepare import ClaimRef, DeviceState, PrepareOutcome
+from dra_driver.node.describe.devices import AllocatableDevice, device_totals
+from dra_driver.node.prepare.checkpoint import ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
+from dra_driver.node.prepare.state import DeviceState
 
 _log = logs.get("claimstatus")
 
@@ -224,7 +225,7 @@ class ClaimStatusWriter:
 
 
 class ReportingHandler:
-    """The kubelet's prepare/unprepare (:class:`dra_driver.node.grpc.PrepareHandler`) of a
+    """The kubelet's prepare/unprepare (:class:`dra_driver.node.kubelet.grpc.PrepareHandler`) of a
     :class:`DeviceState`, handing each success to the writer after the state has answered."""
 
     def __init__(self, state: DeviceState, writer: ClaimStatusWriter, devices: Mapping[str, AllocatableDevice]) -> None:

@@ -31,15 +31,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 
 from dra_driver import logs
-from dra_driver.node.checkpoint import ensure_dir
-from dra_driver.node.prepare import ClaimRef, PrepareOutcome
+from dra_driver.node.fileio import ensure_dir
+from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
+from dra_driver.node.publish.healthboard import HEALTHY, UNHEALTHY, DeviceHealthReport, HealthBoard
 
 
 def _proto(module: str) -> Any:
@@ -69,7 +69,7 @@ _log = logs.get("grpc")
 
 
 class PrepareHandler(Protocol):
-    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.DeviceState`)."""
+    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.state.DeviceState`)."""
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]: ...
 
@@ -78,21 +78,10 @@ class PrepareHandler(Protocol):
 
 # --- health -----------------------------------------------------------------------------------
 
-HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
-HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
-
-
-@dataclass(frozen=True)
-class DeviceHealthReport:
-    device_name: str
-    health: str = HEALTHY
-    """``Healthy``, ``Unhealthy`` or ``Unknown``."""
-    message: str = ""
-    updated: float = 0.0
-    """Unix time the health was determined; 0 = when sent."""
-
 
 class HealthSource(Protocol):
+    """What the resource health stream reads (:class:`dra_driver.node.publish.healthboard.HealthBoard`)."""
+
     def snapshot(self) -> tuple[int, list[DeviceHealthReport]]:
         """A version number (bumped on every change) and the complete device list."""
         ...
@@ -100,50 +89,6 @@ class HealthSource(Protocol):
     def wait_for_change(self, version: int, timeout: float) -> int:
         """Block until the version differs from ``version`` or ``timeout`` passes; the current version."""
         ...
-
-
-class HealthBoard:
-    """Thread-safe device health list; the default source (every device Healthy until told otherwise).
-
-    A health monitor calls :meth:`update`; the NodeWatchResources stream picks the change up at once.
-    """
-
-    def __init__(self, device_names: Iterable[str] = ()) -> None:
-        self._cond = threading.Condition()
-        self._version = 0
-        now = time.time()
-        self._reports: dict[str, DeviceHealthReport] = {n: DeviceHealthReport(n, HEALTHY, "", now) for n in device_names}
-
-    def set_devices(self, device_names: Iterable[str]) -> None:
-        """Track exactly these devices: new ones start Healthy, missing ones are dropped."""
-        names = list(device_names)
-        with self._cond:
-            now = time.time()
-            self._reports = {n: self._reports.get(n) or DeviceHealthReport(n, HEALTHY, "", now) for n in names}
-            self._bump()
-
-    def update(self, device_name: str, health: str, message: str = "") -> None:
-        if health not in HEALTH_VALUES:
-            raise ValueError(f"health must be one of {', '.join(HEALTH_VALUES)}, got {health!r}")
-        with self._cond:
-            old = self._reports.get(device_name)
-            if old is not None and old.health == health and old.message == message:
-                return
-            self._reports[device_name] = DeviceHealthReport(device_name, health, message, time.time())
-            self._bump()
-
-    def _bump(self) -> None:
-        self._version += 1
-        self._cond.notify_all()
-
-    def snapshot(self) -> tuple[int, list[DeviceHealthReport]]:
-        with self._cond:
-            return self._version, list(self._reports.values())
-
-    def wait_for_change(self, version: int, timeout: float) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: self._version != version, timeout=timeout)
-            return self._version
 
 
 # --- sockets ----------------------------------------------------------------------------------

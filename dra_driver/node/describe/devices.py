@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.k8s.names import is_dns_label
 from dra_driver.k8s.quantity import format_canonical
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares, shared_capacity
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
-from dra_driver.node.shares import DISABLED, ConsumableShares, shared_capacity
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,6 @@ class AllocatableDevice:
 
 
 # --- enumerate: discovered GPUs → named allocatable devices -------------------------------------
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
 
 def gpu_device_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.index}"
@@ -74,7 +72,7 @@ def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, Alloc
     devices: dict[str, AllocatableDevice] = {}
 
     def add(device: AllocatableDevice) -> None:
-        if not _DNS_LABEL.match(device.name) or len(device.name) > 63:
+        if not is_dns_label(device.name):
             raise ValueError(f"device name {device.name!r} is not a DNS label")
         if device.name in devices:
             raise ValueError(f"duplicate device name {device.name!r}")
@@ -292,7 +290,7 @@ def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic
 def check_device_limits(device: Mapping[str, Any]) -> None:
     """Raise ValueError when a Device dict breaks a resource.k8s.io/v1 validation limit."""
     name = device.get("name", "")
-    if not isinstance(name, str) or not _DNS_LABEL.match(name) or len(name) > 63:
+    if not is_dns_label(name):
         raise ValueError(f"device name {name!r} is not a DNS label")
     attrs = device.get("attributes", {}) or {}
     capacity = device.get("capacity", {}) or {}

@@ -1,0 +1,121 @@
+"""The node's file writes: atomic (and, when asked, durable) replacement, directories created with
+exact modes, leftovers of interrupted writes, and OSErrors told as what to do about them.
+
+The checkpoint, the CDI specs and the device metadata files are all written here, so every file
+the plugin writes is replaced the same way; the socket directories are made here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+from dra_driver import failpoints
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and, unless ``durable`` is False, durably; the file
+    gets exactly ``mode``.
+
+    Atomic: readers see the old file or the new one, whole, also after the writing process is
+    killed (the page cache keeps what it wrote). Durable: also after a power loss, which costs two
+    fsyncs (the file, then its directory for the rename); without them a power loss may leave
+    the old file, no file, or an empty or partial one at ``path``.
+
+    The temporary file is a hidden ``.<name>.tmp-<random>`` in the same directory (CDI runtimes
+    ignore it: it does not end in ``.json``). On any error the temporary file is removed and the
+    OSError propagates (``errno.ENOSPC`` for a full disk).
+    """
+    directory = path.parent
+    tmp = directory / f"{temp_name_prefix(path)}{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask may have cleared bits we need (0644 for CDI)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        failpoints.hit("atomic-write.before-rename")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(directory)
+
+
+def temp_name_prefix(path: Path) -> str:
+    """How :func:`atomic_write` names its temporary files for ``path`` (prefix, a random tail follows)."""
+    return f".{path.name}.tmp-"
+
+
+def remove_stale_temp_files(directory: Path, matches: Callable[[str], bool]) -> list[str]:
+    """Delete temporary files that a process killed inside :func:`atomic_write` left behind.
+
+    ``matches(name)`` says which hidden names are ours: the directory may be shared (``/var/run/cdi``).
+    Call it only while nothing else writes these files (start-up, before serving). Returns the
+    names removed; errors are ignored (a leftover is harmless, just untidy).
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(".") and ".tmp-" in name and matches(name):
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+                removed.append(name)
+    return removed
+
+
+def ensure_dir(directory: Path, mode: int) -> None:
+    """Create ``directory`` (and missing parents); every directory created here gets exactly ``mode``.
+
+    Existing directories are left as they are (they may be shared, like ``/var/run/cdi``).
+    """
+    if directory.is_dir():
+        return
+    missing: list[Path] = []
+    current = directory
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+
+
+def describe_os_error(exc: OSError, what: str) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device while writing {what}: free disk space on the node"
+    if exc.errno == errno.EDQUOT:
+        return f"disk quota exceeded while writing {what}"
+    if exc.errno == errno.EROFS:
+        return f"read-only file system while writing {what}"
+    return f"writing {what}: {exc.strerror or exc}"

@@ -1,0 +1,220 @@
+"""CDI specs: one transient spec file per prepared claim.
+
+* file: ``<cdi_root>/k8s.<driver>-claim_<claimUID>.json`` (mode 0644, written atomically)
+* kind: ``k8s.<driver>/claim``
+* device names: ``<claimUID>-<deviceName>``, ``<claimUID>-<deviceName>-<shareID>`` for a consumable
+  share; fully-qualified ID ``k8s.<driver>/claim=<name>``
+* ``cdiVersion``: the lowest version the content needs (0.5.0 once ``hostPath`` is used or a device
+  name starts with a digit, else 0.3.0)
+
+The container edits come from :mod:`dra_driver.node.prepare.edits` (what each device and the claim
+get); with the NVML backend the driver's own edits from the NVIDIA Container Toolkit (libraries,
+binaries, firmware, hooks: :mod:`dra_driver.node.prepare.toolkit`) join the claim-level edits.
+
+Every name that ends up in a path is validated first (claim UID, driver name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dra_driver.k8s.names import is_dns_label, is_driver_name
+from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
+from dra_driver.node.prepare.toolkit import merge_edits
+from dra_driver.ondisk import claim_spec_prefix
+
+UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+"""A lower-case RFC 4122 UUID, as the API server writes claim UIDs and share IDs."""
+_UUID = re.compile(UUID_PATTERN)
+_SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
+
+SPEC_MODE = 0o644
+DIR_MODE = 0o755
+DERIVED_FILES_DURABLE = False
+"""Whether claims' CDI specs and device metadata files are fsynced. They are not: they are derived
+from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
+re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare.state`,
+"Durability"; ``test_power_loss_*`` in the unit tests)."""
+
+
+class CdiError(ValueError):
+    """Invalid input for a CDI spec (never a file-system error: those are OSError)."""
+
+
+def validate_claim_uid(uid: str) -> str:
+    if not isinstance(uid, str) or not _UUID.fullmatch(uid):
+        raise CdiError(f"claim UID {uid!r} is not a lower-case RFC 4122 UUID")
+    return uid
+
+
+def validate_share_id(share_id: Any) -> str:
+    if not isinstance(share_id, str) or not _UUID.fullmatch(share_id):
+        raise CdiError(f"shareID {share_id!r} is not a lower-case RFC 4122 UUID")
+    return share_id
+
+
+def validate_driver_name(driver: str) -> str:
+    # ASCII as well: the API server lower-cases a driver name before checking it, which lets two
+    # non-ASCII letters through, and a CDI vendor name is ASCII.
+    if not is_driver_name(driver) or not driver.isascii():
+        raise CdiError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
+    return driver
+
+
+def validate_device_name(name: str) -> str:
+    if not is_dns_label(name):
+        raise CdiError(f"device name {name!r} is not a DNS label")
+    return name
+
+
+# --- spec content -----------------------------------------------------------------------------
+
+
+def spec_bytes(spec: dict[str, Any]) -> bytes:
+    """A spec file's content: compact JSON, which json's C encoder writes (an indented dump goes
+    through its pure-Python encoder, several times slower on the prepare path)."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def minimum_cdi_version(spec: dict[str, Any]) -> str:
+    """The lowest ``cdiVersion`` whose features cover what ``spec`` uses (of what we emit)."""
+    version = "0.3.0"
+
+    def need(v: str) -> None:
+        nonlocal version
+        if _version_tuple(v) > _version_tuple(version):
+            version = v
+
+    edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
+    for e in edits:
+        if any("hostPath" in n for n in e.get("deviceNodes", [])):
+            need("0.5.0")
+        if any("type" in m for m in e.get("mounts", [])):
+            need("0.4.0")
+        if "intelRdt" in e or "additionalGids" in e:
+            need("0.7.0")
+        if "netDevices" in e:
+            need("1.1.0")
+    for d in spec.get("devices", []):
+        if d["name"][:1].isdigit():
+            need("0.5.0")
+        if "annotations" in d:
+            need("0.6.0")
+    if "annotations" in spec or "." in spec["kind"].split("/", 1)[1]:
+        need("0.6.0")
+    return version
+
+
+class CdiSpecs:
+    """Writes, deletes and lists the per-claim CDI specs of one driver in one directory."""
+
+    def __init__(self, cdi_root: Path, driver_name: str, dev_root: Path = Path("/"),
+                 *, node_name: str = "", driver_edits: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.cdi_root = Path(cdi_root)
+        self.driver_name = validate_driver_name(driver_name)
+        self.vendor = f"k8s.{driver_name}"
+        self.kind = f"{self.vendor}/claim"
+        self.dev_root = Path(dev_root)
+        self.node_name = node_name
+        self._host_dev = self.dev_root / "dev" if self.dev_root.resolve() != Path("/") else None
+        # The driver's libraries, binaries and hooks (dra_driver.node.prepare.toolkit); raises when the driver
+        # is missing, so that no spec starts a container without it.
+        self._driver_edits = driver_edits
+
+    # names
+    def cdi_device_name(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+        """``<claimUID>-<device>``, and ``-<shareID>`` for a share: a claim may hold two shares of one
+        device (two requests), and each is its own CDI device."""
+        name = f"{validate_claim_uid(claim_uid)}-{validate_device_name(device_name)}"
+        return f"{name}-{validate_share_id(share_id)}" if share_id else name
+
+    def cdi_device_id(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
+        return f"{self.kind}={self.cdi_device_name(claim_uid, device_name, share_id)}"
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"{claim_spec_prefix(self.driver_name)}{validate_claim_uid(claim_uid)}.json"
+
+    def require_driver(self) -> None:
+        """Raise DriverEditsError, naming what is missing, when the driver's edits cannot be had."""
+        if self._driver_edits is not None:
+            self._driver_edits()
+
+    # content
+    def build_spec(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
+        validate_claim_uid(claim_uid)
+        if not devices:
+            raise CdiError("a CDI spec needs at least one device")
+        for value in (namespace, name):
+            if "\x00" in value or "\n" in value:
+                raise CdiError(f"invalid claim reference {namespace!r}/{name!r}")
+        edits = claim_edits(claim_uid, f"{namespace}/{name}", self.driver_name, self.node_name, devices, self._host_dev)
+        spec: dict[str, Any] = {
+            "cdiVersion": "",
+            "kind": self.kind,
+            "devices": [{"name": self.cdi_device_name(claim_uid, d.device.device_name, d.device.share_id),
+                         "containerEdits": d.edits} for d in edits.devices],
+            "containerEdits": edits.common,
+        }
+        if self._driver_edits is not None:
+            spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())
+        spec["cdiVersion"] = minimum_cdi_version(spec)
+        return spec
+
+    # files
+    def write_claim_spec(self, claim_uid: str, namespace: str, name: str,
+                         devices: Sequence[ClaimDevice]) -> list[str]:
+        """Write (or replace) the claim's spec; returns the fully-qualified CDI device IDs.
+
+        Raises CdiError for invalid input and OSError (ENOSPC, ...) for write failures.
+        """
+        spec = self.build_spec(claim_uid, namespace, name, devices)
+        data = spec_bytes(spec)
+        try:
+            ensure_dir(self.cdi_root, DIR_MODE)
+            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+        except OSError:
+            METRICS.cdi_spec_writes.labels(result="error").inc()
+            raise
+        METRICS.cdi_spec_writes.labels(result="success").inc()
+        return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name, d.share_id) for d in devices))
+
+    def spec_exists(self, claim_uid: str) -> bool:
+        return self.spec_path(claim_uid).is_file()
+
+    def delete_claim_spec(self, claim_uid: str) -> bool:
+        """Remove the claim's spec; False when there was none."""
+        try:
+            os.unlink(self.spec_path(claim_uid))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove_stale_temp_files(self) -> list[str]:
+        """Delete temporary spec files of writes interrupted by a crash (only this driver's names)."""
+        # atomic_write names them ".<spec file name>.tmp-<random>".
+        prefix = f".{claim_spec_prefix(self.driver_name)}"
+        return remove_stale_temp_files(self.cdi_root, lambda name: name.startswith(prefix))
+
+    def list_claim_specs(self) -> list[str]:
+        """Claim UIDs that have a spec of this driver in the directory."""
+        try:
+            names = os.listdir(self.cdi_root)
+        except FileNotFoundError:
+            return []
+        uids = []
+        for entry in names:
+            m = _SPEC_FILE.fullmatch(entry)
+            if m and m["driver"] == self.driver_name and _UUID.fullmatch(m["uid"]):
+                uids.append(m["uid"])
+        return sorted(uids)

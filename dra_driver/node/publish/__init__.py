@@ -1,0 +1,1 @@
+"""Publish: the described devices as ResourceSlices, and their health as it changes."""
