@@ -23,19 +23,19 @@ venv: $(STAMP)
 
 # Stops at once, naming the Debian packages to install, instead of failing deep in a build.
 prereqs:
-	$(PYTHON) -m e2e.testbed.prereqs test
+	$(PYTHON) -m e2e.tooling.prereqs test
 
 prereqs-demo:
-	$(PYTHON) -m e2e.testbed.prereqs demo
+	$(PYTHON) -m e2e.tooling.prereqs demo
 
 # Every Go tool builds from a committed go.mod + go.sum with -mod=readonly: this fails in seconds
 # (warm) when a build would have to resolve anything go.sum does not name.
 pins-check:
-	$(PYTHON) -m e2e.testbed.gotools check
+	$(PYTHON) -m e2e.tooling.gotools check
 
 # Re-pin a Go tool and print what changed, e.g. `make pin TOOL=kubernetes@v1.36.4`; then commit.
 pin:
-	$(PYTHON) -m e2e.testbed.gotools pin $(TOOL)
+	$(PYTHON) -m e2e.tooling.gotools pin $(TOOL)
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
@@ -52,28 +52,28 @@ unit: $(STAMP)
 	$(PY) -m pytest unit_tests -q $(PYTEST_ARGS)
 
 binaries: $(STAMP)
-	$(PY) -m e2e.testbed.binaries
+	$(PY) -m e2e.tooling.binaries
 
 runtime: $(STAMP)
 	$(PY) -m e2e.testbed.runtime
 
 e2e: $(STAMP) binaries runtime
-	$(PY) -m pytest e2e -q $(PYTEST_ARGS)
+	$(PY) -m pytest e2e/suites -q $(PYTEST_ARGS)
 
 # The smoke subset (registration, prepare/unprepare, slices, health) on the oldest supported minor.
 e2e-oldest: $(STAMP) runtime
-	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m e2e.testbed.binaries
-	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e -q -m smoke $(PYTEST_ARGS)
+	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m e2e.tooling.binaries
+	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e/suites -q -m smoke $(PYTEST_ARGS)
 
 # The image as users build it (Docker, or Podman); works with no registry (deploy/image/build.py).
 image: $(STAMP)
 	$(PY) deploy/image/build.py --tag $(IMAGE)
 
 # The install path for real: the image built, a kind cluster (1 control plane, 2 workers), the chart
-# installed, the e2e suite and e2e/kind against it. Here with the bed's own dockerd and a kind node
-# image assembled from the pins; on a host with Docker and kind, run e2e/kind/run-e2e.sh directly.
+# installed, the e2e suite and e2e/suites/kind against it. Here with the bed's own dockerd and a kind node
+# image assembled from the pins; on a host with Docker and kind, run e2e/suites/kind/run-e2e.sh directly.
 e2e-kind: $(STAMP)
-	DRA_KIND_BED=1 PYTHON=$(PY) e2e/kind/run-e2e.sh
+	DRA_KIND_BED=1 PYTHON=$(PY) e2e/suites/kind/run-e2e.sh
 
 real-node-up: $(STAMP) binaries runtime
 	$(PY) -m e2e.testbed.realnode up --kubeconfig .run/bed/kubeconfig

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import cdicheck, gotools
+from e2e.testbed import cdicheck
+from e2e.tooling import gotools
 
 PROJECT_MODULES = ("dra_driver", "e2e", "unit_tests")
 

@@ -48,7 +48,7 @@ def settings(**over: Any) -> ControllerSettings:
 
 def fence_policy(kube: FakeKube, ledger: str = "kube-system/dra-driver-allocations") -> None:
     """What the allocation-fence ValidatingAdmissionPolicy does, against ``kube``'s ConfigMap
-    (the policy itself is checked against kube-apiserver in e2e/test_controller.py)."""
+    (the policy itself is checked against kube-apiserver in e2e/suites/test_controller.py)."""
 
     def admit(verb: str, res: Resource, new: Obj, old: Obj | None) -> None:
         if res.plural != "resourceclaims" or verb not in ("replace_status", "dry_run_status"):

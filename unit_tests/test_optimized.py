@@ -1,5 +1,5 @@
 """The image runs every command with ``PYTHONOPTIMIZE=2`` (``-OO``: no docstrings, no asserts), which
-the bed's plugins and controller do too (``e2e/testbed/bytecode.py``). Code that reads a
+the bed's plugins and controller do too (``e2e/tooling/bytecode.py``). Code that reads a
 docstring at run time (an argparse description from ``__doc__``) breaks only there, so each
 command's help is run under ``-OO`` here, in a fresh interpreter."""
 

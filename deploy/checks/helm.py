@@ -1,7 +1,7 @@
 """Build the pinned ``helm`` from its committed Go module, then lint and render the chart.
 
-helm is one of the project's Go tools (``e2e/testbed/gotools/helm``: go.mod + go.sum, built with
-``-mod=readonly`` and cached by a hash of the pins; see ``e2e/testbed/gotools.py``).
+helm is one of the project's Go tools (``e2e/tooling/gotools/helm``: go.mod + go.sum, built with
+``-mod=readonly`` and cached by a hash of the pins; see ``e2e/tooling/gotools.py``).
 
 Usage::
 
@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a script: `python deploy/checks/helm.py`
     sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.testbed import gotools  # noqa: E402
+from e2e.tooling import gotools  # noqa: E402
 
 CHART_DIR = REPO_ROOT / "deploy" / "helm" / "dra-driver"
 # The Kubernetes version handed to `helm template`/`lint`: the bed's pinned release (the chart

@@ -9,7 +9,7 @@ is made locally:
 * ``PYTHON_IMAGE`` (``python:3.12-slim``) becomes a Debian bookworm minbase with ``python3`` and
   ``python3-venv``, made with ``mmdebstrap`` from Debian's mirror;
 * the toolkit stage's ``GO_IMAGE`` is replaced by an image holding ``nvidia-ctk`` and ``nvidia-cdi-hook``
-  built on the host from the same pins (``e2e/testbed/gotools/nvidia-container-toolkit``), so the
+  built on the host from the same pins (``e2e/tooling/gotools/nvidia-container-toolkit``), so the
   image ships the same pinned toolkit either way.
 
 ``--ca-bundle`` (default: the system bundle, when the host has one) is handed to the build as a
@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from e2e.testbed import docker as bed_docker  # noqa: E402  (the repository root is put on sys.path above)
-from e2e.testbed import gotools  # noqa: E402
+from e2e.tooling import gotools  # noqa: E402
 
 DOCKERFILE = ROOT / "deploy" / "image" / "Dockerfile"
 DEFAULT_PYTHON_IMAGE = "python:3.12-slim"

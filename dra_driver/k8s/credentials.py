@@ -20,7 +20,7 @@ Both decide a proxy from the environment the way the official loader does (``<sc
 or CIDR range), and the client reaches the server through it itself (CONNECT for https), so a proxy
 variable costs no import. Anything else (exec plugins, auth providers, basic auth, a list of files, a
 ``proxy-url``, a missing or unreadable file, whose error the official loader words) goes to the
-official loaders, imported then. ``unit_tests/test_credentials.py`` checks that both ways give the
+official loaders, imported then. ``unit_tests/k8s/test_credentials.py`` checks that both ways give the
 same connection.
 
 :meth:`Credentials.reload` runs the loader again (the client does once on a 401: an expired exec

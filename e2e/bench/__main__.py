@@ -13,9 +13,9 @@ import time
 import traceback
 from pathlib import Path
 
-from e2e.bench.bed import bench_bed
 from e2e.bench.common import BENCH_ORDER, RESULTS, machine_facts, summary_markdown
-from e2e.testbed import binaries, bytecode
+from e2e.bench.sharedbed import bench_bed
+from e2e.tooling import binaries, bytecode
 
 # Benchmarks that need no bed run without starting one.
 NEEDS_BED = {"prepare", "mig_publish", "plugin_start", "resolution", "explain", "real_node"}
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     selected = [n for n in BENCH_ORDER if not args.only or n in args.only]
     failures = 0
-    # The plugin is measured as the image ships it (e2e/testbed/bytecode.py); compiled before any
+    # The plugin is measured as the image ships it (e2e/tooling/bytecode.py); compiled before any
     # timing starts.
     bytecode.shipped_python()
     bed_ctx = bench_bed(keep=args.keep)

@@ -16,8 +16,8 @@ from dra_driver.allocator.cel.compile import compile_selector, compile_uncached,
 from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from e2e.bench.bed import BenchBed
 from e2e.bench.common import Result, percentile
+from e2e.bench.sharedbed import BenchBed
 from e2e.testbed.nodes import DRIVER_NAME
 
 D = f'device.attributes["{DRIVER_NAME}"]'

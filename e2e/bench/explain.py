@@ -23,10 +23,10 @@ from typing import Any
 from dra_driver.allocator.resolve import Engine
 from dra_driver.k8s.client import CLAIMS, RestKubeApi
 from dra_driver.tools import explain
-from e2e.bench.bed import BenchBed
 from e2e.bench.common import REPO, Result, summarize_ms
 from e2e.bench.resolution import CLAIM_SPEC, ensure_cluster
 from e2e.bench.resolution import NAMESPACE as SCHED_NAMESPACE
+from e2e.bench.sharedbed import BenchBed
 
 NAMESPACE = "bench-explain"
 

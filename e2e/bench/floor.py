@@ -28,10 +28,10 @@ from pathlib import Path
 
 from dra_driver.node.kubelet.grpc import PluginServers
 from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
-from e2e.bench.bed import BenchBed
 from e2e.bench.common import Result, summarize_ms
 from e2e.bench.realnode import cpu_seconds, ratio
-from e2e.testbed import gotools
+from e2e.bench.sharedbed import BenchBed
+from e2e.tooling import gotools
 
 REPO = Path(__file__).resolve().parents[2]
 PAUSE = "100ms"

@@ -8,15 +8,12 @@ itself plays the kubelet's part (GetInfo, NotifyRegistrationStatus, Node(Un)Prep
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from dra_driver._proto.dra.v1 import api_pb2 as dra_pb
-from dra_driver._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from dra_driver._proto.pluginregistration import api_pb2 as reg_pb
 from dra_driver._proto.pluginregistration import api_pb2_grpc as reg_grpc
 from e2e.testbed.nodes import DRIVER_NAME, Processes, SimNode
@@ -89,41 +86,3 @@ def vm_rss_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0])
     return out
-
-
-class DraClient:
-    """NodePrepareResources / NodeUnprepareResources (v1) over the plugin's Unix socket."""
-
-    def __init__(self, socket: Path) -> None:
-        self.channel = grpc.insecure_channel(f"unix:{socket}")
-        grpc.channel_ready_future(self.channel).result(timeout=30)
-        self.stub = dra_grpc.DRAPluginStub(self.channel)  # type: ignore[no-untyped-call]
-
-    @staticmethod
-    def _claims(claims: Sequence[tuple[str, str, str]]) -> list[Any]:
-        return [dra_pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
-
-    def prepare_request(self, claims: Sequence[tuple[str, str, str]]) -> Any:
-        return dra_pb.NodePrepareResourcesRequest(claims=self._claims(claims))
-
-    def unprepare_request(self, claims: Sequence[tuple[str, str, str]]) -> Any:
-        return dra_pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
-
-    def prepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 60.0) -> dict[str, str]:
-        """Per claim UID: the error ("" when prepared)."""
-        resp = self.stub.NodePrepareResources(self.prepare_request(claims), timeout=timeout)
-        return {uid: r.error for uid, r in resp.claims.items()}
-
-    def unprepare(self, claims: Sequence[tuple[str, str, str]], timeout: float = 60.0) -> dict[str, str]:
-        resp = self.stub.NodeUnprepareResources(self.unprepare_request(claims), timeout=timeout)
-        return {uid: r.error for uid, r in resp.claims.items()}
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-def check_errors(results: dict[str, str], expected: int, what: str) -> None:
-    errors = {uid: e for uid, e in results.items() if e}
-    if errors or len(results) != expected:
-        sample = next(iter(errors.values()), "")
-        raise RuntimeError(f"{what}: {len(errors)} of {len(results)} claims failed (expected {expected}): {sample}")

@@ -44,10 +44,11 @@ from dra_driver.node.plugin import api_client
 from dra_driver.node.prepare.records import PrepareOutcome
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
-from e2e.bench.bed import PLUGIN_NODE, BenchBed, parallel
 from e2e.bench.common import RESULTS, Result, percentile, summarize_ms
 from e2e.bench.plot import plot_latency
-from e2e.bench.plugin import DraClient, check_errors, start_plugin, wait_get_info
+from e2e.bench.plugin import start_plugin, wait_get_info
+from e2e.bench.sharedbed import PLUGIN_NODE, BenchBed, parallel
+from e2e.testbed.dracalls import DraClient, check_errors
 from e2e.testbed.nodes import DRIVER_NAME, SimNode
 
 NAMESPACE = "bench-prepare"

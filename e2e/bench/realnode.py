@@ -4,7 +4,7 @@ Both plugins are registered with the bed's real node (``e2e/testbed/realnode.py`
 kubelet, containerd and runc) at the same time and get the same pods in the same run, so every
 figure is a ratio measured under the same load:
 
-* the baseline is ``baseline-driver`` (``e2e/testbed/gotools/baseline-driver``): our own minimal
+* the baseline is ``baseline-driver`` (``e2e/tooling/gotools/baseline-driver``): our own minimal
   driver on ``k8s.io/dynamic-resource-allocation/kubeletplugin`` at the bed's Kubernetes, writing a
   CDI spec with the same device nodes as ours and a checkpoint, both atomically;
 * both publish 16 simulated H100s (a 16-GPU copy of the ``h100-8x`` profile, so a 16-pod burst
@@ -44,11 +44,12 @@ import yaml
 
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, SLICES, ApiError
 from dra_driver.node.settings import DEFAULT_CLEANUP_INTERVAL
-from e2e.bench.bed import BenchBed, parallel, wait_until
 from e2e.bench.common import Result, summarize_ms
 from e2e.bench.plugin import vm_rss_kib
-from e2e.testbed import gotools, images, realnode
+from e2e.bench.sharedbed import BenchBed, parallel, wait_until
+from e2e.testbed import images, realnode
 from e2e.testbed.nodes import DRIVER_NAME
+from e2e.tooling import gotools
 
 NAMESPACE = "bench-real-node"
 BASELINE_DRIVER = "baseline.dra-driver.io"

@@ -28,10 +28,10 @@ from typing import Any
 from dra_driver.allocator.inventory import AllocatedState, build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES, ApiError
-from e2e.bench.bed import NODES, BenchBed, parallel
 from e2e.bench.common import Result
+from e2e.bench.sharedbed import NODES, BenchBed, parallel
 from e2e.bench.synthetic import synthetic_slices
-from e2e.testbed import binaries
+from e2e.tooling import binaries
 
 FAKE_DRIVER = "bench.dra-driver.io"
 CLASS = "bench-gpu"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from e2e.bench.bed import NODES, BenchBed, wait_until
 from e2e.bench.common import Result, percentile, summarize_ms
 from e2e.bench.plugin import RunningPlugin, notify_registered, start_plugin, vm_rss_kib, wait_get_info
+from e2e.bench.sharedbed import NODES, BenchBed, wait_until
 
 
 def _published(plugin: RunningPlugin) -> bool:

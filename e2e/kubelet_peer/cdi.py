@@ -4,7 +4,7 @@ Validation follows what the CDI Go library (tags.cncf.io/container-device-interf
 version containerd in the bed links) enforces when a runtime loads a spec directory (strict field
 set, known versions, minimum version for the features used, name formats, container edits), so that
 a spec this module accepts is one containerd accepts, and the other way round. The unit tests hold
-it to that: each of their cases is also put to the library (unit_tests/peer/test_peer_cdi.py).
+it to that: each of their cases is also put to the library (unit_tests/e2e_tools/kubelet_peer/test_peer_cdi.py).
 That library checks no annotation keys (its check takes a map[string]any and is handed a
 map[string]string), so neither does this module.
 """

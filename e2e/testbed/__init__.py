@@ -1,1 +1,2 @@
-"""The local test bed: real Kubernetes control-plane binaries and an emulated kubelet."""
+"""The local test bed: the real control plane on loopback, simulated nodes with the kubelet peer, the
+real node (kubelet, containerd), the kind node image and the bed's own dockerd."""

@@ -1,6 +1,6 @@
 """CDI spec files as the reference CDI library sees them: the ``cdi-validate`` Go tool.
 
-``cdi-validate`` (``e2e/testbed/gotools/cdi-validate/main.go``) is built from its pin over
+``cdi-validate`` (``e2e/tooling/gotools/cdi-validate/main.go``) is built from its pin over
 ``tags.cncf.io/container-device-interface`` at the version containerd in the bed links. It reads each
 spec file as a runtime's spec directory scan does, and resolves and injects each of its devices
 through a CDI cache, as containerd does for a container. One process checks any number of paths.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed import gotools
+from e2e.tooling import gotools
 
 TOOL = "cdi-validate"
 INJECTED = "ok"

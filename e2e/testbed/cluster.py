@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import binaries
+from e2e.tooling import binaries
 
 FEATURE_GATES = {
     "DRAPartitionableDevices": True,

@@ -12,7 +12,7 @@ Two things about this machine shape it:
   capability it knows to a privileged container. kind starts its nodes privileged. So dockerd's
   default OCI runtime is a wrapper (:data:`CAPWRAP`) that drops, from the container's config, the
   capabilities this machine cannot grant, then runs runc. Test-bed code only; a normal host needs none
-  of it, and ``e2e/kind/run-e2e.sh`` uses whatever Docker a host already has.
+  of it, and ``e2e/suites/kind/run-e2e.sh`` uses whatever Docker a host already has.
 * No image registry is reachable, so base images come from Debian's package mirror: a minbase
   rootfs made with ``mmdebstrap`` and ``docker import``-ed (:func:`debian_image`), cached by a hash of
   its recipe.
@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.testbed import gotools
+from e2e.tooling import gotools
 
 # Debian's dockerd 20.10 and its own CLI: that CLI still builds with BuildKit built in (secrets,
 # build args naming stages), which a newer CLI without the buildx plugin no longer does.

@@ -19,7 +19,8 @@ import os
 import stat
 from pathlib import Path
 
-from e2e.testbed import gotools, mocknvml
+from e2e.testbed import mocknvml
+from e2e.tooling import gotools
 
 TOOL = "nvidia-container-toolkit"
 VERSION = mocknvml.DRIVER_VERSION

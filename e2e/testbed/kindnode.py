@@ -2,7 +2,7 @@
 
 kind's own ``kind build node-image`` cannot run here: it pulls every image kubeadm needs with
 ``ctr content fetch``, and no image registry is reachable. So this module does what it does, from
-parts that all come from committed pins (``e2e/testbed/gotools/``) or Debian's package mirror:
+parts that all come from committed pins (``e2e/tooling/gotools/``) or Debian's package mirror:
 
 1. **Go builds** (``gotools``): kind, kubeadm/kube-proxy (``kubernetes-node``) beside the bed's own
    Kubernetes build, containerd/runc, crictl, the CNI plugins, etcd at kubeadm's version, CoreDNS
@@ -51,7 +51,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import docker, gotools, images, runtime
+from e2e.testbed import docker, images, runtime
+from e2e.tooling import gotools
 
 RECIPE = "kindnode-1"
 """Bump when this module's recipe changes in a way the hashed inputs do not show."""
@@ -114,7 +115,7 @@ def kubernetes_version() -> str:
     node = gotools.TOOLS[NODE_TOOLS[0]].version()
     if node != version:
         raise KindNodeError(f"kindnode: {NODE_TOOLS[0]} is pinned at {node} but {K8S_TOOLS[0]} at {version}; "
-                            f"re-pin it: python -m e2e.testbed.gotools pin {NODE_TOOLS[0]}@{version}")
+                            f"re-pin it: python -m e2e.tooling.gotools pin {NODE_TOOLS[0]}@{version}")
     return version
 
 

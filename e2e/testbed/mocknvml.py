@@ -1,7 +1,7 @@
 """A fake NVIDIA driver root whose libnvidia-ml.so.1 is the ``mock-nvml`` Go tool.
 
 The library is our cgo shim over the mock DGX servers of github.com/NVIDIA/go-nvml (see
-``e2e/testbed/gotools/mock-nvml/main.go``). Placed where a driver installs it, it lets the node plugin
+``e2e/tooling/gotools/mock-nvml/main.go``). Placed where a driver installs it, it lets the node plugin
 run unchanged with ``--gpu-backend nvml --nvidia-driver-root <root>``. The environment chooses the
 machine and keeps its MIG state in a JSON file, which tests read to see what the mock holds::
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.node.discovery import sysfs
-from e2e.testbed import gotools
+from e2e.tooling import gotools
 
 TOOL = "mock-nvml"
 SONAME = "libnvidia-ml.so.1"

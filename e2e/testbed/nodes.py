@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import bytecode, mocknvml
+from e2e.testbed import mocknvml
 from e2e.testbed.cluster import die_with_parent, free_port
+from e2e.tooling import bytecode
 
 DRIVER_NAME = "gpu.dra-driver.io"
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@
   until the runtime reports its network ready. (``dummy`` would touch nothing on the host, but this
   kernel has no dummy link type; veth and bridge work.)
 
-Each comes from a committed Go module under ``e2e/testbed/gotools/`` (see ``gotools``).
+Each comes from a committed Go module under ``e2e/tooling/gotools/`` (see ``gotools``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from e2e.testbed import gotools
+from e2e.tooling import gotools
 
 RUNTIME_TOOLS = ("containerd", "runc")
 CNI_TOOLS = ("cni-plugins",)

@@ -1,0 +1,90 @@
+"""The e2e suite runs against whatever cluster it is given.
+
+- Default: the local bed (real apiserver, scheduler, controller-manager on loopback), with the
+  kubelet peer and our node plugin per simulated node, and our controller.
+- ``E2E_CLUSTER=kind`` and ``KUBECONFIG``: a kind cluster where the Helm chart already runs the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.testbed.clusterview import (
+    DEVICECLASSES,
+    DRIVER,
+    Bed,
+    env_flag,
+    fence_manifests,
+    kubectl_binary,
+    load_manifests,
+    wait_for,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", help="run the long variants of reliability tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "testbed_only: needs the local bed's processes (not on kind)")
+    config.addinivalue_line("markers", "long: long variant, only with --long")
+    config.addinivalue_line("markers", "smoke: also run on the oldest supported Kubernetes minor (make e2e-oldest)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_kind = os.environ.get("E2E_CLUSTER") == "kind"
+    for item in items:
+        waits = item.get_closest_marker("waits_for")
+        if waits:
+            # A scenario blocked on a missing capability stays visible as an expected failure
+            # naming the issue; if it starts passing, XPASS says so.
+            item.add_marker(pytest.mark.xfail(reason=f"waits for issue {waits.args[0]}", strict=False))
+        if on_kind and item.get_closest_marker("testbed_only"):
+            item.add_marker(pytest.mark.skip(reason="needs the local bed's processes"))
+        if item.get_closest_marker("long") and not config.getoption("--long"):
+            item.add_marker(pytest.mark.skip(reason="long variant: run with --long"))
+
+
+@pytest.fixture(scope="session")
+def bed() -> Iterator[Bed]:
+    if os.environ.get("E2E_CLUSTER") == "kind":
+        yield Bed(kubeconfig=Path(os.environ["KUBECONFIG"]), kubectl_bin=kubectl_binary(None), kind=True)
+        return
+
+    from e2e.testbed import cluster as cluster_mod
+    from e2e.testbed.nodes import NodeFleet
+
+    workdir = Path(tempfile.mkdtemp(prefix="dra-e2e-"))
+    keep = env_flag("E2E_KEEP")
+    with cluster_mod.running(workdir=workdir / "bed", keep=lambda: keep) as cluster:
+        fleet = NodeFleet(workdir=workdir, kubeconfig=cluster.kubeconfig, node_names=cluster.nodes)
+        try:
+            fleet.start()
+            b = Bed(kubeconfig=cluster.kubeconfig, kubectl_bin=str(cluster.bin_dir / "kubectl"),
+                    fleet=fleet, cluster=cluster)
+            b.apply(load_manifests(DEVICECLASSES) + fence_manifests())
+            for node in cluster.nodes:
+                wait_for(f"ResourceSlices of {node}",
+                         lambda n=node: b.get("resourceslices", selector=f"spec.nodeName={n},spec.driver={DRIVER}")["items"],
+                         timeout=60)
+            yield b
+        finally:
+            fleet.stop()
+            if keep:
+                print(f"\nE2E_KEEP: bed kept in {workdir}")
+
+
+@pytest.fixture()
+def ns(bed: Bed) -> Iterator[str]:
+    name = f"e2e-{secrets.token_hex(3)}"
+    bed.kubectl("create", "namespace", name)
+    wait_for(f"default ServiceAccount in {name}",
+             lambda: bed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30)
+    yield name
+    bed.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,157 @@
+"""The release's life as an operator lives it: upgrade with GPU pods running, a node whose kubelet
+runs at a non-default root, uninstall. The tests run in file order; each leaves the release installed
+for the next, except the last."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from e2e.suites.kind.install import (
+    ALTERNATIVE_ROOT,
+    ROOT_LABEL,
+    Install,
+    cdi_specs,
+    claim_and_pod,
+    nodes_labelled,
+    on_node,
+    pod_json,
+    run,
+    wait_gone,
+)
+from e2e.testbed.clusterview import DRIVER, wait_for, wait_running
+
+CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
+
+
+def prepared(node: str, path: str = CHECKPOINT) -> set[str]:
+    """The claim UIDs that the node's checkpoint holds, read as the plugin reads it (a journal:
+    an unprepared claim's UID stays in the file, in the record that removed it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "checkpoint.json").write_text(on_node(node, f"cat {path}"))
+        store = CheckpointStore(Path(tmp), node, DRIVER, boot_id="")
+        entries = store.load()
+        assert store.quarantined is None, f"{path} on {node}: {store.quarantine_reason}"
+        return set(entries)
+
+
+def container_id(install: Install, ns: str, pod: str) -> str:
+    obj = install.bed.get("pod", pod, ns)
+    (status,) = obj["status"]["containerStatuses"]
+    assert status["restartCount"] == 0, f"{ns}/{pod} restarted"
+    return str(status["containerID"])
+
+
+def claim_uid(install: Install, ns: str, name: str) -> str:
+    return str(install.bed.get("resourceclaim", name, ns)["metadata"]["uid"])
+
+
+def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str) -> None:
+    bed = install.bed
+    bed.apply(claim_and_pod(ns, "before"), ns=ns)
+    pod = wait_running(bed, ns, "before", timeout=120)
+    node = pod["spec"]["nodeName"]
+    before_uid = claim_uid(install, ns, "before")
+    before_ctr = container_id(install, ns, "before")
+    assert before_uid in prepared(node), "the prepared claim is in the host's checkpoint"
+    old_pods = {p["metadata"]["name"] for p in install.plugin_pods()}
+
+    # A new image tag, as a release upgrade brings: the DaemonSet rolls its pods.
+    repo = install.image.rsplit(":", 1)[0]
+    upgraded = f"{repo}:e2e-upgrade"
+    run(["docker", "tag", install.image, upgraded])
+    install.load_image(upgraded)
+    install.upgrade("--set", "image.tag=e2e-upgrade")
+
+    new_pods = install.plugin_pods()
+    assert not old_pods & {p["metadata"]["name"] for p in new_pods}, "the plugin pods were replaced"
+    assert all(p["spec"]["containers"][0]["image"].endswith(":e2e-upgrade") for p in new_pods)
+    assert container_id(install, ns, "before") == before_ctr, "the GPU pod kept running through the upgrade"
+    assert before_uid in prepared(node), "the checkpoint survived the upgrade"
+    assert any(before_uid in spec for spec in cdi_specs(node)), "the running pod's CDI spec is kept"
+
+    # The new plugin prepares new claims, and unprepares the one prepared before it started.
+    bed.apply(claim_and_pod(ns, "after"), ns=ns)
+    wait_running(bed, ns, "after", timeout=120)
+    after_uid = claim_uid(install, ns, "after")
+    for name in ("before", "after"):
+        bed.delete("pod", name, ns)
+    for uid in (before_uid, after_uid):
+        wait_gone(bed, f"the CDI spec of claim {uid} on {node}", lambda u=uid: [s for s in cdi_specs(node) if u in s], 60)
+    assert before_uid not in prepared(node), "the unprepared claim left the checkpoint"
+
+
+def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:
+    """k0s, MicroK8s and k3s run the kubelet elsewhere than /var/lib/kubelet: one value moves every path."""
+    bed = install.bed
+    (node,) = nodes_labelled(bed, "alternative")
+    try:
+        install.upgrade("--set", f"kubelet.rootDir={ALTERNATIVE_ROOT}",
+                        "--set-json", f'kubeletPlugin.nodeSelector={{"{ROOT_LABEL}":"alternative"}}')
+        (pod,) = install.plugin_pods()
+        assert pod["spec"]["nodeName"] == node
+        on_node(node, f"test -S {ALTERNATIVE_ROOT}/plugins_registry/{DRIVER}-reg.sock && "
+                      f"test -S {ALTERNATIVE_ROOT}/plugins/{DRIVER}/dra.sock && "
+                      f"test ! -e /var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock")
+        wait_for(f"ResourceSlices of {node}", lambda: install.node_slices(node), timeout=90)
+        bed.apply(claim_and_pod(ns, "alt", node=node), ns=ns)
+        wait_running(bed, ns, "alt", timeout=120)
+        uid = claim_uid(install, ns, "alt")
+        assert uid in prepared(node, f"{ALTERNATIVE_ROOT}/plugins/{DRIVER}/checkpoint.json")
+        bed.delete("pod", "alt", ns)
+        wait_gone(bed, f"the CDI spec of claim {uid}", lambda: [s for s in cdi_specs(node) if uid in s], 60)
+    finally:
+        install.upgrade("--set", "kubelet.rootDir=/var/lib/kubelet",
+                        "--set-json", f'kubeletPlugin.nodeSelector={{"{ROOT_LABEL}":"default"}}')
+    # The plugin left the node; its kubelet deletes the driver's slices there after a grace period.
+    # Until then the scheduler could still allocate them, to a claim no plugin would prepare.
+    wait_gone(bed, f"the ResourceSlices of {node}, deleted by its kubelet", lambda: install.node_slices(node), 180)
+
+
+def test_uninstall_leaves_no_slices_and_no_specs(install: Install, ns: str) -> None:
+    """Also what happens to a GPU pod running across an uninstall (README, "Uninstalling"): it keeps
+    running; deleted while no plugin serves its node, it stays Terminating, because the kubelet
+    cannot unprepare its claim; a reinstall lets the kubelet finish, from the checkpoint the
+    uninstall left on the host."""
+    bed = install.bed
+    (worker,) = nodes_labelled(bed, "default")
+    bed.apply(claim_and_pod(ns, "across", node=worker), ns=ns)
+    pod = wait_running(bed, ns, "across", timeout=120)
+    node = pod["spec"]["nodeName"]
+    uid = claim_uid(install, ns, "across")
+    ctr = container_id(install, ns, "across")
+
+    install.helm("uninstall", install.release, "-n", install.namespace, "--wait", "--timeout", "3m")
+    wait_gone(bed, "the plugin pods", install.plugin_pods, 120)
+    classes = [c["metadata"]["name"] for c in bed.get("deviceclasses")["items"] if c["metadata"]["name"].endswith(DRIVER)]
+    assert not classes, f"DeviceClasses left behind: {classes}"
+    assert container_id(install, ns, "across") == ctr, "the running GPU pod kept running"
+
+    bed.kubectl("delete", "pod", "across", "-n", ns, "--wait=false")
+    time.sleep(20)
+    stuck = pod_json(bed, ns, "across")
+    assert stuck is not None and stuck["metadata"].get("deletionTimestamp"), \
+        "expected the pod to stay Terminating while no plugin can unprepare its claim"
+
+    install.install()
+    wait_gone(bed, "the Terminating pod, once the reinstalled plugin unprepares its claim",
+              lambda: pod_json(bed, ns, "across"), 180)
+    wait_gone(bed, f"the CDI spec of claim {uid}", lambda: [s for s in cdi_specs(node) if uid in s], 60)
+
+    # With no GPU pods left, an uninstall leaves nothing of the driver in the cluster or on the nodes.
+    install.helm("uninstall", install.release, "-n", install.namespace, "--wait", "--timeout", "3m")
+    wait_gone(bed, "the plugin pods", install.plugin_pods, 120)
+    wait_gone(bed, "every ResourceSlice of the driver (the kubelet deletes an unregistered driver's slices)",
+              lambda: [s["metadata"]["name"] for s in bed.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER],
+              180)
+    for worker in nodes_labelled(bed, "default") + nodes_labelled(bed, "alternative"):
+        assert not cdi_specs(worker), f"CDI specs left on {worker}: {cdi_specs(worker)}"
+        sockets = on_node(worker, f"ls /var/lib/kubelet/plugins_registry {ALTERNATIVE_ROOT}/plugins_registry 2>/dev/null || true")
+        assert DRIVER not in sockets, f"registration socket left on {worker}: {sockets}"
+    leftovers = json.loads(bed.kubectl("get", "clusterroles,clusterrolebindings,validatingadmissionpolicies",
+                                       "-o", "json").stdout)["items"]
+    named = [o["metadata"]["name"] for o in leftovers if install.release in o["metadata"]["name"]]
+    assert not named, f"cluster-scoped objects left behind: {named}"

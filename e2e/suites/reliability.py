@@ -1,0 +1,238 @@
+"""Helpers of the reliability tests (crash, outage, load): results file, plugin supervision, invariants."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dra_driver.node.kubelet import probe
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState
+from dra_driver.node.prepare.metadata import HOST_SUBDIR, MetadataFiles
+from e2e.testbed.clusterview import CONTAINERS_ANNOTATION, DRIVER, Bed, slice_devices, wait_for
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "reliability.json"
+
+
+def record(section: str, key: str, value: dict[str, Any]) -> None:
+    """Merge ``value`` into ``reliability.json`` at ``[section][key]``; other writers' keys stay."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    # The lock file lives outside the repository so that it never shows up as a change.
+    with open(Path(tempfile.gettempdir()) / "dra-driver-reliability.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        except ValueError:
+            doc = {}
+        doc.setdefault(section, {})[key] = {**value, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        tmp = RESULTS.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, RESULTS)
+
+
+# --- the plugin process ---------------------------------------------------------------------------
+
+
+def plugin_name(node: str) -> str:
+    return f"plugin-{node}"
+
+
+def registration_socket(bed: Bed, node: str) -> Path:
+    return Path(bed.fleet.nodes[node].registry_dir) / f"{DRIVER}-reg.sock"
+
+
+def start_plugin(bed: Bed, node: str, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Any:
+    fleet = bed.fleet
+    return fleet.procs.start(plugin_name(node), fleet.nodes[node].plugin_args(fleet.kubeconfig, extra), env=env)
+
+
+def wait_serving(bed: Bed, node: str, timeout: float = 60) -> None:
+    sock = registration_socket(bed, node)
+    wait_for(f"plugin of {node} answering GetInfo", lambda: probe.check(sock, DRIVER, timeout=2.0) is None, timeout)
+
+
+def restart_plugin_clean(bed: Bed, node: str, extra: tuple[str, ...] = ()) -> None:
+    """Stop (SIGTERM) whatever plugin runs for ``node`` and start a plain one; wait until it serves."""
+    bed.fleet.procs.stop(plugin_name(node))
+    start_plugin(bed, node, extra)
+    wait_serving(bed, node)
+
+
+def log_path(bed: Bed, name: str) -> Path:
+    return Path(bed.fleet.procs.logs) / f"{name}.log"
+
+
+class Supervisor:
+    """Restarts a node's plugin whenever it dies, like the DaemonSet's restartPolicy, counting deaths."""
+
+    def __init__(self, bed: Bed, node: str, failpoints: str, seed: int) -> None:
+        self.bed, self.node, self.failpoints, self.seed = bed, node, failpoints, seed
+        self.kills = 0
+        self.other_exits: list[int] = []
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"supervise-{node}", daemon=True)
+
+    def _env(self) -> dict[str, str]:
+        self.seed += 1
+        return {"DRA_DRIVER_FAILPOINTS": self.failpoints, "DRA_DRIVER_FAILPOINTS_SEED": str(self.seed)}
+
+    def start(self) -> Supervisor:
+        self.bed.fleet.procs.stop(plugin_name(self.node))
+        start_plugin(self.bed, self.node, env=self._env())
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        procs = self.bed.fleet.procs.procs
+        while not self._stop.wait(0.1):
+            proc = procs.get(plugin_name(self.node))
+            if proc is None or proc.poll() is None:
+                continue
+            if proc.returncode == -9:
+                self.kills += 1
+            else:
+                self.other_exits.append(proc.returncode)
+            start_plugin(self.bed, self.node, env=self._env())
+            self.restarts += 1
+
+    def stop(self) -> None:
+        """Stop supervising and leave a plugin without failpoints running."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        restart_plugin_clean(self.bed, self.node)
+
+
+# --- invariants --------------------------------------------------------------------------------------
+
+
+def checkpoint_entries(bed: Bed, node: str) -> tuple[dict[str, ClaimEntry], Path | None]:
+    n = bed.fleet.nodes[node]
+    store = CheckpointStore(n.state_dir, node, DRIVER, boot_id="")
+    return store.load(), store.quarantined
+
+
+def spec_uids(bed: Bed, node: str) -> set[str]:
+    return set(CdiSpecs(bed.fleet.nodes[node].cdi_dir, DRIVER).list_claim_specs())
+
+
+def temp_leftovers(bed: Bed, node: str) -> list[str]:
+    n = bed.fleet.nodes[node]
+    dirs = (n.cdi_dir, n.state_dir, Path(n.state_dir) / HOST_SUBDIR)
+    return [p.name for d in dirs if d.exists() for p in d.iterdir() if ".tmp-" in p.name]
+
+
+def metadata_uids(bed: Bed, node: str) -> set[str]:
+    """Claims that have a device metadata file or spec on the node."""
+    n = bed.fleet.nodes[node]
+    return MetadataFiles(n.state_dir, n.cdi_dir, DRIVER).claims()
+
+
+def spec_device_ids(bed: Bed, node: str) -> set[str]:
+    """Every fully-qualified CDI device ID that the node's spec files define (what a runtime resolves)."""
+    out: set[str] = set()
+    for path in Path(bed.fleet.nodes[node].cdi_dir).glob("*.json"):
+        spec = json.loads(path.read_text())
+        out |= {f"{spec['kind']}={d['name']}" for d in spec.get("devices", [])}
+    return out
+
+
+def exclusive_conflicts(entries: dict[str, ClaimEntry]) -> list[str]:
+    """Pairs of claims that hold overlapping hardware while at least one of them is exclusive."""
+    holds = [(e.uid, d) for e in entries.values() for d in e.devices]
+    conflicts = []
+    for i, (ua, a) in enumerate(holds):
+        for ub, b in holds[i + 1:]:
+            if ua == ub or a.gpu_uuid != b.gpu_uuid:
+                continue
+            overlap = a.device == b.device or "gpu" in (a.kind, b.kind) or (
+                a.placement is not None and b.placement is not None
+                and a.placement[0] < b.placement[0] + b.placement[1] and b.placement[0] < a.placement[0] + a.placement[1])
+            exclusive = "Exclusive" in (a.sharing.get("strategy"), b.sharing.get("strategy"))
+            if overlap and exclusive:
+                conflicts.append(f"{ua}:{a.device} and {ub}:{b.device} on {a.gpu_uuid}")
+    return conflicts
+
+
+def node_state_problems(bed: Bed, node: str, live_claim_uids: set[str] | None) -> list[str]:
+    """What is wrong with a quiet node's prepared state; ``live_claim_uids``: claims that must be prepared."""
+    problems: list[str] = []
+    entries, quarantined = checkpoint_entries(bed, node)
+    if quarantined:
+        problems.append(f"{node}: checkpoint did not load, quarantined to {quarantined}")
+    started = sorted(u for u, e in entries.items() if e.state is not ClaimState.PREPARE_COMPLETED)
+    if started:
+        problems.append(f"{node}: entries left PrepareStarted: {started}")
+    completed = {u for u, e in entries.items() if e.state is ClaimState.PREPARE_COMPLETED}
+    specs = spec_uids(bed, node)
+    if specs - completed:
+        problems.append(f"{node}: CDI specs without a prepared claim: {sorted(specs - completed)}")
+    if completed - specs:
+        problems.append(f"{node}: prepared claims without a CDI spec: {sorted(completed - specs)}")
+    metadata = metadata_uids(bed, node)
+    if metadata - completed:
+        problems.append(f"{node}: device metadata without a prepared claim: {sorted(metadata - completed)}")
+    if live_claim_uids is not None and completed != live_claim_uids:
+        problems.append(f"{node}: prepared {sorted(completed)} but live claims are {sorted(live_claim_uids)}")
+    leftovers = temp_leftovers(bed, node)
+    if leftovers:
+        problems.append(f"{node}: temporary files left: {leftovers}")
+    problems += [f"{node}: exclusive conflict {c}" for c in exclusive_conflicts(entries)]
+    return problems
+
+
+def pod_device_problems(bed: Bed, ns: str) -> tuple[int, list[str], dict[str, set[str]]]:
+    """Running pods whose containers do not see exactly their allocated devices.
+
+    Returns (running pods checked, problems, live claim UIDs per node).
+    """
+    pods = bed.get("pods", ns=ns)["items"]
+    claims = {c["metadata"]["name"]: c for c in bed.get("resourceclaims", ns=ns)["items"]}
+    devices = slice_devices(bed)
+    problems: list[str] = []
+    live: dict[str, set[str]] = {}
+    checked = 0
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if pod.get("status", {}).get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        checked += 1
+        statuses = pod.get("status", {}).get("resourceClaimStatuses", [])
+        want: set[str] = set()
+        for st in statuses:
+            claim = claims.get(st.get("resourceClaimName", ""))
+            if claim is None:
+                problems.append(f"pod {name}: claim {st.get('resourceClaimName')} is gone")
+                continue
+            live.setdefault(pod["spec"].get("nodeName", ""), set()).add(claim["metadata"]["uid"])
+            for r in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", []):
+                if r["driver"] == DRIVER:
+                    uuid = devices[(r["pool"], r["device"])].get("attributes", {}).get("uuid", {}).get("string")
+                    want.add(str(uuid))
+        raw = pod["metadata"].get("annotations", {}).get(CONTAINERS_ANNOTATION)
+        if not raw:
+            problems.append(f"pod {name}: Running without the {CONTAINERS_ANNOTATION} annotation")
+            continue
+        for container, view in json.loads(raw).items():
+            got = {u for u in view.get("env", {}).get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u}
+            if got != want:
+                problems.append(f"pod {name}/{container}: sees {sorted(got)}, allocated {sorted(want)}")
+    return checked, problems, live
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[dict[str, float]]:
+    out: dict[str, float] = {}
+    start = time.monotonic()
+    try:
+        yield out
+    finally:
+        out["seconds"] = round(time.monotonic() - start, 2)

@@ -1,0 +1,160 @@
+"""The Go tools' pins: committed, complete, readonly, and the only input of their cache key."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from e2e.tooling import gotools, prereqs
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture()
+def pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the committed pins, so a test can bump or break one."""
+    copy = tmp_path / "gotools"
+    shutil.copytree(gotools.PINS, copy)
+    monkeypatch.setattr(gotools, "PINS", copy)
+    monkeypatch.setenv("DRA_TESTBED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gotools, "_go_version", lambda: "go1.26.8")
+    monkeypatch.setattr(gotools, "_libseccomp_version", lambda: "libseccomp-2.5.4")
+    return copy
+
+
+def test_every_tool_is_pinned_with_go_mod_and_go_sum() -> None:
+    for tool in gotools.TOOLS.values():
+        gomod = (tool.folder / "go.mod").read_text()
+        assert (tool.folder / "go.sum").stat().st_size > 0, tool.name
+        assert tool.version().startswith("v"), tool.name
+        # A library's or our own command's main package is its own folder, not an upstream command.
+        expected = set() if tool.ours else set(tool.commands)
+        assert set(gotools.directive(gomod, "tool")) == expected, f"{tool.name}: tool lines"
+        # Local replaces cannot resolve outside upstream's repository.
+        assert not any(right.startswith(".") for _, right in gotools._replaces(gomod)), tool.name
+
+
+def test_kubernetes_staging_modules_are_pinned_to_their_published_twins() -> None:
+    gomod = (gotools.TOOLS["kubernetes"].folder / "go.mod").read_text()
+    version = gotools.TOOLS["kubernetes"].version()
+    twin = "v0." + version.split(".", 1)[1]
+    replaces = dict(gotools._replaces(gomod))
+    assert replaces["k8s.io/api"] == f"k8s.io/api {twin}"
+    assert replaces["k8s.io/kubectl"] == f"k8s.io/kubectl {twin}"
+
+
+def test_directive_reads_single_line_and_block_forms() -> None:
+    gomod = ("module m\nrequire a.io/x v1.0.0 // indirect\nrequire (\n\tb.io/y v2.0.0\n\n)\n"
+             "tool c.io/z/cmd\nreplace (\n\td.io/w => e.io/w v1.1.0\n)\n")
+    assert gotools.requirements(gomod) == {"a.io/x": "v1.0.0", "b.io/y": "v2.0.0"}
+    assert gotools.directive(gomod, "tool") == ["c.io/z/cmd"]
+    assert gotools._replaces(gomod) == [("d.io/w", "e.io/w v1.1.0")]
+
+
+def test_upstream_replaces_keep_remote_ones_and_map_staging() -> None:
+    upstream = ("module k8s.io/kubernetes\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n"
+                "\tgithub.com/a/b v1.0.0 => github.com/c/b v1.0.1 // fork\n)\nreplace foo => ../foo\n")
+    assert gotools.upstream_replaces(upstream, "v1.36.4") == [
+        "k8s.io/api => k8s.io/api v0.36.4", "github.com/a/b v1.0.0 => github.com/c/b v1.0.1"]
+
+
+def test_cache_key_follows_the_pins_and_nothing_else(pins: Path) -> None:
+    key = gotools.cache_key(["cni-plugins"])
+    assert gotools.cache_key(["cni-plugins"]) == key
+    assert gotools.cache_key(["etcd"]) != key
+    gosum = pins / "cni-plugins" / "go.sum"
+    gosum.write_text(gosum.read_text() + "example.com/x v1.0.0 h1:AAAA=\n")
+    assert gotools.cache_key(["cni-plugins"]) != key, "a changed go.sum must rebuild"
+    gomod = pins / "cni-plugins" / "go.mod"
+    gomod.write_text(gomod.read_text().replace("containernetworking/plugins v1.9.1", "containernetworking/plugins v1.9.2"))
+    assert "v1.9.2" in gotools.bin_dir(["cni-plugins"]).name
+
+
+def test_runc_build_features_are_part_of_its_key(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = gotools.cache_key(["runc"])
+    monkeypatch.setattr(gotools, "_libseccomp_version", lambda: "libseccomp-2.6.0")
+    assert gotools.cache_key(["runc"]) != key
+
+
+def test_runc_without_libseccomp_refuses_at_once_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_which = shutil.which
+    monkeypatch.setattr(gotools.shutil, "which", lambda cmd: None if cmd == "pkg-config" else real_which(cmd))
+    with pytest.raises(gotools.ToolError, match=r"libseccomp-dev.*apt-get install .*pkg-config"):
+        gotools.ensure(["runc"], log=False)
+
+
+def test_a_partial_build_is_never_cached(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gotools, "_have", lambda cmd: True)
+
+    def half_build(tool: gotools.Tool, out: Path, log: bool) -> None:
+        (out / "loopback").write_text("built")
+        raise gotools.ToolError("gotools: building cni-plugins failed")
+
+    monkeypatch.setattr(gotools, "_build_one", half_build)
+    with pytest.raises(gotools.ToolError):
+        gotools.ensure(["cni-plugins"], log=False)
+    out = gotools.bin_dir(["cni-plugins"])
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if not p.name.endswith(".lock")]
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (a prerequisite of make test)")
+def test_check_fails_when_go_sum_lacks_a_module(pins: Path) -> None:
+    """What `make pins-check` relies on: a readonly listing refuses anything go.sum does not name."""
+    assert gotools.check(["cni-plugins"]) == []
+    gosum = pins / "cni-plugins" / "go.sum"
+    gosum.write_text("".join(line for line in gosum.read_text().splitlines(keepends=True)
+                             if not line.startswith("github.com/vishvananda/netlink ")))
+    problems = gotools.check(["cni-plugins"])
+    assert problems and "vishvananda/netlink" in problems[0]
+
+
+def test_no_build_step_tidies_or_resolves_latest() -> None:
+    grep = subprocess.run(["git", "grep", "-n", "-E", r"mod tidy|@latest", "--", "e2e", "deploy", "scripts", "Makefile"],
+                          cwd=ROOT, capture_output=True, text=True, check=False).stdout
+    offenders = [line for line in grep.splitlines()
+                 if not line.startswith(("e2e/tooling/gotools.py", "unit_tests/"))]
+    assert offenders == []
+    # gotools.py tidies only when a person re-pins, never on the build path.
+    build_path = Path(gotools.__file__).read_text().split("# --- pinning")[0]
+    assert "tidy" not in build_path.split('"""', 2)[2]
+
+
+def test_prereqs_name_the_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prereqs, "_go_problem", lambda: None)
+    monkeypatch.setattr(prereqs, "CHECKS", {"test": [("libseccomp-dev", lambda: False, "runc"),
+                                                     ("gcc", lambda: True, "cgo")]})
+    found = prereqs.problems("test")
+    assert "install them with: apt-get install -y libseccomp-dev" in found
+    assert prereqs.missing_packages("test") == [("libseccomp-dev", "runc")]
+    assert not any(line.startswith("gcc") for line in found)
+
+
+def test_a_library_key_follows_its_own_source(pins: Path) -> None:
+    key = gotools.cache_key(["mock-nvml"])
+    source = pins / "mock-nvml" / "machine.go"
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert gotools.cache_key(["mock-nvml"]) != key, "a changed shim must rebuild"
+
+
+def test_library_link_scripts_export_the_source_and_stub_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "a.go").write_text("package main\n//export nvmlInit_v2\nfunc nvmlInit_v2() {}\n// not an //export x\n")
+    (tmp_path / "b.go").write_text("package main\n//export nvmlShutdown\nfunc nvmlShutdown() {}\n")
+    exports = gotools.exported_functions(tmp_path)
+    assert exports == ["nvmlInit_v2", "nvmlShutdown"]
+    header = ("nvmlReturn_t DECLDIR nvmlInit_v2(void);\nconst DECLDIR char* nvmlErrorString(nvmlReturn_t r);\n"
+              "DEPRECATED(13.0) nvmlReturn_t DECLDIR nvmlOld(unsigned int *x);\nnvmlReturn_t DECLDIR nvmlShutdown(void);\n")
+    assert gotools.declared_functions(header) == ["nvmlErrorString", "nvmlInit_v2", "nvmlOld", "nvmlShutdown"]
+    assert gotools.version_script(exports) == "{\n  global:\n    nvmlInit_v2;\n    nvmlShutdown;\n  local: *;\n};\n"
+    assert gotools.not_implemented_script(gotools.declared_functions(header), exports, "stub") == (
+        "PROVIDE(nvmlErrorString = stub);\nPROVIDE(nvmlOld = stub);\n")
+
+
+def test_our_own_command_key_follows_its_source(pins: Path) -> None:
+    key = gotools.cache_key(["baseline-driver"])
+    source = pins / "baseline-driver" / "main.go"
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert gotools.cache_key(["baseline-driver"]) != key, "a changed baseline driver must rebuild"

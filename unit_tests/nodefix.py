@@ -1,0 +1,220 @@
+"""The node plugin's prepare fixtures: GPUs, a fake backend and claim reader, claims, and an Env
+that wires a DeviceState over a temporary state directory (shared by the prepare, CDI, metadata,
+health and fuzz tests)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver import CONFIG_API_VERSION
+from dra_driver.k8s.client import ApiError, Resource
+from dra_driver.node.describe.devices import AllocatableDevice
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.state import DeviceState
+
+DRIVER = "gpu.dra-driver.io"
+NODE = "node-a"
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+PROFILE_1G = MigProfile("1g.10gb", 10 * 2**30, 16, 1, 1, (MigPlacement(0, 1), MigPlacement(1, 1)))
+PROFILE_2G = MigProfile("2g.20gb", 20 * 2**30, 32, 2, 2, (MigPlacement(0, 2),))
+
+
+def make_gpu(i: int, **kw: Any) -> Gpu:
+    return Gpu(index=i, minor=i, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", product_name="NVIDIA H100",
+               brand="Nvidia", architecture="Hopper", cuda_compute_capability="9.0", driver_version="550.54.15",
+               cuda_driver_version="12.4", memory_bytes=80 * 2**30, multiprocessors=132,
+               pci=PciInfo(f"0000:{i + 10:02x}:00.0", "pci0000:00", 0), **kw)
+
+
+def static_mig(parent: Gpu, n: int) -> MigDevice:
+    return MigDevice(uuid=f"MIG-{parent.index}-{n}", profile="1g.10gb", parent_uuid=parent.uuid,
+                     memory_bytes=10 * 2**30, multiprocessors=16, gpu_instance_id=n + 7, compute_instance_id=0,
+                     placement=MigPlacement(n, 1))
+
+
+def build_devices() -> dict[str, AllocatableDevice]:
+    g0, g1 = make_gpu(0), make_gpu(1)
+    g2 = make_gpu(2, mig_capable=True, mig_enabled=True)
+    g2 = Gpu(**{**g2.__dict__, "mig_devices": (static_mig(g2, 0), static_mig(g2, 1))})
+    g3 = make_gpu(3, mig_capable=True, mig_profiles=(PROFILE_1G, PROFILE_2G))
+    devs = [
+        AllocatableDevice("gpu-0", g0),
+        AllocatableDevice("gpu-1", g1),
+        AllocatableDevice("gpu-2", g2),
+        AllocatableDevice("gpu-2-mig-0", g2, mig=g2.mig_devices[0]),
+        AllocatableDevice("gpu-2-mig-1", g2, mig=g2.mig_devices[1]),
+        AllocatableDevice("gpu-3", g3),
+        AllocatableDevice("gpu-3-1g-0", g3, mig_profile=PROFILE_1G, placement=MigPlacement(0, 1)),
+        AllocatableDevice("gpu-3-1g-1", g3, mig_profile=PROFILE_1G, placement=MigPlacement(1, 1)),
+        AllocatableDevice("gpu-3-2g-0", g3, mig_profile=PROFILE_2G, placement=MigPlacement(0, 2)),
+    ]
+    return {d.name: d for d in devs}
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.live: dict[tuple[str, str, int], MigDevice] = {}
+        self.created: list[str] = []
+        self.destroyed: list[str] = []
+        self.counter = 0
+
+    def discover(self) -> list[Gpu]:
+        return []
+
+    def create_mig_instance(self, gpu: Gpu, profile: MigProfile, placement: MigPlacement) -> MigDevice:
+        key = (gpu.uuid, profile.name, placement.start)
+        if key not in self.live:
+            self.counter += 1
+            self.live[key] = MigDevice(
+                uuid=f"MIG-dyn-{self.counter}", profile=profile.name, parent_uuid=gpu.uuid,
+                memory_bytes=profile.memory_bytes, multiprocessors=profile.multiprocessors,
+                gpu_instance_id=placement.start + 1, compute_instance_id=0, placement=placement)
+            self.created.append(self.live[key].uuid)
+        return self.live[key]
+
+    def destroy_mig_instance(self, mig: MigDevice) -> None:
+        for key, value in list(self.live.items()):
+            if value.uuid == mig.uuid:
+                del self.live[key]
+                self.destroyed.append(mig.uuid)
+
+
+@dataclass
+class FakeReader:
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    delay: float = 0.0
+    calls: int = 0
+    errors: dict[tuple[str, str], Exception] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    while_reading: Callable[[str], object] | None = None
+    """Called with the claim's name after the caller's ``meanwhile``: what happens while the answer travels."""
+
+    def get(self, res: Resource, name: str, *, namespace: str | None = None,
+            meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+        if meanwhile is not None:
+            meanwhile()
+        if self.while_reading is not None:
+            self.while_reading(name)
+        with self.lock:
+            self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if (namespace, name) in self.errors:
+            raise self.errors[(namespace, name)]
+        try:
+            return json.loads(json.dumps(self.claims[(namespace, name)]))
+        except KeyError:
+            raise ApiError(404, "NotFound", f"{namespace}/{name}") from None
+
+    def add(self, claim: dict[str, Any]) -> ClaimRef:
+        m = claim["metadata"]
+        self.claims[(m["namespace"], m["name"])] = claim
+        return ClaimRef(m["uid"], m["namespace"], m["name"])
+
+
+def gpu_config(sharing: dict[str, Any] | None = None, requests: list[str] | None = None,
+               source: str = "FromClaim", driver: str = DRIVER) -> dict[str, Any]:
+    params: dict[str, Any] = {"apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig"}
+    if sharing is not None:
+        params["sharing"] = sharing
+    return {"source": source, "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
+
+
+TS = {"strategy": "TimeSlicing"}
+MPS = {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}
+
+
+def make_claim(name: str, results: list[dict[str, Any] | tuple[str, str]], *, ns: str = "default",
+               uid: str | None = None, config: list[dict[str, Any]] | None = None, node: str | None = NODE,
+               allocated: bool = True) -> dict[str, Any]:
+    res = []
+    for r in results:
+        if isinstance(r, tuple):
+            r = {"request": r[0], "device": r[1]}
+        res.append({"driver": DRIVER, "pool": NODE, **r})
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": uid or str(uuid.uuid4())},
+        "spec": {}, "status": {},
+    }
+    if allocated:
+        alloc: dict[str, Any] = {"devices": {"results": res, "config": config or []}}
+        if node is not None:
+            alloc["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        claim["status"]["allocation"] = alloc
+    return claim
+
+
+class Env:
+    def __init__(self, tmp_path: Path, boot: str = "boot-1") -> None:
+        self.tmp = tmp_path
+        self.reader = FakeReader()
+        self.backend = FakeBackend()
+        self.devices = build_devices()
+        self.boot = boot
+        self.proc = tmp_path / "proc"  # no mig-minors table: the formula is used
+        self.state = self.new_state()
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.tmp / "cdi"
+
+    def new_state(self, boot: str | None = None) -> DeviceState:
+        if boot is not None:
+            self.boot = boot
+        return DeviceState(
+            node_name=NODE, driver_name=DRIVER, devices=self.devices, cdi=self.new_cdi(),
+            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
+            api=self.reader, backend=self.backend, proc_root=self.proc, **self.state_options(),
+        )
+
+    # Hooks for test beds that vary one part of the state (metadata, driver edits, shares).
+    def new_cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.cdi_root, DRIVER, self.tmp / "devroot", node_name=NODE)
+
+    def state_options(self) -> dict[str, Any]:
+        return {}
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        return json.loads((self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+
+    def spec_exists(self, uid: str) -> bool:
+        return (self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").exists()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """What the file holds, by UID, as another process reading it sees it."""
+        store = CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id="")
+        return {uid: entry.to_dict() for uid, entry in store.load().items()}
+
+    def prepare_one(self, claim: dict[str, Any]) -> Any:
+        ref = self.reader.add(claim)
+        return self.state.prepare([ref])[ref.uid]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def env_of(edits: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in edits.get("env", []))
+
+
+# --- happy path -------------------------------------------------------------------------------
