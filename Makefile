@@ -55,7 +55,7 @@ binaries: $(STAMP)
 	$(PY) -m e2e.tooling.binaries
 
 runtime: $(STAMP)
-	$(PY) -m e2e.testbed.runtime
+	$(PY) -m e2e.tooling.runtime
 
 e2e: $(STAMP) binaries runtime
 	$(PY) -m pytest e2e/suites -q $(PYTEST_ARGS)

@@ -51,8 +51,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import docker, images, runtime
-from e2e.tooling import gotools
+from e2e.testbed import docker, images
+from e2e.tooling import gotools, runtime
 
 RECIPE = "kindnode-1"
 """Bump when this module's recipe changes in a way the hashed inputs do not show."""

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed import images, runtime
+from e2e.testbed import images
 from e2e.testbed.cluster import FEATURE_GATES, free_port
 from e2e.testbed.nodes import DRIVER_NAME, REPO, Processes
-from e2e.tooling import binaries, bytecode, gotools
+from e2e.tooling import binaries, bytecode, gotools, runtime
 
 NODE_NAME = "real-node-1"
 PROFILE = "h100-8x"

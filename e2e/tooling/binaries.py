@@ -9,7 +9,6 @@ minor instead (``make e2e-oldest`` runs the smoke subset that way).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -47,13 +46,7 @@ def ensure(log: bool = True) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build or locate the cached Kubernetes test-bed binaries.")
-    parser.add_argument("--print-dir", action="store_true", help="print the binary directory and exit")
-    args = parser.parse_args(argv)
-    out = ensure(log=not args.print_dir)
-    if args.print_dir:
-        print(out)
-    return 0
+    return gotools.ensure_command(ensure, "Build or locate the cached Kubernetes test-bed binaries.", argv)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,17 @@ _EXPORT = re.compile(r"^//export\s+(\w+)\s*$", re.M)
 _DECLARED = re.compile(r"\bDECLDIR\b[^;(]*?\b(\w+)\s*\(")
 
 
+def ensure_command(ensure: Callable[[bool], Path], description: str, argv: list[str] | None = None) -> int:
+    """``python -m`` entry of a tool set: build what is missing (``--print-dir``: quietly, then print the folder)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--print-dir", action="store_true", help="print the binary directory and exit")
+    args = parser.parse_args(argv)
+    out = ensure(not args.print_dir)
+    if args.print_dir:
+        print(out)
+    return 0
+
+
 def exported_functions(folder: Path) -> list[str]:
     """The C functions the cgo source of a folder exports (``//export NAME``)."""
     return sorted({name for path in folder.glob("*.go") for name in _EXPORT.findall(path.read_text())})

@@ -13,7 +13,6 @@ Each comes from a committed Go module under ``e2e/tooling/gotools/`` (see ``goto
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -39,13 +38,7 @@ def ensure(log: bool = True) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build or locate the cached containerd/runc/CNI binaries.")
-    parser.add_argument("--print-dir", action="store_true", help="print the binary directory and exit")
-    args = parser.parse_args(argv)
-    out = ensure(log=not args.print_dir)
-    if args.print_dir:
-        print(out)
-    return 0
+    return gotools.ensure_command(ensure, "Build or locate the cached containerd/runc/CNI binaries.", argv)
 
 
 if __name__ == "__main__":
