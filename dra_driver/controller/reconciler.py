@@ -374,11 +374,18 @@ class Controller:
             self.process(item)
             self.queue.forget(item)
         except Exception as exc:
-            kind = "conflict" if isinstance(exc, ApiError) and exc.conflict else "sync"
+            api_error = exc if isinstance(exc, ApiError) else None
+            kind = "sync"
+            if api_error is not None and (api_error.conflict or api_error.throttled):
+                kind = "conflict" if api_error.conflict else "throttled"
             self.metrics.error(kind)
             delay = self.queue.add_rate_limited(item)
-            self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
-                              exc_info=not isinstance(exc, ApiError))
+            if kind == "throttled":
+                # The client already retried as the server asked; a busy API server is no fault of ours.
+                self._log.info("throttled by the API server, retrying", item=item, retry_in=delay)
+            else:
+                self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
+                                  exc_info=api_error is None)
         finally:
             self.queue.done(item)
             self.metrics.queue_depth.set(len(self.queue))
