@@ -64,6 +64,7 @@ from dra_driver.controller.verdicts import (
     object_config_errors,
     one_line,
 )
+from dra_driver.controller.views import claim_view, pod_view, slice_view
 from dra_driver.k8s.claims import (
     annotations_of,
     classes_by_name,
@@ -97,6 +98,7 @@ from dra_driver.k8s.client import (
     key_of,
     meta,
 )
+from dra_driver.k8s.compact import without_managed_fields
 from dra_driver.k8s.informer import Informer, WorkQueue
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 
@@ -201,11 +203,12 @@ class Controller:
         self.sleep = sleep
         self.ledger_namespace, self.ledger_name = settings.allocation_ledger
         self.queue = WorkQueue(clock=clock)
-        self.claims = Informer(api, CLAIMS, self._on_claim)
-        self.pods = Informer(api, PODS, self._on_pod)
-        self.slices = Informer(api, SLICES, self._on_slice)
-        self.classes = Informer(api, DEVICE_CLASSES, self._on_class)
-        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template)
+        # What each store keeps: see dra_driver.controller.views.
+        self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view)
+        self.pods = Informer(api, PODS, self._on_pod, transform=pod_view)
+        self.slices = Informer(api, SLICES, self._on_slice, transform=slice_view())
+        self.classes = Informer(api, DEVICE_CLASSES, self._on_class, transform=without_managed_fields)
+        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields)
         self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)
         self._lock = threading.RLock()
         self._pod_claims: dict[str, set[str]] = {}
