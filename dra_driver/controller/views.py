@@ -74,6 +74,11 @@ def claim_view(claim: Obj) -> Obj:
     return view
 
 
+def holdings(claim: Mapping[str, Any] | None) -> Obj:
+    """The devices a claim holds, as the accounting of the others reads them (none for no claim)."""
+    return allocation_view(claim)["status"] if claim is not None else {}
+
+
 def slice_view() -> Callable[[Obj], Obj]:
     """A transform for one slice informer: whole slices with equal values shared."""
     interner = Interner()

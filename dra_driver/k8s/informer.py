@@ -271,6 +271,7 @@ class WorkQueue:
         self._processing: set[str] = set()
         self._dirty: set[str] = set()
         self._timers: list[tuple[float, int, str]] = []
+        self._delayed: dict[str, int] = {}  # key -> timers pending for it
         self._seq = 0
         self._failures: dict[str, int] = {}
         self._base = base_delay
@@ -300,6 +301,7 @@ class WorkQueue:
         with self._cond:
             self._seq += 1
             heapq.heappush(self._timers, (self._clock() + delay, self._seq, key))
+            self._delayed[key] = self._delayed.get(key, 0) + 1
             self._cond.notify()
 
     def add_rate_limited(self, key: str) -> float:
@@ -319,10 +321,18 @@ class WorkQueue:
         with self._cond:
             return self._failures.get(key, 0)
 
+    def deferred(self, key: str) -> bool:
+        """``key`` waits for a delayed add or a retry back-off: adding it now would cut the wait short."""
+        with self._cond:
+            return key in self._delayed or key in self._failures
+
     def _promote_due_locked(self) -> float | None:
         now = self._clock()
         while self._timers and self._timers[0][0] <= now:
             _, _, key = heapq.heappop(self._timers)
+            left = self._delayed.pop(key) - 1
+            if left:
+                self._delayed[key] = left
             self._add_locked(key)
         return self._timers[0][0] - now if self._timers else None
 
