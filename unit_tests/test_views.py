@@ -96,24 +96,38 @@ def test_only_allocated_claims_without_our_work_are_reduced() -> None:
 
 
 class TestInterner:
-    def test_equal_flat_dicts_and_strings_become_one_object(self) -> None:
+    def test_equal_flat_dicts_become_one_object(self) -> None:
         intern = Interner()
-        a = intern({"attributes": {"model": {"string": "H100"}, "uuid": {"string": "GPU-1"}}, "name": "gpu-0"})
-        b = intern({"attributes": {"model": {"string": "H100"}, "uuid": {"string": "GPU-2"}}, "name": "gpu-0"})
-        assert a["attributes"]["model"] is b["attributes"]["model"]
-        assert a["attributes"]["uuid"] is not b["attributes"]["uuid"] and a["attributes"] is not b["attributes"]
-        assert a["name"] is b["name"]
-        assert a == {"attributes": {"model": {"string": "H100"}, "uuid": {"string": "GPU-1"}}, "name": "gpu-0"}
+        a = {"model": {"string": "H100"}, "uuid": {"string": "GPU-1"}, "nested": {"x": {"y": 1}}, "n": 1}
+        b = {"model": {"string": "H100"}, "uuid": {"string": "GPU-2"}, "nested": {"x": {"y": 1}}, "n": 1}
+        intern.share(a)
+        intern.share(b)
+        assert a["model"] is b["model"] and a["uuid"] is not b["uuid"]
+        assert a["nested"] is not b["nested"], "only flat values are shared"
+        assert a == {"model": {"string": "H100"}, "uuid": {"string": "GPU-1"}, "nested": {"x": {"y": 1}}, "n": 1}
+
+    def test_maps_of_shared_values_are_shared_whole(self) -> None:
+        intern = Interner()
+        a = intern.share({"memory": {"value": "10Gi"}, "slices": {"value": "1"}})
+        b = intern.share({"memory": {"value": "10Gi"}, "slices": {"value": "1"}})
+        c = intern.share({"memory": {"value": "10Gi"}, "slices": {"value": "2"}})
+        d = intern.share({"slices": {"value": "1"}, "memory": {"value": "10Gi"}, "more": {"value": "1"}})
+        assert a is b and a is not c and c["memory"] is a["memory"] and d is not a
+        assert b == {"memory": {"value": "10Gi"}, "slices": {"value": "1"}}
 
     def test_json_types_are_kept_apart(self) -> None:
         intern = Interner()
-        values = [intern({"v": v}) for v in (1, 1.0, True)]
-        assert [type(v["v"]) for v in values] == [int, float, bool]
+        maps = [{"v": {"int": v}} for v in (1, 1.0, True)]
+        for m in maps:
+            intern.share(m)
+        assert [type(m["v"]["int"]) for m in maps] == [int, float, bool]
 
     def test_the_table_is_bounded(self) -> None:
         intern = Interner(limit=10)
-        kept = [intern({"string": f"uuid-{i}"}) for i in range(25)]
-        assert len(intern) <= 10 and [k["string"] for k in kept] == [f"uuid-{i}" for i in range(25)]
+        maps = [{"uuid": {"string": f"uuid-{i}"}} for i in range(25)]
+        for m in maps:
+            intern.share(m)
+        assert len(intern) <= 10 and [m["uuid"]["string"] for m in maps] == [f"uuid-{i}" for i in range(25)]
 
 
 def test_a_slice_view_is_the_slice_without_managed_fields() -> None:
@@ -123,7 +137,10 @@ def test_a_slice_view_is_the_slice_without_managed_fields() -> None:
     del s["metadata"]["managedFields"]
     assert kept == s
     other = view(plugin_slice(2))
-    assert other["spec"]["devices"][0]["attributes"]["productName"] is kept["spec"]["devices"][0]["attributes"]["productName"]
+    attrs = [d["attributes"] for d in (kept["spec"]["devices"][0], other["spec"]["devices"][0], other["spec"]["devices"][1])]
+    assert attrs[0]["productName"] is attrs[1]["productName"] is attrs[2]["productName"]
+    assert attrs[1]["uuid"] != attrs[2]["uuid"]
+    assert kept["spec"]["devices"][0]["capacity"]["memory"] is other["spec"]["devices"][0]["capacity"]["memory"]
 
 
 def _handler(calls: list[tuple[Any, Any]]) -> Any:
@@ -186,4 +203,5 @@ def test_memory_per_object_before_and_after() -> None:
     assert got["pod with a claim"]["kept"] < 2_500 < 10_000 < got["pod with a claim"]["whole"]
     assert got["claim, allocated"]["kept"] < 2_500 < 5_000 < got["claim, allocated"]["whole"]
     assert got["claim, pending"]["kept"] < 0.6 * got["claim, pending"]["whole"]
-    assert got["slice, 8 GPUs"]["kept"] < 0.5 * got["slice, 8 GPUs"]["whole"]
+    assert got["slice, 8 GPUs"]["kept"] < 0.4 * got["slice, 8 GPUs"]["whole"]
+    assert got["slice, 64 MIG"]["kept"] < 0.2 * got["slice, 64 MIG"]["whole"]

@@ -10,7 +10,8 @@ store, once as the store kept them before (whole) and once with the controller's
 The objects are what a GPU cluster holds: pods of a training Job as the API server returns them
 (managedFields of three managers, a projected token volume, status with conditions), claims
 generated from a template and allocated by the scheduler, and ResourceSlices made by the node
-plugin's own code from the ``h100-8x`` profile (8 GPUs, 12 attributes each).
+plugin's own code from the ``h100-8x`` profile (8 GPUs, 12 attributes each; with dynamic MIG, 152
+devices in four slices).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dra_driver.k8s.credentials import Credentials, Loaded
 from dra_driver.k8s.informer import Informer, Transform
 from dra_driver.node.devices import describe, enumerate_devices
 from dra_driver.node.discovery.simulated import NodeProfile, SimulatedBackend, load_profile
+from dra_driver.node.slices import split_into_slices
 
 DRIVER = "gpu.dra-driver.io"
 TS = "2026-11-25T10:00:00Z"
@@ -123,7 +125,8 @@ def job_claim(i: int, *, allocated: bool = True) -> Obj:
     if allocated:
         claim["status"] = {
             "allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": f"gpu-{i % 8}"}]},
+                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node,
+                                         "device": f"gpu-{i // 5000 % 8}"}]},  # one claim per GPU up to 40,000
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
                 "allocationTimestamp": TS,
@@ -146,6 +149,24 @@ def plugin_slice(n: int, profile: str = "h100-8x") -> Obj:
                      "managedFields": [_managed(DRIVER)]},
         "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                  "devices": devices},
+    }  # fmt: skip
+
+
+def mig_slice(n: int, profile: str = "h100-8x") -> Obj:
+    """The busiest of the slices the node plugin publishes for node ``n`` with dynamic MIG: 64 devices
+    (GPUs and MIG placements) that consume counters. Such a node has four slices: the counter sets,
+    64, 64 and 24 devices."""
+    node = f"node-{n:04d}"
+    gpus = SimulatedBackend(_profile(profile), node).discover()
+    devices, counters = describe(enumerate_devices(gpus, True), DRIVER, True)
+    content = split_into_slices(devices, counters)[1]
+    name = f"00001-{DRIVER}-{node}-"
+    return {
+        "metadata": {"name": f"{name}x7k2p", "generateName": name, "uid": f"6666-{n:08d}",
+                     "resourceVersion": str(400000 + n), "generation": 1, "creationTimestamp": TS,
+                     "managedFields": [_managed(DRIVER)]},
+        "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 4},
+                 "devices": content.devices},
     }  # fmt: skip
 
 
@@ -224,6 +245,7 @@ KINDS: dict[str, tuple[Resource, Callable[[int], Obj], Callable[[], Transform]]]
     "claim, allocated": (CLAIMS, job_claim, lambda: claim_view),
     "claim, pending": (CLAIMS, lambda i: job_claim(i, allocated=False), lambda: claim_view),
     "slice, 8 GPUs": (SLICES, plugin_slice, slice_view),
+    "slice, 64 MIG": (SLICES, mig_slice, slice_view),
 }
 
 

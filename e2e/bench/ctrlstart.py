@@ -1,0 +1,225 @@
+"""The real ``dra-driver controller`` process at scale, against a loopback stand-in for the API server.
+
+``python -m e2e.bench.ctrlstart [--nodes N] [--claims N] [--pods N]`` starts the controller as
+production does (its informers, queue, workers and write budget) against a local HTTP server that
+answers list requests in pages of 500 from N synthetic objects (the node plugin's own ResourceSlices
+for the ``h100-8x`` profile, claims allocated by "the scheduler", pods of training Jobs; see
+:mod:`e2e.bench.storemem`), holds watches open without events, and records the writes. Two more
+claims are pending, each with its pod: one fits, one cannot (9 GPUs on 8-GPU nodes). Measured:
+
+* start: process start until the unsatisfiable claim's explanation arrives (the first write);
+* lists: process start until the last list page was served (every informer has listed);
+* RSS of the controller then, and its peak, from ``/proc``.
+
+What this leaves out, and the kwok bench (``make bench-scale``) has: the API server's own cost of
+encoding lists, and other clients beside ours. The server here is in another process but on the
+same two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from e2e.bench.storemem import DRIVER, job_claim, job_pod, plugin_slice
+
+PAGE = 500
+Obj = dict[str, Any]
+FITS, UNSATISFIABLE = "bench-fits", "bench-unsatisfiable"
+
+
+def _pending(name: str, count: int) -> tuple[Obj, Obj]:
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "resourceVersion": "10"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": f"{name}-pod", "namespace": "bench", "uid": f"pod-{name}", "resourceVersion": "11"},
+           "spec": {"containers": [{"name": "c", "image": "x"}], "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+           "status": {"phase": "Pending"}}  # fmt: skip
+    return claim, pod
+
+
+class Cluster:
+    """The objects, made on demand per page: 150,000 pods are 600 MB of JSON."""
+
+    def __init__(self, nodes: int, claims: int, pods: int) -> None:
+        fits, fits_pod = _pending(FITS, 1)
+        unsat, unsat_pod = _pending(UNSATISFIABLE, 9)
+        device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+                        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+        claim_pods = min(claims, pods)
+        self.kinds: dict[str, tuple[int, Callable[[int], Obj]]] = {
+            "resourceslices": (nodes, plugin_slice),
+            "deviceclasses": (1, lambda i: device_class),
+            "resourceclaimtemplates": (0, lambda i: {}),
+            # The pending claims first: the controller's queue takes them in list order.
+            "resourceclaims": (claims + 2, lambda i: [unsat, fits][i] if i < 2 else job_claim(i - 2)),
+            "pods": (pods + 2, lambda i: [unsat_pod, fits_pod][i] if i < 2 else
+                     job_pod(i - 2, claim=f"job-{i - 2:06d}-abcde-gpu-xyz12" if i - 2 < claim_pods else None)),
+        }
+        self.listed: dict[str, float] = {}
+        self.writes: list[tuple[float, str, str]] = []
+
+    def page(self, plural: str, start: int) -> bytes:
+        count, make = self.kinds[plural]
+        end = min(start + PAGE, count)
+        md: Obj = {"resourceVersion": "100"}
+        if end < count:
+            md["continue"] = str(end)
+        else:
+            self.listed[plural] = time.monotonic()
+        return orjson.dumps({"metadata": md, "items": [make(i) for i in range(start, end)]})
+
+
+def serve(cluster: Cluster) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self, code: int, body: bytes, close: bool = False) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            if close:
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _not_found(self) -> None:
+            self._reply(404, b'{"kind":"Status","status":"Failure","reason":"NotFound","code":404}')
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            query = parse_qs(url.query)
+            plural = url.path.rstrip("/").rsplit("/", 1)[-1]
+            if plural not in cluster.kinds:
+                self._not_found()
+                return
+            if query.get("watch") == ["true"]:
+                # An idle watch: headers now, then nothing until the server stops.
+                self.close_connection = True
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.flush()
+                stop.wait(float(query.get("timeoutSeconds", ["300"])[0]))
+                return
+            self._reply(200, cluster.page(plural, int(query.get("continue", ["0"])[0] or 0)))
+
+        def do_PATCH(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            patch = json.loads(self.rfile.read(n))
+            parts = urlsplit(self.path).path.split("/")
+            cluster.writes.append((time.monotonic(), "PATCH", parts[-1]))
+            self._reply(200, orjson.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
+                "name": parts[-1], "namespace": parts[-3], "uid": f"uid-{parts[-1]}", "resourceVersion": "200",
+                "annotations": patch["metadata"]["annotations"]}}))
+
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n)
+            cluster.writes.append((time.monotonic(), "POST", urlsplit(self.path).path.rsplit("/", 1)[-1]))
+            self._reply(201, body)
+
+        do_PUT = do_DELETE = _not_found
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    stop = threading.Event()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    httpd.stop = stop  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def _status(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def run(nodes: int = 5000, claims: int = 2, pods: int = 2, settle: float = 3.0, timeout: float = 600.0) -> dict[str, Any]:
+    cluster = Cluster(nodes, claims, pods)
+    httpd = serve(cluster)
+    with tempfile.TemporaryDirectory(prefix="ctrlstart-") as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{httpd.server_address[1]}"}}],
+            "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+        log = (Path(tmp) / "controller.log").open("w+")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", str(kubeconfig), "--no-leader-elect",
+             "--metrics-port", "0", "--driver-name", DRIVER, "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        explained = None
+        rss_then: dict[str, int] = {}
+        try:
+            while time.monotonic() - t0 < timeout and proc.poll() is None:
+                first = next((w for w in cluster.writes if w[1] == "PATCH" and w[2] == UNSATISFIABLE), None)
+                if first is not None:
+                    explained = first[0]
+                    rss_then = _status(proc.pid)
+                    break
+                time.sleep(0.02)
+            if explained is None:
+                log.seek(0)
+                raise RuntimeError(f"no explanation within {timeout:.0f} s; controller log:\n{log.read()[-3000:]}")
+            time.sleep(settle)
+            settled = _status(proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            httpd.stop.set()  # type: ignore[attr-defined]
+            httpd.shutdown()
+        mib = 1024 * 1024
+        return {
+            "nodes": nodes, "claims": claims, "pods": pods,
+            "start_to_first_explanation_s": round(explained - t0, 2),
+            "start_to_all_listed_s": round(max(cluster.listed.values()) - t0, 2),
+            "listed_s": {k: round(v - t0, 2) for k, v in sorted(cluster.listed.items(), key=lambda kv: kv[1])},
+            "rss_at_first_explanation_mib": round(rss_then["VmRSS"] / mib, 1),
+            "rss_settled_mib": round(settled["VmRSS"] / mib, 1), "rss_peak_mib": round(settled["VmHWM"] / mib, 1),
+            "writes": len(cluster.writes),
+            "fitting_claim_written": any(w[2] == FITS for w in cluster.writes),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.ctrlstart", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--claims", type=int, default=0, help="allocated claims besides the two pending ones")
+    parser.add_argument("--pods", type=int, default=0, help="running pods besides the two pending ones; the first "
+                        "--claims of them hold the allocated claims")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.nodes, args.claims, args.pods), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
