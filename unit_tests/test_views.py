@@ -48,7 +48,7 @@ def test_a_pod_view_answers_as_the_pod(pod: Obj) -> None:
     assert pod_claim_keys(view) == pod_claim_keys(pod) and pod_node(view) == pod_node(pod)
     assert pod_is_done(view) == pod_is_done(pod) and key_of(view) == key_of(pod)
     assert view["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
-    assert "containers" not in view["spec"] and "managedFields" not in view["metadata"]
+    assert "containers" not in view["spec"] and "managedFields" not in view["metadata"] and "status" not in view
 
 
 def test_pods_that_wait_for_nothing_are_not_kept() -> None:

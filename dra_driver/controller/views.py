@@ -4,10 +4,10 @@ A controller beside a 5,000-node cluster sees 150,000 Pods and 20,000 ResourceCl
 need nothing from it. Decoded whole, a Pod costs ~21 KiB of memory and an allocated claim ~9 KiB
 (``e2e/bench/storemem.py`` measures them). So each store keeps only what the controller reads:
 
-* **Pods**: the claim references and the node (what :func:`dra_driver.k8s.claims.pod_claim_keys`,
-  :func:`~dra_driver.k8s.claims.pod_node` and :func:`~dra_driver.k8s.claims.pod_is_done` read), and
-  nothing for a pod that waits for no claim: most pods use no device, and a finished pod waits for
-  nothing. A pod that starts or stops waiting for a claim reaches the handler as an add or a delete.
+* **Pods**: the claim references and the node (what :func:`dra_driver.k8s.claims.pod_claim_keys`
+  and :func:`~dra_driver.k8s.claims.pod_node` read), and nothing for a pod that waits for no claim:
+  most pods use no device, and a finished pod waits for nothing. A pod that starts or stops
+  waiting for a claim reaches the handler as an add or a delete.
 * **ResourceClaims** that need no work (allocated, not being deleted, none of our annotations):
   identity and allocated devices, what the other claims' accounting reads
   (:func:`dra_driver.k8s.wire.allocation_view`). Any change that could give the controller work
@@ -24,38 +24,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver.controller.keys import OUR_ANNOTATIONS
-from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys, status_of
+from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys
 from dra_driver.k8s.client import Obj, meta
 from dra_driver.k8s.compact import Interner, without_managed_fields
 from dra_driver.k8s.wire import allocation_view
 
-_POD_META = ("name", "namespace", "resourceVersion", "deletionTimestamp")
-
-
-def _claim_refs(entries: Any) -> list[dict[str, str]]:
-    return [{"name": str(e.get("name", "")), "resourceClaimName": str(e["resourceClaimName"])}
-            for e in entries or [] if isinstance(e, Mapping) and e.get("resourceClaimName")]
-
 
 def pod_view(pod: Obj) -> Obj | None:
-    """The part of a pod the controller reads; None when it waits for no claim."""
-    if not pod_claim_keys(pod):
+    """What the controller reads of a pod that waits for claims: name, node and every claim it
+    references, wherever the pod names it (``spec.resourceClaims``, ``status.resourceClaimStatuses``,
+    ``status.extendedResourceClaimStatus``), all under ``spec.resourceClaims``. None when it waits
+    for no claim, finished pods included; so for a kept pod
+    :func:`dra_driver.k8s.claims.pod_is_done` is False, as for the pod itself."""
+    keys = pod_claim_keys(pod)
+    if not keys:
         return None
     m = meta(pod)
     spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    status = status_of(pod)
-    view_spec: Obj = {"resourceClaims": _claim_refs(spec.get("resourceClaims"))}
-    if spec.get("nodeName"):
-        view_spec["nodeName"] = spec["nodeName"]
-    view_status: Obj = {"resourceClaimStatuses": _claim_refs(status.get("resourceClaimStatuses"))}
-    if status.get("phase"):
-        view_status["phase"] = status["phase"]
-    ext = status.get("extendedResourceClaimStatus")
-    if isinstance(ext, Mapping) and ext.get("resourceClaimName"):
-        view_status["extendedResourceClaimStatus"] = {"resourceClaimName": str(ext["resourceClaimName"])}
-    return {"apiVersion": pod.get("apiVersion", "v1"), "kind": pod.get("kind", "Pod"),
-            "metadata": {k: m[k] for k in _POD_META if k in m}, "spec": view_spec, "status": view_status}
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    view_spec: Obj = {"resourceClaims": [{"resourceClaimName": k.partition("/")[2]} for k in sorted(keys)]}
+    if node:
+        view_spec["nodeName"] = node
+    return {"metadata": {k: m[k] for k in ("name", "namespace", "resourceVersion") if k in m}, "spec": view_spec}
 
 
 def needs_no_work(claim: Mapping[str, Any]) -> bool:

@@ -22,6 +22,7 @@ per-key exponential retry back-off.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import threading
 import time
@@ -155,6 +156,11 @@ class Informer:
             result = self.api.list(self.resource, field_selector=self.field_selector, transform=self._decoded)
         changed, deleted = self.store.replace(result.items)
         self.resource_version = result.resource_version
+        # What was just listed lives as long as the informer. Frozen, the cyclic garbage collector
+        # no longer walks it at every full collection: listing 150,000 pods after 5,000 slices
+        # otherwise spends most of its time there. Decoded JSON has no cycles, so refcounting
+        # still frees whatever of it is dropped later.
+        gc.freeze()
         self.synced.set()
         for old, new in changed:
             self._notify(old, new)

@@ -5,7 +5,7 @@ production does (its informers, queue, workers and write budget) against a local
 answers list requests in pages of 500 from N synthetic objects (the node plugin's own ResourceSlices
 for the ``h100-8x`` profile, claims allocated by "the scheduler", pods of training Jobs; see
 :mod:`e2e.bench.storemem`), holds watches open without events, and records the writes. Two more
-claims are pending, each with its pod: one fits, one cannot (9 GPUs on 8-GPU nodes). Measured:
+claims are pending, each with its pod: one fits, one cannot (a GPU with 1 TiB of memory). Measured:
 
 * start: process start until the unsatisfiable claim's explanation arrives (the first write);
 * lists: process start until the last list page was served (every informer has listed);
@@ -41,10 +41,17 @@ Obj = dict[str, Any]
 FITS, UNSATISFIABLE = "bench-fits", "bench-unsatisfiable"
 
 
-def _pending(name: str, count: int) -> tuple[Obj, Obj]:
+HUGE = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1Ti")) >= 0'
+"""What no GPU has: the unsatisfiable claim of the issue's measurements."""
+
+
+def _pending(name: str, selector: str | None) -> tuple[Obj, Obj]:
+    exactly: Obj = {"deviceClassName": DRIVER, "count": 1}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
              "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "resourceVersion": "10"},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}}
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": f"{name}-pod", "namespace": "bench", "uid": f"pod-{name}", "resourceVersion": "11"},
            "spec": {"containers": [{"name": "c", "image": "x"}], "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
@@ -56,8 +63,8 @@ class Cluster:
     """The objects, made on demand per page: 150,000 pods are 600 MB of JSON."""
 
     def __init__(self, nodes: int, claims: int, pods: int) -> None:
-        fits, fits_pod = _pending(FITS, 1)
-        unsat, unsat_pod = _pending(UNSATISFIABLE, 9)
+        fits, fits_pod = _pending(FITS, None)
+        unsat, unsat_pod = _pending(UNSATISFIABLE, HUGE)
         device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
                         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
         claim_pods = min(claims, pods)
