@@ -326,3 +326,19 @@ def test_copied_objects_are_not_shared_with_the_store() -> None:
     ctrl.resync()
     step(ctrl)
     assert ctrl.claims.store.get("default/c0") == before
+
+
+def test_our_own_allocation_re_explains_the_others() -> None:
+    from ctrlfix import fence_policy
+
+    kube = cluster(gpus=1)
+    pending(kube, 1, count=1)  # c0 waits for the one GPU: satisfiable, nothing to say ...
+    fence_policy(kube)
+    ctrl, _, _ = make(kube)
+    step(ctrl)
+    assert not kube.writes()
+    add_claim(kube, claim("mine", opt_in=True))  # ... until the controller allocates it to this one
+    step(ctrl)
+    mine = kube.obj(CLAIMS, "default/mine")
+    assert mine is not None and mine["status"]["allocation"]
+    assert "cannot allocate" in ann(kube, "default/c0")[SUMMARY_ANNOTATION]

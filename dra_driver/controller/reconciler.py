@@ -266,9 +266,7 @@ class Controller:
             self.queue.add(_kind_key("claim", key))
         # A change of one claim's devices frees or takes devices the others may want.
         if holdings(old) != holdings(new):
-            with self._lock:
-                self._holdings_version += 1
-            self.queue.add(RESCAN)
+            self._holdings_changed()
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -369,8 +367,10 @@ class Controller:
         return version, self.class_map()
 
     def _holdings_changed(self) -> None:
+        """Devices were taken or freed: every pending claim may see them differently now."""
         with self._lock:
             self._holdings_version += 1
+        self.queue.add(RESCAN)
 
     def _forget_written(self, uid: str) -> None:
         with self._lock:
