@@ -9,7 +9,9 @@ claims are pending, each with its pod: one fits, one cannot (a GPU with 1 TiB of
 
 * start: process start until the unsatisfiable claim's explanation arrives (the first write);
 * lists: process start until the last list page was served (every informer has listed);
-* RSS of the controller then, and its peak, from ``/proc``.
+* RSS of the controller then, and its peak, from ``/proc``;
+* with ``--backlog N``: N more copies of the unsatisfiable claim, and how long after the first
+  explanation the last of them is explained, through the controller's write budget.
 
 What this leaves out, and the kwok bench (``make bench-scale``) has: the API server's own cost of
 encoding lists, and other clients beside ours. The server here is in another process but on the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +41,7 @@ from e2e.bench.storemem import DRIVER, job_claim, job_pod, plugin_slice
 
 PAGE = 500
 Obj = dict[str, Any]
-FITS, UNSATISFIABLE = "bench-fits", "bench-unsatisfiable"
+FITS, UNSATISFIABLE, BACKLOG = "bench-fits", "bench-unsatisfiable", "backlog-"
 
 
 HUGE = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1Ti")) >= 0'
@@ -62,9 +65,12 @@ def _pending(name: str, selector: str | None) -> tuple[Obj, Obj]:
 class Cluster:
     """The objects, made on demand per page: 150,000 pods are 600 MB of JSON."""
 
-    def __init__(self, nodes: int, claims: int, pods: int) -> None:
+    def __init__(self, nodes: int, claims: int, pods: int, backlog: int = 0) -> None:
         fits, fits_pod = _pending(FITS, None)
         unsat, unsat_pod = _pending(UNSATISFIABLE, HUGE)
+        copies = [_pending(f"{BACKLOG}{i:05d}", HUGE) for i in range(backlog)]
+        first = [unsat, fits] + [c for c, _ in copies]
+        first_pods = [unsat_pod, fits_pod] + [p for _, p in copies]
         device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
                         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
         claim_pods = min(claims, pods)
@@ -73,9 +79,10 @@ class Cluster:
             "deviceclasses": (1, lambda i: device_class),
             "resourceclaimtemplates": (0, lambda i: {}),
             # The pending claims first: the controller's queue takes them in list order.
-            "resourceclaims": (claims + 2, lambda i: [unsat, fits][i] if i < 2 else job_claim(i - 2)),
-            "pods": (pods + 2, lambda i: [unsat_pod, fits_pod][i] if i < 2 else
-                     job_pod(i - 2, claim=f"job-{i - 2:06d}-abcde-gpu-xyz12" if i - 2 < claim_pods else None)),
+            "resourceclaims": (claims + len(first), lambda i: first[i] if i < len(first) else job_claim(i - len(first))),
+            "pods": (pods + len(first), lambda i: first_pods[i] if i < len(first) else
+                     job_pod(i - len(first), claim=f"job-{i - len(first):06d}-abcde-gpu-xyz12"
+                             if i - len(first) < claim_pods else None)),
         }
         self.listed: dict[str, float] = {}
         self.writes: list[tuple[float, str, str]] = []
@@ -94,6 +101,12 @@ class Cluster:
 def serve(cluster: Cluster) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # As the API server (Go) does: without it, the body written after the headers waits for
+            # the client's delayed ACK, 40 ms a request.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _reply(self, code: int, body: bytes, close: bool = False) -> None:
             self.send_response(code)
@@ -157,6 +170,11 @@ def serve(cluster: Cluster) -> ThreadingHTTPServer:
     return httpd
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def _status(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -166,8 +184,9 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def run(nodes: int = 5000, claims: int = 2, pods: int = 2, settle: float = 3.0, timeout: float = 600.0) -> dict[str, Any]:
-    cluster = Cluster(nodes, claims, pods)
+def run(nodes: int = 5000, claims: int = 0, pods: int = 0, backlog: int = 0, settle: float = 3.0,
+        timeout: float = 600.0) -> dict[str, Any]:
+    cluster = Cluster(nodes, claims, pods, backlog)
     httpd = serve(cluster)
     with tempfile.TemporaryDirectory(prefix="ctrlstart-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
@@ -189,11 +208,15 @@ def run(nodes: int = 5000, claims: int = 2, pods: int = 2, settle: float = 3.0, 
                 if first is not None:
                     explained = first[0]
                     rss_then = _status(proc.pid)
+                    cpu_then = _cpu_seconds(proc.pid)
                     break
                 time.sleep(0.02)
             if explained is None:
                 log.seek(0)
                 raise RuntimeError(f"no explanation within {timeout:.0f} s; controller log:\n{log.read()[-3000:]}")
+            while len(_backlog_patches(cluster)) < backlog and time.monotonic() - t0 < timeout and proc.poll() is None:
+                time.sleep(0.1)
+            cpu_backlog = _cpu_seconds(proc.pid) - cpu_then
             time.sleep(settle)
             settled = _status(proc.pid)
         finally:
@@ -205,7 +228,14 @@ def run(nodes: int = 5000, claims: int = 2, pods: int = 2, settle: float = 3.0, 
             httpd.stop.set()  # type: ignore[attr-defined]
             httpd.shutdown()
         mib = 1024 * 1024
-        return {
+        patched = _backlog_patches(cluster)
+        result: dict[str, Any] = {}
+        if backlog:
+            result = {"backlog": backlog, "backlog_explained": len(patched),
+                      "backlog_s": round(patched[-1] - explained, 2) if patched else None,
+                      "backlog_cpu_ms_per_claim": round(cpu_backlog / backlog * 1000, 2),
+                      "events": sum(1 for w in cluster.writes if w[1] == "POST")}
+        return result | {
             "nodes": nodes, "claims": claims, "pods": pods,
             "start_to_first_explanation_s": round(explained - t0, 2),
             "start_to_all_listed_s": round(max(cluster.listed.values()) - t0, 2),
@@ -217,14 +247,20 @@ def run(nodes: int = 5000, claims: int = 2, pods: int = 2, settle: float = 3.0, 
         }
 
 
+def _backlog_patches(cluster: Cluster) -> list[float]:
+    return sorted(t for t, verb, name in list(cluster.writes) if verb == "PATCH" and name.startswith(BACKLOG))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.bench.ctrlstart", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=0, help="allocated claims besides the two pending ones")
     parser.add_argument("--pods", type=int, default=0, help="running pods besides the two pending ones; the first "
                         "--claims of them hold the allocated claims")
+    parser.add_argument("--backlog", type=int, default=0, help="more copies of the unsatisfiable claim, each with its "
+                        "pod: the time from the first explanation until all of them are explained")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.nodes, args.claims, args.pods), indent=1))
+    print(json.dumps(run(args.nodes, args.claims, args.pods, args.backlog), indent=1))
     return 0
 
 
