@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.inventory import allocated_state
-from dra_driver.controller.keys import ALLOCATE_ANNOTATION, SUMMARY_ANNOTATION
+from dra_driver.controller.annotations import annotation_patch, desired_annotations
+from dra_driver.controller.keys import ALLOCATE_ANNOTATION, EXPLANATION_ANNOTATION, HASH_ANNOTATION, SUMMARY_ANNOTATION
+from dra_driver.controller.verdicts import Outcome, Verdict
 from dra_driver.controller.verdicts import Action, classify
 from dra_driver.controller.views import claim_view, needs_no_work, pod_view, slice_view
 from dra_driver.k8s.claims import pod_claim_keys, pod_is_done, pod_node
@@ -56,13 +58,18 @@ def test_pods_that_wait_for_nothing_are_not_kept() -> None:
         "job-000000-abcde", "job-000003-abcde", "deleted-before-scheduling"]
 
 
+EXPLAINED = desired_annotations(Outcome(Verdict.UNSATISFIABLE, "cannot allocate", explanation={"closest": ["x" * 20_000]}))
+assert EXPLAINED is not None
+
+
 def _claims() -> list[Obj]:
     explained = job_claim(1, allocated=False)
-    explained["metadata"]["annotations"][SUMMARY_ANNOTATION] = "cannot allocate"
+    explained["metadata"]["annotations"].update(EXPLAINED)
     allocated_explained = job_claim(2)
     allocated_explained["metadata"]["annotations"][SUMMARY_ANNOTATION] = "cannot allocate"
     deleting = job_claim(3)
     deleting["metadata"]["deletionTimestamp"] = "2026-11-25T10:00:00Z"
+    deleting["metadata"]["annotations"].update(EXPLAINED)
     opted_in = job_claim(4)
     opted_in["metadata"]["annotations"][ALLOCATE_ANNOTATION] = "controller"
     shared = job_claim(5)
@@ -83,12 +90,20 @@ def test_a_claim_view_answers_as_the_claim(claim: Obj) -> None:
     assert key_of(view) == key_of(claim) and view["metadata"]["uid"] == claim["metadata"]["uid"]
     assert view["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"]
     assert "managedFields" not in view["metadata"] and view["kind"] == "ResourceClaim"
+    ours = claim["metadata"]["annotations"]
+    assert annotation_patch(view["metadata"].get("annotations") or {}, EXPLAINED) == annotation_patch(ours, EXPLAINED)
+    assert annotation_patch(view["metadata"].get("annotations") or {}, None) == annotation_patch(ours, None)
     if needs_no_work(claim):
         assert "spec" not in view and classify(view, waited_for=True) is Action.IGNORE
-    else:
-        whole = copy.deepcopy(claim)
-        del whole["metadata"]["managedFields"]
-        assert view == whole
+        return
+    whole = copy.deepcopy(claim)
+    del whole["metadata"]["managedFields"]
+    if EXPLANATION_ANNOTATION in ours and "deletionTimestamp" not in claim["metadata"]:
+        # The document stays on the server; what the controller compares is kept.
+        assert view["metadata"]["annotations"][EXPLANATION_ANNOTATION] == ""
+        assert view["metadata"]["annotations"][HASH_ANNOTATION] == ours[HASH_ANNOTATION]
+        whole["metadata"]["annotations"][EXPLANATION_ANNOTATION] = ""
+    assert view == whole
 
 
 def test_only_allocated_claims_without_our_work_are_reduced() -> None:
@@ -203,5 +218,6 @@ def test_memory_per_object_before_and_after() -> None:
     assert got["pod with a claim"]["kept"] < 2_500 < 10_000 < got["pod with a claim"]["whole"]
     assert got["claim, allocated"]["kept"] < 2_500 < 5_000 < got["claim, allocated"]["whole"]
     assert got["claim, pending"]["kept"] < 0.6 * got["claim, pending"]["whole"]
+    assert got["claim, explained"]["kept"] < 4_000 < 15_000 < got["claim, explained"]["whole"]
     assert got["slice, 8 GPUs"]["kept"] < 0.4 * got["slice, 8 GPUs"]["whole"]
     assert got["slice, 64 MIG"]["kept"] < 0.2 * got["slice, 64 MIG"]["whole"]

@@ -70,6 +70,7 @@ class Cluster:
         unsat, unsat_pod = _pending(UNSATISFIABLE, HUGE)
         copies = [_pending(f"{BACKLOG}{i:05d}", HUGE) for i in range(backlog)]
         first = [unsat, fits] + [c for c, _ in copies]
+        self.pending = {c["metadata"]["name"]: c for c in first}
         first_pods = [unsat_pod, fits_pod] + [p for _, p in copies]
         device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
                         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
@@ -145,11 +146,17 @@ def serve(cluster: Cluster) -> ThreadingHTTPServer:
         def do_PATCH(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             patch = json.loads(self.rfile.read(n))
-            parts = urlsplit(self.path).path.split("/")
-            cluster.writes.append((time.monotonic(), "PATCH", parts[-1]))
-            self._reply(200, orjson.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {
-                "name": parts[-1], "namespace": parts[-3], "uid": f"uid-{parts[-1]}", "resourceVersion": "200",
-                "annotations": patch["metadata"]["annotations"]}}))
+            name = urlsplit(self.path).path.rsplit("/", 1)[-1]
+            cluster.writes.append((time.monotonic(), "PATCH", name))
+            claim = cluster.pending.get(name)
+            if claim is None:
+                self._not_found()
+                return
+            # What the API server answers: the whole claim, as patched.
+            annotations = {**claim["metadata"].get("annotations", {}), **patch["metadata"]["annotations"]}
+            self._reply(200, orjson.dumps({**claim, "metadata": {
+                **claim["metadata"], "resourceVersion": "200", "annotations": {
+                    k: v for k, v in annotations.items() if v is not None}}}))
 
         def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)

@@ -29,6 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from dra_driver.controller.annotations import desired_annotations
+from dra_driver.controller.verdicts import Outcome, Verdict
 from dra_driver.controller.views import claim_view, pod_view, slice_view
 from dra_driver.k8s.client import CLAIMS, PODS, SLICES, Obj, Resource, RestKubeApi
 from dra_driver.k8s.credentials import Credentials, Loaded
@@ -133,6 +135,15 @@ def job_claim(i: int, *, allocated: bool = True) -> Obj:
             },
             "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}],
         }  # fmt: skip
+    return claim
+
+
+def explained_claim(i: int) -> Obj:
+    """A pending claim with the controller's explanation on it: a document of 16 KiB (the limit is 32)."""
+    claim = job_claim(i, allocated=False)
+    outcome = Outcome(Verdict.UNSATISFIABLE, "cannot allocate: request gpu: 0 candidates, need 1",
+                      explanation={"closest": [f"{DRIVER}/node-{n:04d}/gpu-0: memory 80Gi < 1Ti" for n in range(320)]})
+    claim["metadata"]["annotations"].update(desired_annotations(outcome) or {})
     return claim
 
 
@@ -244,6 +255,7 @@ KINDS: dict[str, tuple[Resource, Callable[[int], Obj], Callable[[], Transform]]]
     "pod with a claim": (PODS, lambda i: job_pod(i, claim=f"job-{i:06d}-abcde-gpu-xyz12"), lambda: pod_view),
     "claim, allocated": (CLAIMS, job_claim, lambda: claim_view),
     "claim, pending": (CLAIMS, lambda i: job_claim(i, allocated=False), lambda: claim_view),
+    "claim, explained": (CLAIMS, explained_claim, lambda: claim_view),
     "slice, 8 GPUs": (SLICES, plugin_slice, slice_view),
     "slice, 64 MIG": (SLICES, mig_slice, slice_view),
 }
