@@ -11,8 +11,7 @@ import pytest
 from dra_driver.allocator.inventory import allocated_state
 from dra_driver.controller.annotations import annotation_patch, desired_annotations
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, EXPLANATION_ANNOTATION, HASH_ANNOTATION, SUMMARY_ANNOTATION
-from dra_driver.controller.verdicts import Outcome, Verdict
-from dra_driver.controller.verdicts import Action, classify
+from dra_driver.controller.verdicts import Action, Outcome, Verdict, classify
 from dra_driver.controller.views import claim_view, needs_no_work, pod_view, slice_view
 from dra_driver.k8s.claims import pod_claim_keys, pod_is_done, pod_node
 from dra_driver.k8s.client import CLAIMS, PODS, SLICES, Obj, key_of
