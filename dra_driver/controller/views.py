@@ -64,9 +64,10 @@ def claim_view(claim: Obj) -> Obj:
     finalizing writes the cached claim back."""
     if not needs_no_work(claim):
         m = claim.get("metadata")
-        annotations = m.get("annotations") if isinstance(m, dict) else None
-        if isinstance(annotations, dict) and EXPLANATION_ANNOTATION in annotations and not is_deleting(claim):
-            m["annotations"] = {**annotations, EXPLANATION_ANNOTATION: ""}
+        if isinstance(m, dict) and not is_deleting(claim):
+            annotations = m.get("annotations")
+            if isinstance(annotations, dict) and EXPLANATION_ANNOTATION in annotations:
+                m["annotations"] = {**annotations, EXPLANATION_ANNOTATION: ""}
         return without_managed_fields(claim)
     view = allocation_view(claim)
     view["metadata"]["resourceVersion"] = str(meta(claim).get("resourceVersion") or "")

@@ -9,7 +9,8 @@ claims are pending, each with its pod: one fits, one cannot (a GPU with 1 TiB of
 
 * start: process start until the unsatisfiable claim's explanation arrives (the first write);
 * lists: process start until the last list page was served (every informer has listed);
-* RSS of the controller then, and its peak, from ``/proc``;
+* RSS of the controller then, and its peak, from ``/proc`` (with ``--synced``: no pending claim, the
+  RSS once every informer has listed, before the engine builds anything);
 * with ``--backlog N``: N more copies of the unsatisfiable claim, and how long after the first
   explanation the last of them is explained, through the controller's write budget.
 
@@ -29,7 +30,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -65,13 +67,13 @@ def _pending(name: str, selector: str | None) -> tuple[Obj, Obj]:
 class Cluster:
     """The objects, made on demand per page: 150,000 pods are 600 MB of JSON."""
 
-    def __init__(self, nodes: int, claims: int, pods: int, backlog: int = 0) -> None:
+    def __init__(self, nodes: int, claims: int, pods: int, backlog: int = 0, pending: bool = True) -> None:
         fits, fits_pod = _pending(FITS, None)
         unsat, unsat_pod = _pending(UNSATISFIABLE, HUGE)
         copies = [_pending(f"{BACKLOG}{i:05d}", HUGE) for i in range(backlog)]
-        first = [unsat, fits] + [c for c, _ in copies]
+        first = [unsat, fits] + [c for c, _ in copies] if pending else []
         self.pending = {c["metadata"]["name"]: c for c in first}
-        first_pods = [unsat_pod, fits_pod] + [p for _, p in copies]
+        first_pods = [unsat_pod, fits_pod] + [p for _, p in copies] if pending else []
         device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
                         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
         claim_pods = min(claims, pods)
@@ -191,9 +193,27 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def run(nodes: int = 5000, claims: int = 0, pods: int = 0, backlog: int = 0, settle: float = 3.0,
-        timeout: float = 600.0) -> dict[str, Any]:
-    cluster = Cluster(nodes, claims, pods, backlog)
+def synced(nodes: int, claims: int, pods: int, settle: float = 5.0, timeout: float = 900.0) -> dict[str, Any]:
+    """The controller with every informer synced and no pending claim (so no device inventory yet,
+    the engine's part): its RSS ``settle`` seconds after the last list page was served."""
+    cluster = Cluster(nodes, claims, pods, pending=False)
+    with _controller(cluster) as proc:
+        t0 = time.monotonic()
+        while len(cluster.listed) < len(cluster.kinds) and time.monotonic() - t0 < timeout and proc.poll() is None:
+            time.sleep(0.1)
+        if len(cluster.listed) < len(cluster.kinds):
+            raise RuntimeError(f"lists unfinished after {timeout:.0f} s: {sorted(cluster.listed)}")
+        listed = time.monotonic() - t0
+        time.sleep(settle)
+        status = _status(proc.pid)
+    mib = 1024 * 1024
+    return {"nodes": nodes, "claims": claims, "pods": pods, "start_to_all_listed_s": round(listed, 2),
+            "rss_synced_mib": round(status["VmRSS"] / mib, 1), "rss_peak_mib": round(status["VmHWM"] / mib, 1)}
+
+
+@contextmanager
+def _controller(cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
+    """``dra-driver controller`` against a stand-in serving ``cluster``; stopped on the way out."""
     httpd = serve(cluster)
     with tempfile.TemporaryDirectory(prefix="ctrlstart-") as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
@@ -202,30 +222,15 @@ def run(nodes: int = 5000, claims: int = 0, pods: int = 0, backlog: int = 0, set
             "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{httpd.server_address[1]}"}}],
             "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
         log = (Path(tmp) / "controller.log").open("w+")
-        t0 = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", str(kubeconfig), "--no-leader-elect",
              "--metrics-port", "0", "--driver-name", DRIVER, "--log-level", "warning"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        explained = None
-        rss_then: dict[str, int] = {}
         try:
-            while time.monotonic() - t0 < timeout and proc.poll() is None:
-                first = next((w for w in cluster.writes if w[1] == "PATCH" and w[2] == UNSATISFIABLE), None)
-                if first is not None:
-                    explained = first[0]
-                    rss_then = _status(proc.pid)
-                    cpu_then = _cpu_seconds(proc.pid)
-                    break
-                time.sleep(0.02)
-            if explained is None:
-                log.seek(0)
-                raise RuntimeError(f"no explanation within {timeout:.0f} s; controller log:\n{log.read()[-3000:]}")
-            while len(_backlog_patches(cluster)) < backlog and time.monotonic() - t0 < timeout and proc.poll() is None:
-                time.sleep(0.1)
-            cpu_backlog = _cpu_seconds(proc.pid) - cpu_then
-            time.sleep(settle)
-            settled = _status(proc.pid)
+            yield proc
+        except RuntimeError as exc:
+            log.seek(0)
+            raise RuntimeError(f"{exc}; controller log:\n{log.read()[-3000:]}") from None
         finally:
             proc.terminate()
             try:
@@ -234,24 +239,47 @@ def run(nodes: int = 5000, claims: int = 0, pods: int = 0, backlog: int = 0, set
                 proc.kill()
             httpd.stop.set()  # type: ignore[attr-defined]
             httpd.shutdown()
-        mib = 1024 * 1024
-        patched = _backlog_patches(cluster)
-        result: dict[str, Any] = {}
-        if backlog:
-            result = {"backlog": backlog, "backlog_explained": len(patched),
-                      "backlog_s": round(patched[-1] - explained, 2) if patched else None,
-                      "backlog_cpu_ms_per_claim": round(cpu_backlog / backlog * 1000, 2),
-                      "events": sum(1 for w in cluster.writes if w[1] == "POST")}
-        return result | {
-            "nodes": nodes, "claims": claims, "pods": pods,
-            "start_to_first_explanation_s": round(explained - t0, 2),
-            "start_to_all_listed_s": round(max(cluster.listed.values()) - t0, 2),
-            "listed_s": {k: round(v - t0, 2) for k, v in sorted(cluster.listed.items(), key=lambda kv: kv[1])},
-            "rss_at_first_explanation_mib": round(rss_then["VmRSS"] / mib, 1),
-            "rss_settled_mib": round(settled["VmRSS"] / mib, 1), "rss_peak_mib": round(settled["VmHWM"] / mib, 1),
-            "writes": len(cluster.writes),
-            "fitting_claim_written": any(w[2] == FITS for w in cluster.writes),
-        }
+
+
+def run(nodes: int = 5000, claims: int = 0, pods: int = 0, backlog: int = 0, settle: float = 3.0,
+        timeout: float = 600.0) -> dict[str, Any]:
+    cluster = Cluster(nodes, claims, pods, backlog)
+    with _controller(cluster) as proc:
+        t0 = time.monotonic()
+        explained = None
+        while time.monotonic() - t0 < timeout and proc.poll() is None:
+            first = next((w for w in cluster.writes if w[1] == "PATCH" and w[2] == UNSATISFIABLE), None)
+            if first is not None:
+                explained = first[0]
+                rss_then = _status(proc.pid)
+                cpu_then = _cpu_seconds(proc.pid)
+                break
+            time.sleep(0.02)
+        if explained is None:
+            raise RuntimeError(f"no explanation within {timeout:.0f} s")
+        while len(_backlog_patches(cluster)) < backlog and time.monotonic() - t0 < timeout and proc.poll() is None:
+            time.sleep(0.1)
+        cpu_backlog = _cpu_seconds(proc.pid) - cpu_then
+        time.sleep(settle)
+        settled = _status(proc.pid)
+    mib = 1024 * 1024
+    patched = _backlog_patches(cluster)
+    result: dict[str, Any] = {}
+    if backlog:
+        result = {"backlog": backlog, "backlog_explained": len(patched),
+                  "backlog_s": round(patched[-1] - explained, 2) if patched else None,
+                  "backlog_cpu_ms_per_claim": round(cpu_backlog / backlog * 1000, 2),
+                  "events": sum(1 for w in cluster.writes if w[1] == "POST")}
+    return result | {
+        "nodes": nodes, "claims": claims, "pods": pods,
+        "start_to_first_explanation_s": round(explained - t0, 2),
+        "start_to_all_listed_s": round(max(cluster.listed.values()) - t0, 2),
+        "listed_s": {k: round(v - t0, 2) for k, v in sorted(cluster.listed.items(), key=lambda kv: kv[1])},
+        "rss_at_first_explanation_mib": round(rss_then["VmRSS"] / mib, 1),
+        "rss_settled_mib": round(settled["VmRSS"] / mib, 1), "rss_peak_mib": round(settled["VmHWM"] / mib, 1),
+        "writes": len(cluster.writes),
+        "fitting_claim_written": any(w[2] == FITS for w in cluster.writes),
+    }
 
 
 def _backlog_patches(cluster: Cluster) -> list[float]:
@@ -266,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
                         "--claims of them hold the allocated claims")
     parser.add_argument("--backlog", type=int, default=0, help="more copies of the unsatisfiable claim, each with its "
                         "pod: the time from the first explanation until all of them are explained")
+    parser.add_argument("--synced", action="store_true", help="no pending claim: the RSS with every informer synced")
     args = parser.parse_args(argv)
+    if args.synced:
+        print(json.dumps(synced(args.nodes, args.claims, args.pods), indent=1))
+        return 0
     print(json.dumps(run(args.nodes, args.claims, args.pods, args.backlog), indent=1))
     return 0
 
