@@ -180,6 +180,7 @@ def test_an_object_the_transform_drops_is_absent_for_the_handler() -> None:
     assert unrelated is not None
     unrelated["status"]["phase"] = "Failed"
     kube.set(PODS, unrelated)
+    kube.delete(PODS, "team-0/job-000000-abcde")
     for event in kube.watch(PODS, resource_version=rv, timeout_seconds=1):
         inf.apply(event)
     assert len(inf.store) == 0 and calls[1:] == [("job-000001-abcde", None)]

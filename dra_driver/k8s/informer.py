@@ -197,8 +197,9 @@ class Informer:
                 old = self.store.put(kept)
                 self._notify(old, kept)
         elif etype == "DELETED":
-            old = self.store.delete(obj)
-            self._notify(old or obj, None)
+            old = self.store.delete(obj) or self._decoded(obj)
+            if old is not None:  # else one the store never kept: no event
+                self._notify(old, None)
         else:
             return
         if rv:

@@ -179,6 +179,13 @@ def serve(cluster: Cluster) -> ThreadingHTTPServer:
     return httpd
 
 
+def _checkout() -> dict[str, str]:
+    """``CTRLSTART_CHECKOUT``: run the controller from another source tree (say, an export of an
+    older commit, for a before and after), with this bench's stand-in unchanged."""
+    other = os.environ.get("CTRLSTART_CHECKOUT")
+    return {"PYTHONPATH": other} if other else {}
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
@@ -225,7 +232,7 @@ def _controller(cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", str(kubeconfig), "--no-leader-elect",
              "--metrics-port", "0", "--driver-name", DRIVER, "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **_checkout()})
         try:
             yield proc
         except RuntimeError as exc:
