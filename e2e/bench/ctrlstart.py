@@ -232,7 +232,8 @@ def _controller(cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dra_driver", "controller", "--kubeconfig", str(kubeconfig), "--no-leader-elect",
              "--metrics-port", "0", "--driver-name", DRIVER, "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **_checkout()})
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **_checkout()},
+            cwd=os.environ.get("CTRLSTART_CHECKOUT"))  # python -m puts its directory first on the path
         try:
             yield proc
         except RuntimeError as exc:
