@@ -117,10 +117,12 @@ class FakeKube:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
         self._check("list", res, "")
         items = [copy.deepcopy(o) for o in self._bucket(res).values()
                  if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]
+        if transform is not None:
+            items = [k for o in items if (k := transform(o)) is not None]
         return ListResult(items, str(self.rv))
 
     def list_claim_allocations(self) -> ListResult:

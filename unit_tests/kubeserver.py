@@ -15,12 +15,13 @@ from dra_driver.k8s.credentials import official_loader
 
 Reply = tuple[int, Any]
 RawReply = tuple[int, str, bytes]  # status, Content-Type, body
+HeaderReply = tuple[int, Any, dict[str, str]]  # status, JSON body, extra response headers
 
 
 class Server:
     def __init__(self, user: dict[str, Any] | None = None, **api_kwargs: Any) -> None:
         self.requests: list[dict[str, Any]] = []
-        self.replies: list[Reply | RawReply | list[bytes]] = []
+        self.replies: list[Reply | RawReply | HeaderReply | list[bytes]] = []
         self.close_after: set[int] = set()
         """Request numbers (1, 2, ...) after whose reply the server closes the connection, unannounced."""
         outer = self
@@ -49,12 +50,18 @@ class Server:
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                if len(reply) == 3:
+                extra: dict[str, str] = {}
+                if len(reply) == 3 and isinstance(reply[2], dict):
+                    code, obj, extra = reply
+                    ctype, data = "application/json", json.dumps(obj).encode()
+                elif len(reply) == 3:
                     code, ctype, data = reply
                 else:
                     code, obj = reply
                     ctype, data = "application/json", json.dumps(obj).encode()
                 self.send_response(code)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -60,6 +60,7 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "bad-backend": (["--set", "gpuBackend=cuda"], r"gpuBackend"),
     "bad-log-format": (["--set", "logFormat=xml"], r"logFormat"),
     "bad-replicas": (["--set", "controller.replicas=-1"], r"replicas"),
+    "zero-write-budget": (["--set", "controller.maxWritesPerSecond=0"], r"maxWritesPerSecond"),
     "bad-xid": (["--set-json", "ignoredXids=[\"thirteen\"]"], r"ignoredXids"),
     "unknown-key": (["--set", "gpuBakend=nvml"], r"gpuBakend|additional properties"),
     "old-kubernetes": (["--kube-version", "1.33.5"], r"1\.34"),

@@ -34,6 +34,10 @@ class ControllerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=r,
         )
+        self.write_wait_seconds = Counter(
+            f"{PREFIX}_write_wait_seconds_total",
+            "Seconds writes waited for the write budget (--max-writes-per-second)", registry=r
+        )
         self.is_leader = Gauge(f"{PREFIX}_leader", "1 while this replica holds the leader lease", registry=r)
         self.queue_depth = Gauge(f"{PREFIX}_workqueue_depth", "Claim keys waiting to be processed", registry=r)
         self.build_info = Gauge(f"{PREFIX}_build_info", "Always 1; the label says what runs", ["version"], registry=r)

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from dra_driver import logs
-from dra_driver.allocator.inventory import Inventory
+from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import fence
 from dra_driver.controller.annotations import annotation_patch, content_hash, desired_annotations, needs_event
@@ -55,12 +55,14 @@ from dra_driver.controller.verdicts import (
     Action,
     Outcome,
     Verdict,
+    VerdictMemo,
     claim_config_errors,
     classify,
     config_only_outcome,
     evaluate,
     object_config_errors,
 )
+from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_view
 from dra_driver.k8s.claims import (
     annotations_of,
     classes_by_name,
@@ -82,6 +84,7 @@ from dra_driver.k8s.client import (
     CLAIMS,
     CONFIGMAPS,
     DEVICE_CLASSES,
+    EVENTS,
     PODS,
     SLICES,
     ApiError,
@@ -90,11 +93,13 @@ from dra_driver.k8s.client import (
     Resource,
     RestKubeApi,
 )
+from dra_driver.k8s.compact import without_managed_fields
 from dra_driver.k8s.events import EventRecorder, Occurrence, object_ref
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer, WorkQueue
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 from dra_driver.k8s.objects import Obj, describe_node_selector, key_of, meta
+from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
 
 ALLOCATION_SETTLE_SECONDS = 5.0
 """Delay of the second post-write check of a controller allocation (see Controller.allocate)."""
@@ -103,6 +108,12 @@ FENCE_PROBES = 15
 counts as not installed."""
 FENCE_RETRY_SECONDS = 30.0
 LEDGER_TTL_SECONDS = 120.0
+WORKERS = 4
+"""Queue workers. Evaluations run one at a time (see Controller._engine_lock); the others write
+meanwhile, so a backlog is not paced by API round trips: one at a time, 10,000 explanations and
+their Events at ~3 ms each would take a minute on their own."""
+RESCAN = "rescan:"
+"""The queue item that re-evaluates every unallocated claim (see Controller._enqueue_unallocated)."""
 
 
 def allocation_conflicts(
@@ -169,35 +180,56 @@ class Controller:
         sleep: Callable[[float], None] = time.sleep,
         events: EventRecorder | None = None,
     ) -> None:
-        self.api = api
         self.settings = settings
         self.driver = settings.driver_name
         self.engine = engine or Engine()
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.metrics = metrics or ControllerMetrics()
-        self.events = events or EventRecorder(api, REPORTING_CONTROLLER, settings.identity,
-                                              on_drop=lambda: self.metrics.error("event"))
+        rate = settings.max_writes_per_second
+        self.api: KubeApi = WriteLimitedApi(api, TokenBucket(rate, max(1, round(rate))), best_effort=frozenset({EVENTS.plural}),
+                                            on_wait=self.metrics.write_wait_seconds.inc)
+        self.events = events or EventRecorder(self.api, REPORTING_CONTROLLER, settings.identity,
+                                              on_drop=lambda: self.metrics.error("event"),
+                                              on_throttled=lambda: self.metrics.error("event_throttled"))
         self.clock = clock
         self.settle_seconds = settle_seconds
         self.sleep = sleep
         self.ledger_namespace, self.ledger_name = settings.allocation_ledger
         self.queue = WorkQueue(clock=clock)
-        self.claims = Informer(api, CLAIMS, self._on_claim)
-        self.pods = Informer(api, PODS, self._on_pod)
-        self.slices = Informer(api, SLICES, self._on_slice)
-        self.classes = Informer(api, DEVICE_CLASSES, self._on_class)
-        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template)
+        # What each store keeps: see dra_driver.controller.views.
+        self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view)
+        self.pods = Informer(api, PODS, self._on_pod, transform=pod_view)
+        self.slices = Informer(api, SLICES, self._on_slice, transform=slice_view())
+        self.classes = Informer(api, DEVICE_CLASSES, self._on_class, transform=without_managed_fields)
+        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields)
         self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)
         self._lock = threading.RLock()
         self._pod_claims: dict[str, set[str]] = {}
         self._claim_pods: dict[str, set[str]] = {}
         self._slices_version = 0
+        self._classes_version = 0
+        self._holdings_version = 0
+        """Bumped whenever a device another claim may want is taken or freed (see _on_claim)."""
         self._snapshot = _Snapshot()
+        self._inventory_lock = threading.Lock()
+        self._engine_lock = threading.Lock()
+        """Evaluations run one at a time: they are CPU-bound (the GIL gives nothing to a second
+        one), and the engine's caches need no locking of their own. Writes run in parallel."""
+        self._allocation_lock = threading.RLock()
+        """Controller allocation, finalization and the ledger one claim at a time, as before
+        workers ran in parallel: the fence would catch a collision, but need not."""
+        self._holdings: tuple[int, AllocatedState] | None = None
+        self._verdicts = VerdictMemo()
+        self._settled: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        """Explained claims: key -> (resourceVersion, inputs) of the last explanation written or
+        found current. A claim whose resourceVersion and inputs are unchanged is not evaluated
+        again, however often resyncs and rescans queue it."""
         self._written: dict[str, _Written] = {}
         self._reserving: set[str] = set()  # claim UIDs between their ledger entry and their allocation
         self._validated: dict[str, str] = {}
         self._log = logs.get("controller")
-        self._last_loop = clock()
+        self._beats = [clock()] * (WORKERS + 1)
+        """When the main loop (0) and each worker last came round."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
 
@@ -206,13 +238,18 @@ class Controller:
         if obj is None:
             return
         key = key_of(obj)
+        uid = uid_of(obj)
         if new is None:
-            with self._lock:
-                self._written.pop(uid_of(obj), None)
-        self.queue.add(_kind_key("claim", key))
-        # A change of one claim's allocation frees or takes devices the others may want.
-        if new is None or (old is not None and is_allocated(old) != is_allocated(new)):
-            self._enqueue_unallocated(skip=key)
+            self._forget_written(uid)
+        with self._lock:
+            if new is None:
+                self._settled.pop(key, None)
+            tracked = uid in self._written
+        if not (new is not None and needs_no_work(new) and (old is None or needs_no_work(old)) and not tracked):
+            self.queue.add(_kind_key("claim", key))
+        # A change of one claim's devices frees or takes devices the others may want.
+        if holdings(old) != holdings(new):
+            self._holdings_changed()
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old
@@ -238,22 +275,28 @@ class Controller:
     def _on_slice(self, old: Obj | None, new: Obj | None) -> None:
         with self._lock:
             self._slices_version += 1
-        self._enqueue_unallocated()
+        self.queue.add(RESCAN)
 
     def _on_class(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
             self.queue.add(_kind_key("class", key_of(new)))
-        self._enqueue_unallocated()
+        with self._lock:
+            self._classes_version += 1
+        self.queue.add(RESCAN)
 
     def _on_template(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
             self.queue.add(_kind_key("template", key_of(new)))
 
-    def _enqueue_unallocated(self, skip: str | None = None) -> None:
+    def _enqueue_unallocated(self) -> None:
+        """Every claim a change of devices, classes or allocations may give a new verdict. Handlers
+        only queue :data:`RESCAN`, once however many changes arrive while it waits: a health flap
+        on 500 nodes is one re-evaluation, not 500 of every pending claim. A claim waiting out a
+        delay or a retry back-off keeps waiting: its turn sees the change."""
         for c in self.claims.store.values():
-            k = key_of(c)
-            if k != skip and not is_allocated(c):
-                self.queue.add(_kind_key("claim", k))
+            item = _kind_key("claim", key_of(c))
+            if not is_allocated(c) and not self.queue.deferred(item):
+                self.queue.add(item)
 
     def waited_for(self, claim_key: str) -> bool:
         with self._lock:
@@ -281,20 +324,75 @@ class Controller:
     # -- the engine's inputs
 
     def inventory(self) -> Inventory:
-        with self._lock:
-            version = self._slices_version
-            snap = self._snapshot
-        if snap.slices_version == version and snap.inventory is not None:
-            return snap.inventory
-        # The last inventory lends its devices' CEL state to unchanged devices: a slice update
-        # then costs CEL conversions only for the devices it changed.
-        inv = self.engine.build_inventory(self.slices.store.values(), previous=snap.inventory)
-        with self._lock:
-            self._snapshot = _Snapshot(version, inv)
-        return inv
+        return self._inventory()[1]
+
+    def _inventory(self) -> tuple[int, Inventory]:
+        """The inventory and the slices version it is at least as new as."""
+        with self._inventory_lock:  # one build at a time; the others take its result
+            with self._lock:
+                version = self._slices_version
+                snap = self._snapshot
+            if snap.slices_version == version and snap.inventory is not None:
+                return version, snap.inventory
+            # The last inventory lends its devices' CEL state to unchanged devices: a slice update
+            # then costs CEL conversions only for the devices it changed.
+            inv = self.engine.build_inventory(self.slices.store.values(), previous=snap.inventory)
+            with self._lock:
+                self._snapshot = _Snapshot(version, inv)
+            return version, inv
 
     def class_map(self) -> dict[str, Obj]:
         return classes_by_name(self.classes.store.values())
+
+    def _class_map(self) -> tuple[int, dict[str, Obj]]:
+        with self._lock:
+            version = self._classes_version
+        return version, self.class_map()
+
+    def _holdings_changed(self) -> None:
+        """Devices were taken or freed: every pending claim may see them differently now."""
+        with self._lock:
+            self._holdings_version += 1
+        self.queue.add(RESCAN)
+
+    def _forget_written(self, uid: str) -> None:
+        with self._lock:
+            gone = self._written.pop(uid, None)
+        if gone is not None:
+            self._holdings_changed()
+
+    def _expire_written(self) -> None:
+        now = self.clock()
+        with self._lock:
+            expired = [uid for uid, w in self._written.items() if now - w.at > LEDGER_TTL_SECONDS]
+        for uid in expired:
+            self._forget_written(uid)
+
+    def _keep(self, written: Obj, base: Obj) -> None:
+        """The result of our write against ``base`` into the claims store, unless the watch brought
+        something newer (:meth:`Store.put_if_unchanged`); what it changes in the devices held counts
+        at once, since no informer event will say so."""
+        if self.claims.store.put_if_unchanged(written, _rv(base)) and holdings(written) != holdings(base):
+            self._holdings_changed()
+
+    def held_by_others(self, claim: Obj) -> tuple[int | None, AllocatedState]:
+        """What the other claims hold, and the holdings version when that is what every claim
+        without devices of its own sees (None otherwise): computed once per version, not once per
+        pending claim (20,000 claims take ~60 ms to add up)."""
+        self._expire_written()
+        uid = uid_of(claim)
+        with self._lock:
+            version = self._holdings_version
+            own = is_allocated(claim) or uid in self._written
+            cached = self._holdings
+        if own:
+            return None, self.engine.allocated_state(self.claims_for_accounting(), exclude_uid=uid)
+        if cached is not None and cached[0] == version:
+            return version, cached[1]
+        state = self.engine.allocated_state(self.claims_for_accounting())
+        with self._lock:
+            self._holdings = (version, state)
+        return version, state
 
     def claims_for_accounting(self, fresh: Sequence[Obj] | None = None) -> list[Obj]:
         """All claims with the controller's own recent writes laid over them.
@@ -303,11 +401,8 @@ class Controller:
         does (or the entry expires), the written object stands in for the cached one.
         """
         base = list(fresh) if fresh is not None else self.claims.store.values()
-        now = self.clock()
+        self._expire_written()
         with self._lock:
-            for uid, w in list(self._written.items()):
-                if now - w.at > LEDGER_TTL_SECONDS:
-                    del self._written[uid]
             overlay = {uid: w.claim for uid, w in self._written.items()}
         out: list[Obj] = []
         seen: set[str] = set()
@@ -323,12 +418,17 @@ class Controller:
         return out
 
     def outcome_for(self, claim: Obj, *, claims: Sequence[Obj] | None = None, require_own_driver: bool) -> Outcome:
-        classes = self.class_map()
+        classes_version, classes = self._class_map()
         t0 = time.perf_counter()
         try:
             try:
-                inventory = self.inventory()
-                allocated = self.engine.allocated_state(self.claims_for_accounting(claims), exclude_uid=uid_of(claim))
+                slices_version, inventory = self._inventory()
+                if claims is None:
+                    holdings_version, allocated = self.held_by_others(claim)
+                else:
+                    holdings_version = None
+                    allocated = self.engine.allocated_state(self.claims_for_accounting(claims),
+                                                            exclude_uid=uid_of(claim))
             except Exception as exc:
                 self.metrics.error("inventory")
                 msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
@@ -339,8 +439,12 @@ class Controller:
             pinned = {n for p in pods if (n := pod_node(p))}
             if len(pinned) == 1 and len(pods) == 1:
                 nodes = sorted(pinned)
-            return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
-                            require_own_driver=require_own_driver)
+            memo = None
+            if holdings_version is not None and not require_own_driver:
+                memo = (self._verdicts, (slices_version, classes_version, holdings_version))
+            with self._engine_lock:
+                return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
+                                require_own_driver=require_own_driver, memo=memo)
         finally:
             self.metrics.resolve_seconds.observe(time.perf_counter() - t0)
 
@@ -355,11 +459,18 @@ class Controller:
             self.process(item)
             self.queue.forget(item)
         except Exception as exc:
-            kind = "conflict" if isinstance(exc, ApiError) and exc.conflict else "sync"
+            api_error = exc if isinstance(exc, ApiError) else None
+            kind = "sync"
+            if api_error is not None and (api_error.conflict or api_error.throttled):
+                kind = "conflict" if api_error.conflict else "throttled"
             self.metrics.error(kind)
             delay = self.queue.add_rate_limited(item)
-            self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
-                              exc_info=not isinstance(exc, ApiError))
+            if kind == "throttled":
+                # The client already retried as the server asked; a busy API server is no fault of ours.
+                self._log.info("throttled by the API server, retrying", item=item, retry_in=delay)
+            else:
+                self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
+                                  exc_info=api_error is None)
         finally:
             self.queue.done(item)
             self.metrics.queue_depth.set(len(self.queue))
@@ -380,7 +491,10 @@ class Controller:
             if obj is not None:
                 self.validate_object(obj, CLAIM_TEMPLATES)
         elif kind == "ledger":
-            self.collect_ledger()
+            with self._allocation_lock:
+                self.collect_ledger()
+        elif item == RESCAN:
+            self._enqueue_unallocated()
 
     def validate_object(self, obj: Obj, resource: Resource) -> list[str]:
         """Warning Event ``InvalidConfig`` once per (object, generation, set of errors)."""
@@ -410,9 +524,13 @@ class Controller:
         with self._lock:
             entry = self._written.get(uid_of(claim))
         if entry is not None and is_allocated(claim) and self.clock() - entry.at >= self.settle_seconds:
-            self.verify_allocation(claim, log, settled=True)
+            with self._allocation_lock:
+                self.verify_allocation(claim, log, settled=True)
             claim = self.claims.store.get(key) or claim
         action = classify(claim, waited_for=self.waited_for(key))
+        if action is not Action.EXPLAIN:
+            with self._lock:
+                self._settled.pop(key, None)
         if action in (Action.IGNORE, Action.CLEAR):
             if not is_allocated(claim) and not is_deleting(claim):
                 # Nobody waits for it (yet): still flag bad configuration before a node sees it.
@@ -424,13 +542,31 @@ class Controller:
                 self.write_annotations(claim, None, log)
             return
         if action is Action.FINALIZE:
-            self.finalize(claim, log)
+            with self._allocation_lock:
+                self.finalize(claim, log)
             return
+        if action is Action.EXPLAIN:
+            seen = self._inputs(key)
+            with self._lock:
+                if self._settled.get(key) == (_rv(claim), seen):
+                    return  # explained as it stands, against what is there now
         outcome = self.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
         if action is Action.EXPLAIN or outcome.verdict is not Verdict.SATISFIABLE:
-            self.record(claim, outcome, log)
+            result = self.record(claim, outcome, log)
+            if action is Action.EXPLAIN and result is not None:
+                with self._lock:
+                    self._settled[key] = (_rv(result), seen)
             return
-        self.allocate(claim, log)
+        with self._allocation_lock:
+            self.allocate(claim, log)
+
+    def _inputs(self, key: str) -> tuple[Any, ...]:
+        """What a pending claim's explanation depends on besides the claim itself: the versions of
+        the slices, classes and allocations, and the node its one pod is pinned to."""
+        pods = self.waiting_pods(key)
+        with self._lock:
+            return (self._slices_version, self._classes_version, self._holdings_version,
+                    tuple(sorted({n for p in pods if (n := pod_node(p))})), len(pods))
 
     # -- writes
 
@@ -443,16 +579,19 @@ class Controller:
             return
         self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
 
-    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> bool:
-        """Bring our annotations in line with ``outcome``; True when something was written."""
+    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> Obj | None:
+        """Bring our annotations in line with ``outcome``. Returns the claim as it now stands on the
+        server: the written one, ``claim`` when there was nothing to write, None when it could not
+        be written (gone, or not the leader)."""
         current = annotations_of(claim)
         patch = annotation_patch(current, desired_annotations(outcome))
         event = outcome is not None and needs_event(current, outcome)
         if patch is None and not event:
-            return False
+            return claim
         if not self.leadership.is_leader():
-            return False
+            return None
         m = meta(claim)
+        updated = claim
         if patch is not None:
             try:
                 updated = self.api.merge_patch(
@@ -460,9 +599,9 @@ class Controller:
                 )
             except ApiError as exc:
                 if exc.not_found:
-                    return False
+                    return None
                 raise
-            self.claims.store.put_if_unchanged(updated, _rv(claim))
+            self._keep(updated, claim)
         if outcome is not None:
             if event:
                 self.emit(claim, Occurrence("Warning", EVENT_REASON.get(outcome.verdict, "Unsatisfiable"),
@@ -472,13 +611,13 @@ class Controller:
             log.info("claim explained", verdict=outcome.verdict.value, summary=outcome.summary)
         else:
             log.info("explanation cleared")
-        return True
+        return updated
 
-    def record(self, claim: Obj, outcome: Outcome, log: Any) -> None:
+    def record(self, claim: Obj, outcome: Outcome, log: Any) -> Obj | None:
         if outcome.verdict is Verdict.ERROR:
             self.metrics.error("resolve")
             log.warning("claim evaluation failed", error=outcome.text)
-        self.write_annotations(claim, outcome, log)
+        return self.write_annotations(claim, outcome, log)
 
     def allocate(self, claim: Obj, log: Any) -> bool:
         """Allocate an opted-in claim, never racing the scheduler into a double allocation.
@@ -517,6 +656,8 @@ class Controller:
             or is_deleting(fresh_claim)
             or not wants_controller_allocation(fresh_claim)
         ):
+            # The cache is behind; what the server said stands in until the watch catches up.
+            self._keep(fresh_claim, claim)
             self.queue.add(_kind_key("claim", key_of(claim)))
             return False
         fresh = self.api.list(CLAIMS).items
@@ -560,7 +701,8 @@ class Controller:
                 raise
             with self._lock:
                 self._written[uid_of(written)] = _Written(written, self.clock())
-            self.claims.store.put_if_unchanged(written, _rv(fresh_claim))
+            self._holdings_changed()
+            self._keep(written, fresh_claim)
         finally:
             with self._lock:
                 self._reserving.discard(uid)
@@ -692,14 +834,12 @@ class Controller:
         fresh = self.api.list(CLAIMS).items
         mine = next((c for c in fresh if uid_of(c) == uid), None)
         if mine is None or not is_allocated(mine):
-            with self._lock:
-                self._written.pop(uid, None)
+            self._forget_written(uid)
             return False
         conflicts = allocation_conflicts(status_of(mine)["allocation"], uid, fresh)
         if not conflicts:
             if settled:
-                with self._lock:
-                    self._written.pop(uid, None)
+                self._forget_written(uid)
             return True
         other, devices = conflicts[0]
         shared = ", ".join("/".join(d) for d in sorted(devices))
@@ -709,22 +849,20 @@ class Controller:
             log.error("device allocated twice; our claim is already in use", other=other_key, devices=shared)
             note = f"device(s) {shared} are also allocated to claim {other_key}; this claim is in use, not rolled back"
             self.emit(mine, Occurrence("Warning", "DeviceConflict", "Allocate", note), CLAIMS)
-            with self._lock:
-                self._written.pop(uid, None)
+            self._forget_written(uid)
             return False
         self.metrics.error("allocation_conflict")
         log.warning("rolling back allocation that conflicts with another claim", other=other_key, devices=shared)
         try:
             rolled = self.api.replace_status(CLAIMS, with_allocation(mine, None))
-            self.claims.store.put_if_unchanged(rolled, _rv(mine))
+            self._keep(rolled, mine)
         except ApiError as exc:
             if not (exc.conflict or exc.not_found):
                 raise
             # Changed meanwhile (maybe reserved): look again soon.
             self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
             return False
-        with self._lock:
-            self._written.pop(uid, None)
+        self._forget_written(uid)
         self.release(uid)
         self.emit(mine, Occurrence("Warning", "AllocationRolledBack", "Allocate",
                                    f"device(s) {shared} were allocated to claim {other_key} concurrently; "
@@ -748,8 +886,7 @@ class Controller:
                 self.queue.add_after(_kind_key("claim", key_of(claim)), 0.2)
                 return False
             raise
-        with self._lock:
-            self._written.pop(uid_of(claim), None)
+        self._forget_written(uid_of(claim))
         self.release(uid_of(claim))
         log.info("deleted claim deallocated and released")
         return True
@@ -757,7 +894,7 @@ class Controller:
     # -- running
 
     def healthy(self) -> bool:
-        return all(i.synced.is_set() for i in self.informers) and self.clock() - self._last_loop < 120
+        return all(i.synced.is_set() for i in self.informers) and self.clock() - min(self._beats) < 120
 
     def wait_synced(self, stop: threading.Event, timeout: float = 120.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -775,10 +912,14 @@ class Controller:
                 return
             self._log.warning("informers not synced yet; starting anyway")
         self.resync()
+        workers = [threading.Thread(target=self._work, args=(stop, n), name=f"worker-{n}", daemon=True)
+                   for n in range(1, WORKERS + 1)]
+        for w in workers:
+            w.start()
         next_resync = self.clock() + self.settings.resync_seconds
         was_leader = self.leadership.is_leader()
-        while not stop.is_set():
-            self._last_loop = self.clock()
+        while not stop.wait(1.0):
+            self._beats[0] = self.clock()
             leader = self.leadership.is_leader()
             self.metrics.is_leader.set(1 if leader else 0)
             if leader and not was_leader:
@@ -787,12 +928,18 @@ class Controller:
             if self.clock() >= next_resync:
                 self.resync()
                 next_resync = self.clock() + self.settings.resync_seconds
+        self.queue.shutdown()
+        for w in workers:
+            w.join(timeout=5)
+
+    def _work(self, stop: threading.Event, beat: int) -> None:
+        while not stop.is_set():
+            self._beats[beat] = self.clock()
             try:
                 self.process_next(timeout=1.0)
             except Exception:  # belt and braces: process_next already catches
                 self.metrics.error("loop")
                 self._log.exception("worker loop error")
-        self.queue.shutdown()
 
 
 def run(settings: ControllerSettings) -> int:

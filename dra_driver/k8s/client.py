@@ -20,6 +20,7 @@ import json
 import select
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
+from dra_driver import logs
 from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
 from dra_driver.k8s.objects import Obj, meta
@@ -111,6 +113,11 @@ class ApiError(Exception):
     def gone(self) -> bool:
         return self.status == 410
 
+    @property
+    def throttled(self) -> bool:
+        """429: the server's priority and fairness (or a proxy) refused the request unprocessed."""
+        return self.status == 429
+
 
 def unreachable(exc: BaseException, host: str) -> ApiError:
     """An ApiError for a request that never got an HTTP answer: what a person needs is "connection
@@ -128,10 +135,12 @@ class KubeApi(Protocol):
     """The calls the controller makes; all objects in and out are JSON dicts."""
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
         """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
         ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
-        cheaper, possibly a few milliseconds stale, for read-only reports."""
+        cheaper, possibly a few milliseconds stale, for read-only reports. ``transform``, when
+        given, is applied to each item as it is decoded (kind and apiVersion filled in); what it
+        returns is listed in its place, and None leaves the item out."""
         ...
 
     def list_claim_allocations(self) -> ListResult:
@@ -199,6 +208,47 @@ IDEMPOTENT = frozenset({"GET", "PUT", "DELETE", "HEAD"})
 """Methods retried once when a connection breaks after the request was sent (a PUT carries its
 resourceVersion precondition, so a repeat cannot overwrite a newer object)."""
 CONNECT_RETRIES = 2
+
+MAX_RETRIES = 10
+"""Answers that ask to be retried (see :func:`retry_delay`) are retried this often, client-go's
+default, before the last answer's error is raised."""
+MAX_RETRY_WAIT = 60.0
+"""The longest single wait, whatever ``Retry-After`` says: a proxy's nonsense value must not park
+a worker for hours."""
+THROTTLE_BACKOFF = (0.5, 8.0)
+"""First and longest wait (doubling) after a 429 that names no ``Retry-After``."""
+
+_log = logs.get("k8s.client")
+
+
+def retry_after_seconds(value: str | None) -> int | None:
+    """``Retry-After`` as client-go reads it: whole seconds, or None (absent, an HTTP date, junk)."""
+    if value is None:
+        return None
+    try:
+        return max(int(value.strip()), 0)
+    except ValueError:
+        return None
+
+
+def retry_delay(status: int, retry_after: str | None, retries: int) -> float | None:
+    """Seconds to wait before sending a request again after answer ``status``, or None: do not.
+
+    As client-go's ``rest`` client: a 429, or any 5xx, that carries ``Retry-After`` is retried after
+    that many seconds, whatever the method, since the server asks for it (a 429 from priority and
+    fairness was not processed, so even a create is safe to repeat). Beyond client-go, a 429 without
+    a usable header backs off exponentially instead of failing at once: it too was not processed,
+    and only proxies leave the header out. ``retries`` is how many retries were already made.
+    """
+    if retries >= MAX_RETRIES or not (status == 429 or status >= 500):
+        return None
+    seconds = retry_after_seconds(retry_after)
+    if seconds is not None:
+        return min(float(seconds), MAX_RETRY_WAIT)
+    if status != 429:
+        return None
+    first, longest = THROTTLE_BACKOFF
+    return float(min(first * 2**retries, longest))
 
 
 class _HTTPSConnection(http.client.HTTPSConnection):
@@ -319,15 +369,18 @@ class RestKubeApi:
     are retried twice, and an idempotent request (GET, PUT with its resourceVersion precondition,
     DELETE) once more when a connection breaks after the request was sent; a kept-alive connection
     the server closed while it was idle is not used again. A 401 reloads the credentials
-    (re-reading files, re-running an exec plugin) and retries once.
+    (re-reading files, re-running an exec plugin) and retries once. A 429 or 5xx that asks for it
+    is retried after a wait (:func:`retry_delay`), up to :data:`MAX_RETRIES` times, logged at debug
+    only: a throttled request that then succeeds is not an error.
     """
 
     def __init__(self, credentials: Credentials, *, request_timeout: float = 30.0, user_agent: str | None = None,
-                 pool_size: int = 10) -> None:
+                 pool_size: int = 10, sleep: Callable[[float], None] = time.sleep) -> None:
         self._credentials = credentials
         self._timeout = request_timeout
         self._user_agent = user_agent or "dra-driver"
         self._pool_size = pool_size
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._current: _Transport | None = None
         self._current_key: tuple[object, ...] | None = None
@@ -381,13 +434,13 @@ class RestKubeApi:
         """
         suffix = path + (f"?{urlencode(query)}" if query else "")
         payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
-        for attempt in (1, 2):
+        reloaded = False
+        retries = 0
+        while True:
             headers = {"Accept": accept, "User-Agent": self._user_agent}
             if payload is not None:
                 headers["Content-Type"] = content_type
             try:
-                if attempt == 2:
-                    self._credentials.reload()
                 conn, authorization = self._credentials.connection()
             except CredentialError as exc:
                 raise ApiError(0, "CredentialError", str(exc)) from None
@@ -404,10 +457,22 @@ class RestKubeApi:
             except (OSError, http.client.HTTPException):
                 data = b""
             transport.give(http_conn, resp)
-            if resp.status == 401 and attempt == 1:
-                continue  # an expired exec credential, a rotated token file or client certificate
-            raise _error_from_body(resp.status, resp.reason or "", data)
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+            if resp.status == 401 and not reloaded:
+                # An expired exec credential, a rotated token file or client certificate.
+                reloaded = True
+                try:
+                    self._credentials.reload()
+                except CredentialError as exc:
+                    raise ApiError(0, "CredentialError", str(exc)) from None
+                continue
+            delay = retry_delay(resp.status, resp.headers.get("Retry-After"), retries)
+            if delay is None:
+                raise _error_from_body(resp.status, resp.reason or "", data)
+            retries += 1
+            _log.debug("API server asked to retry", method=method, path=path, status=resp.status,
+                       retry_after=resp.headers.get("Retry-After"), wait=delay, retry=retries,
+                       flow_schema=resp.headers.get("X-Kubernetes-PF-FlowSchema-UID"))
+            self._sleep(delay)
 
     def _read(self, method: str, path: str, **kwargs: Any) -> _Response:
         sent = self._send(method, path, **kwargs)
@@ -435,7 +500,7 @@ class RestKubeApi:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
         items: list[Obj] = []
         cont = ""
         rv = ""
@@ -451,7 +516,9 @@ class RestKubeApi:
                     # List items carry no kind/apiVersion; restore them for consistency.
                     item.setdefault("apiVersion", res.api_version)
                     item.setdefault("kind", res.kind)
-                    items.append(item)
+                    kept = item if transform is None else transform(item)
+                    if kept is not None:
+                        items.append(kept)
             md = page.get("metadata") or {}
             rv = str(md.get("resourceVersion") or rv)
             cont = str(md.get("continue") or "")

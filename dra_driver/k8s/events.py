@@ -12,7 +12,9 @@ already there, an empty merge patch returns it (a read without the ``get`` verb)
 written with its resourceVersion as precondition.
 
 Events are best effort: a failure is retried a few times, then counted through ``on_drop`` and
-forgotten; nothing here ever blocks or fails the caller.
+forgotten; nothing here ever blocks or fails the caller. A write the caller's own client refused
+because its write budget is spent (``ApiError.throttled``) is not retried: it is counted through
+``on_throttled`` and forgotten quietly, since retrying would only spend budget the claims need.
 """
 
 from __future__ import annotations
@@ -161,12 +163,14 @@ class EventRecorder:
     """Writes Events from a background thread; :meth:`record` never blocks and never raises."""
 
     def __init__(self, api: KubeApi, controller: str, instance: str, *, min_interval: float = 10.0,
-                 on_drop: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_drop: Callable[[], None] | None = None, on_throttled: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.controller = controller
         self.instance = instance
         self.min_interval = min_interval
         self._on_drop = on_drop
+        self._on_throttled = on_throttled
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -248,6 +252,11 @@ class EventRecorder:
         except Exception as exc:
             series.failures += 1
             series.last_write = self._clock()
+            if isinstance(exc, ApiError) and exc.throttled and self._on_throttled is not None:
+                log.debug("Event dropped: write budget spent", error=str(exc))
+                self._on_throttled()
+                series.failures = 0
+                return
             if series.failures >= ATTEMPTS:
                 self._dropped(series, str(exc))
                 series.failures = 0

@@ -474,5 +474,9 @@ def test_chart_rendering_details() -> None:
     cenv = {e["name"]: e for e in dep["containers"][0]["env"]}
     assert cenv["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert cenv["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert cenv["MAX_WRITES_PER_SECOND"]["value"] == "250"
+    budget = objects("controller.maxWritesPerSecond=40")[("Deployment", "dra-driver-controller")]
+    assert {e["name"]: e for e in budget["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "MAX_WRITES_PER_SECOND"]["value"] == "40"
     assert dep["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert dep["securityContext"]["runAsNonRoot"] is True

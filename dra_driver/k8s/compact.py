@@ -1,0 +1,89 @@
+"""Keeping many decoded API objects in less memory: what informer transforms are made of.
+
+A decoded object is a tree of dicts and lists. Two things make it bigger than it needs to be for a
+reader that only reads it:
+
+* ``metadata.managedFields``, the server-side-apply bookkeeping, often a third of an object, which
+  nothing here reads (and a PUT without it keeps the server's copy);
+* repetition: 40,000 GPUs carry the same ``{"string": "NVIDIA H100 80GB HBM3"}``, the same
+  ``{"version": "580.95.5"}``, the same ``{"value": "81559Mi"}``; decoded, each is its own dict.
+  :class:`Interner` makes equal ones one object (an 8-GPU slice: 39 KiB to 12 KiB, a slice of 64
+  MIG placements 407 KiB to 55 KiB). Equal strings elsewhere are not worth the lookups: measured,
+  they save 1% for 60% more time.
+
+Objects shared this way must not be edited in place; the controller copies before it edits (see
+:mod:`dra_driver.k8s.claims`), and the engine only reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dra_driver.k8s.objects import Obj
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def without_managed_fields(obj: Obj) -> Obj:
+    """``obj`` without ``metadata.managedFields`` (edited in place, and returned)."""
+    m = obj.get("metadata")
+    if isinstance(m, dict):
+        m.pop("managedFields", None)
+    return obj
+
+
+class Interner:
+    """Makes equal flat dicts (every value a scalar) one object, and equal maps of them too, shared
+    by every map handed to :meth:`share` so far: 40,000 GPUs then carry one
+    ``{"string": "NVIDIA H100 80GB HBM3"}``, and the MIG placements of every H100 one set of
+    counters per placement.
+
+    The table holds a hash and the object per entry, ~100 bytes, and is bounded: past ``limit``
+    entries it starts afresh. What was shared stays shared; later maps share among themselves
+    again. A hash collision only costs a missed share: a match is compared before it is used.
+    Threads may share one: a race costs a missed share, never a wrong value.
+    """
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self._known: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def share(self, mapping: Any) -> Any:
+        """``mapping`` with each flat dict among its values replaced by the shared equal one (in
+        place), or the shared map equal to it when every value is such a dict."""
+        if type(mapping) is not dict:
+            return mapping
+        whole = True
+        for name, value in mapping.items():
+            if type(value) is dict and _SCALARS.issuperset(map(type, value.values())):
+                mapping[name] = self._flat(value)
+            else:
+                whole = False
+        if not whole:
+            return mapping
+        # Its values are shared objects now: an equal map holds the very same ones.
+        names, ids = tuple(mapping), tuple(map(id, mapping.values()))
+        key = hash((names, ids))
+        known = self._known.get(key)
+        if known is not None and tuple(known) == names and tuple(map(id, known.values())) == ids:
+            return known
+        self._put(key, mapping)
+        return mapping
+
+    def _flat(self, value: dict[str, Any]) -> dict[str, Any]:
+        # 1, 1.0 and True are equal in Python, not in JSON: the types are part of what must match.
+        items, types = tuple(value.items()), tuple(map(type, value.values()))
+        key = hash((items, types))
+        known = self._known.get(key)
+        if known is not None and tuple(known.items()) == items and tuple(map(type, known.values())) == types:
+            return known
+        self._put(key, value)
+        return value
+
+    def _put(self, key: int, value: dict[str, Any]) -> None:
+        if len(self._known) >= self.limit:
+            self._known = {}
+        self._known[key] = value
