@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator.capacity import rounding_note
-from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import Explanation, ResultNote
 from dra_driver.allocator.funnel import explain_failure, funnel
-from dra_driver.allocator.inventory import AllocatedState, Inventory, allocated_state, as_nodes, build_inventory, key_str
+from dra_driver.allocator.inventory import (
+    AllocatedState,
+    Device,
+    Inventory,
+    allocated_state,
+    as_nodes,
+    build_inventory,
+    key_str,
+)
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import (
     MAX_RESULTS,
@@ -107,15 +114,19 @@ def _resolve(
         return Resolution(None, explanation)
     node_list = as_nodes(nodes, inventory)
     reasons: Counter[str] = Counter()
-    best: tuple[int, str | None] = (-1, None)
+    failed: list[tuple[Node, list[Device] | None]] = []  # nodes where nothing fit, for the best one
     tried_lists: set[tuple[int, ...]] = set()
     # The scheduler filters every candidate node and one fatal error anywhere fails the pod, so
     # a success only counts once no other node can produce such an error.  Only All requests
     # and CEL runtime errors can; other claims keep the first-fit shortcut.
-    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or any(
-        v is not None and isinstance(v[1], CelError) for v in ctx.verdicts.values())
+    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or ctx.cel_error_seen()
+    may_fit = None if fatal_possible else node_filter(ctx)
     found: tuple[Search, Node, int] | None = None
     for number, node in enumerate(node_list, start=1):
+        if may_fit is not None and node.name in inventory.local and not may_fit(node):
+            reasons["not enough suitable devices"] += 1
+            failed.append((node, None))
+            continue
         devices = inventory.devices_on(node)
         if node.name is not None and not any(d.node_name for d in devices) and tuple(d.index for d in devices) in tried_lists:
             reasons["same devices as an earlier node"] += 1
@@ -142,17 +153,87 @@ def _resolve(
                 break
             continue
         reasons["not enough suitable devices" if devices else "no devices on node"] += 1
-        usable = sum(1 for d in devices if any(ctx.verdict(a, d) is None for alts in requests for a in alts if not a.error))
-        best = max(best, (usable, node.name), key=lambda b: b[0])
+        failed.append((node, devices))
     if found is not None:
         search, node, number = found
         explanation.nodes = {"tried": number, "reasons": dict(reasons)}
         return _success(ctx, search, node, explanation)
     explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
-    if best[0] >= 0:
+    best = _best_node(ctx, failed)
+    if best is not None:
         explanation.nodes["best"] = {"node": best[1], "selector_matches": best[0]}
     explain_failure(ctx, explanation)
     return Resolution(None, explanation)
+
+
+def node_filter(ctx: Ctx) -> Callable[[Node], bool] | None:
+    """A cheap test that a node bound devices can fit the claim: every request has, among the
+    node's devices, as many as it asks for that its selectors accept and that are not in use
+    (the search's own two first checks). A node it turns down would fail the search too; the
+    search still decides on every node it lets through. Like the kube-scheduler, which filters
+    nodes before its allocator runs, this spares the search the nodes that cannot fit.
+
+    None where turning a node down without a search could change the outcome: devices not bound
+    to a node (every node sees them), a broken request or the claim's result limit (the search
+    fails the claim on the first node it tries), ``All`` requests and CEL errors (checked by the
+    caller: the search must reach every node).
+    """
+    inventory = ctx.inventory
+    if inventory.shared or sum(min(a.count for a in alts) for alts in ctx.requests) > MAX_RESULTS:
+        return None
+    if any(a.error or a.mode != "ExactCount" for alts in ctx.requests for a in alts):
+        return None
+    devices = inventory.devices
+    allocated = ctx.allocated.devices
+    # Per request, per alternative: how many it asks for, whether in-use devices count (admin
+    # access), and the devices its selectors accept, by node.
+    accepted: list[list[tuple[int, bool, list[dict[str, list[Device]]]]]] = []
+    for alts in ctx.requests:
+        entries = []
+        for alt in alts:
+            part = ctx.partition(alt)
+            single = inventory.unclean if part is not None else [d for p in inventory.pools if p.usable for d in p.devices]
+            by_node = [grp.by_node(devices) for g, grp in enumerate(part.groups)
+                       if ctx.group_verdict(alt, part, g) is None] if part is not None else []
+            alone: dict[str, list[Device]] = {}
+            for d in single:
+                if ctx.verdict(alt, d) is None:
+                    alone.setdefault(d.node_name or "", []).append(d)
+            if alone:
+                by_node.append(alone)
+            entries.append((alt.count, alt.admin, by_node))
+        accepted.append(entries)
+
+    def may_fit(node: Node) -> bool:
+        name = node.name or ""
+        for entries in accepted:
+            for count, admin, by_node in entries:
+                n = 0
+                for candidates in by_node:
+                    for d in candidates.get(name, ()):
+                        if admin or d.allow_multi or d.key not in allocated:
+                            n += 1
+                    if n >= count:
+                        break
+                if n >= count:
+                    break
+            else:
+                return False
+        return True
+
+    return may_fit
+
+
+def _best_node(ctx: Ctx, failed: list[tuple[Node, list[Device] | None]]) -> tuple[int, str | None] | None:
+    """The node with the most devices that some request's selectors accept (the first of equals)."""
+    best: tuple[int, str | None] | None = None
+    alts = [a for alts_ in ctx.requests for a in alts_ if not a.error]
+    for node, devices in failed:
+        on_node = devices if devices is not None else ctx.inventory.devices_on(node)
+        usable = sum(1 for d in on_node if any(ctx.verdict(a, d) is None for a in alts))
+        if best is None or usable > best[0]:
+            best = (usable, node.name)
+    return best
 
 
 def _precheck(ctx: Ctx, explanation: Explanation) -> None:

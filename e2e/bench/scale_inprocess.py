@@ -1,0 +1,249 @@
+"""The allocator at fleet scale, in this process: ``python -m e2e.bench.scale_inprocess --nodes 5000``.
+
+The slices are the plugin's own (:mod:`e2e.bench.fleet`: 8 GPUs per node, four models), the class
+is the chart's ``gpu.gpu.dra-driver.io`` (``deploy/deviceclasses/gpu.yaml``), claims ask for one
+GPU with a selector on ``productName``. Rows (issue 30):
+
+* **first claim**: building the inventory, then resolving the first fitting claim (what the
+  controller does for the first claim after start), with the memory both leave behind (RSS);
+* **fitting claim**: with ``--claims`` GPUs allocated (the first nodes of the inventory filled, as
+  first-fit fills them: the hard case for a search that walks the nodes in order), one fitting
+  claim after another, each allocation counted for the next; p50 and p90;
+* **explain**: a claim no device satisfies (``memory >= 1Ti``), resolved and rendered as the
+  controller renders it (summary, JSON document, text), p50; its extra memory is the traced peak
+  above what was allocated before (tracemalloc, in a pass of its own: tracing slows the clock);
+* **cel import**: what importing the allocator's CEL package loads (a fresh interpreter).
+
+``--profile`` adds where the time went (cProfile, top functions by own time) for the first claim
+and one explanation, and ``--json PATH`` writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_driver.allocator.inventory import AllocatedState, Inventory, build_inventory
+from dra_driver.allocator.resolve import Resolution, resolve
+from e2e.bench.common import REPO, percentile
+from e2e.bench.fleet import DRIVER, plugin_slices
+
+GPU_CLASS = REPO / "deploy" / "deviceclasses" / "gpu.yaml"
+PRODUCT = "NVIDIA H100 80GB HBM3"
+FIT_SELECTOR = f'device.attributes["{DRIVER}"].productName == "{PRODUCT}"'
+UNSATISFIABLE_SELECTOR = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1Ti")) >= 0'
+CEL_CLI_MODULES = ("typer", "prompt_toolkit", "rich", "pygments")
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def gpu_class() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(GPU_CLASS.read_text())
+    return data
+
+
+CLASS_NAME = gpu_class()["metadata"]["name"]
+
+
+def claim(name: str, selector: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": CLASS_NAME, "count": 1,
+                "selectors": [{"cel": {"expression": selector}}]}}]}}}
+
+
+def explain(resolution: Resolution) -> None:
+    """What the controller does with a resolution (controller/verdicts.evaluate)."""
+    expl = resolution.explanation
+    _ = expl.summary, json.dumps(expl.to_dict(), default=str), expl.render()
+
+
+def packed(inventory: Inventory, count: int) -> AllocatedState:
+    """``count`` devices allocated, the inventory's first nodes filled first."""
+    state = AllocatedState()
+    by_node: dict[str, list[Any]] = {}
+    for d in inventory.devices:
+        by_node.setdefault(d.node_name or "", []).append(d)
+    for node in inventory.node_names:
+        for d in by_node.get(node, []):
+            if len(state.devices) >= count:
+                return state
+            state.devices.add(d.key)
+    return state
+
+
+def profiled(fn: Callable[[], Any], top: int = 25) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def traced_extra_mib(fn: Callable[[], Any]) -> float:
+    """Peak traced memory while ``fn`` runs, above what was traced before it."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return (peak - before) / 2**20
+
+
+def cel_import() -> dict[str, Any]:
+    code = ("import resource, sys; import dra_driver.allocator.cel.compile; "
+            f"print(sorted(m for m in {CEL_CLI_MODULES!r} if m in sys.modules)); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); print(len(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    loaded, rss, modules = out.strip().splitlines()
+    return {"cli_modules_loaded": loaded, "max_rss_mib": round(float(rss), 1), "modules": int(modules)}
+
+
+def run(nodes: int, claims: int, samples: int, mig_nodes: int, profile: bool) -> dict[str, Any]:
+    figures: dict[str, Any] = {"nodes": nodes, "mig_nodes": mig_nodes, "allocated_claims": claims}
+    classes = [gpu_class()]
+    t0 = time.perf_counter()
+    slices = plugin_slices(nodes, mig_nodes=mig_nodes)
+    figures["fleet_build_s"] = round(time.perf_counter() - t0, 2)
+    gc.collect()
+    rss0 = rss_mib()
+    figures["rss_slices_mib"] = round(rss0, 1)
+
+    # -- the first claim after start
+    t0 = time.perf_counter()
+    inventory = build_inventory(slices)
+    t1 = time.perf_counter()
+    first = resolve(claim("first", FIT_SELECTOR), inventory, classes, AllocatedState())
+    explain(first)
+    t2 = time.perf_counter()
+    if first.allocation is None:
+        raise RuntimeError(f"the first claim did not fit: {first.explanation.summary}")
+    gc.collect()
+    figures["devices"] = len(inventory.devices)
+    figures["first_claim"] = {"inventory_s": round(t1 - t0, 3), "resolve_s": round(t2 - t1, 3),
+                              "total_s": round(t2 - t0, 3), "rss_added_mib": round(rss_mib() - rss0, 1)}
+    if profile:
+        fresh = build_inventory(slices)
+        figures["profile_first_claim"] = profiled(
+            lambda: resolve(claim("first-profiled", FIT_SELECTOR), fresh, classes, AllocatedState()))
+        del fresh
+
+    # -- explain with every GPU free
+    times = []
+    for i in range(samples):
+        t0 = time.perf_counter()
+        res = resolve(claim(f"big-free-{i}", UNSATISFIABLE_SELECTOR), inventory, classes, AllocatedState())
+        explain(res)
+        times.append(time.perf_counter() - t0)
+        if res.allocation is not None:
+            raise RuntimeError("a claim for 1Ti of GPU memory was allocated")
+    figures["explain_free"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
+                               "p90_ms": round(percentile(times, 90) * 1000, 2)}
+    text = res.explanation.render()
+
+    # -- fitting claims with `claims` GPUs allocated
+    allocated = packed(inventory, claims)
+    times = []
+    for i in range(samples):
+        t0 = time.perf_counter()
+        res = resolve(claim(f"fit-{i}", FIT_SELECTOR), inventory, classes, allocated)
+        explain(res)
+        times.append(time.perf_counter() - t0)
+        if res.allocation is None:
+            raise RuntimeError(f"fitting claim {i} was not allocated: {res.explanation.summary}")
+        for r in res.allocation["devices"]["results"]:
+            allocated.devices.add((r["driver"], r["pool"], r["device"]))
+    figures["fitting_claim"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
+                                "p90_ms": round(percentile(times, 90) * 1000, 2), "node": res.node}
+    if profile:
+        figures["profile_fitting_claim"] = profiled(
+            lambda: explain(resolve(claim("fit-profiled", FIT_SELECTOR), inventory, classes, allocated)))
+
+    # -- explain an unsatisfiable claim, same allocated state
+    times = []
+    for i in range(samples):
+        t0 = time.perf_counter()
+        res = resolve(claim(f"big-{i}", UNSATISFIABLE_SELECTOR), inventory, classes, allocated)
+        explain(res)
+        times.append(time.perf_counter() - t0)
+    figures["explain"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
+                          "p90_ms": round(percentile(times, 90) * 1000, 2)}
+    figures["explain"]["extra_mib"] = round(traced_extra_mib(lambda: explain(
+        resolve(claim("big-traced", UNSATISFIABLE_SELECTOR), inventory, classes, allocated))), 2)
+    figures["explain_text"] = text
+    if profile:
+        figures["profile_explain"] = profiled(
+            lambda: explain(resolve(claim("big-profiled", UNSATISFIABLE_SELECTOR), inventory, classes, allocated)))
+    gc.collect()
+    figures["rss_end_mib"] = round(rss_mib(), 1)
+    figures["cel_import"] = cel_import()
+    return figures
+
+
+def report(f: dict[str, Any]) -> str:
+    first = f["first_claim"]
+    lines = [
+        f"fleet: {f['nodes']} nodes ({f['mig_nodes']} with dynamic MIG), {f['devices']} devices; "
+        f"slices built in {f['fleet_build_s']} s, RSS with the slices {f['rss_slices_mib']} MiB",
+        f"first claim after start: {first['total_s']:.3f} s (inventory {first['inventory_s']:.3f} s, "
+        f"resolve {first['resolve_s']:.3f} s), +{first['rss_added_mib']} MiB RSS   [target <= 1 s, <= 100 MiB]",
+        f"fitting claim, {f['allocated_claims']} allocated: p50 {f['fitting_claim']['p50_ms']} ms, "
+        f"p90 {f['fitting_claim']['p90_ms']} ms (last on {f['fitting_claim']['node']})   [target p50 <= 5 ms]",
+        f"explain unsatisfiable, all free: p50 {f['explain_free']['p50_ms']} ms, p90 {f['explain_free']['p90_ms']} ms",
+        f"explain unsatisfiable, {f['allocated_claims']} allocated: p50 {f['explain']['p50_ms']} ms, "
+        f"p90 {f['explain']['p90_ms']} ms, extra memory {f['explain']['extra_mib']} MiB   "
+        "[target p50 <= 100 ms, <= 10 MiB]",
+        f"cel import: CLI modules loaded {f['cel_import']['cli_modules_loaded']}, "
+        f"max RSS {f['cel_import']['max_rss_mib']} MiB, {f['cel_import']['modules']} modules",
+        f"RSS at the end: {f['rss_end_mib']} MiB",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale_inprocess", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--claims", type=int, default=20000, help="GPUs allocated before the fitting claims")
+    parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--mig-nodes", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="cProfile the first claim and one explanation")
+    parser.add_argument("--text", action="store_true", help="print the explanation a person reads")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    figures = run(args.nodes, args.claims, args.samples, args.mig_nodes, args.profile)
+    print(report(figures))
+    if args.text:
+        print(figures["explain_text"])
+    if args.profile:
+        print("== profile: first claim\n" + figures["profile_first_claim"])
+        print("== profile: fitting claim\n" + figures["profile_fitting_claim"])
+        print("== profile: explain\n" + figures["profile_explain"])
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
