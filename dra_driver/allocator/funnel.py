@@ -66,7 +66,8 @@ class Survivors:
         self.groups = groups
         self.single = {d.index: d for d in single}  # in inventory order
         self.removed: set[int] = set()  # indices of group members removed
-        self.taken: list[set[DeviceKey] | frozenset[DeviceKey]] = []  # keys of group members allocated to other claims
+        # Keys of group members allocated to other claims, by group number.
+        self.taken: dict[int, set[DeviceKey] | frozenset[DeviceKey]] = {}
         self.lost: Counter[int] = Counter()  # group number -> members removed or taken
 
     def group_of(self, dev: Device) -> int:
@@ -76,7 +77,7 @@ class Survivors:
         g = self.group_of(dev)
         if g < 0:
             return dev.index in self.single
-        return g in self.groups and dev.index not in self.removed and not any(dev.key in t for t in self.taken)
+        return g in self.groups and dev.index not in self.removed and dev.key not in self.taken.get(g, ())
 
     def remove(self, dev: Device) -> None:
         g = self.group_of(dev)
@@ -107,7 +108,8 @@ class Survivors:
         if not self.lost[g]:
             return members
         devices = self.ctx.inventory.devices
-        return [i for i in members if i not in self.removed and not any(devices[i].key in t for t in self.taken)]
+        taken, removed = self.taken.get(g, ()), self.removed
+        return [i for i in members if i not in removed and devices[i].key not in taken]
 
     def devices(self) -> Iterator[Device]:
         """Every survivor, in inventory order."""
@@ -164,7 +166,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
     if not alt.admin:
         _allocated_stage(info, ctx, alive, losses)
     if alive.any(lambda d: d.has_consumes):
-        stage("shared counters available", lambda d: _counter_reason(ctx, d), inventory.consumers)
+        _counter_stage(info, ctx, alive, losses)
     ctx.funnels[id(alt)] = (losses, alive)
     return info
 
@@ -242,12 +244,37 @@ def _allocated_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losse
             hits = {k for k in hits if ctx.inventory.by_key[k].index not in alive.removed}
         if hits:
             alive.lost[g] += len(hits)
-            alive.taken.append(hits)
+            alive.taken[g] = hits
             losses.append(Loss(number, "allocated to another claim", hits))
     for d in [d for d in alive.single.values() if d.key in allocated]:
         del alive.single[d.index]
         losses.append(Loss(number, "allocated to another claim", [d.index]))
     info.stages.append(StageCount("not allocated to other claims", alive.count()))
+
+
+def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses: list[Loss]) -> None:
+    """Devices whose counters are used up. In a pool where no device consumes anything, a device
+    fits unless it alone asks for more than the pool has, which is known per device once."""
+    number = len(info.stages)
+    devices = ctx.inventory.devices
+    part = alive.part
+    streams: list[Sequence[int]] = [alive.members(g) for g in alive.groups
+                                    if part is not None and part.groups[g].rep.has_consumes]
+    streams.append([i for i, d in alive.single.items() if d.has_consumes])
+    in_use = ctx.pools_consuming()
+    for i in heapq.merge(*streams):
+        d = devices[i]
+        reason = _counter_reason(ctx, d) if (d.key[0], d.key[1]) in in_use else _counter_reason_alone(ctx, d)
+        if reason is not None:
+            alive.remove(d)
+            losses.append(Loss(number, reason, [i]))
+    info.stages.append(StageCount("shared counters available", alive.count()))
+
+
+def _counter_reason_alone(ctx: Ctx, d: Device) -> str | None:
+    if d.counters_alone is None:
+        d.counters_alone = _counter_reason(ctx, d, ctx.inventory.pool_of(d).counter_sets) or ""
+    return d.counters_alone or None
 
 
 def _taint_reason(d: Device, alt: Alt) -> str | None:
@@ -273,8 +300,10 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
     return None
 
 
-def _counter_reason(ctx: Ctx, d: Device) -> str | None:
-    avail = ctx.available_counters((d.key[0], d.key[1]))
+def _counter_reason(ctx: Ctx, d: Device, avail: dict[str, dict[str, Fraction]] | None = None) -> str | None:
+    """``avail``: what the pool has left (by default: after other claims' devices)."""
+    if avail is None:
+        avail = ctx.available_counters((d.key[0], d.key[1]))
     for cs, counters in d.consumes:
         for name, value in counters.items():
             if name in avail.get(cs, {}) and avail[cs][name] < value:

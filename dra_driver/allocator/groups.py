@@ -59,7 +59,7 @@ class Projection:
 class Group:
     """Devices that agree on a projection; ``members`` are device indices in inventory order."""
 
-    __slots__ = ("_by_node", "_keys", "key", "members", "rep")
+    __slots__ = ("_by_node", "_keys", "_nodes_with", "_positions_with", "key", "members", "rep")
 
     def __init__(self, key: tuple[Any, ...], rep: Device) -> None:
         self.key = key
@@ -67,6 +67,22 @@ class Group:
         self.members = array("i")
         self._keys: frozenset[DeviceKey] | None = None
         self._by_node: dict[str, list[Device]] | None = None
+        self._nodes_with: dict[int, frozenset[str]] = {}
+        self._positions_with: dict[int, list[int]] = {}
+
+    def nodes_with(self, count: int, devices: list[Device]) -> frozenset[str]:
+        """The nodes with at least ``count`` members."""
+        found = self._nodes_with.get(count)
+        if found is None:
+            found = self._nodes_with[count] = frozenset(n for n, ds in self.by_node(devices).items() if len(ds) >= count)
+        return found
+
+    def positions_with(self, count: int, devices: list[Device], positions: dict[str, int]) -> list[int]:
+        """:meth:`nodes_with` as positions in the inventory's node list, in order."""
+        found = self._positions_with.get(count)
+        if found is None:
+            found = self._positions_with[count] = sorted(positions[n] for n in self.nodes_with(count, devices))
+        return found
 
     def keys(self, devices: list[Device]) -> frozenset[DeviceKey]:
         """The members' keys, for set operations with other claims' allocations."""

@@ -70,6 +70,9 @@ class Device:
     _attributes: dict[str, tuple[str, Any]] | None = None
     _capacity: dict[str, tuple[Quantity, Mapping[str, Any]]] | None = None
     _consumes: list[tuple[str, dict[str, Fraction]]] | None = None
+    # Why the device's counters do not fit its pool when nothing else consumes any ("" when they
+    # do), known once asked (allocator.funnel).
+    counters_alone: str | None = None
 
     @property
     def attributes(self) -> dict[str, tuple[str, Any]]:
@@ -223,8 +226,11 @@ class Inventory:
     unusable: list[Pool] = field(default_factory=list)  # incomplete or invalid pools
     # Groups of devices by what selectors read (allocator.groups), built on first use.
     partitions: Any = None
-    # The nodes named by slices (or one anonymous node), for a claim that names none.
+    # The nodes named by slices (or one anonymous node), for a claim that names none; their
+    # positions by name, and the positions of those without allocatable devices of their own.
     nodes: list[Node] = field(default_factory=list)
+    node_positions: dict[str, int] = field(default_factory=dict)
+    idle_positions: list[int] = field(default_factory=list)
 
     def devices_on(self, node: Node) -> list[Device]:
         """Allocatable devices (usable pools) reachable from ``node``, in search order."""
@@ -289,6 +295,8 @@ def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | N
                 inventory.shared.append(dev)
     inventory.node_names = sorted({d.node_name for d in devices if d.node_name})
     inventory.nodes = [Node(n) for n in inventory.node_names] if inventory.node_names else [Node(None)]
+    inventory.node_positions = {n: i for i, n in enumerate(inventory.node_names)}
+    inventory.idle_positions = [i for i, n in enumerate(inventory.node_names) if n not in inventory.local]
     return inventory
 
 
@@ -444,10 +452,6 @@ class AllocatedState:
     devices: set[DeviceKey] = field(default_factory=set)
     shared: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
     consumers: dict[DeviceKey, list[str]] = field(default_factory=dict)  # namespace/name of the claims sharing a device
-
-    def consuming(self) -> set[DeviceKey]:
-        """Devices whose counters are consumed (exclusive or shared in use)."""
-        return self.devices | set(self.shared)
 
 
 def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:

@@ -7,12 +7,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
 from dra_driver.allocator.capacity import consumption
 from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError, CelError
-from dra_driver.allocator.cel.reads import NOTHING
+from dra_driver.allocator.cel.reads import NOTHING, Reads, selector_reads
 from dra_driver.allocator.groups import Partition, Projection, outcome, partition
 from dra_driver.allocator.inventory import (
     AllocatedState,
@@ -514,7 +516,7 @@ class Ctx:
     alt_ids: dict[int, int] = field(default_factory=dict)
     partitions: dict[int, Partition | None] = field(default_factory=dict)
     available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
-    _consuming: set[DeviceKey] | None = None
+    _pools_consuming: set[tuple[str, str]] | None = None
 
     def alt_id(self, alt: Alt) -> int:
         return self.alt_ids.setdefault(id(alt), len(self.alt_ids))
@@ -524,9 +526,7 @@ class Ctx:
         when a selector reads the whole device (its devices are then looked at one by one)."""
         aid = self.alt_id(alt)
         if aid not in self.partitions:
-            reads = NOTHING
-            for _, sel in alt.compiled:
-                reads = reads.union(sel.reads)
+            reads = reads_of(tuple(sel.expression for _, sel in alt.compiled))
             inv = self.inventory
             self.partitions[aid] = None if reads.whole else partition(inv, Projection(
                 reads, capacity=bool(alt.capacity or inv.multi), flags=bool(inv.multi or inv.consumers)))
@@ -571,21 +571,35 @@ class Ctx:
         v = self.verdict(alt, dev)
         return v is not None and isinstance(v[1], CelError)
 
+    def pools_consuming(self) -> set[tuple[str, str]]:
+        """Pools where other claims' devices may consume counters (the others have all of theirs)."""
+        if self._pools_consuming is None:
+            pool_of = itemgetter(0, 1)
+            self._pools_consuming = set(map(pool_of, self.allocated.devices)) | set(map(pool_of, self.allocated.shared))
+        return self._pools_consuming
+
     def available_counters(self, pool_id: tuple[str, str]) -> dict[str, dict[str, Fraction]]:
         if pool_id not in self.available:
             pool = self.inventory.pool_map[pool_id]
             avail = {cs: dict(c) for cs, c in pool.counter_sets.items()}
-            if self._consuming is None:
-                self._consuming = self.allocated.consuming()
-            consuming = self._consuming
+            exclusive, shared = self.allocated.devices, self.allocated.shared
             for dev in pool.devices:
-                if dev.has_consumes and dev.key in consuming:
+                if dev.has_consumes and (dev.key in exclusive or dev.key in shared):
                     for cs, counters in dev.consumes:
                         for name, value in counters.items():
                             if name in avail.get(cs, {}):
                                 avail[cs][name] -= value
             self.available[pool_id] = avail
         return self.available[pool_id]
+
+
+@lru_cache(maxsize=1024)
+def reads_of(expressions: tuple[str, ...]) -> Reads:
+    """What a list of selectors reads together."""
+    reads = NOTHING
+    for expression in expressions:
+        reads = reads.union(selector_reads(expression))
+    return reads
 
 
 # None: all selectors true; else (index of the first selector that failed, False or the error).

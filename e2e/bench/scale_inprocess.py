@@ -25,6 +25,7 @@ import cProfile
 import gc
 import io
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -70,10 +71,11 @@ def claim(name: str, selector: str) -> dict[str, Any]:
                 "selectors": [{"cel": {"expression": selector}}]}}]}}}
 
 
-def explain(resolution: Resolution) -> None:
-    """What the controller does with a resolution (controller/verdicts.evaluate)."""
+def explained(resolution: Resolution) -> Resolution:
+    """The resolution, rendered as the controller renders it (controller/verdicts.evaluate)."""
     expl = resolution.explanation
     _ = expl.summary, json.dumps(expl.to_dict(), default=str), expl.render()
+    return resolution
 
 
 def packed(inventory: Inventory, count: int) -> AllocatedState:
@@ -121,100 +123,104 @@ def cel_import() -> dict[str, Any]:
     return {"cli_modules_loaded": loaded, "max_rss_mib": round(float(rss), 1), "modules": int(modules)}
 
 
+def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """(what ``fn`` returned, wall seconds, CPU seconds of this process): on a machine shared with
+    other work the CPU time is what the code itself cost."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    value = fn()
+    return value, time.perf_counter() - t0, time.process_time() - c0
+
+
+def stats(samples: list[tuple[float, float]]) -> dict[str, float]:
+    walls, cpus = [w for w, _ in samples], [c for _, c in samples]
+    return {"p50_ms": round(percentile(walls, 50) * 1000, 2), "p90_ms": round(percentile(walls, 90) * 1000, 2),
+            "cpu_p50_ms": round(percentile(cpus, 50) * 1000, 2)}
+
+
 def run(nodes: int, claims: int, samples: int, mig_nodes: int, profile: bool) -> dict[str, Any]:
-    figures: dict[str, Any] = {"nodes": nodes, "mig_nodes": mig_nodes, "allocated_claims": claims}
+    figures: dict[str, Any] = {"nodes": nodes, "mig_nodes": mig_nodes, "allocated_claims": claims,
+                               "load_before": os.getloadavg()[0]}
     classes = [gpu_class()]
-    t0 = time.perf_counter()
-    slices = plugin_slices(nodes, mig_nodes=mig_nodes)
-    figures["fleet_build_s"] = round(time.perf_counter() - t0, 2)
+    slices, wall, _ = timed(lambda: plugin_slices(nodes, mig_nodes=mig_nodes))
+    figures["fleet_build_s"] = round(wall, 2)
     gc.collect()
     rss0 = rss_mib()
     figures["rss_slices_mib"] = round(rss0, 1)
 
     # -- the first claim after start
-    t0 = time.perf_counter()
-    inventory = build_inventory(slices)
-    t1 = time.perf_counter()
-    first = resolve(claim("first", FIT_SELECTOR), inventory, classes, AllocatedState())
-    explain(first)
-    t2 = time.perf_counter()
+    inventory, inv_wall, inv_cpu = timed(lambda: build_inventory(slices))
+    first, res_wall, res_cpu = timed(lambda: explained(resolve(claim("first", FIT_SELECTOR), inventory, classes)))
     if first.allocation is None:
         raise RuntimeError(f"the first claim did not fit: {first.explanation.summary}")
     gc.collect()
     figures["devices"] = len(inventory.devices)
-    figures["first_claim"] = {"inventory_s": round(t1 - t0, 3), "resolve_s": round(t2 - t1, 3),
-                              "total_s": round(t2 - t0, 3), "rss_added_mib": round(rss_mib() - rss0, 1)}
+    figures["first_claim"] = {"inventory_s": round(inv_wall, 3), "resolve_s": round(res_wall, 3),
+                              "total_s": round(inv_wall + res_wall, 3), "cpu_s": round(inv_cpu + res_cpu, 3),
+                              "rss_added_mib": round(rss_mib() - rss0, 1)}
     if profile:
         fresh = build_inventory(slices)
+        figures["profile_inventory"] = profiled(lambda: build_inventory(slices))
         figures["profile_first_claim"] = profiled(
-            lambda: resolve(claim("first-profiled", FIT_SELECTOR), fresh, classes, AllocatedState()))
+            lambda: explained(resolve(claim("first-profiled", FIT_SELECTOR), fresh, classes)))
         del fresh
 
     # -- explain with every GPU free
-    times = []
-    for i in range(samples):
-        t0 = time.perf_counter()
-        res = resolve(claim(f"big-free-{i}", UNSATISFIABLE_SELECTOR), inventory, classes, AllocatedState())
-        explain(res)
-        times.append(time.perf_counter() - t0)
+    def unsatisfiable(name: str, allocated: AllocatedState | None = None) -> Resolution:
+        res = explained(resolve(claim(name, UNSATISFIABLE_SELECTOR), inventory, classes, allocated))
         if res.allocation is not None:
             raise RuntimeError("a claim for 1Ti of GPU memory was allocated")
-    figures["explain_free"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
-                               "p90_ms": round(percentile(times, 90) * 1000, 2)}
-    text = res.explanation.render()
+        return res
 
-    # -- fitting claims with `claims` GPUs allocated
+    runs = [timed(lambda i=i: unsatisfiable(f"big-free-{i}")) for i in range(samples)]
+    figures["explain_free"] = stats([(w, c) for _, w, c in runs])
+    text = runs[-1][0].explanation.render()
+
+    # -- fitting claims with `claims` GPUs allocated, each allocation counted for the next
     allocated = packed(inventory, claims)
-    times = []
+    fits = []
     for i in range(samples):
-        t0 = time.perf_counter()
-        res = resolve(claim(f"fit-{i}", FIT_SELECTOR), inventory, classes, allocated)
-        explain(res)
-        times.append(time.perf_counter() - t0)
+        res, wall, cpu = timed(lambda i=i: explained(resolve(claim(f"fit-{i}", FIT_SELECTOR), inventory, classes,
+                                                             allocated)))
         if res.allocation is None:
             raise RuntimeError(f"fitting claim {i} was not allocated: {res.explanation.summary}")
-        for r in res.allocation["devices"]["results"]:
-            allocated.devices.add((r["driver"], r["pool"], r["device"]))
-    figures["fitting_claim"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
-                                "p90_ms": round(percentile(times, 90) * 1000, 2), "node": res.node}
+        allocated.devices.update((r["driver"], r["pool"], r["device"]) for r in res.allocation["devices"]["results"])
+        fits.append((wall, cpu))
+    figures["fitting_claim"] = {**stats(fits), "node": res.node}
     if profile:
         figures["profile_fitting_claim"] = profiled(
-            lambda: explain(resolve(claim("fit-profiled", FIT_SELECTOR), inventory, classes, allocated)))
+            lambda: explained(resolve(claim("fit-profiled", FIT_SELECTOR), inventory, classes, allocated)))
 
     # -- explain an unsatisfiable claim, same allocated state
-    times = []
-    for i in range(samples):
-        t0 = time.perf_counter()
-        res = resolve(claim(f"big-{i}", UNSATISFIABLE_SELECTOR), inventory, classes, allocated)
-        explain(res)
-        times.append(time.perf_counter() - t0)
-    figures["explain"] = {"p50_ms": round(percentile(times, 50) * 1000, 2),
-                          "p90_ms": round(percentile(times, 90) * 1000, 2)}
-    figures["explain"]["extra_mib"] = round(traced_extra_mib(lambda: explain(
-        resolve(claim("big-traced", UNSATISFIABLE_SELECTOR), inventory, classes, allocated))), 2)
+    runs = [timed(lambda i=i: unsatisfiable(f"big-{i}", allocated)) for i in range(samples)]
+    figures["explain"] = stats([(w, c) for _, w, c in runs])
+    figures["explain"]["extra_mib"] = round(traced_extra_mib(lambda: unsatisfiable("big-traced", allocated)), 2)
     figures["explain_text"] = text
     if profile:
-        figures["profile_explain"] = profiled(
-            lambda: explain(resolve(claim("big-profiled", UNSATISFIABLE_SELECTOR), inventory, classes, allocated)))
+        figures["profile_explain"] = profiled(lambda: unsatisfiable("big-profiled", allocated))
     gc.collect()
     figures["rss_end_mib"] = round(rss_mib(), 1)
     figures["cel_import"] = cel_import()
+    figures["load_after"] = os.getloadavg()[0]
     return figures
 
 
 def report(f: dict[str, Any]) -> str:
-    first = f["first_claim"]
+    first, fit, free, big = f["first_claim"], f["fitting_claim"], f["explain_free"], f["explain"]
+
+    def ms(row: dict[str, Any]) -> str:
+        return f"p50 {row['p50_ms']} ms, p90 {row['p90_ms']} ms (CPU p50 {row['cpu_p50_ms']} ms)"
+
     lines = [
         f"fleet: {f['nodes']} nodes ({f['mig_nodes']} with dynamic MIG), {f['devices']} devices; "
-        f"slices built in {f['fleet_build_s']} s, RSS with the slices {f['rss_slices_mib']} MiB",
-        f"first claim after start: {first['total_s']:.3f} s (inventory {first['inventory_s']:.3f} s, "
-        f"resolve {first['resolve_s']:.3f} s), +{first['rss_added_mib']} MiB RSS   [target <= 1 s, <= 100 MiB]",
-        f"fitting claim, {f['allocated_claims']} allocated: p50 {f['fitting_claim']['p50_ms']} ms, "
-        f"p90 {f['fitting_claim']['p90_ms']} ms (last on {f['fitting_claim']['node']})   [target p50 <= 5 ms]",
-        f"explain unsatisfiable, all free: p50 {f['explain_free']['p50_ms']} ms, p90 {f['explain_free']['p90_ms']} ms",
-        f"explain unsatisfiable, {f['allocated_claims']} allocated: p50 {f['explain']['p50_ms']} ms, "
-        f"p90 {f['explain']['p90_ms']} ms, extra memory {f['explain']['extra_mib']} MiB   "
-        "[target p50 <= 100 ms, <= 10 MiB]",
+        f"slices built in {f['fleet_build_s']} s, RSS with the slices {f['rss_slices_mib']} MiB; "
+        f"load average {f['load_before']:.1f} before, {f['load_after']:.1f} after",
+        f"first claim after start: {first['total_s']:.3f} s (inventory {first['inventory_s']:.3f} s, resolve "
+        f"{first['resolve_s']:.3f} s; CPU {first['cpu_s']:.3f} s), +{first['rss_added_mib']} MiB RSS"
+        "   [target <= 1 s, <= 100 MiB]",
+        f"fitting claim, {f['allocated_claims']} allocated: {ms(fit)}, last on {fit['node']}   [target p50 <= 5 ms]",
+        f"explain unsatisfiable, all free: {ms(free)}",
+        f"explain unsatisfiable, {f['allocated_claims']} allocated: {ms(big)}, extra memory {big['extra_mib']} MiB"
+        "   [target p50 <= 100 ms, <= 10 MiB]",
         f"cel import: CLI modules loaded {f['cel_import']['cli_modules_loaded']}, "
         f"max RSS {f['cel_import']['max_rss_mib']} MiB, {f['cel_import']['modules']} modules",
         f"RSS at the end: {f['rss_end_mib']} MiB",
@@ -228,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", type=int, default=20000, help="GPUs allocated before the fitting claims")
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--mig-nodes", type=int, default=0)
-    parser.add_argument("--profile", action="store_true", help="cProfile the first claim and one explanation")
+    parser.add_argument("--profile", action="store_true", help="cProfile the inventory, the first claim, a fitting "
+                        "claim and one explanation")
     parser.add_argument("--text", action="store_true", help="print the explanation a person reads")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
@@ -237,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.text:
         print(figures["explain_text"])
     if args.profile:
+        print("== profile: inventory\n" + figures["profile_inventory"])
         print("== profile: first claim\n" + figures["profile_first_claim"])
         print("== profile: fitting claim\n" + figures["profile_fitting_claim"])
         print("== profile: explain\n" + figures["profile_explain"])
