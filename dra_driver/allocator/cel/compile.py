@@ -211,7 +211,7 @@ def _attribute_value(raw: Any) -> Any:
 
 
 class DeviceActivation:
-    """Per-device CEL input, built once and reused for every expression.
+    """A device's CEL input, for the expressions evaluated on it.
 
     ``error`` is set when the device data itself is broken (bad attribute or
     capacity); the scheduler reports that as an evaluation error.
@@ -230,9 +230,9 @@ class DeviceActivation:
 
     def context(self) -> Any:
         # Building a cel.Context converts the dict into CEL values and wraps the functions on
-        # first use (~40 us together), so it happens once per device and only for devices that
-        # reach a CEL evaluation.  The context is published only after a first execution has
-        # built its environment: cel.Context is not thread-safe while that cache is filled.
+        # first use (~40 us together), so it happens only for a device that reaches a CEL
+        # evaluation.  The context is published only after a first execution has built its
+        # environment: cel.Context is not thread-safe while that cache is filled.
         ctx = self._context
         if ctx is None:
             with _CONTEXT_LOCK:
