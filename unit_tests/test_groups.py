@@ -28,6 +28,7 @@ from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import WHOLE, Reads, selector_reads
 from dra_driver.allocator.inventory import AllocatedState, Device, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.k8s.quantity import parse_quantity
 from e2e.scenarios import generate_many
 
 D = "gpu.dra-driver.io"
@@ -93,7 +94,7 @@ def others(slices: list[dict[str, Any]], rng: random.Random) -> AllocatedState:
             roll = rng.random()
             if d.get("allowMultipleAllocations") and roll < 0.4:
                 name = next(iter(d["capacity"]))
-                state.shared[key] = {name: groups.quantity_or_none(rng.choice(("8Gi", "16Gi", "40Gi"))).value}  # type: ignore[union-attr]
+                state.shared[key] = {name: parse_quantity(rng.choice(("8Gi", "16Gi", "40Gi"))).value}
                 state.consumers[key] = ["ns/other"]
             elif roll < 0.3:
                 state.devices.add(key)
@@ -316,3 +317,44 @@ def test_importing_the_engine_does_not_load_the_cel_command_line_tool() -> None:
             "loaded = [m for m in ('typer', 'rich', 'prompt_toolkit', 'pygments') if m in sys.modules]; "
             "assert not loaded, loaded; import cel; assert cel.cli.app is not None; assert 'typer' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ============================================================================ shared counters
+
+
+def _partitionable(node: str, consume: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"{node}-slice"}, "spec": {
+        "driver": D, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "sharedCounters": [{"name": "gpu-0-counter-set", "counters": {"memory": {"value": "80Gi"}}}],
+        "devices": [gpu(f"part-{i}", {"model": {"string": "A"}}, consumesCounters=[
+            {"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": consume}}}]) for i in range(2)]}}
+
+
+def test_counters_in_a_pool_nothing_consumes_are_checked_once_per_device() -> None:
+    slices = [_partitionable("node-a", "100Gi"), _partitionable("node-b", "40Gi")]
+    fast, slow = both(claim(MODEL_A, count=2), slices, CLASSES)
+    same(fast, slow)
+    assert fast.node == "node-b"
+    closest = fast.explanation.requests[0].closest
+    assert fast.allocation is not None and not closest
+    fast, slow = both(claim(MODEL_A, count=3), slices, CLASSES)
+    same(fast, slow)
+    assert [(c.label(), c.failed) for c in fast.explanation.requests[0].closest] == [
+        (f"{D}/node-a/part-0, {D}/node-a/part-1", "counter gpu-0-counter-set/memory exhausted (needs 100Gi, 80Gi left)")]
+    inv = build_inventory(slices)
+    resolve(claim(MODEL_A), inv, CLASSES)
+    assert [d.counters_alone for d in inv.devices] == [
+        "counter gpu-0-counter-set/memory exhausted (needs 100Gi, 80Gi left)"] * 2 + ["", ""]
+
+
+def test_counters_in_a_pool_others_consume_are_checked_against_what_is_left() -> None:
+    slices = [_partitionable("node-a", "40Gi")]
+    state = AllocatedState(devices={(D, "node-a", "part-0")})
+    fast, slow = both(claim(MODEL_A), slices, CLASSES, state)
+    same(fast, slow)
+    assert fast.allocation is not None and fast.explanation.devices == [f"{D}/node-a/part-1"]
+    state.devices.add((D, "node-a", "part-1"))
+    fast, slow = both(claim(MODEL_A, adminAccess=True), slices, CLASSES, state)
+    same(fast, slow)
+    assert [c.failed for c in fast.explanation.requests[0].closest] == [
+        "counter gpu-0-counter-set/memory exhausted (needs 40Gi, 0 left)"]
