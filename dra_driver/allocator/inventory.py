@@ -95,7 +95,7 @@ class Device:
     @property
     def consumes(self) -> list[tuple[str, dict[str, Fraction]]]:
         if self._consumes is None:
-            self._consumes = _digest_consumes(self.raw.get("consumesCounters"))[0] if self.has_consumes else []
+            self._consumes = _digest_consumes(self.raw.get("consumesCounters")) if self.has_consumes else []
         return self._consumes
 
     def attribute(self, name: str) -> tuple[str, Any] | None:
@@ -164,20 +164,17 @@ def _digest_capacity(raw: Mapping[str, Any]) -> dict[str, tuple[Quantity, Mappin
     return out
 
 
-def _digest_consumes(raw: Any) -> tuple[list[tuple[str, dict[str, Fraction]]], list[str]]:
-    """The counters a device consumes, and a problem per counter whose value is not a quantity."""
+def _digest_consumes(raw: Any) -> list[tuple[str, dict[str, Fraction]]]:
+    """The counters a device consumes (those whose value is not a quantity were reported as problems)."""
     consumes: list[tuple[str, dict[str, Fraction]]] = []
-    problems: list[str] = []
     for entry in as_list(raw):
         counters: dict[str, Fraction] = {}
         for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
             q = quantity_or_none(as_mapping(c).get("value"))
-            if q is None:
-                problems.append(f"consumesCounters {cname}: invalid quantity")
-                continue
-            counters[cname] = q.value
+            if q is not None:
+                counters[cname] = q.value
         consumes.append((as_str(as_mapping(entry).get("counterSet")) or "", counters))
-    return consumes, problems
+    return consumes
 
 
 @dataclass
@@ -389,6 +386,16 @@ def _semver_ok(text: str) -> bool:
     return True
 
 
+@lru_cache(maxsize=4096)
+def _quantity_text_ok(text: str) -> bool:
+    return quantity_or_none(text) is not None
+
+
+def _is_quantity(value: Any) -> bool:
+    # Every capacity and counter of every device on each inventory build: the usual text, memoized.
+    return _quantity_text_ok(value) if type(value) is str else quantity_or_none(value) is not None
+
+
 def _cel_attribute_ok(kind: str, value: Any) -> bool:
     """Whether :func:`device_activation` converts an attribute whose one value is ``kind``:
     ``value`` without an error (the same checks; ``test_fuzz_slices`` holds the two to agreeing)."""
@@ -418,15 +425,15 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         elif cel_clean and not _cel_attribute_ok(*checked):
             cel_clean = False
     for cname, cval in as_mapping(raw.get("capacity")).items():
-        if quantity_or_none(as_mapping(cval).get("value")) is None:
+        if not _is_quantity(as_mapping(cval).get("value")):
             cel_clean = False
             local.append(f"capacity {cname}: invalid quantity")
-    consumes_raw = raw.get("consumesCounters")
-    has_consumes = False
-    if consumes_raw:
-        consumes, bad = _digest_consumes(consumes_raw)  # checked now, kept only once needed
-        has_consumes = bool(consumes)
-        local += bad
+    # Checked now, digested once needed (Device.consumes).
+    entries = as_list(raw.get("consumesCounters"))
+    for entry in entries:
+        for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
+            if not _is_quantity(as_mapping(c).get("value")):
+                local.append(f"consumesCounters {cname}: invalid quantity")
     if local:
         problems.extend(f"device {pool.label}/{name}: {p}" for p in local)
     selector = raw.get("nodeSelector")
@@ -438,7 +445,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         per_device_node=False, allow_multi=raw.get("allowMultipleAllocations") is True,
         binds_to_node=raw.get("bindsToNode") is True,
         taints=tuple(as_mapping(t) for t in as_list(taints)) if taints else (),
-        problems=tuple(local), cel_clean=cel_clean, has_consumes=has_consumes,
+        problems=tuple(local), cel_clean=cel_clean, has_consumes=bool(entries),
     )  # fmt: skip
 
 
