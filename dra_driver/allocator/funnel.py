@@ -60,10 +60,10 @@ class Survivors:
     """The candidates a funnel left: whole groups less the members later stages removed, and the
     devices looked at one by one."""
 
-    def __init__(self, ctx: Ctx, part: Partition | None, groups: list[int], single: Iterable[Device]) -> None:
+    def __init__(self, ctx: Ctx, part: Partition | None, groups: Iterable[int], single: Iterable[Device]) -> None:
         self.ctx = ctx
         self.part = part
-        self.groups = groups
+        self.groups = dict.fromkeys(groups)  # group numbers, in order (a dict: a selector on UUIDs makes thousands)
         self.single = {d.index: d for d in single}  # in inventory order
         self.removed: set[int] = set()  # indices of group members removed
         # Keys of group members allocated to other claims, by group number.
@@ -141,7 +141,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
 
     part = ctx.partition(alt)
     if part is not None:
-        alive = Survivors(ctx, part, list(range(len(part.groups))), list(inventory.unclean))
+        alive = Survivors(ctx, part, range(len(part.groups)), inventory.unclean)
     else:
         alive = Survivors(ctx, None, [], [d for p in inventory.pools if p.usable for d in p.devices])
     _selector_stages(info, ctx, alt, alive, losses)
@@ -182,7 +182,7 @@ def _selector_stages(info: RequestExplanation, ctx: Ctx, alt: Alt, alive: Surviv
             assert part is not None
             group = part.groups[g]
             losses.append(_selector_loss(number, i, label, group_verdicts[g], group.members, group.rep, errors))
-            alive.groups.remove(g)
+            del alive.groups[g]
         for d in [d for d in alive.single.values() if _fails_at(single_verdicts[d.index], i)]:
             losses.append(_selector_loss(number, i, label, single_verdicts[d.index], [d.index], d, errors))
             del alive.single[d.index]
@@ -223,7 +223,7 @@ def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses
         problem = capacity_problem(part.groups[g].rep, alt.capacity)
         if problem is not None:
             losses.append(Loss(number, problem, alive.members(g)))
-            alive.groups.remove(g)
+            del alive.groups[g]
     for d in list(alive.single.values()):
         problem = capacity_problem(d, alt.capacity)
         if problem is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dra_driver.allocator.cel.compile import CompiledSelector
+from dra_driver.allocator.cel.compile import CompiledSelector, DeviceActivation, device_activation
 from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import Domain, Reads
 from dra_driver.allocator.inventory import Device, DeviceKey, Inventory, attribute_entry, attribute_value, quantity_or_none
@@ -278,7 +278,7 @@ def outcome(sel: CompiledSelector, dev: Device) -> Outcome:
             return found
     result: Outcome
     try:
-        result = sel.evaluate(dev.activation)
+        result = sel.evaluate(_activation(dev, sel.reads) if cacheable else dev.activation)
     except CelRuntimeError as exc:
         result = exc
     if cacheable and sel.poisoned is None:
@@ -287,3 +287,25 @@ def outcome(sel: CompiledSelector, dev: Device) -> Outcome:
             while len(_OUTCOMES) > MAX_OUTCOMES:
                 _OUTCOMES.popitem(last=False)
     return result
+
+
+def _activation(dev: Device, reads: Reads) -> DeviceActivation:
+    """The device's CEL input with only what ``reads`` names (the outcome depends on nothing else):
+    a device publishing a dozen attributes costs the conversion of one or two."""
+    driver = dev.key[0]
+    attributes = as_mapping(dev.raw.get("attributes"))
+    capacity = as_mapping(dev.raw.get("capacity"))
+    return device_activation(driver, _subset(attributes, driver, reads, "attributes"),
+                             _subset(capacity, driver, reads, "capacity"), dev.allow_multi)
+
+
+def _subset(raw: Mapping[str, Any], driver: str, reads: Reads, kind: str) -> dict[str, Any]:
+    # In published order: where two spellings name one field, the later one wins, as in the whole.
+    fields = {(d, n) for k, d, n in reads.fields if k == kind}
+    domains = {d for k, d in reads.domains if k == kind}
+    out = {}
+    for name, entry in raw.items():
+        domain, _, ident = name.partition("/") if "/" in name else (driver, "", name)
+        if domain in domains or (domain, ident) in fields:
+            out[name] = entry
+    return out
