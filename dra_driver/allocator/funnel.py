@@ -258,22 +258,22 @@ def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses:
     number = len(info.stages)
     devices = ctx.inventory.devices
     part = alive.part
-    streams: list[Sequence[int]] = [alive.members(g) for g in alive.groups
-                                    if part is not None and part.groups[g].rep.has_consumes]
-    streams.append([i for i, d in alive.single.items() if d.has_consumes])
-    in_use = ctx.pools_consuming()
-    for i in heapq.merge(*streams):
-        d = devices[i]
-        reason = _counter_reason(ctx, d) if (d.key[0], d.key[1]) in in_use else _counter_reason_alone(ctx, d)
+    candidates: list[Device] = [devices[i] for g in alive.groups if part is not None and part.groups[g].rep.has_consumes
+                                for i in alive.members(g)]
+    candidates += [d for d in alive.single.values() if d.has_consumes]
+    pool_of = ctx.inventory.pool_of
+    for d in candidates:
+        pool = pool_of(d)
+        reason = _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool.counter_sets)
         if reason is not None:
             alive.remove(d)
-            losses.append(Loss(number, reason, [i]))
+            losses.append(Loss(number, reason, [d.index]))
     info.stages.append(StageCount("shared counters available", alive.count()))
 
 
-def _counter_reason_alone(ctx: Ctx, d: Device) -> str | None:
+def _counter_reason_alone(d: Device, totals: dict[str, dict[str, Fraction]]) -> str | None:
     if d.counters_alone is None:
-        d.counters_alone = _counter_reason(ctx, d, ctx.inventory.pool_of(d).counter_sets) or ""
+        d.counters_alone = _counter_reason(None, d, totals) or ""
     return d.counters_alone or None
 
 
@@ -300,9 +300,10 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
     return None
 
 
-def _counter_reason(ctx: Ctx, d: Device, avail: dict[str, dict[str, Fraction]] | None = None) -> str | None:
+def _counter_reason(ctx: Ctx | None, d: Device, avail: dict[str, dict[str, Fraction]] | None = None) -> str | None:
     """``avail``: what the pool has left (by default: after other claims' devices)."""
     if avail is None:
+        assert ctx is not None
         avail = ctx.available_counters((d.key[0], d.key[1]))
     for cs, counters in d.consumes:
         for name, value in counters.items():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,7 +59,7 @@ class Projection:
 class Group:
     """Devices that agree on a projection; ``members`` are device indices in inventory order."""
 
-    __slots__ = ("_by_node", "_keys", "_nodes_with", "_positions_with", "key", "members", "rep")
+    __slots__ = ("_by_node", "_keys", "_nodes_with", "_nodes_with_others", "_positions_with", "key", "members", "rep")
 
     def __init__(self, key: tuple[Any, ...], rep: Device) -> None:
         self.key = key
@@ -69,12 +69,27 @@ class Group:
         self._by_node: dict[str, list[Device]] | None = None
         self._nodes_with: dict[int, frozenset[str]] = {}
         self._positions_with: dict[int, list[int]] = {}
+        # Other groups are named by id: they belong to the same partition, which outlives this cache.
+        self._nodes_with_others: dict[tuple[tuple[int, ...], int], frozenset[str]] = {}
 
     def nodes_with(self, count: int, devices: list[Device]) -> frozenset[str]:
         """The nodes with at least ``count`` members."""
         found = self._nodes_with.get(count)
         if found is None:
             found = self._nodes_with[count] = frozenset(n for n, ds in self.by_node(devices).items() if len(ds) >= count)
+        return found
+
+    def nodes_with_others(self, others: list[Group], count: int, devices: list[Device]) -> frozenset[str]:
+        """The nodes with at least ``count`` members of this group and ``others`` together (kept
+        here: the same selectors accept the same groups claim after claim)."""
+        key = (tuple(id(g) for g in others), count)
+        found = self._nodes_with_others.get(key)
+        if found is None:
+            total: Counter[str] = Counter()
+            for group in (self, *others):
+                for n, ds in group.by_node(devices).items():
+                    total[n] += len(ds)
+            found = self._nodes_with_others[key] = frozenset(n for n, c in total.items() if c >= count)
         return found
 
     def positions_with(self, count: int, devices: list[Device], positions: dict[str, int]) -> list[int]:

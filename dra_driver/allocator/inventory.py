@@ -192,10 +192,17 @@ class Pool:
     # The slices it was built from (every generation, in input order): a later build whose slices
     # for this pool are the same takes the pool over instead of digesting them again.
     sources: tuple[Mapping[str, Any], ...] = ()
+    _consumer_keys: frozenset[DeviceKey] | None = None
 
     @property
     def usable(self) -> bool:
         return self.complete and self.invalid is None
+
+    def consumer_keys(self) -> frozenset[DeviceKey]:
+        """The keys of the devices that consume counters, for set operations with allocations."""
+        if self._consumer_keys is None:
+            self._consumer_keys = frozenset(d.key for d in self.devices if d.has_consumes)
+        return self._consumer_keys
 
     @property
     def label(self) -> str:

@@ -264,8 +264,10 @@ def node_filter(ctx: Ctx, whole_list: bool) -> NodeFilter | None:
 
 def _nodes_with(passing: list[Group], alone: dict[str, list[Device]], count: int, devices: list[Device]) -> frozenset[str]:
     """The nodes with at least ``count`` devices among the groups' members and ``alone``."""
-    if len(passing) == 1 and not alone:
+    if not alone and len(passing) == 1:
         return passing[0].nodes_with(count, devices)
+    if not alone and passing:
+        return passing[0].nodes_with_others(passing[1:], count, devices)
     total: Counter[str] = Counter()
     for by_node in [grp.by_node(devices) for grp in passing] + [alone]:
         for n, ds in by_node.items():

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from operator import itemgetter
 from typing import Any
 
 from dra_driver.allocator.capacity import consumption
@@ -21,6 +20,7 @@ from dra_driver.allocator.inventory import (
     Device,
     DeviceKey,
     Inventory,
+    Pool,
     key_str,
     on_node,
     quantity_or_none,
@@ -516,7 +516,7 @@ class Ctx:
     alt_ids: dict[int, int] = field(default_factory=dict)
     partitions: dict[int, Partition | None] = field(default_factory=dict)
     available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
-    _pools_consuming: set[tuple[str, str]] | None = None
+    _consumed_in: dict[int, bool] = field(default_factory=dict)
 
     def alt_id(self, alt: Alt) -> int:
         return self.alt_ids.setdefault(id(alt), len(self.alt_ids))
@@ -571,12 +571,14 @@ class Ctx:
         v = self.verdict(alt, dev)
         return v is not None and isinstance(v[1], CelError)
 
-    def pools_consuming(self) -> set[tuple[str, str]]:
-        """Pools where other claims' devices may consume counters (the others have all of theirs)."""
-        if self._pools_consuming is None:
-            pool_of = itemgetter(0, 1)
-            self._pools_consuming = set(map(pool_of, self.allocated.devices)) | set(map(pool_of, self.allocated.shared))
-        return self._pools_consuming
+    def consumed_in(self, pool: Pool) -> bool:
+        """Whether other claims' devices of ``pool`` may consume its counters."""
+        found = self._consumed_in.get(id(pool))  # the pool outlives this context
+        if found is None:
+            keys = pool.consumer_keys()
+            found = self._consumed_in[id(pool)] = not (
+                keys.isdisjoint(self.allocated.devices) and keys.isdisjoint(self.allocated.shared))
+        return found
 
     def available_counters(self, pool_id: tuple[str, str]) -> dict[str, dict[str, Fraction]]:
         if pool_id not in self.available:
