@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -254,20 +255,33 @@ def _allocated_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losse
 
 def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses: list[Loss]) -> None:
     """Devices whose counters are used up. In a pool where no device consumes anything, a device
-    fits unless it alone asks for more than the pool has, which is known per device once."""
+    fits unless it alone asks for more than the pool has, which is known per device once (and per
+    group and pool, the members that do not fit: a claim looks at the pools, not at every member)."""
     number = len(info.stages)
-    devices = ctx.inventory.devices
+    inventory = ctx.inventory
     part = alive.part
-    candidates: list[Device] = [devices[i] for g in alive.groups if part is not None and part.groups[g].rep.has_consumes
-                                for i in alive.members(g)]
-    candidates += [d for d in alive.single.values() if d.has_consumes]
-    pool_of = ctx.inventory.pool_of
-    for d in candidates:
-        pool = pool_of(d)
-        reason = _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool.counter_sets)
-        if reason is not None:
+
+    def check(d: Device, reason: str | None) -> None:
+        if reason is not None and alive.contains(d):
             alive.remove(d)
             losses.append(Loss(number, reason, [d.index]))
+
+    for g in list(alive.groups):
+        group = part.groups[g] if part is not None else None
+        if group is None or not group.rep.has_consumes:
+            continue
+        for pool_id, members in group.by_pool(inventory.devices).items():
+            pool = inventory.pool_map[pool_id]
+            if ctx.consumed_in(pool):
+                for d in members:
+                    if alive.contains(d):
+                        check(d, _counter_reason(ctx, d))
+            else:
+                for d in group.alone_unfit(pool_id, partial(_counter_reason_alone, totals=pool.counter_sets)):
+                    check(d, d.counters_alone)
+    for d in [d for d in alive.single.values() if d.has_consumes]:
+        pool = inventory.pool_of(d)
+        check(d, _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool.counter_sets))
     info.stages.append(StageCount("shared counters available", alive.count()))
 
 

@@ -59,7 +59,8 @@ class Projection:
 class Group:
     """Devices that agree on a projection; ``members`` are device indices in inventory order."""
 
-    __slots__ = ("_by_node", "_keys", "_nodes_with", "_nodes_with_others", "_positions_with", "key", "members", "rep")
+    __slots__ = ("_alone_unfit", "_by_node", "_by_pool", "_keys", "_nodes_with", "_nodes_with_others", "_positions_with",
+                 "key", "members", "rep")
 
     def __init__(self, key: tuple[Any, ...], rep: Device) -> None:
         self.key = key
@@ -71,6 +72,27 @@ class Group:
         self._positions_with: dict[int, list[int]] = {}
         # Other groups are named by id: they belong to the same partition, which outlives this cache.
         self._nodes_with_others: dict[tuple[tuple[int, ...], int], frozenset[str]] = {}
+        self._by_pool: dict[tuple[str, str], list[Device]] | None = None
+        self._alone_unfit: dict[tuple[str, str], list[Device]] = {}
+
+    def by_pool(self, devices: list[Device]) -> dict[tuple[str, str], list[Device]]:
+        """The members by (driver, pool)."""
+        if self._by_pool is None:
+            out: dict[tuple[str, str], list[Device]] = {}
+            for i in self.members:
+                d = devices[i]
+                out.setdefault((d.key[0], d.key[1]), []).append(d)
+            self._by_pool = out
+        return self._by_pool
+
+    def alone_unfit(self, pool: tuple[str, str], reason: Callable[[Device], str | None]) -> list[Device]:
+        """The members of ``pool`` for which ``reason`` (what they ask of the pool's counters when
+        nothing else consumes any: fixed for an inventory) is not None."""
+        found = self._alone_unfit.get(pool)
+        if found is None:
+            assert self._by_pool is not None
+            found = self._alone_unfit[pool] = [d for d in self._by_pool[pool] if reason(d) is not None]
+        return found
 
     def nodes_with(self, count: int, devices: list[Device]) -> frozenset[str]:
         """The nodes with at least ``count`` members."""
