@@ -1,20 +1,30 @@
 """Why a request found no device: how many devices each stage kept, the closest candidates grouped
-by how they failed, what shareable devices have left, and what the claim's constraints met per node."""
+by how they failed, what shareable devices have left, and what the claim's constraints met per node.
+
+The funnel works on groups of devices that agree on everything its stages read
+(:mod:`dra_driver.allocator.groups`): a selector is decided once per group, and what a stage removes
+is kept as a :class:`Loss` (the stage, the reason, the devices), not per device. Devices that cannot
+be grouped (a broken CEL input, a selector that reads the whole device) go through one by one.
+"""
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
+from itertools import islice
 from typing import Any
 
 from dra_driver.allocator.capacity import capacity_problem, consumption, show
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
-from dra_driver.allocator.inventory import Device, key_str
-from dra_driver.allocator.readings import describe, readings, values_key
-from dra_driver.allocator.search import Alt, Ctx, lookup_attribute, taint_blocking
+from dra_driver.allocator.groups import Partition
+from dra_driver.allocator.inventory import Device, DeviceKey, key_str
+from dra_driver.allocator.readings import Reading, describe, readings, values_key
+from dra_driver.allocator.search import Alt, Ctx, Verdict, lookup_attribute, taint_blocking
 
 MAX_CLOSEST = 5  # groups of devices shown per request
 MAX_NAMED = 8  # device names kept per group (the first ones and the last)
@@ -30,63 +40,255 @@ class _SelectorFalse:
 Reason = str | _SelectorFalse
 
 
+@dataclass
+class Loss:
+    """Devices one stage removed for one reason. ``members`` are device indices in inventory order,
+    or (for devices allocated to other claims) their keys, ordered when the explanation needs them."""
+
+    stage: int
+    reason: Reason
+    members: Sequence[int] | frozenset[DeviceKey] | set[DeviceKey]
+    rep: Device | None = None  # for a false selector: a device whose values stand for all members
+
+    def indices(self, ctx: Ctx) -> Sequence[int]:
+        if isinstance(self.members, (set, frozenset)):
+            by_key = ctx.inventory.by_key
+            self.members = sorted(by_key[k].index for k in self.members)
+        return self.members
+
+
+class Survivors:
+    """The candidates a funnel left: whole groups less the members later stages removed, and the
+    devices looked at one by one."""
+
+    def __init__(self, ctx: Ctx, part: Partition | None, groups: Iterable[int], single: Iterable[Device]) -> None:
+        self.ctx = ctx
+        self.part = part
+        self.groups = dict.fromkeys(groups)  # group numbers, in order (a dict: a selector on UUIDs makes thousands)
+        self.single = {d.index: d for d in single}  # in inventory order
+        self.removed: set[int] = set()  # indices of group members removed
+        # Keys of group members allocated to other claims, by group number.
+        self.taken: dict[int, set[DeviceKey] | frozenset[DeviceKey]] = {}
+        self.lost: Counter[int] = Counter()  # group number -> members removed or taken
+
+    def group_of(self, dev: Device) -> int:
+        return self.part.group_of[dev.index] if self.part is not None else -1
+
+    def contains(self, dev: Device) -> bool:
+        g = self.group_of(dev)
+        if g < 0:
+            return dev.index in self.single
+        return g in self.groups and dev.index not in self.removed and dev.key not in self.taken.get(g, ())
+
+    def remove(self, dev: Device) -> None:
+        g = self.group_of(dev)
+        if g < 0:
+            del self.single[dev.index]
+        else:
+            self.removed.add(dev.index)
+            self.lost[g] += 1
+
+    def alive_in(self, g: int) -> int:
+        assert self.part is not None
+        return len(self.part.groups[g].members) - self.lost[g]
+
+    def count(self) -> int:
+        return sum(self.alive_in(g) for g in self.groups) + len(self.single)
+
+    def any(self, test: Callable[[Device], bool]) -> bool:
+        """Whether ``test`` holds for a survivor; ``test`` must read only what the groups agree on
+        (Projection.flags: shareable, consumes counters)."""
+        if any(test(d) for d in self.single.values()):
+            return True
+        part = self.part
+        return part is not None and any(self.alive_in(g) > 0 and test(part.groups[g].rep) for g in self.groups)
+
+    def members(self, g: int) -> Sequence[int]:
+        assert self.part is not None
+        members = self.part.groups[g].members
+        if not self.lost[g]:
+            return members
+        devices = self.ctx.inventory.devices
+        taken, removed = self.taken.get(g, ()), self.removed
+        return [i for i in members if i not in removed and devices[i].key not in taken]
+
+    def devices(self) -> Iterator[Device]:
+        """Every survivor, in inventory order."""
+        devices = self.ctx.inventory.devices
+        streams: list[Sequence[int]] = [self.members(g) for g in self.groups]
+        streams.append(list(self.single))
+        for i in heapq.merge(*streams):
+            yield devices[i]
+
+
 def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
-    """The stage counts for ``alt``; the devices each stage removed, and the survivors, go to
-    ``ctx`` for :func:`explain_failure` (only a claim that is not allocated needs them)."""
+    """The stage counts for ``alt``; what each stage removed, and the survivors, go to ``ctx`` for
+    :func:`explain_failure` (only a claim that is not allocated needs them)."""
     info = RequestExplanation(alt.name, alt.class_name, alt.mode, alt.count if alt.mode == "ExactCount" else None)
     if alt.error:
         info.error = alt.error
         return info
-    alive = list(ctx.inventory.devices)
-    info.stages.append(StageCount("devices published", len(alive)))
-    failures: dict[int, tuple[int, Reason]] = {}  # device index -> (stage number, reason)
+    inventory = ctx.inventory
+    losses: list[Loss] = []
+    info.stages.append(StageCount("devices published", len(inventory.devices)))
 
-    def stage(name: str, keep: Callable[[Device], Reason | None]) -> None:
-        nonlocal alive
-        survivors = []
-        for d in alive:
-            reason = keep(d)
-            if reason is None:
-                survivors.append(d)
-            else:
-                failures[d.index] = (len(info.stages), reason)
-        alive = survivors
-        info.stages.append(StageCount(name, len(alive)))
+    kept = len(inventory.devices)
+    for pool in inventory.unusable:
+        if pool.devices:
+            reason = "pool incomplete" if not pool.complete else f"pool invalid: {pool.invalid}"
+            losses.append(Loss(len(info.stages), reason, [d.index for d in pool.devices]))
+            kept -= len(pool.devices)
+    info.stages.append(StageCount("in complete, valid pools", kept))
 
-    def pool_ok(d: Device) -> str | None:
-        p = ctx.inventory.pool_of(d)
-        return None if p.usable else ("pool incomplete" if not p.complete else f"pool invalid: {p.invalid}")
+    part = ctx.partition(alt)
+    if part is not None:
+        alive = Survivors(ctx, part, range(len(part.groups)), inventory.unclean)
+    else:
+        alive = Survivors(ctx, None, [], [d for p in inventory.pools if p.usable for d in p.devices])
+    _selector_stages(info, ctx, alt, alive, losses)
 
-    stage("in complete, valid pools", pool_ok)
-    for i, (label, _) in enumerate(alt.compiled):
-        stage(label, _selector_stage(info, ctx, alt, i, label))
-    stage("taints tolerated", lambda d: _taint_reason(d, alt))
-    if alt.capacity or any(d.allow_multi for d in alive):
-        stage("capacity fits", lambda d: capacity_problem(d, alt.capacity))
-    if any(d.allow_multi and d.key in ctx.allocated.shared for d in alive):
-        stage("capacity left by other claims", lambda d: _shared_reason(ctx, d, alt) if d.allow_multi else None)
+    def stage(name: str, check: Callable[[Device], Reason | None], candidates: Sequence[Device]) -> None:
+        """A stage that looks at ``candidates`` (the only survivors it can remove) one by one."""
+        number = len(info.stages)
+        for d in candidates:
+            if alive.contains(d):
+                reason = check(d)
+                if reason is not None:
+                    alive.remove(d)
+                    losses.append(Loss(number, reason, [d.index]))
+        info.stages.append(StageCount(name, alive.count()))
+
+    stage("taints tolerated", lambda d: _taint_reason(d, alt), inventory.tainted)
+    if alt.capacity or alive.any(lambda d: d.allow_multi):
+        _capacity_stage(info, alt, alive, losses)
+    shared = [d for k in ctx.allocated.shared if (d := inventory.by_key.get(k)) is not None and d.allow_multi]
+    if any(alive.contains(d) for d in shared):
+        stage("capacity left by other claims", lambda d: _shared_reason(ctx, d, alt), sorted(shared, key=lambda d: d.index))
     if not alt.admin:
-        stage("not allocated to other claims", lambda d: "allocated to another claim" if d.key in ctx.allocated.devices else None)
-    if any(d.consumes for d in alive):
-        stage("shared counters available", lambda d: _counter_reason(ctx, d))
-    ctx.funnels[id(alt)] = (failures, alive)
+        _allocated_stage(info, ctx, alive, losses)
+    if alive.any(lambda d: d.has_consumes):
+        _counter_stage(info, ctx, alive, losses)
+    ctx.funnels[id(alt)] = (losses, alive)
     return info
 
 
-def _selector_stage(info: RequestExplanation, ctx: Ctx, alt: Alt, i: int, label: str) -> Callable[[Device], Reason | None]:
-    return lambda d: _sel_reason(info, ctx, alt, d, i, label)
+def _selector_stages(info: RequestExplanation, ctx: Ctx, alt: Alt, alive: Survivors, losses: list[Loss]) -> None:
+    part = alive.part
+    group_verdicts = {g: ctx.group_verdict(alt, part, g) for g in alive.groups} if part is not None else {}
+    single_verdicts = {i: ctx.verdict(alt, d) for i, d in alive.single.items()}
+    for i, (label, _) in enumerate(alt.compiled):
+        number = len(info.stages)
+        errors: list[tuple[Sequence[int], CelError]] = []
+        for g in [g for g in alive.groups if _fails_at(group_verdicts[g], i)]:
+            assert part is not None
+            group = part.groups[g]
+            losses.append(_selector_loss(number, i, label, group_verdicts[g], group.members, group.rep, errors))
+            del alive.groups[g]
+        for d in [d for d in alive.single.values() if _fails_at(single_verdicts[d.index], i)]:
+            losses.append(_selector_loss(number, i, label, single_verdicts[d.index], [d.index], d, errors))
+            del alive.single[d.index]
+        _note_cel_errors(info, ctx, label, errors)
+        info.stages.append(StageCount(label, alive.count()))
 
 
-def _sel_reason(info: RequestExplanation, ctx: Ctx, alt: Alt, d: Device, i: int, label: str) -> Reason | None:
-    verdict = ctx.verdict(alt, d)
-    if verdict is None or verdict[0] != i:
-        return None  # passed this selector (earlier failures were filtered out already)
+def _fails_at(verdict: Verdict, i: int) -> bool:
+    return verdict is not None and verdict[0] == i
+
+
+def _selector_loss(number: int, i: int, label: str, verdict: Verdict, members: Sequence[int], rep: Device,
+                   errors: list[tuple[Sequence[int], CelError]]) -> Loss:
+    assert verdict is not None
     err = verdict[1]
     if isinstance(err, CelError):
-        if len(info.cel_errors) < MAX_CLOSEST:
-            info.cel_errors.append(CelIssue(label, err.expression, err.message, key_str(d.key)))
-        return f"{label}: CEL runtime error: {err.message}"
-    return _SelectorFalse(i)
+        errors.append((members, err))
+        return Loss(number, f"{label}: CEL runtime error: {err.message}", members)
+    return Loss(number, _SelectorFalse(i), members, rep)
+
+
+def _note_cel_errors(info: RequestExplanation, ctx: Ctx, label: str, errors: list[tuple[Sequence[int], CelError]]) -> None:
+    """The first devices (in inventory order) whose selector failed with a CEL runtime error."""
+    room = MAX_CLOSEST - len(info.cel_errors)
+    if not errors or room <= 0:
+        return
+    streams = [((i, err) for i in members) for members, err in errors]
+    for i, err in islice(heapq.merge(*streams, key=lambda e: e[0]), room):
+        info.cel_errors.append(CelIssue(label, err.expression, err.message, key_str(ctx.inventory.devices[i].key)))
+
+
+def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses: list[Loss]) -> None:
+    # The groups agree on capacities and policies (Projection.capacity), so one check is all a group needs.
+    number = len(info.stages)
+    part = alive.part
+    for g in list(alive.groups):
+        assert part is not None
+        problem = capacity_problem(part.groups[g].rep, alt.capacity)
+        if problem is not None:
+            losses.append(Loss(number, problem, alive.members(g)))
+            del alive.groups[g]
+    for d in list(alive.single.values()):
+        problem = capacity_problem(d, alt.capacity)
+        if problem is not None:
+            losses.append(Loss(number, problem, [d.index]))
+            del alive.single[d.index]
+    info.stages.append(StageCount("capacity fits", alive.count()))
+
+
+def _allocated_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses: list[Loss]) -> None:
+    number = len(info.stages)
+    allocated = ctx.allocated.devices
+    devices = ctx.inventory.devices
+    part = alive.part
+    for g in alive.groups:
+        assert part is not None
+        hits: set[DeviceKey] | frozenset[DeviceKey] = part.groups[g].keys(devices) & allocated  # in C, not per member
+        if alive.removed:
+            hits = {k for k in hits if ctx.inventory.by_key[k].index not in alive.removed}
+        if hits:
+            alive.lost[g] += len(hits)
+            alive.taken[g] = hits
+            losses.append(Loss(number, "allocated to another claim", hits))
+    for d in [d for d in alive.single.values() if d.key in allocated]:
+        del alive.single[d.index]
+        losses.append(Loss(number, "allocated to another claim", [d.index]))
+    info.stages.append(StageCount("not allocated to other claims", alive.count()))
+
+
+def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses: list[Loss]) -> None:
+    """Devices whose counters are used up. In a pool where no device consumes anything, a device
+    fits unless it alone asks for more than the pool has, which is known per device once (and per
+    group and pool, the members that do not fit: a claim looks at the pools, not at every member)."""
+    number = len(info.stages)
+    inventory = ctx.inventory
+    part = alive.part
+
+    def check(d: Device, reason: str | None) -> None:
+        if reason is not None and alive.contains(d):
+            alive.remove(d)
+            losses.append(Loss(number, reason, [d.index]))
+
+    for g in list(alive.groups):
+        group = part.groups[g] if part is not None else None
+        if group is None or not group.rep.has_consumes:
+            continue
+        for pool_id, members in group.by_pool(inventory.devices).items():
+            pool = inventory.pool_map[pool_id]
+            if ctx.consumed_in(pool):
+                for d in members:
+                    if alive.contains(d):
+                        check(d, _counter_reason(ctx, d))
+            else:
+                for d in group.alone_unfit(pool_id, partial(_counter_reason_alone, totals=pool.counter_sets)):
+                    check(d, d.counters_alone)
+    for d in [d for d in alive.single.values() if d.has_consumes]:
+        pool = inventory.pool_of(d)
+        check(d, _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool.counter_sets))
+    info.stages.append(StageCount("shared counters available", alive.count()))
+
+
+def _counter_reason_alone(d: Device, totals: dict[str, dict[str, Fraction]]) -> str | None:
+    if d.counters_alone is None:
+        d.counters_alone = _counter_reason(None, d, totals) or ""
+    return d.counters_alone or None
 
 
 def _taint_reason(d: Device, alt: Alt) -> str | None:
@@ -112,8 +314,11 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
     return None
 
 
-def _counter_reason(ctx: Ctx, d: Device) -> str | None:
-    avail = ctx.available_counters((d.key[0], d.key[1]))
+def _counter_reason(ctx: Ctx | None, d: Device, avail: dict[str, dict[str, Fraction]] | None = None) -> str | None:
+    """``avail``: what the pool has left (by default: after other claims' devices)."""
+    if avail is None:
+        assert ctx is not None
+        avail = ctx.available_counters((d.key[0], d.key[1]))
     for cs, counters in d.consumes:
         for name, value in counters.items():
             if name in avail.get(cs, {}) and avail[cs][name] < value:
@@ -137,47 +342,77 @@ def explain_failure(ctx: Ctx, explanation: Explanation) -> None:
     explanation.constraints = [_constraint_line(ctx, c) for c in ctx.constraints]
 
 
+@dataclass
+class _Note:
+    stage: int
+    first: int
+    reason: Reason
+    count: int = 0
+    streams: list[Sequence[int]] = field(default_factory=list)
+
+
 def _closest(ctx: Ctx, alt: Alt, info: RequestExplanation) -> list[CandidateNote]:
     """The devices that got furthest, grouped by stage and by what they failed on (for a false
-    selector: the values it read), the deepest stage first."""
-    failures, _ = ctx.funnels[id(alt)]
-    groups: dict[tuple[Any, ...], CandidateNote] = {}
-    names: dict[tuple[Any, ...], list[str]] = {}
+    selector: the values it read), the deepest stage first, each group where its first device is."""
+    losses, _ = ctx.funnels[id(alt)]
     devices = ctx.inventory.devices
-    for index, (stage_no, reason) in sorted(failures.items(), key=lambda kv: (-kv[1][0], kv[0])):
-        dev = devices[index]
-        if isinstance(reason, _SelectorFalse):
-            label, sel = alt.compiled[reason.index]
-            found = readings(sel.expression)
-            key: tuple[Any, ...] = (stage_no, reason.index, values_key(dev, found))
-        else:
-            key = (stage_no, reason)
-        note = groups.get(key)
-        if note is None:
-            if len(groups) >= MAX_CLOSEST:
+    notes: dict[tuple[Any, ...], _Note] = {}
+    for loss in losses:
+        for key, members in _keyed(ctx, alt, loss):
+            if not members:
                 continue
-            if isinstance(reason, _SelectorFalse):
-                text = describe(dev, found) or sel.expression
-                info.selectors[label] = sel.expression
-                reason_text = f"{label} is false: {text}"
-            else:
-                reason_text = reason
-            note = groups[key] = CandidateNote(key_str(dev.key), reason_text, 0)
-            names[key] = []
-        note.count += 1
-        kept = names[key]
-        if len(kept) < MAX_NAMED:
-            kept.append(key_str(dev.key))
+            note = notes.get(key)
+            if note is None:
+                note = notes[key] = _Note(loss.stage, members[0], loss.reason)
+            note.first = min(note.first, members[0])
+            note.count += len(members)
+            note.streams.append(members)
+    out = []
+    for note in sorted(notes.values(), key=lambda n: (-n.stage, n.first))[:MAX_CLOSEST]:
+        dev = devices[note.first]
+        if isinstance(note.reason, _SelectorFalse):
+            label, sel = alt.compiled[note.reason.index]
+            text = describe(dev, readings(sel.expression)) or sel.expression
+            info.selectors[label] = sel.expression
+            reason_text = f"{label} is false: {text}"
         else:
-            kept[-1] = key_str(dev.key)  # the last one stays named, for "first … last"
-    for key, note in groups.items():
-        note.devices = names[key]
-    return list(groups.values())
+            reason_text = note.reason
+        merged = heapq.merge(*note.streams)
+        named = [key_str(devices[i].key) for i in islice(merged, MAX_NAMED - 1)]
+        if note.count >= MAX_NAMED:
+            named.append(key_str(devices[max(s[-1] for s in note.streams)].key))
+        out.append(CandidateNote(key_str(dev.key), reason_text, note.count, named))
+    return out
+
+
+def _keyed(ctx: Ctx, alt: Alt, loss: Loss) -> list[tuple[tuple[Any, ...], Sequence[int]]]:
+    """The loss's devices under the key of the group they are shown in."""
+    members = loss.indices(ctx)
+    if not isinstance(loss.reason, _SelectorFalse):
+        return [((loss.stage, loss.reason), members)]
+    found = readings(alt.compiled[loss.reason.index][1].expression)
+    part = ctx.partition(alt)
+    if loss.rep is not None and part is not None and _covered(found, part):
+        return [((loss.stage, loss.reason.index, values_key(loss.rep, found)), members)]
+    split: dict[tuple[Any, ...], list[int]] = {}
+    devices = ctx.inventory.devices
+    for i in members:
+        split.setdefault((loss.stage, loss.reason.index, values_key(devices[i], found)), []).append(i)
+    return list(split.items())
+
+
+def _covered(found: tuple[Reading, ...], part: Partition) -> bool:
+    """Whether a group's devices agree on every value the explanation reads (else it reads them one by one)."""
+    reads = part.projection.reads
+    fields = set(reads.fields)
+    return all((r.kind + "s" if r.kind == "attribute" else r.kind, r.domain, r.name) in fields for r in found)
 
 
 def _competing_requests(ctx: Ctx) -> list[str]:
     """Shareable devices that several of the claim's requests could use, where together they ask
     for more than is left: ``…/gpu-0 memory: r0 takes 40Gi, r1 would take 48Gi of 80Gi``."""
+    if not ctx.inventory.multi:
+        return []
     users: dict[int, list[tuple[Alt, dict[str, Fraction]]]] = {}
     for alts in ctx.requests:
         taken: set[int] = set()
@@ -185,7 +420,7 @@ def _competing_requests(ctx: Ctx) -> list[str]:
             funnel_state = ctx.funnels.get(id(alt))
             if funnel_state is None:
                 continue
-            for d in funnel_state[1]:
+            for d in funnel_state[1].devices():
                 if d.allow_multi and d.index not in taken:
                     need = consumption(d, alt.capacity)
                     if need is not None:
@@ -228,7 +463,10 @@ def _constraint_line(ctx: Ctx, c: Any) -> str:
     per_node: dict[str, dict[int, Any]] = {}
     for alts in applying:
         for alt in alts:
-            for d in ctx.funnels.get(id(alt), ({}, []))[1]:
+            funnel_state = ctx.funnels.get(id(alt))
+            if funnel_state is None:
+                continue
+            for d in funnel_state[1].devices():
                 node = d.node_name or "(devices not local to a node)"
                 per_node.setdefault(node, {})[d.index] = lookup_attribute(d, c.attribute)
     rows = []

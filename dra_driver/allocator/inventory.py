@@ -16,8 +16,9 @@ only matches ``allNodes`` / node-selector slices)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from dra_driver.allocator.cel.compile import DeviceActivation, device_activation
@@ -42,57 +43,138 @@ def key_str(key: DeviceKey) -> str:
 # =========================================================================== inventory
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class Device:
-    """One device of a (current-generation) slice, pre-digested for the search."""
+    """One device of a (current-generation) slice, pre-digested for the search.
+
+    Only what every claim needs is digested when the inventory is built; the attribute and capacity
+    maps and the counters a device consumes are read from ``raw`` on first use (which is why slices
+    must not be edited in place once handed over). Most devices never need them: selectors are
+    evaluated once per group of devices that agree on what they read (``allocator.groups``)."""
 
     key: DeviceKey
     index: int  # position in inventory order (pool, slice, device)
     slice_name: str
     raw: Mapping[str, Any]
-    attributes: dict[str, tuple[str, Any]]  # fully-qualified name -> (kind, value)
-    # Published name, exactly as written in the slice -> (value, requestPolicy).  Not qualified:
-    # the scheduler looks capacity names up as written (requestsContainNonExistCapacity), so
-    # ``memory`` and ``<driver>/memory`` are two different capacities to it.
-    capacity: dict[str, tuple[Quantity, Mapping[str, Any]]]
-    consumes: list[tuple[str, dict[str, Fraction]]]
-    taints: list[Mapping[str, Any]]
     node_name: str | None
     all_nodes: bool
     node_selector: Mapping[str, Any] | None
     per_device_node: bool
     allow_multi: bool
     binds_to_node: bool
-    problems: list[str] = field(default_factory=list)
-    # True when the device's activation has no error, known without building it: a selector that
-    # is a plain driver comparison is then decided from ``key`` alone (see _evaluate).
+    taints: tuple[Mapping[str, Any], ...] = ()
+    problems: tuple[str, ...] = ()
+    # True when the device's CEL activation has no error, known without building it.
     cel_clean: bool = False
-    # The CEL input, built on first use (from ``raw``, which is why slices must not be edited
-    # in place once handed over): most devices never reach a CEL evaluation, since class
-    # selectors of the form device.driver == "x" are answered without one.
-    _activation: DeviceActivation | None = None
+    has_consumes: bool = False
+    _attributes: dict[str, tuple[str, Any]] | None = None
+    _capacity: dict[str, tuple[Quantity, Mapping[str, Any]]] | None = None
+    _consumes: list[tuple[str, dict[str, Fraction]]] | None = None
+    # Why the device's counters do not fit its pool when nothing else consumes any ("" when they
+    # do), known once asked (allocator.funnel).
+    counters_alone: str | None = None
+
+    @property
+    def attributes(self) -> dict[str, tuple[str, Any]]:
+        """Fully-qualified name -> (kind, value), the valid attributes only."""
+        if self._attributes is None:
+            self._attributes = _digest_attributes(self.key[0], as_mapping(self.raw.get("attributes")))
+        return self._attributes
+
+    @property
+    def capacity(self) -> dict[str, tuple[Quantity, Mapping[str, Any]]]:
+        """Published name, exactly as written in the slice -> (value, requestPolicy).
+
+        Not qualified: the scheduler looks capacity names up as written
+        (requestsContainNonExistCapacity), so ``memory`` and ``<driver>/memory`` are two different
+        capacities to it."""
+        if self._capacity is None:
+            self._capacity = _digest_capacity(as_mapping(self.raw.get("capacity")))
+        return self._capacity
+
+    @property
+    def consumes(self) -> list[tuple[str, dict[str, Fraction]]]:
+        if self._consumes is None:
+            self._consumes = _digest_consumes(self.raw.get("consumesCounters")) if self.has_consumes else []
+        return self._consumes
+
+    def attribute(self, name: str) -> tuple[str, Any] | None:
+        """``attributes.get(name)`` without digesting the other attributes."""
+        if self._attributes is not None:
+            return self._attributes.get(name)
+        return attribute_entry(as_mapping(self.raw.get("attributes")), self.key[0], name)
 
     @property
     def activation(self) -> DeviceActivation:
-        act = self._activation
-        if act is None:
-            act = device_activation(self.key[0], as_mapping(self.raw.get("attributes")), as_mapping(self.raw.get("capacity")),
-                                    self.allow_multi)
-            self._activation = act
-        return act
+        """The device's CEL input, built anew on each call: callers evaluate one device of a group."""
+        return device_activation(self.key[0], as_mapping(self.raw.get("attributes")), as_mapping(self.raw.get("capacity")),
+                                 self.allow_multi)
 
 
-def _activation_source(dev: Device) -> str | None:
-    """Everything a device's activation is built from, as text (None: do not compare).
+_ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
 
-    ``repr`` keeps apart what ``==`` would merge (``1``, ``1.0`` and ``True``), so equal texts
-    mean identical activations.  Compared by content rather than by the slice's resourceVersion:
-    an update that leaves a device alone keeps its activation, and no version is trusted.
-    """
-    try:
-        return repr((dev.key[0], dev.raw.get("attributes"), dev.raw.get("capacity"), dev.allow_multi))
-    except RecursionError:
+
+def attribute_value(av: Any) -> tuple[str, Any] | None:
+    """(kind, value) of a published attribute value with exactly one value type set, else None."""
+    av = as_mapping(av)
+    if len(av) == 1:
+        for kind, value in av.items():
+            return (kind, value) if kind in _ATTRIBUTE_TYPES and value is not None else None
+    found: tuple[str, Any] | None = None
+    for kind in _ATTRIBUTE_TYPES:
+        value = av.get(kind)
+        if value is not None:
+            if found is not None:
+                return None
+            found = (kind, value)
+    return found
+
+
+def attribute_entry(raw: Mapping[str, Any], driver: str, name: str) -> tuple[str, Any] | None:
+    """What ``_digest_attributes(driver, raw).get(name)`` holds, reading only the entries that can
+    hold it: ``name`` as published, and its short form for the driver's own domain (the later of the
+    two wins, as in the digest)."""
+    short = name[len(driver) + 1:] if name.startswith(driver) and name[len(driver):len(driver) + 1] == "/" else None
+    if short is not None and "/" in short:
+        short = None
+    long_value, short_value = raw.get(name), raw.get(short) if short is not None else None
+    if long_value is None and short_value is None:
         return None
+    if long_value is not None and short_value is not None:
+        last = next(k for k in reversed(list(raw)) if k in (name, short))  # both published: the later wins
+        return attribute_value(raw[last])
+    return attribute_value(long_value if long_value is not None else short_value)
+
+
+def _digest_attributes(driver: str, raw: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    out: dict[str, tuple[str, Any]] = {}
+    for aname, aval in raw.items():
+        value = attribute_value(aval)
+        if value is not None:
+            out[aname if "/" in aname else f"{driver}/{aname}"] = value
+    return out
+
+
+def _digest_capacity(raw: Mapping[str, Any]) -> dict[str, tuple[Quantity, Mapping[str, Any]]]:
+    out: dict[str, tuple[Quantity, Mapping[str, Any]]] = {}
+    for cname, cval in raw.items():
+        q = quantity_or_none(as_mapping(cval).get("value"))
+        if q is not None:
+            out[cname] = (q, as_mapping(as_mapping(cval).get("requestPolicy")))
+    return out
+
+
+def _digest_consumes(raw: Any) -> list[tuple[str, dict[str, Fraction]]]:
+    """The counters a device consumes (those whose value is not a quantity were reported as problems)."""
+    consumes: list[tuple[str, dict[str, Fraction]]] = []
+    for entry in as_list(raw):
+        counters: dict[str, Fraction] = {}
+        for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
+            q = quantity_or_none(as_mapping(c).get("value"))
+            if q is not None:
+                counters[cname] = q.value
+        consumes.append((as_str(as_mapping(entry).get("counterSet")) or "", counters))
+    return consumes
 
 
 @dataclass
@@ -106,10 +188,21 @@ class Pool:
     invalid: str | None
     counter_sets: dict[str, dict[str, Fraction]]
     devices: list[Device] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    # The slices it was built from (every generation, in input order): a later build whose slices
+    # for this pool are the same takes the pool over instead of digesting them again.
+    sources: tuple[Mapping[str, Any], ...] = ()
+    _consumer_keys: frozenset[DeviceKey] | None = None
 
     @property
     def usable(self) -> bool:
         return self.complete and self.invalid is None
+
+    def consumer_keys(self) -> frozenset[DeviceKey]:
+        """The keys of the devices that consume counters, for set operations with allocations."""
+        if self._consumer_keys is None:
+            self._consumer_keys = frozenset(d.key for d in self.devices if d.has_consumes)
+        return self._consumer_keys
 
     @property
     def label(self) -> str:
@@ -124,23 +217,32 @@ class Inventory:
     node_names: list[str]
     problems: list[str]
     pool_map: dict[tuple[str, str], Pool] = field(default_factory=dict)
-    _local: dict[str, list[Device]] | None = None
+    # Allocatable devices (usable pools) bound to one node, by node; and those that are not
+    # (allNodes, node selectors, per-device selection): every node has to look at the latter.
+    local: dict[str, list[Device]] = field(default_factory=dict)
+    shared: list[Device] = field(default_factory=list)
+    # Devices the funnel looks at one by one (few, usually none): with taints, shareable, consuming
+    # counters, and those of usable pools whose CEL input is broken.
+    tainted: list[Device] = field(default_factory=list)
+    multi: list[Device] = field(default_factory=list)
+    consumers: list[Device] = field(default_factory=list)
+    unclean: list[Device] = field(default_factory=list)
+    unusable: list[Pool] = field(default_factory=list)  # incomplete or invalid pools
+    # Groups of devices by what selectors read (allocator.groups), built on first use.
+    partitions: Any = None
+    # The nodes named by slices (or one anonymous node), for a claim that names none; their
+    # positions by name, and the positions of those without allocatable devices of their own.
+    nodes: list[Node] = field(default_factory=list)
+    node_positions: dict[str, int] = field(default_factory=dict)
+    idle_positions: list[int] = field(default_factory=list)
 
     def devices_on(self, node: Node) -> list[Device]:
         """Allocatable devices (usable pools) reachable from ``node``, in search order."""
-        if self._local is None:
-            self._local = {}
-            for d in self.devices:
-                if d.node_name and self._usable(d):
-                    self._local.setdefault(d.node_name, []).append(d)
-        local = self._local.get(node.name or "", []) if node.name else []
-        shared = [d for d in self.devices if not d.node_name and self._usable(d) and on_node(d, node)]
+        local = self.local.get(node.name, []) if node.name else []
+        shared = [d for d in self.shared if on_node(d, node)]
         if not shared:
             return local
         return sorted(local + shared, key=lambda d: d.index)
-
-    def _usable(self, d: Device) -> bool:
-        return self.pool_of(d).usable
 
     def pool_of(self, d: Device) -> Pool:
         return self.pool_map[(d.key[0], d.key[1])]
@@ -149,54 +251,84 @@ class Inventory:
 def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None) -> Inventory:
     """Group slices into pools (highest generation only) and digest their devices.
 
-    ``previous``, an inventory built earlier (the controller's last one), lends its devices' CEL
-    activations to devices whose attributes, capacity, driver and allowMultipleAllocations are
-    unchanged, so a slice update costs CEL conversions only for what changed.
+    ``previous``, an inventory built earlier (the controller's last one), lends its pools whose
+    slices are unchanged (the same objects, or equal ones), so a slice update costs the digest of
+    its own pool only.
     """
     problems: list[str] = []
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]] = {}
     for i, sl in enumerate(slices):
         spec = as_mapping(as_mapping(sl).get("spec"))
         driver, pool = as_str(spec.get("driver")), as_str(as_mapping(spec.get("pool")).get("name"))
         if not driver or not pool:
             problems.append(f"slice #{i} ({_slice_name(sl, i)}): missing driver or pool name, ignored")
             continue
-        groups.setdefault((driver, pool), []).append({**sl, "_index": i})
-    pools = [_build_pool(driver, name, members, problems) for (driver, name), members in sorted(groups.items())]
+        groups.setdefault((driver, pool), []).append((sl, i))
+    earlier = previous.pool_map if previous is not None else {}
     devices: list[Device] = []
+    pools: list[Pool] = []
+    for (driver, name), members in sorted(groups.items()):
+        built = _reused(earlier.get((driver, name)), [sl for sl, _ in members], len(devices))
+        if built is None:
+            built = _build_pool(driver, name, members)
+            for i, dev in enumerate(built.devices):
+                dev.index = len(devices) + i
+        pools.append(built)
+        devices.extend(built.devices)
+        problems.extend(built.problems)
+    inventory = Inventory(pools, devices, {}, [], problems, {(p.driver, p.name): p for p in pools})
     for built in pools:
+        usable = built.usable
+        if not usable:
+            inventory.unusable.append(built)
         for dev in built.devices:
-            dev.index = len(devices)
-            devices.append(dev)
-    nodes = sorted({d.node_name for d in devices if d.node_name})
-    by_key: dict[DeviceKey, Device] = {}
-    for dev in devices:
-        by_key.setdefault(dev.key, dev)
-    if previous is not None:
-        _reuse_activations(devices, previous)
-    return Inventory(pools, devices, by_key, nodes, problems, {(p.driver, p.name): p for p in pools})
+            inventory.by_key.setdefault(dev.key, dev)
+            if dev.taints:
+                inventory.tainted.append(dev)
+            if dev.allow_multi:
+                inventory.multi.append(dev)
+            if dev.has_consumes:
+                inventory.consumers.append(dev)
+            if not usable:
+                continue
+            if not dev.cel_clean:
+                inventory.unclean.append(dev)
+            if dev.node_name:
+                inventory.local.setdefault(dev.node_name, []).append(dev)
+            else:
+                inventory.shared.append(dev)
+    inventory.node_names = sorted({d.node_name for d in devices if d.node_name})
+    inventory.nodes = [Node(n) for n in inventory.node_names] if inventory.node_names else [Node(None)]
+    inventory.node_positions = {n: i for i, n in enumerate(inventory.node_names)}
+    inventory.idle_positions = [i for i, n in enumerate(inventory.node_names) if n not in inventory.local]
+    return inventory
 
 
-def _reuse_activations(devices: list[Device], previous: Inventory) -> None:
-    # Only activations whose CEL context exists are worth taking over (the context is the
-    # expensive part); the comparison costs ~3 us per such device.
-    for dev in devices:
-        old = previous.by_key.get(dev.key)
-        if old is None or old._activation is None or not old._activation.has_context:
-            continue
-        if old.raw is dev.raw and old.allow_multi == dev.allow_multi:
-            dev._activation = old._activation  # the same, unchanged object
-            continue
-        source = _activation_source(dev)
-        if source is not None and source == _activation_source(old):
-            dev._activation = old._activation
+def _reused(pool: Pool | None, members: list[Mapping[str, Any]], start: int) -> Pool | None:
+    """``pool`` for these slices, its devices numbered from ``start``; None when the slices differ.
+
+    Unnamed slices are never taken over: their names in messages come from their position."""
+    if pool is None or len(pool.sources) != len(members):
+        return None
+    for old, new in zip(pool.sources, members, strict=True):
+        if not as_str(as_mapping(as_mapping(new).get("metadata")).get("name")):
+            return None
+        if old is not new and old != new:
+            return None
+    if not pool.devices or pool.devices[0].index == start:
+        return pool
+    moved = [replace(d, index=start + i) for i, d in enumerate(pool.devices)]
+    return replace(pool, devices=moved)
 
 
 def _slice_name(sl: Any, index: int) -> str:
     return as_str(as_mapping(as_mapping(sl).get("metadata")).get("name")) or f"slice-{index}"
 
 
-def _build_pool(driver: str, name: str, members: list[Mapping[str, Any]], problems: list[str]) -> Pool:
+def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]]) -> Pool:
+    """``sources``: the pool's slices with their positions in the input (which name a slice without a name)."""
+    members = [{**sl, "_index": i} for sl, i in sources]
+
     def generation(sl: Mapping[str, Any]) -> int:
         return as_int(as_mapping(as_mapping(sl["spec"]).get("pool")).get("generation")) or 0
 
@@ -204,12 +336,13 @@ def _build_pool(driver: str, name: str, members: list[Mapping[str, Any]], proble
     current = sorted((sl for sl in members if generation(sl) == top), key=lambda s: _slice_name(s, s["_index"]))
     expected = as_int(as_mapping(as_mapping(current[0]["spec"]).get("pool")).get("resourceSliceCount")) or 0
     pool = Pool(driver, name, top, expected, [_slice_name(s, s["_index"]) for s in current],
-                complete=len(current) == expected, invalid=None, counter_sets={})  # fmt: skip
+                complete=len(current) == expected, invalid=None, counter_sets={},
+                sources=tuple(sl for sl, _ in sources))  # fmt: skip
     if not pool.complete:
-        problems.append(f"pool {pool.label}: incomplete ({len(current)} of {expected} slices of generation {top})")
+        pool.problems.append(f"pool {pool.label}: incomplete ({len(current)} of {expected} slices of generation {top})")
     seen: set[str] = set()
     for sl in current:
-        _add_slice(pool, sl, seen, problems)
+        _add_slice(pool, sl, seen, pool.problems)
     return pool
 
 
@@ -251,7 +384,23 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
         pool.devices.append(dev)
 
 
-_ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
+@lru_cache(maxsize=4096)
+def _semver_ok(text: str) -> bool:
+    try:
+        parse_semver(text)
+    except SemverError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def _quantity_text_ok(text: str) -> bool:
+    return quantity_or_none(text) is not None
+
+
+def _is_quantity(value: Any) -> bool:
+    # Every capacity and counter of every device on each inventory build: the usual text, memoized.
+    return _quantity_text_ok(value) if type(value) is str else quantity_or_none(value) is not None
 
 
 def _cel_attribute_ok(kind: str, value: Any) -> bool:
@@ -259,12 +408,7 @@ def _cel_attribute_ok(kind: str, value: Any) -> bool:
     ``value`` without an error (the same checks; ``test_fuzz_slices`` holds the two to agreeing)."""
     if not isinstance(value, _ATTRIBUTE_TYPES[kind]) or (kind == "int" and isinstance(value, bool)):
         return False
-    if kind == "version":
-        try:
-            parse_semver(value)
-        except SemverError:
-            return False
-    return True
+    return kind != "version" or _semver_ok(value)
 
 
 def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str]) -> Device | None:
@@ -272,54 +416,43 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
     if not name:
         problems.append(f"slice {sname}: device without a name ignored")
         return None
-    driver = pool.driver
     local: list[str] = []
-    attributes: dict[str, tuple[str, Any]] = {}
     cel_clean = True
     for aname, aval in as_mapping(raw.get("attributes")).items():
-        # Runs for every attribute of every device on each inventory build: one pass, no lists.
-        av = as_mapping(aval)
-        kind = ""
-        for k in _ATTRIBUTE_TYPES:
-            if av.get(k) is not None:
-                kind = "?" if kind else k
-        if kind and kind != "?":
-            value = av[kind]
-            attributes[aname if "/" in aname else f"{driver}/{aname}"] = (kind, value)
-            if cel_clean and not _cel_attribute_ok(kind, value):
-                cel_clean = False
-        else:
+        # Runs for every attribute of every device on each inventory build: checks only (the
+        # digested map is built when a device needs it), the usual shape first.
+        if type(aval) is dict and len(aval) == 1:
+            ((kind, value),) = aval.items()
+            if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or _semver_ok(value)):
+                continue
+        checked = attribute_value(aval)
+        if checked is None:
             cel_clean = False
             local.append(f"attribute {aname}: exactly one value type must be set")
-    capacity: dict[str, tuple[Quantity, Mapping[str, Any]]] = {}
+        elif cel_clean and not _cel_attribute_ok(*checked):
+            cel_clean = False
     for cname, cval in as_mapping(raw.get("capacity")).items():
-        q = quantity_or_none(as_mapping(cval).get("value"))
-        if q is None:
+        if not _is_quantity(as_mapping(cval).get("value")):
             cel_clean = False
             local.append(f"capacity {cname}: invalid quantity")
-            continue
-        capacity[cname] = (q, as_mapping(as_mapping(cval).get("requestPolicy")))
-    consumes: list[tuple[str, dict[str, Fraction]]] = []
-    for entry in as_list(raw.get("consumesCounters")):
-        counters: dict[str, Fraction] = {}
+    # Checked now, digested once needed (Device.consumes).
+    entries = as_list(raw.get("consumesCounters"))
+    for entry in entries:
         for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
-            q = quantity_or_none(as_mapping(c).get("value"))
-            if q is None:
+            if not _is_quantity(as_mapping(c).get("value")):
                 local.append(f"consumesCounters {cname}: invalid quantity")
-                continue
-            counters[cname] = q.value
-        consumes.append((as_str(as_mapping(entry).get("counterSet")) or "", counters))
-    allow_multi = raw.get("allowMultipleAllocations") is True
     if local:
         problems.extend(f"device {pool.label}/{name}: {p}" for p in local)
     selector = raw.get("nodeSelector")
+    taints = raw.get("taints")
     return Device(
-        key=(driver, pool.name, name), index=0, slice_name=sname, raw=raw, attributes=attributes, capacity=capacity,
-        consumes=consumes, taints=[as_mapping(t) for t in as_list(raw.get("taints"))],
+        key=(pool.driver, pool.name, name), index=0, slice_name=sname, raw=raw,
         node_name=as_str(raw.get("nodeName")), all_nodes=raw.get("allNodes") is True,
         node_selector=selector if selector is not None and isinstance(selector, Mapping) else None,
-        per_device_node=False, allow_multi=allow_multi, binds_to_node=raw.get("bindsToNode") is True,
-        problems=local, cel_clean=cel_clean,
+        per_device_node=False, allow_multi=raw.get("allowMultipleAllocations") is True,
+        binds_to_node=raw.get("bindsToNode") is True,
+        taints=tuple(as_mapping(t) for t in as_list(taints)) if taints else (),
+        problems=tuple(local), cel_clean=cel_clean, has_consumes=bool(entries),
     )  # fmt: skip
 
 
@@ -333,10 +466,6 @@ class AllocatedState:
     devices: set[DeviceKey] = field(default_factory=set)
     shared: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
     consumers: dict[DeviceKey, list[str]] = field(default_factory=dict)  # namespace/name of the claims sharing a device
-
-    def consuming(self) -> set[DeviceKey]:
-        """Devices whose counters are consumed (exclusive or shared in use)."""
-        return self.devices | set(self.shared)
 
 
 def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:
@@ -369,8 +498,8 @@ def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None
 
 def as_nodes(nodes: Sequence[Any] | None, inventory: Inventory) -> list[Node]:
     if nodes is None:
-        names = inventory.node_names
-        return [Node(n) for n in names] if names else [Node(None)]
+        return inventory.nodes
+
     out: list[Node] = []
     for n in nodes:
         if isinstance(n, str):

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator.capacity import rounding_note
-from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import Explanation, ResultNote
 from dra_driver.allocator.funnel import explain_failure, funnel
-from dra_driver.allocator.inventory import AllocatedState, Inventory, allocated_state, as_nodes, build_inventory, key_str
+from dra_driver.allocator.groups import Group
+from dra_driver.allocator.inventory import (
+    AllocatedState,
+    Device,
+    Inventory,
+    allocated_state,
+    as_nodes,
+    build_inventory,
+    key_str,
+)
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import (
     MAX_RESULTS,
     SCHEDULER_ABORTS,
     SHARE_NS,
     Abort,
+    Alt,
     Ctx,
     Search,
     parse_constraints,
@@ -107,18 +116,28 @@ def _resolve(
         return Resolution(None, explanation)
     node_list = as_nodes(nodes, inventory)
     reasons: Counter[str] = Counter()
-    best: tuple[int, str | None] = (-1, None)
+    passed_over: set[int] = set()  # positions of nodes the best node is not chosen from
     tried_lists: set[tuple[int, ...]] = set()
     # The scheduler filters every candidate node and one fatal error anywhere fails the pod, so
     # a success only counts once no other node can produce such an error.  Only All requests
     # and CEL runtime errors can; other claims keep the first-fit shortcut.
-    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or any(
-        v is not None and isinstance(v[1], CelError) for v in ctx.verdicts.values())
+    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or ctx.cel_error_seen()
+    narrow = None if fatal_possible else node_filter(ctx, whole_list=nodes is None)
+    visit: Sequence[int] = narrow.visit if narrow is not None and narrow.visit is not None else range(len(node_list))
     found: tuple[Search, Node, int] | None = None
-    for number, node in enumerate(node_list, start=1):
+    last = -1
+    for pos in visit:
+        if pos > last + 1:  # nodes not visited: too few devices their selectors accept
+            reasons[NOT_ENOUGH] += pos - last - 1
+        last = pos
+        node, number = node_list[pos], pos + 1
+        if narrow is not None and node.name in inventory.local and not narrow.may_fit(node):
+            reasons[NOT_ENOUGH] += 1
+            continue
         devices = inventory.devices_on(node)
         if node.name is not None and not any(d.node_name for d in devices) and tuple(d.index for d in devices) in tried_lists:
             reasons["same devices as an earlier node"] += 1
+            passed_over.add(pos)
             continue
         tried_lists.add(tuple(d.index for d in devices))
         search = Search(ctx, node, devices)
@@ -135,24 +154,163 @@ def _resolve(
                 explain_failure(ctx, explanation)
                 return Resolution(None, explanation)
             reasons[str(exc)] += 1
+            passed_over.add(pos)
             continue
         if ok:
             found = found or (search, node, number)
             if not fatal_possible:
                 break
             continue
-        reasons["not enough suitable devices" if devices else "no devices on node"] += 1
-        usable = sum(1 for d in devices if any(ctx.verdict(a, d) is None for alts in requests for a in alts if not a.error))
-        best = max(best, (usable, node.name), key=lambda b: b[0])
+        reasons[NOT_ENOUGH if devices else "no devices on node"] += 1
     if found is not None:
         search, node, number = found
         explanation.nodes = {"tried": number, "reasons": dict(reasons)}
         return _success(ctx, search, node, explanation)
+    if len(node_list) > last + 1:
+        reasons[NOT_ENOUGH] += len(node_list) - last - 1
     explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
-    if best[0] >= 0:
+    best = _best_node(ctx, node_list, passed_over)
+    if best is not None:
         explanation.nodes["best"] = {"node": best[1], "selector_matches": best[0]}
     explain_failure(ctx, explanation)
     return Resolution(None, explanation)
+
+
+NOT_ENOUGH = "not enough suitable devices"
+
+
+@dataclass
+class NodeFilter:
+    """Which nodes can fit, known before searching any (see :func:`node_filter`)."""
+
+    may_fit: Callable[[Node], bool]
+    # Positions in the inventory's node list worth visiting, in order: the nodes with as many
+    # devices as every request asks for that its selectors accept (in use or not), and the nodes
+    # without allocatable devices (the search tells those apart). None: visit every node.
+    visit: list[int] | None
+
+
+def node_filter(ctx: Ctx, whole_list: bool) -> NodeFilter | None:
+    """A cheap test that a node can fit the claim: every request has, among the node's devices,
+    as many as it asks for that its selectors accept and that are not in use (the search's own two
+    first checks). A node it turns down would fail the search too; the search still decides on
+    every node it lets through. Like the kube-scheduler, which filters nodes before its allocator
+    runs, this spares the search the nodes that cannot fit. ``whole_list``: the claim is resolved
+    over the inventory's own node list (the nodes to visit are then known in advance).
+
+    None where turning a node down without a search could change the outcome: devices not bound
+    to a node (every node sees them), a broken request or the claim's result limit (the search
+    fails the claim on the first node it tries), ``All`` requests and CEL errors (checked by the
+    caller: the search must reach every node).
+    """
+    inventory = ctx.inventory
+    if inventory.shared or sum(min(a.count for a in alts) for alts in ctx.requests) > MAX_RESULTS:
+        return None
+    if any(a.error or a.mode != "ExactCount" for alts in ctx.requests for a in alts):
+        return None
+    devices = inventory.devices
+    allocated = ctx.allocated.devices
+    # Per request, per alternative: how many it asks for, whether in-use devices count (admin
+    # access), and the devices its selectors accept, by node (and in groups, for visit below).
+    accepted: list[list[tuple[int, bool, list[dict[str, list[Device]]]]]] = []
+    groups: list[list[tuple[int, list[Group], dict[str, list[Device]]]]] = []
+    for alts in ctx.requests:
+        entries, grouped = [], []
+        for alt in alts:
+            part = ctx.partition(alt)
+            single = inventory.unclean if part is not None else [d for p in inventory.pools if p.usable for d in p.devices]
+            passing = [grp for g, grp in enumerate(part.groups) if ctx.group_verdict(alt, part, g) is None] if part else []
+            alone: dict[str, list[Device]] = {}
+            for d in single:
+                if ctx.verdict(alt, d) is None:
+                    alone.setdefault(d.node_name or "", []).append(d)
+            by_node = [grp.by_node(devices) for grp in passing] + ([alone] if alone else [])
+            entries.append((alt.count, alt.admin, by_node))
+            grouped.append((alt.count, passing, alone))
+        accepted.append(entries)
+        groups.append(grouped)
+
+    def may_fit(node: Node) -> bool:
+        name = node.name or ""
+        for entries in accepted:
+            for count, admin, by_node in entries:
+                n = 0
+                for candidates in by_node:
+                    for d in candidates.get(name, ()):
+                        if admin or d.allow_multi or d.key not in allocated:
+                            n += 1
+                    if n >= count:
+                        break
+                if n >= count:
+                    break
+            else:
+                return False
+        return True
+
+    visit = None
+    if whole_list:
+        positions = inventory.node_positions
+        only = groups[0][0] if len(groups) == 1 and len(groups[0]) == 1 else None
+        if only is not None and len(only[1]) == 1 and not only[2] and not inventory.idle_positions:
+            visit = only[1][0].positions_with(only[0], devices, positions)  # the usual claim: one group of devices
+        else:
+            able: frozenset[str] | None = None
+            for grouped in groups:
+                names = frozenset().union(*(_nodes_with(passing, alone, count, devices) for count, passing, alone in grouped))
+                able = names if able is None else able & names
+            visit = sorted([positions[n] for n in able or ()] + inventory.idle_positions)
+    return NodeFilter(may_fit, visit)
+
+
+def _nodes_with(passing: list[Group], alone: dict[str, list[Device]], count: int, devices: list[Device]) -> frozenset[str]:
+    """The nodes with at least ``count`` devices among the groups' members and ``alone``."""
+    if not alone and len(passing) == 1:
+        return passing[0].nodes_with(count, devices)
+    if not alone and passing:
+        return passing[0].nodes_with_others(passing[1:], count, devices)
+    total: Counter[str] = Counter()
+    for by_node in [grp.by_node(devices) for grp in passing] + [alone]:
+        for n, ds in by_node.items():
+            total[n] += len(ds)
+    return frozenset(n for n, c in total.items() if c >= count)
+
+
+def _best_node(ctx: Ctx, node_list: list[Node], passed_over: set[int]) -> tuple[int, str | None] | None:
+    """The node with the most devices that some request's selectors accept (the first of equals),
+    among the nodes where the search found no fit."""
+    alts = [a for alts_ in ctx.requests for a in alts_ if not a.error]
+    accepted = _accepted_by_node(ctx, alts)
+    best: tuple[int, str | None] | None = None
+    for pos, node in enumerate(node_list):
+        if pos in passed_over:
+            continue
+        if accepted is not None:
+            usable = len(accepted.get(node.name or "", ()))
+        else:
+            usable = sum(1 for d in ctx.inventory.devices_on(node) if any(ctx.verdict(a, d) is None for a in alts))
+        if best is None or usable > best[0]:
+            best = (usable, node.name)
+    return best
+
+
+def _accepted_by_node(ctx: Ctx, alts: list[Alt]) -> dict[str, set[int]] | None:
+    """Per node, the devices some of ``alts`` accept; None where devices are not all bound to a node."""
+    inventory = ctx.inventory
+    if inventory.shared:
+        return None
+    out: dict[str, set[int]] = {}
+    for alt in alts:
+        part = ctx.partition(alt)
+        if part is not None:
+            for g, grp in enumerate(part.groups):
+                if ctx.group_verdict(alt, part, g) is None:
+                    for name, ds in grp.by_node(inventory.devices).items():
+                        out.setdefault(name, set()).update(d.index for d in ds)
+        single = inventory.unclean if part is not None else [d for p in inventory.pools if p.usable for d in p.devices]
+        for d in single:
+            if ctx.verdict(alt, d) is None:
+                out.setdefault(d.node_name or "", set()).add(d.index)
+    return out
 
 
 def _precheck(ctx: Ctx, explanation: Explanation) -> None:

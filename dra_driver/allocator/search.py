@@ -7,16 +7,20 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from dra_driver.allocator.capacity import consumption
 from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
-from dra_driver.allocator.cel.errors import CelCompileError, CelError, CelRuntimeError
+from dra_driver.allocator.cel.errors import CelCompileError, CelError
+from dra_driver.allocator.cel.reads import NOTHING, Reads, selector_reads
+from dra_driver.allocator.groups import Partition, Projection, outcome, partition
 from dra_driver.allocator.inventory import (
     AllocatedState,
     Device,
     DeviceKey,
     Inventory,
+    Pool,
     key_str,
     on_node,
     quantity_or_none,
@@ -193,10 +197,10 @@ def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
 
 
 def lookup_attribute(dev: Device, name: str) -> tuple[str, Any] | None:
-    # Keys are stored fully qualified (unqualified ones under the driver's domain),
-    # which is the scheduler's lookup rule.  Versions compare as strings there too:
-    # semver 2.0 demands the minimal spelling.
-    return dev.attributes.get(name)
+    # Keys are fully qualified (unqualified ones under the driver's domain), which is the
+    # scheduler's lookup rule.  Versions compare as strings there too: semver 2.0 demands the
+    # minimal spelling.
+    return dev.attribute(name)
 
 
 class Abort(Exception):
@@ -502,20 +506,55 @@ class Ctx:
     requests: list[list[Alt]]
     constraints: list[_Constraint]
     rules: SchedulerRules = field(default_factory=SchedulerRules)
+    # Selector outcomes of devices looked at one by one, by (alternative number, device index).
     verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
-    # id(alt) -> (device index -> (stage, why it left), the devices left at the end): the funnel's
-    # record, kept for explaining a claim that is not allocated.
-    funnels: dict[int, tuple[dict[int, Any], list[Device]]] = field(default_factory=dict)
+    # ... and of groups, by (alternative number, group number).
+    group_verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
+    # id(alt) -> (what each stage removed, the survivors): the funnel's record, kept for explaining
+    # a claim that is not allocated (allocator.funnel).
+    funnels: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     alt_ids: dict[int, int] = field(default_factory=dict)
+    partitions: dict[int, Partition | None] = field(default_factory=dict)
     available: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
+    _consumed_in: dict[int, bool] = field(default_factory=dict)
+
+    def alt_id(self, alt: Alt) -> int:
+        return self.alt_ids.setdefault(id(alt), len(self.alt_ids))
+
+    def partition(self, alt: Alt) -> Partition | None:
+        """The inventory's devices grouped by what ``alt``'s selectors and the funnel read; None
+        when a selector reads the whole device (its devices are then looked at one by one)."""
+        aid = self.alt_id(alt)
+        if aid not in self.partitions:
+            reads = reads_of(tuple(sel.expression for _, sel in alt.compiled))
+            inv = self.inventory
+            self.partitions[aid] = None if reads.whole else partition(inv, Projection(
+                reads, capacity=bool(alt.capacity or inv.multi), flags=bool(inv.multi or inv.consumers)))
+        return self.partitions[aid]
+
+    def group_verdict(self, alt: Alt, part: Partition, g: int) -> Verdict:
+        key = (self.alt_id(alt), g)
+        if key not in self.group_verdicts:
+            self.group_verdicts[key] = _evaluate(alt, part.groups[g].rep)
+        return self.group_verdicts[key]
 
     def verdict(self, alt: Alt, dev: Device) -> Verdict:
-        """Selector outcome, cached: evaluation is pure, so each pair is evaluated once."""
-        aid = self.alt_ids.setdefault(id(alt), len(self.alt_ids))
-        key = (aid, dev.index)
+        """Selector outcome, cached: evaluation is pure, so each group (or device looked at alone)
+        is evaluated once."""
+        part = self.partition(alt)
+        if part is not None:
+            g = part.group_of[dev.index]
+            if g >= 0:
+                return self.group_verdict(alt, part, g)
+        key = (self.alt_id(alt), dev.index)
         if key not in self.verdicts:
             self.verdicts[key] = _evaluate(alt, dev)
         return self.verdicts[key]
+
+    def cel_error_seen(self) -> bool:
+        """Whether a selector failed with a CEL runtime error on a device the funnel looked at."""
+        return any(v is not None and isinstance(v[1], CelError)
+                   for v in (*self.verdicts.values(), *self.group_verdicts.values()))
 
     def selectable(self, alt: Alt, dev: Device) -> bool:
         v = self.verdict(alt, dev)
@@ -532,19 +571,37 @@ class Ctx:
         v = self.verdict(alt, dev)
         return v is not None and isinstance(v[1], CelError)
 
+    def consumed_in(self, pool: Pool) -> bool:
+        """Whether other claims' devices of ``pool`` may consume its counters."""
+        found = self._consumed_in.get(id(pool))  # the pool outlives this context
+        if found is None:
+            keys = pool.consumer_keys()
+            found = self._consumed_in[id(pool)] = not (
+                keys.isdisjoint(self.allocated.devices) and keys.isdisjoint(self.allocated.shared))
+        return found
+
     def available_counters(self, pool_id: tuple[str, str]) -> dict[str, dict[str, Fraction]]:
         if pool_id not in self.available:
             pool = self.inventory.pool_map[pool_id]
             avail = {cs: dict(c) for cs, c in pool.counter_sets.items()}
-            consuming = self.allocated.consuming()
+            exclusive, shared = self.allocated.devices, self.allocated.shared
             for dev in pool.devices:
-                if dev.key in consuming:
+                if dev.has_consumes and (dev.key in exclusive or dev.key in shared):
                     for cs, counters in dev.consumes:
                         for name, value in counters.items():
                             if name in avail.get(cs, {}):
                                 avail[cs][name] -= value
             self.available[pool_id] = avail
         return self.available[pool_id]
+
+
+@lru_cache(maxsize=1024)
+def reads_of(expressions: tuple[str, ...]) -> Reads:
+    """What a list of selectors reads together."""
+    reads = NOTHING
+    for expression in expressions:
+        reads = reads.union(selector_reads(expression))
+    return reads
 
 
 # None: all selectors true; else (index of the first selector that failed, False or the error).
@@ -555,13 +612,11 @@ def _evaluate(alt: Alt, dev: Device) -> Verdict:
     for i, (_, sel) in enumerate(alt.compiled):
         if sel.driver_equals is not None and dev.cel_clean and sel.poisoned is None:
             # What sel.evaluate would answer (the activation's driver is key[0] and it has no
-            # error), without building the activation (~4 us) for each of the cluster's devices.
+            # error), without building the activation.
             if dev.key[0] != sel.driver_equals:
                 return (i, False)
             continue
-        try:
-            if not sel.evaluate(dev.activation):
-                return (i, False)
-        except CelRuntimeError as exc:
-            return (i, exc)
+        result = outcome(sel, dev)
+        if result is not True:
+            return (i, result)
     return None

@@ -528,7 +528,7 @@ def test_search_budget_is_not_fatal() -> None:
     assert any("too complex" in r for r in res.explanation.nodes["reasons"])
 
 
-# ============================================================================ lazy CEL state and its reuse
+# ============================================================================ inventory reuse
 
 
 MODEL_B = f'device.attributes["{D}"].model == "B"'
@@ -538,58 +538,50 @@ def models(*names: str, node: str = "node-a") -> dict[str, Any]:
     return slice_(node, [dev(f"gpu-{i}", m) for i, m in enumerate(names)])
 
 
-def test_driver_only_classes_build_no_cel_state() -> None:
-    inv = build_inventory([NODE_A, NODE_B])
-    assert picked(resolve(claim(request(count=2)), inv, CLASSES)) == ["node-a/gpu-0", "node-a/gpu-1"]
-    # The class selector is a plain driver comparison: no device needed its activation.
-    assert all(d._activation is None for d in inv.devices)
-    resolve(claim(request(selectors=(MODEL_B,))), inv, CLASSES)
-    assert all(d._activation is not None and d._activation.has_context for d in inv.devices)
+def test_previous_inventory_lends_unchanged_pools() -> None:
+    a, b = models("A", "A"), models("A", node="node-b")
+    first = build_inventory([a, b])
+    again = build_inventory([a, json.loads(json.dumps(b))], previous=first)  # the same object, and an equal one
+    assert all(d is first.by_key[d.key] for d in again.devices)
+    assert again.pools[0] is first.pools[0] and again.pools[1] is first.pools[1]
 
 
-def test_previous_inventory_lends_unchanged_devices_their_cel_state() -> None:
-    first = build_inventory([models("A", "A"), models("A", node="node-b")])
-    assert not resolve(claim(request(selectors=(MODEL_B,))), first, CLASSES).allocated  # builds every context
-    again = build_inventory([models("A", "A"), models("A", node="node-b")], previous=first)  # equal, new objects
-    assert all(d._activation is first.by_key[d.key]._activation for d in again.devices)
-
-
-def test_a_changed_slice_invalidates_its_devices_cel_state() -> None:
+def test_a_changed_slice_rebuilds_its_pool_only() -> None:
     first = build_inventory([models("A", "A"), models("A", node="node-b")])
     assert not resolve(claim(request(selectors=(MODEL_B,))), first, CLASSES).allocated
-    # node-a's gpu-1 now publishes model B: its activation must be rebuilt, the others are kept.
+    # node-a's gpu-1 now publishes model B: node-a is digested again, node-b is taken over.
     second = build_inventory([models("A", "B"), models("A", node="node-b")], previous=first)
-    changed = second.by_key[(D, "node-a", "gpu-1")]
-    assert changed._activation is None
-    assert all(d._activation is first.by_key[d.key]._activation for d in second.devices if d is not changed)
+    assert all(d is not first.by_key[d.key] for d in second.pool_map[(D, "node-a")].devices)
+    assert second.by_key[(D, "node-b", "gpu-0")] is first.by_key[(D, "node-b", "gpu-0")]
     assert picked(resolve(claim(request(selectors=(MODEL_B,))), second, CLASSES)) == ["node-a/gpu-1"]
-    # And back: the previous inventory's (now stale) state for gpu-1 is not reused either.
+    # And back: what the previous inventory knew about gpu-1 is not reused either.
     third = build_inventory([models("A", "A"), models("A", node="node-b")], previous=second)
     assert not resolve(claim(request(selectors=(MODEL_B,))), third, CLASSES).allocated
 
 
-@pytest.mark.parametrize("before,after", [
-    ({"attributes": {"v": {"int": 1}}}, {"attributes": {"v": {"bool": True}}}),
-    ({"attributes": {"v": {"int": 1}}}, {"attributes": {"v": {"int": True}}}),  # equal under ==, not for CEL
-    ({"capacity": {"memory": {"value": "1Gi"}}}, {"capacity": {"memory": {"value": "2Gi"}}}),
-    ({}, {"allowMultipleAllocations": True}),
-])
-def test_every_input_of_the_activation_invalidates(before: dict[str, Any], after: dict[str, Any]) -> None:
-    def inventory(extra: dict[str, Any], previous: Any = None) -> Any:
-        return build_inventory([slice_("node-a", [{"name": "gpu-0", **extra}])], previous=previous)
-
-    first = inventory(before)
-    first.devices[0].activation.context()
-    second = inventory(after, first)
-    assert second.devices[0]._activation is None
-    assert inventory(before, first).devices[0]._activation is first.devices[0]._activation
+def test_pools_taken_over_are_renumbered_when_an_earlier_pool_changes_size() -> None:
+    first = build_inventory([models("A"), models("A", "B", node="node-b")])
+    second = build_inventory([models("A", "A"), models("A", "B", node="node-b")], previous=first)
+    assert [d.index for d in second.devices] == list(range(4))
+    moved = second.by_key[(D, "node-b", "gpu-1")]
+    assert moved is not first.by_key[moved.key] and moved.index == 3 and first.by_key[moved.key].index == 2
+    assert picked(resolve(claim(request(selectors=(MODEL_B,))), second, CLASSES)) == ["node-b/gpu-1"]
 
 
-def test_only_activations_with_a_context_are_carried_over() -> None:
-    first = build_inventory([NODE_A])
-    assert first.devices[0].activation.error is None  # built, but no CEL context: not worth a comparison
-    second = build_inventory([NODE_A], previous=first)
-    assert all(d._activation is None for d in second.devices)
+def test_unnamed_slices_are_not_taken_over() -> None:
+    unnamed = models("A")
+    del unnamed["metadata"]
+    first = build_inventory([unnamed])
+    second = build_inventory([models("A", node="node-b"), unnamed], previous=first)
+    assert second.by_key[(D, "node-a", "gpu-0")] is not first.by_key[(D, "node-a", "gpu-0")]
+    assert second.pool_map[(D, "node-a")].slices == ["slice-1"]  # named after its new position
+
+
+def test_problems_of_pools_taken_over_are_kept() -> None:
+    broken = slice_("node-a", [dev("gpu-0"), {"name": "gpu-1", "capacity": {"memory": {"value": "lots"}}}])
+    first = build_inventory([broken, models("A", node="node-b")])
+    second = build_inventory([broken, models("A", node="node-b")], previous=first)
+    assert second.problems == first.problems and any("gpu-1: capacity memory" in p for p in second.problems)
 
 
 def test_allocated_state_over_many_claims() -> None:

@@ -291,8 +291,8 @@ class SpyEngine(Engine):
 class TestInventoryReuse:
     SPECIAL = 'device.attributes["gpu.dra-driver.io"].type == "special"'
 
-    def test_slice_update_rebuilds_the_changed_devices_cel_state_only(self) -> None:
-        kube = cluster(gpus=2)
+    def test_slice_update_rebuilds_the_changed_pool_only(self) -> None:
+        kube = cluster(slices=2, gpus=2)
         add_claim(kube, claim(selectors=[{"cel": {"expression": self.SPECIAL}}]))
         add_pod(kube, pod("p", "c1"))
         builds: list[Any] = []
@@ -314,9 +314,9 @@ class TestInventoryReuse:
         step(ctrl)
         second, previous = builds[-1]
         assert previous is first  # the controller hands its last inventory over
-        gpu0, gpu1 = (second.by_key[("gpu.dra-driver.io", "node-a", f"gpu-{i}")] for i in (0, 1))
-        assert gpu0._activation is first.by_key[gpu0.key]._activation  # unchanged: kept
-        assert gpu1.activation is not first.by_key[gpu1.key]._activation  # changed: rebuilt
+        changed, unchanged = (second.by_key[("gpu.dra-driver.io", f"node-{n}", "gpu-0")] for n in "ab")
+        assert changed is not first.by_key[changed.key]  # its slice changed: digested again
+        assert unchanged is first.by_key[unchanged.key]  # taken over
         assert not any(k.startswith("gpu.dra-driver.io/explanation") for k in ann(kube))  # now satisfiable
 
 

@@ -4,8 +4,10 @@ What the scheduler offers (``k8s.io/dynamic-resource-allocation/cel``) and how
 it is provided here:
 
 * ``device.driver``, ``device.attributes``, ``device.capacity``,
-  ``device.allowMultipleAllocations`` -- a plain nested dict built once per
-  device (:func:`device_activation`) and reused for every expression.
+  ``device.allowMultipleAllocations`` -- a plain nested dict
+  (:func:`device_activation`). The engine evaluates a selector on one device
+  per group of devices that agree on what the selector reads
+  (:mod:`dra_driver.allocator.cel.reads`, ``allocator/groups.py``).
 * Unknown *domain* -> empty map, unknown *key* -> error.  cel-rust maps error
   on every unknown key and custom map types cannot be passed in, so the
   expression is rewritten: ``device.attributes[X]`` becomes
@@ -26,8 +28,11 @@ it is provided here:
 * Cost: cel-rust has no cost tracking.  Every expression gets a static
   worst-case estimate (comprehension nesting x bounded list sizes); above
   :data:`MAX_COST` it is a compile error.  As a backstop each evaluation is
-  timed and an expression that ever exceeds :data:`RUNTIME_LIMIT_S` is
-  poisoned: that and all later evaluations fail with a cost error.
+  timed and an expression that exceeds :data:`RUNTIME_LIMIT_S` twice in a row
+  (a garbage collection can stall one run) is poisoned: that and all later
+  evaluations fail with a cost error.
+
+The ``cel`` package is imported without its command-line tool (:mod:`.package`).
 
 Not supported (compile error): two-variable comprehensions, message/struct
 literals, ``format``, IP/CIDR/URL libraries, DRA ``includes()`` (1.36 gate).

@@ -10,8 +10,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from cel.stdlib import EXTENSIONS
-
+from dra_driver.allocator.cel.package import EXTENSIONS
 from dra_driver.k8s.quantity import Quantity, QuantityError, is_quantity, parse_quantity
 
 QUANTITY_KEY = "kubernetes.Quantity"

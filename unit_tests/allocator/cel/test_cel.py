@@ -1,6 +1,9 @@
 """The DRA CEL environment (dra_driver.allocator.cel)."""
 
+import threading
 import time
+from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -187,8 +190,9 @@ def test_driver_fast_path_agrees_with_cel(driver: str) -> None:
     slow = compile_selector('device.driver == "gpu.dra-driver.io" && true')  # not recognized: evaluated by CEL
     assert fast.driver_equals is not None and slow.driver_equals is None
     activation = device_activation(driver, {"model": {"string": "X"}}, {"memory": {"value": "1Gi"}})
-    fast_result = fast.evaluate(activation)
-    assert not activation.has_context  # the fast path did not need the device's CEL context
+    with mock.patch.object(fast, "program") as program:
+        fast_result = fast.evaluate(activation)
+    assert not program.execute.called  # the fast path does not run CEL
     assert fast_result is slow.evaluate(activation) is (driver == "gpu.dra-driver.io")
 
 
@@ -205,10 +209,30 @@ def test_a_string_starting_with_b_is_a_string() -> None:
         compile_selector('b"bar"')
 
 
-def test_context_is_built_once_and_on_demand() -> None:
-    activation = device_activation(D, {"model": {"string": "H100"}}, None)
-    assert not activation.has_context
+def test_one_context_per_thread_holds_the_device_evaluated() -> None:
+    h100, a100 = (device_activation(D, {"model": {"string": m}}, None) for m in ("H100", "A100"))
     sel = compile_selector(f'device.attributes["{D}"].model == "H100"')
-    assert sel.evaluate(activation) and activation.has_context
-    first = activation.context()
-    assert sel.evaluate(activation) and activation.context() is first
+    assert sel.evaluate(h100) and not sel.evaluate(a100) and sel.evaluate(h100)
+    assert h100.context() is a100.context()
+    elsewhere: list[Any] = []
+    worker = threading.Thread(target=lambda: elsewhere.append((a100.context(), sel.evaluate(a100))))
+    worker.start()
+    worker.join()
+    assert elsewhere[0][0] is not h100.context() and elsewhere[0][1] is False
+
+
+@pytest.mark.parametrize("expr,plain", [
+    (f'device.attributes["{D}"].model == "H100"', True),
+    (f'device.attributes["{D}"].model.startsWith("H") && [1, 2].all(x, x > 0)', True),
+    (f'device.capacity["{D}"].memory.compareTo(quantity("1Gi")) >= 0', False),
+    (f'device.attributes["{D}"].model.lowerAscii() == "h100"', False),
+    ("lists.range(3).size() == 3", False),
+    ('sets.contains([1, 2], [1]) && strings.quote("a") != ""', False),
+])
+def test_programs_without_kubernetes_functions_run_without_a_context(expr: str, plain: bool) -> None:
+    sel = compile_selector(expr)
+    assert sel.plain is plain
+    activation = device_activation(D, {"model": {"string": "H100"}}, {"memory": {"value": "80Gi"}})
+    with_context = cel_compile.compile_uncached(expr)
+    with_context.plain = False
+    assert sel.evaluate(activation) is with_context.evaluate(activation) is True
