@@ -2,9 +2,9 @@
 
 Every slice is the plugin's own output: the simulated discovery backend
 (:mod:`dra_driver.node.discovery.simulated`) over a node profile built from the shipped models
-(``dra_driver/profiles``), then :func:`~dra_driver.node.devices.enumerate_devices`,
-:func:`~dra_driver.node.devices.describe`, :func:`~dra_driver.node.slices.split_into_slices` and the
-create bodies of :func:`~dra_driver.node.slices.plan`, as ``dra-driver kubelet-plugin`` does at start.
+(``dra_driver/profiles``), then :func:`~dra_driver.node.describe.devices.enumerate_devices`,
+:func:`~dra_driver.node.describe.devices.describe`, :func:`~dra_driver.node.publish.slices.split_into_slices` and the
+create bodies of :func:`~dra_driver.node.publish.slices.plan`, as ``dra-driver kubelet-plugin`` does at start.
 
 Node ``i`` is named :func:`node_name` ``(i)`` (``gpu-node-<i+1>``, as the bed names its nodes) and
 has 8 GPUs of one model; models rotate over the fleet (H100 80GB, A100 40GB, L4, T4). Nodes with
@@ -13,7 +13,7 @@ device slices that consume them), so such a node has several slices.
 
 The plugin path runs once per (model, dynamic MIG) kind for a template node; each node's slices are
 that template with the node name and the GPU UUIDs (derived from the node name, as the simulated
-backend derives them) substituted. ``unit_tests/test_bench_fleet.py`` checks that this equals the
+backend derives them) substituted. ``unit_tests/e2e_tools/bench/test_fleet.py`` checks that this equals the
 plugin path run for the node itself.
 """
 
@@ -28,9 +28,10 @@ from typing import Any
 
 import yaml
 
-from dra_driver.node.devices import describe, enumerate_devices
-from dra_driver.node.discovery.simulated import NodeProfile, SimulatedBackend, gpu_uuid, mig_uuid, parse_profile
-from dra_driver.node.slices import PoolOwner, plan, split_into_slices, validate_pool
+from dra_driver.node.describe.devices import describe, enumerate_devices
+from dra_driver.node.discovery.profiles import NodeProfile, parse_profile
+from dra_driver.node.discovery.simulated import SimulatedBackend, gpu_uuid, mig_uuid
+from dra_driver.node.publish.slices import PoolOwner, plan, split_into_slices, validate_pool
 
 DRIVER = "gpu.dra-driver.io"
 GPUS_PER_NODE = 8

@@ -2,7 +2,7 @@
 cannot fit: none of it may change a verdict or an explanation.
 
 The reference is the engine with all three switched off (every device evaluated by CEL on its own,
-every node searched); generated scenarios (``e2e.scenarios``, the differential's corpus) with other
+every node searched); generated scenarios (``e2e.suites.scenarios``, the differential's corpus) with other
 claims' allocations laid over them must come out the same, explanation included.
 """
 
@@ -29,7 +29,7 @@ from dra_driver.allocator.cel.reads import WHOLE, Reads, selector_reads
 from dra_driver.allocator.inventory import AllocatedState, Device, build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.k8s.quantity import parse_quantity
-from e2e.scenarios import generate_many
+from e2e.suites.scenarios import generate_many
 
 D = "gpu.dra-driver.io"
 CLASSES = [{"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{D}"'}}]}}]
