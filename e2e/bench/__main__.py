@@ -24,7 +24,7 @@ MODULES = {"prepare": "prepare", "mig_publish": "publish", "plugin_start": "star
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench", description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--only", action="append", choices=BENCH_ORDER, help="run only this benchmark (repeatable)")
     parser.add_argument("--quick", action="store_true", help="fewer samples and a smaller scheduler workload")
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory for <name>.json and SUMMARY.md")

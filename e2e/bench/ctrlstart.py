@@ -295,7 +295,7 @@ def _backlog_patches(cluster: Cluster) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.ctrlstart", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.ctrlstart", description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=0, help="allocated claims besides the two pending ones")
     parser.add_argument("--pods", type=int, default=0, help="running pods besides the two pending ones; the first "

@@ -255,7 +255,7 @@ def report(f: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale_inprocess", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale_inprocess", description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=20000, help="GPUs allocated before the fitting claims")
     parser.add_argument("--samples", type=int, default=20)
