@@ -68,7 +68,6 @@ def describe_devices(allocation: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{d}/{p}/{n}" for d, p, n in sorted(ids)) or "no devices"
 
 
-
 class FencedAllocator:
     """Allocates, verifies and finalizes opted-in claims through ``api``. ``resolve`` gives a claim's
     outcome against a fresh list of all claims; ``requeue`` looks at a claim again after a delay."""
