@@ -2,12 +2,12 @@
 
 Everything above this module sees API objects as plain dicts in their JSON form (camelCase), the
 form the resolution engine reads. :class:`KubeApi` is the protocol the rest of the code depends
-on; :class:`RestKubeApi` implements it directly on the standard library's ``http.client``, with
-the server and credentials that the official ``kubernetes`` client's loaders read
-(:mod:`dra_driver.k8s.credentials`). The official client's API and model classes are not used:
-they are typed for one client release, may lag the server's ``resource.k8s.io/v1`` fields and would
-drop what they do not know, and loading them costs the node plugin ~40 MiB of memory. Unit tests
-use an in-memory fake of the same protocol.
+on; :class:`RestKubeApi` implements it directly on the standard library's ``http.client``
+(connections and retries in :mod:`dra_driver.k8s.transport`), with the server and credentials
+that the official ``kubernetes`` client's loaders read (:mod:`dra_driver.k8s.credentials`). The
+official client's API and model classes are not used: they are typed for one client release, may
+lag the server's ``resource.k8s.io/v1`` fields and would drop what they do not know, and loading
+them costs the node plugin ~40 MiB of memory. Unit tests use an in-memory fake of the same protocol.
 
 Errors from the server become :class:`ApiError` (status code + reason + message); transport
 failures (and credentials that cannot be obtained) become ``ApiError(status=0)``.
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import select
-import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,6 +30,7 @@ from dra_driver import logs
 from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
 from dra_driver.k8s.objects import Obj, meta
+from dra_driver.k8s.transport import Transport, exchange, retry_delay
 
 __all__ = ["ConfigurationError", "Credentials", "load_credentials"]  # re-exported: this client is the one boundary
 
@@ -204,145 +203,7 @@ WATCH_READ_SLACK = 30.0
 cannot hang an informer forever while a healthy one always ends server-side first."""
 
 
-IDEMPOTENT = frozenset({"GET", "PUT", "DELETE", "HEAD"})
-"""Methods retried once when a connection breaks after the request was sent (a PUT carries its
-resourceVersion precondition, so a repeat cannot overwrite a newer object)."""
-CONNECT_RETRIES = 2
-
-MAX_RETRIES = 10
-"""Answers that ask to be retried (see :func:`retry_delay`) are retried this often, client-go's
-default, before the last answer's error is raised."""
-MAX_RETRY_WAIT = 60.0
-"""The longest single wait, whatever ``Retry-After`` says: a proxy's nonsense value must not park
-a worker for hours."""
-THROTTLE_BACKOFF = (0.5, 8.0)
-"""First and longest wait (doubling) after a 429 that names no ``Retry-After``."""
-
 _log = logs.get("k8s.client")
-
-
-def retry_after_seconds(value: str | None) -> int | None:
-    """``Retry-After`` as client-go reads it: whole seconds, or None (absent, an HTTP date, junk)."""
-    if value is None:
-        return None
-    try:
-        return max(int(value.strip()), 0)
-    except ValueError:
-        return None
-
-
-def retry_delay(status: int, retry_after: str | None, retries: int) -> float | None:
-    """Seconds to wait before sending a request again after answer ``status``, or None: do not.
-
-    As client-go's ``rest`` client: a 429, or any 5xx, that carries ``Retry-After`` is retried after
-    that many seconds, whatever the method, since the server asks for it (a 429 from priority and
-    fairness was not processed, so even a create is safe to repeat). Beyond client-go, a 429 without
-    a usable header backs off exponentially instead of failing at once: it too was not processed,
-    and only proxies leave the header out. ``retries`` is how many retries were already made.
-    """
-    if retries >= MAX_RETRIES or not (status == 429 or status >= 500):
-        return None
-    seconds = retry_after_seconds(retry_after)
-    if seconds is not None:
-        return min(float(seconds), MAX_RETRY_WAIT)
-    if status != 429:
-        return None
-    first, longest = THROTTLE_BACKOFF
-    return float(min(first * 2**retries, longest))
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS that checks the certificate for ``server_name`` (and sends it as SNI): the API server's
-    host, or ``tls-server-name``; also through a proxy, where ``host`` is the proxy's."""
-
-    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, server_name: str,
-                 timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=context)
-        self._server_name = server_name
-        self._tls = context
-
-    def connect(self) -> None:
-        http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel when set
-        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
-
-
-def _dropped(conn: http.client.HTTPConnection) -> bool:
-    """An idle kept-alive connection the server has closed (or sent something on) since."""
-    if conn.sock is None:
-        return True
-    poller = select.poll()
-    poller.register(conn.sock, select.POLLIN)
-    return bool(poller.poll(0))
-
-
-class _Transport:
-    """Kept-alive connections to one API server with one set of TLS settings. Thread-safe: a
-    connection serves one request at a time, and returns to the idle list after its response."""
-
-    def __init__(self, conn: Connection, size: int) -> None:
-        url = urlsplit(conn.host)
-        self.https = url.scheme == "https"
-        self.host = url.hostname or ""
-        self.port = url.port or (443 if self.https else 80)
-        self.netloc = url.netloc
-        self.prefix = url.path.rstrip("/")
-        self.context = _ssl_context(conn) if self.https else None
-        self.server_name = conn.tls_server_name if self.https and conn.verify_ssl and conn.tls_server_name else None
-        self.proxy = urlsplit(conn.proxy_url) if conn.proxy_url else None
-        if self.proxy is not None and self.proxy.scheme != "http":
-            raise ApiError(0, "ConfigurationError",
-                           f"proxy {conn.proxy_url}: only http:// proxies are supported (an https:// API server "
-                           "is reached through it with CONNECT)")
-        self._size = size
-        self._idle: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-
-    def target(self, suffix: str) -> str:
-        """The request target: a path, or for a plain-HTTP server behind a proxy the whole URL."""
-        path = self.prefix + suffix
-        return f"http://{self.netloc}{path}" if self.proxy is not None and not self.https else path
-
-    def _new(self, timeout: float) -> http.client.HTTPConnection:
-        host, port = self.host, self.port
-        if self.proxy is not None:
-            host, port = self.proxy.hostname or "", self.proxy.port or 80
-        if self.context is None:
-            return http.client.HTTPConnection(host, port, timeout=timeout)
-        conn = _HTTPSConnection(host, port, context=self.context, server_name=self.server_name or self.host,
-                                timeout=timeout)
-        if self.proxy is not None:
-            conn.set_tunnel(self.host, self.port)
-        return conn
-
-    def take(self, timeout: float) -> http.client.HTTPConnection:
-        """An idle connection the server has not closed, or a new (unconnected) one."""
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not _dropped(conn):
-                    conn.timeout = timeout
-                    if conn.sock is not None:
-                        conn.sock.settimeout(timeout)
-                    return conn
-                conn.close()
-        return self._new(timeout)
-
-    def give(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-        """Back to the idle list, if the response was read to its end and the server keeps it open."""
-        if resp.will_close or not resp.isclosed() or conn.sock is None:
-            conn.close()
-            return
-        with self._lock:
-            if len(self._idle) < self._size:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def clear(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
 
 
 @dataclass(frozen=True)
@@ -358,7 +219,7 @@ class _Stream:
 
     resp: http.client.HTTPResponse
     conn: http.client.HTTPConnection
-    transport: _Transport
+    transport: Transport
 
 
 class RestKubeApi:
@@ -370,7 +231,8 @@ class RestKubeApi:
     DELETE) once more when a connection breaks after the request was sent; a kept-alive connection
     the server closed while it was idle is not used again. A 401 reloads the credentials
     (re-reading files, re-running an exec plugin) and retries once. A 429 or 5xx that asks for it
-    is retried after a wait (:func:`retry_delay`), up to :data:`MAX_RETRIES` times, logged at debug
+    is retried after a wait (:func:`dra_driver.k8s.transport.retry_delay`), up to
+    :data:`dra_driver.k8s.transport.MAX_RETRIES` times, logged at debug
     only: a throttled request that then succeeds is not an error.
     """
 
@@ -382,7 +244,7 @@ class RestKubeApi:
         self._pool_size = pool_size
         self._sleep = sleep
         self._lock = threading.Lock()
-        self._current: _Transport | None = None
+        self._current: Transport | None = None
         self._current_key: tuple[object, ...] | None = None
 
     @classmethod
@@ -401,14 +263,18 @@ class RestKubeApi:
 
     # -- plumbing
 
-    def _transport(self, conn: Connection) -> _Transport:
+    def _transport(self, conn: Connection) -> Transport:
         """The connections for the current server and TLS settings; a reload or an exec plugin may
         rotate the client certificate, which needs new TLS connections."""
         key = (conn.host, conn.proxy_url, conn.tls)
         with self._lock:
             if self._current is None or key != self._current_key:
+                if conn.proxy_url and urlsplit(conn.proxy_url).scheme != "http":
+                    raise ApiError(0, "ConfigurationError",
+                                   f"proxy {conn.proxy_url}: only http:// proxies are supported (an https:// API "
+                                   "server is reached through it with CONNECT)")
                 old = self._current
-                self._current = _Transport(conn, self._pool_size)
+                self._current = Transport(conn, self._pool_size)
                 self._current_key = key
                 if old is not None:
                     old.clear()
@@ -447,9 +313,11 @@ class RestKubeApi:
             if authorization:
                 headers["Authorization"] = authorization
             transport = self._transport(conn)
-            resp, http_conn = _exchange(transport, method, suffix, payload, headers,
-                                        timeout if timeout is not None else self._timeout, read_timeout, conn.host,
-                                        meanwhile)
+            try:
+                resp, http_conn = exchange(transport, method, suffix, payload, headers,
+                                           timeout if timeout is not None else self._timeout, read_timeout, meanwhile)
+            except (OSError, http.client.HTTPException) as exc:
+                raise unreachable(exc, conn.host) from None
             if 200 <= resp.status <= 299:
                 return _Stream(resp, http_conn, transport)
             try:
@@ -629,54 +497,6 @@ def _once(fn: Callable[[], object]) -> Callable[[], None]:
         if pending:
             pending.pop()()
     return call
-
-
-def _exchange(transport: _Transport, method: str, suffix: str, payload: bytes | None, headers: dict[str, str],
-              timeout: float, read_timeout: float | None, host: str, meanwhile: Callable[[], object] | None = None,
-              ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-    """Send a request and read the response's head, retrying what can be (see :class:`RestKubeApi`);
-    ``meanwhile`` runs between the two."""
-    connect_left, read_left = CONNECT_RETRIES, 1 if method in IDEMPOTENT else 0
-    while True:
-        conn = transport.take(timeout)
-        if conn.sock is None:
-            try:
-                conn.connect()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                if connect_left and not isinstance(exc, ssl.SSLCertVerificationError):
-                    connect_left -= 1
-                    continue
-                raise unreachable(exc, host) from None
-        try:
-            conn.request(method, transport.target(suffix), body=payload, headers=headers)
-            if meanwhile is not None:
-                meanwhile()
-            if read_timeout is not None and conn.sock is not None:
-                conn.sock.settimeout(read_timeout)
-            return conn.getresponse(), conn
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            if read_left:
-                read_left -= 1
-                continue
-            raise unreachable(exc, host) from None
-
-
-def _ssl_context(conn: Connection) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if conn.verify_ssl:
-        if conn.ca_file:
-            ctx.load_verify_locations(cafile=conn.ca_file)
-        else:
-            ctx.load_default_certs()
-    else:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if conn.cert_file and conn.key_file:
-        ctx.load_cert_chain(conn.cert_file, conn.key_file)
-    return ctx
 
 
 def _error_from_body(status: int, reason: str, data: bytes | None) -> ApiError:

@@ -32,7 +32,7 @@ from typing import Any
 
 from dra_driver import logs
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
-from dra_driver.k8s.objects import Obj, key_of, meta
+from dra_driver.k8s.objects import Obj, key_of, resource_version
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """``handler(old, new)``: add (old None), update, delete (new None)."""
@@ -91,7 +91,7 @@ class Store:
         new = self.kept(obj)
         with self._lock:
             cur = self._items.get(k)
-            if cur is None or _rv(cur) != base_resource_version:
+            if cur is None or resource_version(cur) != base_resource_version:
                 return False
             if new is None:
                 del self._items[k]
@@ -112,14 +112,10 @@ class Store:
         changed: list[tuple[Obj | None, Obj]] = []
         for k, obj in new.items():
             before = old.get(k)
-            if before is None or _rv(before) != _rv(obj):
+            if before is None or resource_version(before) != resource_version(obj):
                 changed.append((before, obj))
         deleted = [o for k, o in old.items() if k not in new]
         return changed, deleted
-
-
-def _rv(obj: Obj) -> str:
-    return str(meta(obj).get("resourceVersion", ""))
 
 
 class Informer:
@@ -183,7 +179,7 @@ class Informer:
         obj = event.get("object")
         if not isinstance(obj, dict):
             return
-        rv = _rv(obj)
+        rv = resource_version(obj)
         if etype == "BOOKMARK":
             if rv:
                 self.resource_version = rv

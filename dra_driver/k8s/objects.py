@@ -41,6 +41,10 @@ def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return m if isinstance(m, Mapping) else {}
 
 
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str(meta(obj).get("resourceVersion", ""))
+
+
 def key_of(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` for namespaced objects, ``name`` for cluster-scoped ones."""
     m = meta(obj)

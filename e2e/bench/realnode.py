@@ -127,7 +127,7 @@ PROFILE_RATE_HZ = 1000
 # leaf up (an atomic write counts for the file it writes; a wait for the group commit for itself).
 PROFILE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("logging (structlog)", ("structlog/", "dra_driver/logs.py", "logging/__init__.py")),
-    ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "_Transport", "http/client.py", "ssl.py")),
+    ("claim read (HTTP, TLS, JSON)", ("RestKubeApi", "dra_driver/k8s/transport.py", "http/client.py", "ssl.py")),
     ("device metadata files", ("MetadataFiles", "_write_metadata", "dra_driver/node/prepare/metadata.py")),
     ("CDI spec (build + atomic write)", ("CdiSpecs", "Materializer.write (", "dra_driver/node/prepare/cdi.py",
                                          "dra_driver/node/prepare/edits.py")),

@@ -228,7 +228,7 @@ class TestSharedVerdicts:
         sync(ctrl)
         claims = {c["metadata"]["name"]: c for c in ctrl.claims.store.values()}
         inv, classes = ctrl.inventory(), ctrl.class_map()
-        _, held = ctrl.held_by_others(claims["c1"])
+        _, held = ctrl.accounting.held_by_others(claims["c1"])
         memo = VerdictMemo()
         first = evaluate(engine, claims["c0"], inv, classes, held, driver="gpu.dra-driver.io", memo=(memo, 1))
         shared = evaluate(engine, claims["c1"], inv, classes, held, driver="gpu.dra-driver.io", memo=(memo, 1))

@@ -17,9 +17,9 @@ from nodefix import build_devices
 
 from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import Engine, resolve
+from dra_driver.controller.allocating import allocation_conflicts
 from dra_driver.controller.annotations import desired_annotations, explanation_document
 from dra_driver.controller.keys import MAX_EXPLANATION_BYTES, REPORTING_CONTROLLER
-from dra_driver.controller.reconciler import allocation_conflicts
 from dra_driver.controller.verdicts import Verdict, evaluate
 from dra_driver.k8s.client import CLAIMS as CLAIM_RESOURCE
 from dra_driver.k8s.events import Occurrence, event_body, object_ref

@@ -30,6 +30,7 @@ from ctrlfix import (
 from kubefake import FakeKube
 
 from dra_driver.allocator.resolve import Engine
+from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, allocation_conflicts
 from dra_driver.controller.annotations import (
     annotation_patch,
     content_hash,
@@ -45,7 +46,7 @@ from dra_driver.controller.keys import (
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
-from dra_driver.controller.reconciler import ALLOCATION_SETTLE_SECONDS, Controller, allocation_conflicts
+from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.verdicts import (
     Action,
     Outcome,
@@ -192,7 +193,7 @@ class TestEvents:
         c = claim()
         c["metadata"].update(uid="u1", resourceVersion="7")
         c.update(apiVersion="resource.k8s.io/v1", kind="ResourceClaim")
-        ctrl.emit(c, Occurrence("Warning", "Unsatisfiable", "Explain", "x" * 3000), CLAIMS)
+        ctrl.reporter.emit(c, Occurrence("Warning", "Unsatisfiable", "Explain", "x" * 3000), CLAIMS)
         drain(ctrl)
         [ev] = events(kube)
         assert ev["apiVersion"] == "events.k8s.io/v1"
@@ -207,7 +208,7 @@ class TestEvents:
     def test_cluster_scoped_object_events_go_to_default(self) -> None:
         kube = FakeKube()
         ctrl, _ = make(kube)
-        ctrl.emit(device_class(), Occurrence("Warning", "InvalidConfig", "Validate", "n"), DEVICE_CLASSES)
+        ctrl.reporter.emit(device_class(), Occurrence("Warning", "InvalidConfig", "Validate", "n"), DEVICE_CLASSES)
         drain(ctrl)
         [ev] = events(kube)
         assert ev["metadata"]["namespace"] == "default"
@@ -705,10 +706,10 @@ class TestAllocate:
         add_claim(kube, claim(opt_in=True))
         ctrl, clock = make(kube)
         step(ctrl)
-        assert ctrl._written
+        assert ctrl.accounting.written()
         clock.advance(ALLOCATION_SETTLE_SECONDS + 0.1)
         step(ctrl)
-        assert not ctrl._written
+        assert not ctrl.accounting.written()
         lists = len([c for c in kube.calls if c[0] == "list"])
         ctrl.resync()
         drain(ctrl)
@@ -887,7 +888,7 @@ class TestAllocationFence:
         assert cm is not None
         cm["data"][f"{DRIVER}_node-a_gpu-1"] = "gone-uid"
         kube.set(CONFIGMAPS, cm)
-        ctrl.collect_ledger()
+        ctrl.allocator.collect_ledger()
         assert {v for k, v in self.ledger(kube).items() if not k.startswith("fence.")} == {c["metadata"]["uid"]}
 
     def test_device_allocated_before_the_fence_is_not_written(self) -> None:

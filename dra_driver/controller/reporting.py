@@ -1,0 +1,109 @@
+"""What the controller tells people: its explanation of a claim as annotations, and Events.
+
+Every write here is best effort for the reader and leader-only: a replica that lost the Lease
+stays quiet. Events go through the :class:`dra_driver.k8s.events.EventRecorder`, which folds
+repeats into a series and writes in the background.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from dra_driver.controller.accounting import Accounting
+from dra_driver.controller.annotations import annotation_patch, content_hash, desired_annotations, needs_event
+from dra_driver.controller.keys import MAX_EVENT_NOTE, wants_controller_allocation
+from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.verdicts import EVENT_REASON, Outcome, Verdict, object_config_errors
+from dra_driver.k8s.claims import annotations_of, uid_of
+from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi, Resource
+from dra_driver.k8s.events import EventRecorder, Occurrence, object_ref
+from dra_driver.k8s.fields import one_line
+from dra_driver.k8s.leader import Leadership
+from dra_driver.k8s.objects import Obj, key_of, meta
+
+
+class Reporter:
+    """Annotations on claims and Events about any object, written through ``api`` and ``events``."""
+
+    def __init__(self, api: KubeApi, events: EventRecorder, *, driver: str, leadership: Leadership,
+                 metrics: ControllerMetrics, accounting: Accounting, log: Any) -> None:
+        self.api = api
+        self.events = events
+        self.driver = driver
+        self.leadership = leadership
+        self.metrics = metrics
+        self.accounting = accounting
+        self.log = log
+        self._lock = threading.Lock()
+        self._validated: dict[str, str] = {}
+
+    def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
+        """Best effort (the annotation carries the same information): written in the background, a
+        repeat folded into the Event already there, one given up on counted as error kind ``event``.
+        The note is cut here, ending in ``...`` as the controller's notes always have, so the
+        recorder's own cut (``…``) never changes it."""
+        if not self.leadership.is_leader():
+            return
+        self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
+
+    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> Obj | None:
+        """Bring our annotations in line with ``outcome``. Returns the claim as it now stands on the
+        server: the written one, ``claim`` when there was nothing to write, None when it could not
+        be written (gone, or not the leader)."""
+        current = annotations_of(claim)
+        patch = annotation_patch(current, desired_annotations(outcome))
+        event = outcome is not None and needs_event(current, outcome)
+        if patch is None and not event:
+            return claim
+        if not self.leadership.is_leader():
+            return None
+        m = meta(claim)
+        updated = claim
+        if patch is not None:
+            try:
+                updated = self.api.merge_patch(
+                    CLAIMS, str(m.get("name")), {"metadata": {"annotations": patch}}, namespace=m.get("namespace")
+                )
+            except ApiError as exc:
+                if exc.not_found:
+                    return None
+                raise
+            self.accounting.keep(updated, claim)
+        if outcome is not None:
+            if event:
+                self.emit(claim, Occurrence("Warning", EVENT_REASON.get(outcome.verdict, "Unsatisfiable"),
+                                            "Allocate" if wants_controller_allocation(claim) else "Explain",
+                                            outcome.summary), CLAIMS)
+            self.metrics.claims_explained.inc()
+            log.info("claim explained", verdict=outcome.verdict.value, summary=outcome.summary)
+        else:
+            log.info("explanation cleared")
+        return updated
+
+    def record(self, claim: Obj, outcome: Outcome, log: Any) -> Obj | None:
+        if outcome.verdict is Verdict.ERROR:
+            self.metrics.error("resolve")
+            log.warning("claim evaluation failed", error=outcome.text)
+        return self.write_annotations(claim, outcome, log)
+
+    def validate_object(self, obj: Obj, resource: Resource) -> list[str]:
+        """Warning Event ``InvalidConfig`` once per (object, generation, set of errors)."""
+        errors = object_config_errors({**obj, "kind": obj.get("kind") or resource.kind}, self.driver)
+        uid = uid_of(obj)
+        if not errors:
+            with self._lock:
+                self._validated.pop(uid, None)
+            return errors
+        digest = content_hash(f"{meta(obj).get('generation')}|" + "\n".join(errors))
+        with self._lock:
+            if self._validated.get(uid) == digest:
+                return errors
+        note = f"invalid configuration for {self.driver}: " + "; ".join(errors)
+        self.emit(obj, Occurrence("Warning", "InvalidConfig", "Validate", note), resource)
+        with self._lock:
+            self._validated[uid] = digest
+        self.log.warning("invalid opaque configuration", kind=resource.kind, object=key_of(obj), uid=uid,
+                          errors=errors)
+        return errors
