@@ -24,7 +24,8 @@ from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanatio
 from dra_driver.allocator.groups import Partition
 from dra_driver.allocator.inventory import Device, DeviceKey, key_str
 from dra_driver.allocator.readings import Reading, describe, readings, values_key
-from dra_driver.allocator.search import Alt, Ctx, Verdict, lookup_attribute, taint_blocking
+from dra_driver.allocator.requests import Alt, lookup_attribute, taint_blocking
+from dra_driver.allocator.search import Ctx, Verdict
 
 MAX_CLOSEST = 5  # groups of devices shown per request
 MAX_NAMED = 8  # device names kept per group (the first ones and the last)

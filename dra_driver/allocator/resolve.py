@@ -21,19 +21,9 @@ from dra_driver.allocator.inventory import (
     build_inventory,
     key_str,
 )
+from dra_driver.allocator.requests import Alt, parse_constraints, parse_requests, prepare_alt
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.allocator.search import (
-    MAX_RESULTS,
-    SCHEDULER_ABORTS,
-    SHARE_NS,
-    Abort,
-    Alt,
-    Ctx,
-    Search,
-    parse_constraints,
-    parse_requests,
-    prepare_alt,
-)
+from dra_driver.allocator.search import MAX_RESULTS, SCHEDULER_ABORTS, SHARE_NS, Abort, Ctx, Search
 from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
 

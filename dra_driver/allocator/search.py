@@ -11,8 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from dra_driver.allocator.capacity import consumption
-from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
-from dra_driver.allocator.cel.errors import CelCompileError, CelError
+from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.cel.reads import NOTHING, Reads, selector_reads
 from dra_driver.allocator.groups import Partition, Projection, outcome, partition
 from dra_driver.allocator.inventory import (
@@ -23,10 +22,15 @@ from dra_driver.allocator.inventory import (
     Pool,
     key_str,
     on_node,
-    quantity_or_none,
+)
+from dra_driver.allocator.requests import (
+    Alt,
+    Constraint,
+    lookup_attribute,
+    taint_blocking,
 )
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str
+from dra_driver.k8s.objects import Node
 from dra_driver.k8s.quantity import Quantity
 
 MAX_RESULTS = 32  # AllocationResultsMaxSize
@@ -37,170 +41,6 @@ SHARE_NS = uuid.UUID("6f1d1c2e-5b7a-4c0e-9d51-2f0a4c7b9e11")
 
 
 # =========================================================================== claim parsing
-
-
-@dataclass
-class Alt:
-    """One allocatable alternative: a plain request or one firstAvailable subrequest."""
-
-    name: str  # "req" or "req/sub"
-    base: str
-    sub: str
-    class_name: str
-    selectors: list[str]
-    mode: str
-    count: int
-    admin: bool
-    tolerations: list[Mapping[str, Any]]
-    capacity: dict[str, Quantity]
-    error: str | None = None
-    compiled: list[tuple[str, CompiledSelector]] = field(default_factory=list)
-    class_obj: Mapping[str, Any] | None = None
-
-
-@dataclass
-class _Constraint:
-    kind: str  # match | distinct
-    attribute: str
-    requests: set[str]
-    value: tuple[str, Any] | None = None
-    members: int = 0
-    seen: Counter[tuple[str, Any]] = field(default_factory=Counter)
-    # The 1.36 scheduler's distinctAttribute (see DISTINCT_LATEST_ONLY): the value of each request's
-    # latest device, keyed by the (parent) request name.
-    latest_only: bool = False
-    latest: dict[str, tuple[str, Any]] = field(default_factory=dict)
-
-    def applies(self, alt: Alt) -> bool:
-        return not self.requests or alt.base in self.requests or (bool(alt.sub) and alt.name in self.requests)
-
-
-def _parse_alt(base: str, sub: str, body: Mapping[str, Any], admin_allowed: bool) -> Alt:
-    mode = as_str(body.get("allocationMode")) or "ExactCount"
-    count_raw = body.get("count")
-    count = 1 if count_raw is None and mode == "ExactCount" else as_int(count_raw)
-    alt = Alt(
-        name=f"{base}/{sub}" if sub else base, base=base, sub=sub,
-        class_name=as_str(body.get("deviceClassName")) or "",
-        selectors=[], mode=mode, count=count or 0,
-        admin=admin_allowed and body.get("adminAccess") is True,
-        tolerations=[as_mapping(t) for t in as_list(body.get("tolerations"))], capacity={},
-    )  # fmt: skip
-    for i, sel in enumerate(as_list(body.get("selectors"))):
-        expr = as_str(as_mapping(as_mapping(sel).get("cel")).get("expression"))
-        if expr is None:
-            alt.error = f"selector #{i}: CEL expression empty (unsupported selector type?)"
-        else:
-            alt.selectors.append(expr)
-    for cname, val in as_mapping(as_mapping(body.get("capacity")).get("requests")).items():
-        q = quantity_or_none(val)
-        if q is None or q.value < 0:
-            alt.error = f"capacity request {cname}: invalid quantity {val!r}"
-        else:
-            alt.capacity[cname] = q
-    if mode not in ("ExactCount", "All"):
-        alt.error = f"unsupported allocation mode {mode!r}"
-    elif mode == "ExactCount" and (count is None or count <= 0):
-        alt.error = f"count must be a positive integer, got {count_raw!r}"
-    elif mode == "All" and count_raw is not None:
-        alt.error = "count must not be set with allocationMode All"
-    if not alt.class_name:
-        alt.error = alt.error or "missing device class name"
-    return alt
-
-
-def parse_requests(claim: Mapping[str, Any], errors: list[str]) -> list[list[Alt]]:
-    out: list[list[Alt]] = []
-    names: set[str] = set()
-    for i, req in enumerate(as_list(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("requests"))):
-        req = as_mapping(req)
-        name = as_str(req.get("name")) or f"request-{i}"
-        if name in names:
-            errors.append(f"duplicate request name {name}")
-        names.add(name)
-        if isinstance(req.get("exactly"), Mapping):
-            out.append([_parse_alt(name, "", req["exactly"], admin_allowed=True)])
-        elif as_list(req.get("firstAvailable")):
-            subs = [as_mapping(s) for s in as_list(req.get("firstAvailable"))]
-            out.append([_parse_alt(name, as_str(s.get("name")) or f"sub-{j}", s, False) for j, s in enumerate(subs)])
-        else:
-            errors.append(f"request {name}: neither exactly nor firstAvailable is set")
-    if not out and not errors:
-        errors.append("claim has no requests")
-    return out
-
-
-def parse_constraints(claim: Mapping[str, Any], errors: list[str], distinct_latest_only: bool = False) -> list[_Constraint]:
-    """``distinct_latest_only``: judge distinctAttribute as kube-scheduler 1.36 does (DISTINCT_LATEST_ONLY)."""
-    out: list[_Constraint] = []
-    for i, c in enumerate(as_list(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("constraints"))):
-        c = as_mapping(c)
-        reqs = {r for r in as_list(c.get("requests")) if isinstance(r, str)}
-        match, distinct = as_str(c.get("matchAttribute")), as_str(c.get("distinctAttribute"))
-        if match and "/" in match:
-            out.append(_Constraint("match", match, reqs))
-        elif distinct and "/" in distinct:
-            out.append(_Constraint("distinct", distinct, reqs, latest_only=distinct_latest_only))
-        else:
-            errors.append(f"constraint #{i}: needs a fully-qualified matchAttribute or distinctAttribute")
-    return out
-
-
-def prepare_alt(alt: Alt, classes: Mapping[str, Mapping[str, Any]]) -> None:
-    """Look up the class and compile all selectors (class first, like the scheduler)."""
-    if alt.error:
-        return
-    cls = classes.get(alt.class_name)
-    if cls is None:
-        alt.error = f"device class {alt.class_name} not found"
-        return
-    alt.class_obj = cls
-    sources = [(f"class {alt.class_name} selector #{i}", as_mapping(s)) for i, s in enumerate(_class_selectors(cls))]
-    sources += [(f"request {alt.name} selector #{i}", {"cel": {"expression": e}}) for i, e in enumerate(alt.selectors)]
-    for label, sel in sources:
-        expr = as_str(as_mapping(sel.get("cel")).get("expression"))
-        if expr is None:
-            alt.error = f"{label}: CEL expression empty (unsupported selector type?)"
-            return
-        try:
-            alt.compiled.append((label, compile_selector(expr)))
-        except CelCompileError as exc:
-            alt.error = f"{label}: CEL compile error: {exc.message}"
-            return
-
-
-def _class_selectors(cls: Mapping[str, Any]) -> list[Any]:
-    return as_list(as_mapping(cls.get("spec")).get("selectors"))
-
-
-# =========================================================================== per-device checks
-
-
-def _tolerates(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    effect = as_str(tol.get("effect")) or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = as_str(tol.get("key")) or ""
-    operator = as_str(tol.get("operator")) or "Equal"
-    if not key:
-        return operator == "Exists"
-    if key != taint.get("key"):
-        return False
-    return operator == "Exists" or (tol.get("value") or "") == (taint.get("value") or "")
-
-
-def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
-    for taint in dev.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in alt.tolerations):
-            return taint
-    return None
-
-
-def lookup_attribute(dev: Device, name: str) -> tuple[str, Any] | None:
-    # Keys are fully qualified (unqualified ones under the driver's domain), which is the
-    # scheduler's lookup rule.  Versions compare as strings there too: semver 2.0 demands the
-    # minimal spelling.
-    return dev.attribute(name)
 
 
 class Abort(Exception):
@@ -380,7 +220,7 @@ class Search:
         # Constraints before capacity, in the scheduler's allocateDevice order: for an ``All``
         # request (``must``) a constraint that rejects the device is an error even where its
         # capacity would not have fitted either.
-        added: list[_Constraint] = []
+        added: list[Constraint] = []
         for c in self.ctx.constraints:
             if not c.applies(alt):
                 continue
@@ -461,7 +301,7 @@ class Search:
                 used[cs][name] -= value
 
 
-def _constraint_add(c: _Constraint, alt: Alt, dev: Device) -> bool:
+def _constraint_add(c: Constraint, alt: Alt, dev: Device) -> bool:
     attr = lookup_attribute(dev, c.attribute)
     if attr is None:
         return False
@@ -484,7 +324,7 @@ def _constraint_add(c: _Constraint, alt: Alt, dev: Device) -> bool:
     return True
 
 
-def _constraint_remove(c: _Constraint, alt: Alt, dev: Device) -> None:
+def _constraint_remove(c: Constraint, alt: Alt, dev: Device) -> None:
     attr = lookup_attribute(dev, c.attribute)
     if c.kind == "match":
         c.members -= 1
@@ -504,7 +344,7 @@ class Ctx:
     inventory: Inventory
     allocated: AllocatedState
     requests: list[list[Alt]]
-    constraints: list[_Constraint]
+    constraints: list[Constraint]
     rules: SchedulerRules = field(default_factory=SchedulerRules)
     # Selector outcomes of devices looked at one by one, by (alternative number, device index).
     verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
