@@ -1,0 +1,1055 @@
+"""The scale bench: our controller beside the kube-scheduler, on the real control plane, at 500 to 5,000 GPU nodes.
+
+``make bench-scale`` (``python -m e2e.bench.scale``) runs the curve; ``--smoke`` runs 500 nodes
+with smaller workloads (``e2e/test_scale_smoke.py`` runs that in ``make e2e``).
+
+The cluster
+===========
+The bed's control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built from
+the pins) with API Priority and Fairness on, as in production; kwok (``e2e/testbed/kwok.py``)
+keeps the Nodes Ready and runs the pods bound to them. Per GPU node one ResourceSlice as our
+plugin writes it (``e2e/bench/fleet.py``: 8 GPUs, H100/A100/L4/T4 in turn), plus one node in ten
+with the dynamic-MIG catalogue (500 at 5,000 nodes, each ~150 partitionable devices in four
+slices). The DeviceClasses are the shipped ones (``deploy/deviceclasses``).
+
+The sizes grow one cluster: 500, then 1,000, 2,000 and 5,000 GPU nodes; each step adds the nodes
+and slices, then fills 4 claims per node through the kube-scheduler (pods with a claim from a
+ResourceClaimTemplate, four shapes: any GPU, an H100 by product name, >= 40Gi of memory, a 1g MIG
+device), then adds 2 pods per node that need no claim (bound by name). At 5,000 nodes that is
+20,000 claims allocated and 30,000 pods.
+
+Our controller runs as ``dra-driver controller`` does in production (``python -OO``, leader
+election, its informers, its queue, its writes), under its own user (cluster-admin by RBAC; not
+``system:masters``, so API Priority and Fairness applies to it), and is started afresh for each
+measurement that needs a fresh process.
+
+What is measured at each size
+=============================
+* **scheduler pods/s**: the fill's pods, first create -> last pod bound.
+* **controller RSS with all informers synced** (VmRSS of a fresh process, once ``/healthz``
+  answers 200 and 2 s after) at three points per size: after the new nodes, after the fill, after
+  the plain pods. A least-squares fit of RSS over devices, claims and pods gives the per-object
+  slopes the 150,000-pod figure is extrapolated from.
+* **first claim after start**: in that last fresh process, one pending claim that fits (its pod
+  names a scheduler that does not exist, so the claim waits for our controller alone). Its time is
+  the controller's own ``resolve_duration_seconds`` observation (the histogram's sum moves by
+  exactly that one evaluation); the caches it builds are VmRSS after - VmRSS before.
+* **resolve one fitting claim** and **explain one unsatisfiable claim**: more such probes, one at a
+  time, p50 of the same per-evaluation time; for the unsatisfiable ones the peak RSS growth
+  (VmHWM, reset before each probe through ``/proc/<pid>/clear_refs``) is the explanation's extra
+  memory.
+* **backlog**: 2 pending unsatisfiable claims per node (10,000 at the largest size), their pods
+  created first, the claims then all at once; the time until every claim carries its explanation
+  (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
+* **startup**: a fresh process with one pending unsatisfiable claim waiting: spawn -> ``/healthz``
+  200 (informers synced) -> the claim's explanation seen.
+* **API Priority and Fairness** (at the first size): a FlowSchema sends the controller's user to a
+  PriorityLevelConfiguration with 1 nominal share and no queue (``Reject``), so the API server
+  answers 429 beyond ~3 seats; a fresh controller must still explain every pending claim and log no
+  error. The API server's own count of rejected requests shows that the limit bit.
+* **profile**: py-spy samples the controller during the probes at the largest size; the breakdown
+  by function is in the result and the raw stacks in ``scale-profile.txt``.
+
+Each row of the issue is then stated at 5,000 nodes: measured where that size ran, else
+extrapolated along the curve (``e2e/bench/scale_rows.py`` says how, row by row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra_driver.k8s import client as kube
+from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, DEVICE_CLASSES, NODES, PODS, SLICES, ApiError, Obj, Resource
+from e2e.bench import fleet
+from e2e.bench.bed import BenchBed, parallel
+from e2e.bench.common import REPO, RESULTS, Result, machine_facts, percentile, summary_markdown
+from e2e.bench.scale_rows import (
+    Backlog,
+    Curve,
+    HistogramReading,
+    Targets,
+    backlog_outcome,
+    histogram,
+    log_problems,
+    mean_since,
+    metric_value,
+    rows,
+)
+from e2e.testbed import binaries, bytecode, gotools
+from e2e.testbed import kwok as kwok_mod
+from e2e.testbed.cluster import Cluster, die_with_parent, free_port
+
+DRIVER = fleet.DRIVER
+CONTROLLER_USER = "scale-bench-controller"
+NO_SCHEDULER = "scale-bench-none"
+"""Pods naming this scheduler are never scheduled: their claims stay pending for our controller alone."""
+EXPLANATION = f"{DRIVER}/explanation"
+RESOLVE_HISTOGRAM = "dra_driver_controller_resolve_duration_seconds"
+QUEUE_DEPTH = "dra_driver_controller_workqueue_depth"
+DEVICECLASSES = REPO / "deploy" / "deviceclasses"
+FLOWSCHEMAS = Resource("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "FlowSchema", namespaced=False)
+PRIORITY_LEVELS = Resource("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations",
+                           "PriorityLevelConfiguration", namespaced=False)
+CLUSTER_ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                                 namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+APF_NAME = "scale-bench-controller"
+SIZES = (500, 1000, 2000, 5000)
+BUDGET_S = 28 * 60
+"""``make bench-scale`` must end within 30 minutes; a size whose estimate would overrun this is not
+started, and the rows are extrapolated from the sizes that ran."""
+
+# The bed's control plane with client limits a 5,000-node cluster is run with (the defaults, 20
+# and 50 QPS, would measure the client throttle, not the scheduler), and APF on.
+APISERVER_ARGS = ("--enable-priority-and-fairness=true",)
+CONTROL_PLANE_QPS = ("--kube-api-qps=1000", "--kube-api-burst=2000")
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...] = SIZES
+    mig_per: int = 10
+    """One dynamic-MIG node per this many GPU nodes."""
+    claims_per_node: int = 4
+    plain_pods_per_node: int = 2
+    backlog_per_node: int = 2
+    backlog_largest: int = 10_000
+    fit_samples: int = 15
+    explain_samples: int = 9
+    apf_claims: int = 100
+    backlog_window_s: float = 60.0
+    backlog_wait_s: float = 75.0
+    apf_wait_s: float = 180.0
+    budget_s: float = BUDGET_S
+    profile: bool = True
+
+    def mig_nodes(self, nodes: int) -> int:
+        return nodes // self.mig_per
+
+    def backlog(self, nodes: int) -> int:
+        return self.backlog_largest if nodes == self.sizes[-1] else self.backlog_per_node * nodes
+
+
+FULL = Plan()
+SMOKE = Plan(sizes=(500,), claims_per_node=2, plain_pods_per_node=1, backlog_largest=200, fit_samples=5,
+             explain_samples=3, apf_claims=60, backlog_wait_s=240.0, profile=False)
+
+
+# =========================================================================== workload shapes
+
+def _request(cls: str, selector: str | None = None, count: int = 1) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+
+
+GPU_CLASS = f"gpu.{DRIVER}"
+MIG_CLASS = f"mig.{DRIVER}"
+FIT_SHAPES = {
+    "any-gpu": _request(GPU_CLASS),
+    "h100": _request(GPU_CLASS, f'device.attributes["{DRIVER}"].productName.startsWith("NVIDIA H100")'),
+    "mem-40gi": _request(GPU_CLASS, f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'),
+    "mig-1g": _request(MIG_CLASS, f'device.attributes["{DRIVER}"].profile.startsWith("1g.")'),
+}
+UNSAT_SHAPES = {
+    "memory-1ti": _request(GPU_CLASS, f'device.capacity["{DRIVER}"].memory.compareTo(quantity("1Ti")) >= 0'),
+    "no-such-model": _request(GPU_CLASS, f'device.attributes["{DRIVER}"].productName == "NVIDIA B300"'),
+    "nine-gpus": _request(GPU_CLASS, count=9),
+}
+
+
+def claim_body(name: str, spec: dict[str, Any]) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": spec}
+
+
+def pod_body(name: str, *, claim: str | None = None, template: str | None = None, node: str | None = None,
+             scheduler: str | None = None) -> Obj:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        # kwok's nodes carry no taints, but a node whose Lease lapses under load would: stay put.
+        "tolerations": [{"operator": "Exists"}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if claim or template:
+        ref = {"name": "gpu", **({"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template})}
+        spec["resourceClaims"] = [ref]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    if node:
+        spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+# =========================================================================== API plumbing
+
+RETRY_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+
+
+def _retrying(call: Callable[[], Any], attempts: int = 8) -> Any:
+    for attempt in range(attempts):
+        try:
+            return call()
+        except ApiError as exc:
+            if exc.status not in RETRY_STATUS or attempt == attempts - 1:
+                raise
+            time.sleep(min(0.1 * 2 ** attempt, 5.0))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def create(api: kube.RestKubeApi, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
+    """Create, retrying what a busy API server answers; an object already there is fetched instead."""
+    try:
+        obj: Obj = _retrying(lambda: api.create(res, body, namespace=namespace))
+        return obj
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        got: Obj = _retrying(lambda: api.get(res, body["metadata"]["name"], namespace=namespace))
+        return got
+
+
+def delete(api: kube.RestKubeApi, res: Resource, name: str, namespace: str | None = None) -> None:
+    try:
+        _retrying(lambda: api.delete(res, name, namespace=namespace))
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+
+
+class Tracker:
+    """Follows a resource (in one namespace, or all) and notes when each object first satisfies ``pred``."""
+
+    def __init__(self, api: kube.RestKubeApi, res: Resource, namespace: str | None,
+                 pred: Callable[[Obj], bool]) -> None:
+        self.api, self.res, self.pred = api, res, pred
+        self.selector = f"metadata.namespace={namespace}" if namespace else None
+        self.hits: dict[str, float] = {}
+        self.seen: set[str] = set()
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        rv = self._list()
+        self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True, name=f"track-{res.plural}")
+        self._thread.start()
+
+    def _list(self) -> str:
+        result = _retrying(lambda: self.api.list(self.res, field_selector=self.selector))
+        for obj in result.items:
+            self._note(obj)
+        return str(result.resource_version)
+
+    def _note(self, obj: Obj) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if not name:
+            return
+        with self._cond:
+            self.seen.add(name)
+            if name not in self.hits and self.pred(obj):
+                self.hits[name] = time.monotonic()
+                self._cond.notify_all()
+
+    def _run(self, rv: str) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self.api.watch(self.res, resource_version=rv, timeout_seconds=60,
+                                            field_selector=self.selector):
+                    obj = event.get("object") or {}
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self._note(obj)
+                    if self._stop.is_set():
+                        return
+            except ApiError as exc:
+                if self._stop.is_set():
+                    return
+                if not exc.gone:
+                    time.sleep(0.5)
+                try:
+                    rv = self._list()
+                except BaseException as err:
+                    self.error = err
+                    with self._cond:
+                        self._cond.notify_all()
+                    return
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self.hits)
+
+    def wait(self, n: int, deadline: float) -> bool:
+        """Until ``n`` objects satisfied the predicate, or the monotonic ``deadline``."""
+        with self._cond:
+            while len(self.hits) < n:
+                if self.error is not None:
+                    raise RuntimeError(f"watching {self.res.plural} failed: {self.error}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 1.0))
+            return True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def has_explanation(obj: Obj) -> bool:
+    return EXPLANATION in ((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def is_bound(obj: Obj) -> bool:
+    return bool((obj.get("spec") or {}).get("nodeName"))
+
+
+def is_running(obj: Obj) -> bool:
+    return (obj.get("status") or {}).get("phase") == "Running"
+
+
+# =========================================================================== our controller
+
+@dataclass
+class ControllerProcess:
+    """``dra-driver controller`` as production runs it, on a free metrics port, logging JSON to a file."""
+
+    kubeconfig: Path
+    logs: Path
+    label: str
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    spawned: float = 0.0
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs / f"controller-{self.label}.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        cmd = [*bytecode.shipped_python(), "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
+               f"--driver-name={DRIVER}", "--log-format=json", f"--metrics-port={self.port}",
+               "--leader-election-namespace=kube-system", f"--leader-election-id=scale-bench-{self.label}"]
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.spawned = time.monotonic()
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                         preexec_fn=die_with_parent)
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"controller {self.label} exited with {self.proc.returncode}:\n{tail}")
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+        except (urllib.error.URLError, OSError):
+            return 0, ""
+
+    def wait_synced(self, timeout: float) -> float:
+        """Seconds from spawn until ``/healthz`` says every informer synced."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if self._get("/healthz")[0] == 200:
+                return time.monotonic() - self.spawned
+            time.sleep(0.05)
+        raise TimeoutError(f"controller {self.label}: informers not synced {timeout:.0f}s after start")
+
+    def metrics(self) -> str:
+        status, text = self._get("/metrics")
+        if status != 200:
+            self.check_alive()
+            raise RuntimeError(f"controller {self.label}: /metrics answered {status}")
+        return text
+
+    def resolves(self) -> HistogramReading:
+        return histogram(self.metrics(), RESOLVE_HISTOGRAM)
+
+    def memory_mib(self) -> dict[str, float]:
+        out = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+        return out
+
+    def reset_peak(self) -> None:
+        """Start VmHWM afresh from the current RSS (proc(5): clear_refs, value 5)."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+
+# =========================================================================== the bench cluster
+
+NS_FILL, NS_PLAIN, NS_PROBE, NS_BACKLOG, NS_APF = "scale-fill", "scale-plain", "scale-probe", "scale-backlog", "scale-apf"
+
+
+@dataclass
+class ScaleCluster:
+    workdir: Path
+    plan: Plan
+    log: Callable[[str], None] = print
+    cluster: Cluster = field(init=False)
+    kwok: kwok_mod.Kwok = field(init=False)
+    api: kube.RestKubeApi = field(init=False)
+    gpu_nodes: int = 0
+    mig_nodes: int = 0
+    node_names: list[str] = field(default_factory=list)
+    plain_node_names: list[str] = field(default_factory=list)
+    slices: int = 0
+    devices: int = 0
+    fill_pods: int = 0
+    plain_pods: int = 0
+    controllers: int = 0
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self.cluster = Cluster(
+            workdir=self.workdir / "bed", nodes=(), apiserver_args=APISERVER_ARGS,
+            controller_manager_args=(*CONTROL_PLANE_QPS, *kwok_mod.LEASE_GRACE_ARGS),
+            scheduler_args=CONTROL_PLANE_QPS, users=(CONTROLLER_USER,))
+        t0 = time.monotonic()
+        self.cluster.start(progress=self.log)
+        self._stack.callback(self.cluster.stop)
+        self.api = kube.RestKubeApi(kube.load_credentials(str(self.cluster.kubeconfig)), request_timeout=120.0,
+                                    user_agent="dra-driver-scale-bench", pool_size=32)
+        self._stack.callback(self.api.close)
+        self.kwok = kwok_mod.Kwok(self.cluster.kubeconfig, self.cluster.logs)
+        self.kwok.start()
+        self._stack.callback(self.kwok.stop)
+        create(self.api, CLUSTER_ROLE_BINDINGS, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": CONTROLLER_USER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_USER}]})
+        for path in sorted(DEVICECLASSES.glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc:
+                    create(self.api, DEVICE_CLASSES, doc)
+        for ns in (NS_FILL, NS_PLAIN, NS_PROBE, NS_BACKLOG, NS_APF):
+            self.namespace(ns)
+        for name, spec in FIT_SHAPES.items():
+            create(self.api, CLAIM_TEMPLATES, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                                               "metadata": {"name": name}, "spec": {"spec": spec}}, NS_FILL)
+        self.log(f"scale: bed, kwok and workload objects up in {time.monotonic() - t0:.1f}s")
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def namespace(self, name: str) -> None:
+        create(self.api, NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.api.get(sa, "default", namespace=name)
+                return
+            except ApiError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no default ServiceAccount in {name}") from None
+                time.sleep(0.2)
+
+    def controller(self, label: str) -> ControllerProcess:
+        self.controllers += 1
+        ctl = ControllerProcess(self.cluster.user_kubeconfig(CONTROLLER_USER), self.cluster.logs,
+                                f"{self.controllers:02d}-{label}")
+        ctl.start()
+        self._stack.callback(ctl.stop)
+        return ctl
+
+    def check_alive(self) -> None:
+        self.cluster._check_alive()
+        self.kwok.check_alive()
+
+    # -- growing the cluster
+
+    def grow(self, gpu_nodes: int) -> dict[str, Any]:
+        """Nodes and slices up to ``gpu_nodes`` GPU nodes (and their dynamic-MIG share), all Ready."""
+        mig = self.plan.mig_nodes(gpu_nodes)
+        new_gpu, new_mig = gpu_nodes - self.gpu_nodes, mig - self.mig_nodes
+        first = self.gpu_nodes + self.mig_nodes
+        t0 = time.monotonic()
+        bodies = fleet.plugin_slices(new_gpu + new_mig, mig_nodes=new_mig, first=first)
+        names = [fleet.node_name(i) for i in range(first, first + new_gpu + new_mig)]
+        mig_names = set(names[:new_mig])
+        tracker = Tracker(self.api, NODES, None, kwok_mod.is_ready)
+        try:
+            uids = dict(zip(names, (str(n["metadata"]["uid"]) for n in parallel(
+                lambda name: create(self.api, NODES, kwok_mod.fake_node(name)), names)), strict=True))
+            nodes_s = time.monotonic() - t0
+            parallel(lambda body: create(self.api, SLICES, fleet.owned_by(body, uids[body["spec"]["nodeName"]])),
+                     bodies)
+            slices_s = time.monotonic() - t0 - nodes_s
+            if not tracker.wait(len(self.node_names) + len(names), time.monotonic() + 120 + len(names) / 20):
+                raise TimeoutError(f"kwok made {tracker.count()} of {len(self.node_names) + len(names)} nodes Ready")
+        finally:
+            tracker.stop()
+        self.node_names += names
+        self.plain_node_names += [n for n in names if n not in mig_names]
+        self.gpu_nodes, self.mig_nodes = gpu_nodes, mig
+        self.slices += len(bodies)
+        self.devices += sum(len(b["spec"].get("devices") or []) for b in bodies)
+        took = time.monotonic() - t0
+        self.log(f"scale: {len(names)} nodes ({new_mig} dynamic-MIG) and {len(bodies)} slices in {took:.0f}s "
+                 f"(nodes {nodes_s:.0f}s, slices {slices_s:.0f}s); now {self.gpu_nodes} GPU + {self.mig_nodes} "
+                 f"MIG nodes, {self.devices} devices")
+        return {"nodes_added": len(names), "slices_added": len(bodies), "seconds": round(took, 1),
+                "node_creates_per_s": round(len(names) / nodes_s, 1) if nodes_s else None,
+                "slice_creates_per_s": round(len(bodies) / slices_s, 1) if slices_s else None}
+
+    def fill(self, claims: int) -> dict[str, Any]:
+        """Pods with a claim from a template each, through the kube-scheduler, up to ``claims`` in all."""
+        names = [f"fill-{i}" for i in range(self.fill_pods, claims)]
+        shapes = list(FIT_SHAPES)
+        tracker = Tracker(self.api, PODS, NS_FILL, is_bound)
+        try:
+            before = tracker.count()
+            t0 = time.monotonic()
+            parallel(lambda i: create(self.api, PODS, pod_body(f"fill-{i}", template=shapes[i % len(shapes)]), NS_FILL),
+                     range(self.fill_pods, claims))
+            created = time.monotonic() - t0
+            done = tracker.wait(claims, t0 + 120 + len(names) / 10)
+            bound = tracker.count() - before
+            wanted = set(names)
+            new_times = sorted(t - t0 for n, t in tracker.hits.items() if n in wanted)
+        finally:
+            tracker.stop()
+        if not done:
+            raise RuntimeError(f"the kube-scheduler bound {bound} of {len(names)} pods in time; see "
+                               f"{self.cluster.logs / 'kube-scheduler.log'}")
+        self.fill_pods = claims
+        seconds = new_times[-1] if new_times else 0.0
+        rate = len(names) / seconds if seconds > 0 else 0.0
+        self.log(f"scale: kube-scheduler bound {len(names)} pods in {seconds:.1f}s ({rate:.1f} pods/s; "
+                 f"creating them took {created:.1f}s)")
+        return {"pods": len(names), "bound_s": round(seconds, 2), "create_s": round(created, 2),
+                "pods_per_s": round(rate, 2), "half_bound_s": round(new_times[len(new_times) // 2], 2) if new_times else None}
+
+    def add_plain_pods(self, pods: int) -> dict[str, Any]:
+        """Pods that need no claim, bound by name to the GPU nodes in turn; kwok runs them."""
+        tracker = Tracker(self.api, PODS, NS_PLAIN, is_running)
+        try:
+            t0 = time.monotonic()
+            nodes = self.plain_node_names
+            parallel(lambda i: create(self.api, PODS, pod_body(f"plain-{i}", node=nodes[i % len(nodes)]), NS_PLAIN),
+                     range(self.plain_pods, pods))
+            running = tracker.wait(pods, time.monotonic() + 60 + pods / 50)
+        finally:
+            tracker.stop()
+        added = pods - self.plain_pods
+        self.plain_pods = pods
+        took = time.monotonic() - t0
+        self.log(f"scale: {added} plain pods in {took:.0f}s ({'all' if running else 'not all'} Running)")
+        return {"pods": added, "seconds": round(took, 1), "all_running": running}
+
+    @property
+    def claims(self) -> int:
+        return self.fill_pods
+
+    @property
+    def pods(self) -> int:
+        return self.fill_pods + self.plain_pods
+
+    # -- pending claims for our controller alone
+
+    def pending(self, namespace: str, names: list[str], shapes: dict[str, dict[str, Any]],
+                on_claims_start: Callable[[], None] | None = None) -> float:
+        """Pods (no scheduler) first, then their claims all at once; returns when the claims began."""
+        keys = list(shapes)
+        parallel(lambda name: create(self.api, PODS, pod_body(name, claim=name, scheduler=NO_SCHEDULER), namespace),
+                 names)
+        if on_claims_start is not None:
+            on_claims_start()
+        t0 = time.monotonic()
+        parallel(lambda i: create(self.api, CLAIMS, claim_body(names[i], shapes[keys[i % len(keys)]]), namespace),
+                 range(len(names)))
+        return t0
+
+    def remove(self, namespace: str, names: Iterable[str]) -> None:
+        names = list(names)
+        parallel(lambda n: delete(self.api, PODS, n, namespace), names)
+        parallel(lambda n: delete(self.api, CLAIMS, n, namespace), names)
+
+    def has_explanation(self, namespace: str, name: str) -> bool:
+        try:
+            return has_explanation(self.api.get(CLAIMS, name, namespace=namespace))
+        except ApiError:
+            return False
+
+    def apiserver_metrics(self) -> str:
+        return self.cluster.kubectl("get", "--raw", "/metrics").stdout
+
+
+# =========================================================================== measurements
+
+def synced_sample(sc: ScaleCluster, label: str, timeout: float = 600) -> tuple[ControllerProcess, dict[str, Any]]:
+    """A fresh controller, its VmRSS 2 s after its informers synced, with the object counts it holds."""
+    ctl = sc.controller(label)
+    synced = ctl.wait_synced(timeout)
+    time.sleep(2.0)
+    mem = ctl.memory_mib()
+    sample = {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods, "nodes": sc.gpu_nodes,
+              "slices": sc.slices, "rss_mib": round(mem["VmRSS"], 1), "hwm_mib": round(mem["VmHWM"], 1),
+              "synced_s": round(synced, 2), "label": label}
+    sc.log(f"scale: fresh controller ({label}): synced {synced:.1f}s after spawn, RSS {mem['VmRSS']:.0f} MiB "
+           f"({sc.devices} devices, {sc.claims} claims, {sc.pods} pods)")
+    return ctl, sample
+
+
+def _quiet(ctl: ControllerProcess, before: HistogramReading, deadline: float) -> HistogramReading:
+    """The controller's resolve histogram once it has resolved something since ``before`` and its
+    queue is empty and the count has held still for 0.3 s."""
+    last: HistogramReading | None = None
+    while time.monotonic() < deadline:
+        text = ctl.metrics()
+        now = histogram(text, RESOLVE_HISTOGRAM)
+        if now.count > before.count and metric_value(text, QUEUE_DEPTH) == 0:
+            if last is not None and last.count == now.count:
+                return now
+            last = now
+            time.sleep(0.3)
+            continue
+        last = None
+        time.sleep(0.01)
+    raise TimeoutError(f"controller {ctl.label}: no resolve finished in time")
+
+
+def probe(sc: ScaleCluster, ctl: ControllerProcess, name: str, spec: dict[str, Any], *, unsat: bool,
+          timeout: float = 300) -> dict[str, Any]:
+    """One pending claim for the controller alone; its resolve time and the RSS it moved."""
+    create(sc.api, PODS, pod_body(name, claim=name, scheduler=NO_SCHEDULER), NS_PROBE)
+    time.sleep(0.3)  # the pod's event reaches the controller before the claim exists: one evaluation
+    before = ctl.resolves()
+    ctl.reset_peak()
+    mem0 = ctl.memory_mib()
+    t0 = time.monotonic()
+    create(sc.api, CLAIMS, claim_body(name, spec), NS_PROBE)
+    deadline = t0 + timeout
+    if unsat:
+        while not sc.has_explanation(NS_PROBE, name):
+            ctl.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"probe {name}: no explanation after {timeout:.0f}s")
+            time.sleep(0.02)
+    after = _quiet(ctl, before, deadline)
+    seen_s = time.monotonic() - t0
+    mem1 = ctl.memory_mib()
+    sc.remove(NS_PROBE, [name])
+    latency = mean_since(before, after)
+    return {"latency_s": latency, "evaluations": after.count - before.count, "seen_s": round(seen_s, 3),
+            "rss_before_mib": round(mem0["VmRSS"], 1), "rss_after_mib": round(mem1["VmRSS"], 1),
+            "peak_growth_mib": round(mem1["VmHWM"] - mem0["VmRSS"], 1),
+            "rss_growth_mib": round(mem1["VmRSS"] - mem0["VmRSS"], 1)}
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+@contextlib.contextmanager
+def profiled(pid: int, out: Path, enabled: bool) -> Iterator[None]:
+    spy = py_spy() if enabled else None
+    if spy is None:
+        yield
+        return
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--output",
+                             str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def profile_breakdown(stacks: Iterable[str], top: int = 15) -> dict[str, Any]:
+    """Share of the controller's busy samples (its worker, in ``Controller.process``) per function
+    of ours, inclusive: where a claim's time goes."""
+    busy = 0
+    per: dict[str, int] = {}
+    for line in stacks:
+        frames, _, count_text = line.rpartition(" ")
+        if "Controller.process " not in frames and "Controller.process (" not in frames:
+            continue
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        busy += count
+        names = {f.strip().split(" (")[0] for f in frames.split(";") if "dra_driver/" in f}
+        for fn in names:
+            per[fn] = per.get(fn, 0) + count
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+    return {"busy_samples": busy, "inclusive_percent": {k: round(100 * v / busy, 1) for k, v in ranked} if busy else {}}
+
+
+@dataclass
+class SizeRun:
+    nodes: int
+    mig_nodes: int = 0
+    devices: int = 0
+    slices: int = 0
+    grow: dict[str, Any] = field(default_factory=dict)
+    fill: dict[str, Any] = field(default_factory=dict)
+    plain: dict[str, Any] = field(default_factory=dict)
+    rss_samples: list[dict[str, Any]] = field(default_factory=list)
+    first_claim: dict[str, Any] = field(default_factory=dict)
+    fit_probes: list[dict[str, Any]] = field(default_factory=list)
+    explain_probes: list[dict[str, Any]] = field(default_factory=list)
+    backlog: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, Any] = field(default_factory=dict)
+    controller_problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _p50_ms(probes: list[dict[str, Any]]) -> float | None:
+    vals = [p["latency_s"] * 1000 for p in probes if p.get("latency_s") is not None]
+    return round(percentile(vals, 50), 3) if vals else None
+
+
+def run_size(sc: ScaleCluster, nodes: int, running: ControllerProcess | None, workdir: Path) -> tuple[
+        SizeRun, ControllerProcess, list[str]]:
+    """One size of the curve on the growing cluster; returns the result, the controller left
+    running, and py-spy's stacks when profiled."""
+    plan = sc.plan
+    t_size = time.monotonic()
+    out = SizeRun(nodes)
+    out.grow = sc.grow(nodes)
+    out.mig_nodes, out.devices, out.slices = sc.mig_nodes, sc.devices, sc.slices
+    problems: list[str] = []
+
+    def retire(ctl: ControllerProcess) -> None:
+        ctl.stop()
+        problems.extend(log_problems(ctl.log_lines()))
+
+    if running is not None:
+        retire(running)
+    ctl, sample = synced_sample(sc, f"{nodes}-nodes")
+    out.rss_samples.append(sample)
+    out.fill = sc.fill(nodes * plan.claims_per_node)  # with the controller running, as in production
+    retire(ctl)
+    ctl, sample = synced_sample(sc, f"{nodes}-filled")
+    out.rss_samples.append(sample)
+    out.plain = sc.add_plain_pods(nodes * plan.plain_pods_per_node)
+    retire(ctl)
+    ctl, sample = synced_sample(sc, f"{nodes}-pods")
+    out.rss_samples.append(sample)
+
+    stacks: list[str] = []
+    profile_file = workdir / f"profile-{nodes}.txt"
+    with profiled(ctl.pid, profile_file, plan.profile and nodes == plan.sizes[-1]):
+        first = probe(sc, ctl, f"first-{nodes}", FIT_SHAPES["any-gpu"], unsat=False)
+        out.first_claim = {**first, "cache_mib": first["rss_growth_mib"]}
+        sc.log(f"scale: first claim {first['latency_s'] * 1000 if first['latency_s'] else float('nan'):.0f} ms, "
+               f"RSS +{first['rss_growth_mib']:.0f} MiB (peak +{first['peak_growth_mib']:.0f})")
+        fit_names = list(FIT_SHAPES)
+        for i in range(plan.fit_samples):
+            out.fit_probes.append(probe(sc, ctl, f"fit-{nodes}-{i}", FIT_SHAPES[fit_names[i % len(fit_names)]],
+                                        unsat=False))
+        unsat_names = list(UNSAT_SHAPES)
+        for i in range(plan.explain_samples):
+            out.explain_probes.append(probe(sc, ctl, f"unsat-{nodes}-{i}", UNSAT_SHAPES[unsat_names[i % len(unsat_names)]],
+                                            unsat=True))
+    if profile_file.exists():
+        stacks = profile_file.read_text(errors="replace").splitlines()
+    sc.log(f"scale: fitting claim p50 {_p50_ms(out.fit_probes)} ms, unsatisfiable p50 {_p50_ms(out.explain_probes)} ms")
+
+    out.backlog = backlog_phase(sc, ctl, plan.backlog(nodes), nodes)
+    retire(ctl)
+    sc.remove(NS_BACKLOG, [f"backlog-{nodes}-{i}" for i in range(plan.backlog(nodes))])
+
+    # Startup: a fresh process with one pending claim waiting for it.
+    name = f"startup-{nodes}"
+    create(sc.api, PODS, pod_body(name, claim=name, scheduler=NO_SCHEDULER), NS_PROBE)
+    create(sc.api, CLAIMS, claim_body(name, UNSAT_SHAPES["memory-1ti"]), NS_PROBE)
+    ctl = sc.controller(f"{nodes}-startup")
+    synced = ctl.wait_synced(600)
+    deadline = time.monotonic() + 600
+    while not sc.has_explanation(NS_PROBE, name):
+        ctl.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"startup at {nodes} nodes: the pending claim was not explained in 600 s")
+        time.sleep(0.05)
+    explained = time.monotonic() - ctl.spawned
+    out.startup = {"synced_s": round(synced, 2), "explained_s": round(explained, 2)}
+    sc.log(f"scale: startup: informers synced {synced:.1f}s, first pending claim explained {explained:.1f}s after spawn")
+    sc.remove(NS_PROBE, [name])
+    out.controller_problems = problems
+    out.seconds = round(time.monotonic() - t_size, 1)
+    return out, ctl, stacks
+
+
+def backlog_phase(sc: ScaleCluster, ctl: ControllerProcess, claims: int, nodes: int) -> dict[str, Any]:
+    plan = sc.plan
+    names = [f"backlog-{nodes}-{i}" for i in range(claims)]
+    tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
+    before: list[HistogramReading] = []
+    try:
+        t0 = sc.pending(NS_BACKLOG, names, UNSAT_SHAPES, on_claims_start=lambda: before.append(ctl.resolves()))
+        created = time.monotonic() - t0
+        tracker.wait(claims, t0 + plan.backlog_wait_s)
+        waited = time.monotonic() - t0
+        after = ctl.resolves()
+        outcome: Backlog = backlog_outcome(claims, t0, [tracker.hits[n] for n in names if n in tracker.hits],
+                                           plan.backlog_window_s, waited)
+    finally:
+        tracker.stop()
+    resolved = after.count - before[0].count if before else 0
+    doc = {**asdict(outcome), "create_s": round(created, 2), "waited_s": round(waited, 1),
+           "evaluations": resolved, "evaluations_per_s": round(resolved / waited, 2) if waited else None}
+    sc.log(f"scale: backlog of {claims}: {outcome.explained} explained ({outcome.within_window} within "
+           f"{outcome.window_s:.0f}s), {outcome.claims_per_s:.1f} claims/s; creating them took {created:.1f}s")
+    return doc
+
+
+APF_OBJECTS: list[tuple[Resource, Obj]] = [
+    (PRIORITY_LEVELS, {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": APF_NAME},
+        "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
+                                                "borrowingLimitPercent": 0, "limitResponse": {"type": "Reject"}}}}),
+    (FLOWSCHEMAS, {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": APF_NAME},
+        "spec": {"priorityLevelConfiguration": {"name": APF_NAME}, "matchingPrecedence": 500,
+                 "distinguisherMethod": {"type": "ByUser"},
+                 "rules": [{"subjects": [{"kind": "User", "user": {"name": CONTROLLER_USER}}],
+                            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                               "clusterScope": True, "namespaces": ["*"]}],
+                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}}),
+]
+
+
+def apf_phase(sc: ScaleCluster, running: ControllerProcess) -> tuple[dict[str, Any], ControllerProcess]:
+    """A fresh controller under a tiny APF priority level explains a batch of pending claims."""
+    plan = sc.plan
+    running.stop()
+    for res, body in APF_OBJECTS:
+        create(sc.api, res, body)
+    rejected_before = metric_value(sc.apiserver_metrics(), "apiserver_flowcontrol_rejected_requests_total",
+                                   {"flow_schema": APF_NAME})
+    names = [f"apf-{i}" for i in range(plan.apf_claims)]
+    tracker = Tracker(sc.api, CLAIMS, NS_APF, has_explanation)
+    ctl = sc.controller("apf")
+    try:
+        t0 = sc.pending(NS_APF, names, UNSAT_SHAPES)
+        tracker.wait(len(names), t0 + plan.apf_wait_s)
+        took = time.monotonic() - t0
+        explained = tracker.count()
+    finally:
+        tracker.stop()
+    ctl.stop()
+    text = sc.apiserver_metrics()
+    rejected = metric_value(text, "apiserver_flowcontrol_rejected_requests_total", {"flow_schema": APF_NAME})
+    seats = metric_value(text, "apiserver_flowcontrol_nominal_limit_seats", {"priority_level": APF_NAME})
+    problems = log_problems(ctl.log_lines())
+    for res, body in reversed(APF_OBJECTS):
+        delete(sc.api, res, body["metadata"]["name"])
+    sc.remove(NS_APF, names)
+    doc = {"claims": len(names), "explained": explained, "seconds": round(took, 1),
+           "rejected": rejected - rejected_before, "nominal_seats": seats, "problems": problems[:20],
+           "problem_lines": len(problems)}
+    sc.log(f"scale: APF: {explained} of {len(names)} explained in {took:.0f}s; the API server answered "
+           f"{doc['rejected']:.0f} 429s to the controller's flow ({seats:.0f} seats); {len(problems)} problem lines logged")
+    fresh = sc.controller("after-apf")
+    fresh.wait_synced(600)
+    return doc, fresh
+
+
+# =========================================================================== the whole run
+
+def fits(next_nodes: int, elapsed: float, last: SizeRun | None, budget: float) -> bool:
+    """Whether the next size is expected to end within the budget: its time scales with the nodes."""
+    if last is None:
+        return True
+    return elapsed + last.seconds * max(1.0, next_nodes / last.nodes) <= budget
+
+
+def curve_of(runs: list[SizeRun]) -> Curve:
+    c = Curve()
+    for r in runs:
+        n = float(r.nodes)
+        fc = r.first_claim
+        if fc.get("latency_s") is not None:
+            c.first_claim_s.append((n, fc["latency_s"]))
+            c.first_claim_cache_mib.append((n, fc["cache_mib"]))
+        if (v := _p50_ms(r.fit_probes)) is not None:
+            c.fit_p50_ms.append((n, v))
+        if (v := _p50_ms(r.explain_probes)) is not None:
+            c.explain_p50_ms.append((n, v))
+            c.explain_extra_mib.append((n, percentile([p["peak_growth_mib"] for p in r.explain_probes], 50)))
+        if r.startup:
+            c.startup_s.append((n, r.startup["explained_s"]))
+        c.devices.append((n, float(r.devices)))
+        c.rss_samples += [{k: float(s[k]) for k in ("devices", "claims", "pods", "rss_mib")} for s in r.rss_samples]
+    return c
+
+
+def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every size of ``plan`` that fits the budget; the measurements as a document."""
+    started = time.monotonic()
+    binaries.ensure()
+    gotools.ensure([kwok_mod.TOOL])
+    bytecode.shipped_python()
+    sc = ScaleCluster(workdir, plan, log)
+    runs: list[SizeRun] = []
+    apf: dict[str, Any] | None = None
+    skipped: list[int] = []
+    stacks: list[str] = []
+    try:
+        sc.start()
+        ctl: ControllerProcess | None = None
+        for nodes in plan.sizes:
+            if not fits(nodes, time.monotonic() - started, runs[-1] if runs else None, plan.budget_s):
+                skipped.append(nodes)
+                log(f"scale: {nodes} nodes would not end within the {plan.budget_s / 60:.0f}-minute budget; "
+                    "extrapolating from the sizes that ran")
+                continue
+            run, ctl, size_stacks = run_size(sc, nodes, ctl, workdir)
+            runs.append(run)
+            stacks = size_stacks or stacks
+            sc.check_alive()
+            if apf is None:
+                apf, ctl = apf_phase(sc, ctl)
+        if ctl is not None:
+            ctl.stop()
+            runs[-1].controller_problems += log_problems(ctl.log_lines())
+    finally:
+        sc.close()
+    return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "stacks": stacks,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def result_of(doc: dict[str, Any], plan: Plan) -> Result:
+    runs = [SizeRun(**r) for r in doc["runs"]]
+    largest = runs[-1]
+    targets = Targets(backlog=plan.backlog_largest)
+    backlog = Backlog(**{k: largest.backlog[k] for k in ("claims", "explained", "within_window", "window_s",
+                                                         "all_explained_s", "claims_per_s")})
+    throughput = (largest.backlog["claims_per_s"], largest.fill["pods_per_s"], largest.nodes)
+    row_list, fit_figures = rows(curve_of(runs), targets, throughput=throughput, backlog=backlog, apf=doc["apf"])
+    result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
+        "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
+        "plan": asdict(plan), "kubernetes": binaries.kubernetes_version(),
+        "kwok": gotools.TOOLS[kwok_mod.TOOL].version(), "kwok_lease_seconds": kwok_mod.LEASE_SECONDS,
+        "control_plane_client_limits": list(CONTROL_PLANE_QPS), "apiserver": list(APISERVER_ARGS),
+        "controller": "python -OO -m dra_driver controller (leader election, informers, queue, writes), "
+                      f"user {CONTROLLER_USER} (cluster-admin binding, subject to APF)",
+        "fit_shapes": list(FIT_SHAPES), "unsatisfiable_shapes": list(UNSAT_SHAPES),
+    })
+    result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], **fit_figures,
+                           "run_seconds": doc["seconds"]})
+    if doc.get("stacks"):
+        result.figures["profile"] = {"nodes": largest.nodes, **profile_breakdown(doc["stacks"])}
+        result.files["scale-profile.txt"] = "\n".join(doc["stacks"]) + "\n"
+    for row in row_list:
+        if math.isnan(row.value):
+            result.notes.append(f"{row.what}: {row.basis}")
+            continue
+        result.target(f"{row.what} [{row.basis}]", row.value, row.limit, row.unit, higher_is_better=row.higher_is_better)
+        if row.note:
+            result.notes.append(f"{row.what}: {row.note}")
+    problems = [p for r in runs for p in r.controller_problems]
+    result.notes.append(f"{len(problems)} problem lines in the controllers' logs outside the APF run"
+                        + (f"; first: {problems[0][:300]}" if problems else ""))
+    result.figures["headline"] = {
+        "largest size run": f"{largest.nodes} GPU nodes + {largest.mig_nodes} dynamic-MIG ({largest.devices} devices)",
+        "scheduler": f"{largest.fill['pods_per_s']} pods/s",
+        "controller": f"{largest.backlog['claims_per_s']:.1f} claims explained/s"}
+    return result
+
+
+def run(bed: BenchBed, quick: bool) -> Result:
+    """``python -m e2e.bench --only scale``: the curve (``--quick``: the 500-node smoke)."""
+    plan = SMOKE if quick else FULL
+    doc = run_curve(plan, bed.workdir / "scale")
+    result = result_of(doc, plan)
+    _plot(doc, result, RESULTS)
+    return result
+
+
+def _plot(doc: dict[str, Any], result: Result, directory: Path) -> None:
+    from e2e.bench.plot import plot_scale_curve
+
+    path = plot_scale_curve(doc["runs"], directory / "scale-curve.png")
+    result.notes.append(f"curve: {path.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale", description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="500 nodes, small workloads (what make e2e runs)")
+    parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
+                        help="comma-separated GPU node counts, e.g. 500,1000")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory for scale.json and the plot")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    if args.sizes:
+        plan = Plan(**{**asdict(plan), "sizes": args.sizes})
+    workdir = Path(tempfile.mkdtemp(prefix="dra-scale-"))
+    try:
+        doc = run_curve(plan, workdir, log=lambda line: print(line, flush=True))
+        result = result_of(doc, plan)
+        _plot(doc, result, args.results)
+        path = result.write(machine_facts(workdir), args.results)
+        (args.results / "SUMMARY.md").write_text(summary_markdown(args.results))
+    finally:
+        if args.keep:
+            print(f"scale: work directory kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    verdict = {True: "pass", False: "MISSED", None: "informational"}[result.passed]
+    print(f"scale: {verdict} -> {path}")
+    for t in result.targets:
+        print(f"    {t['what']}: {t['value']} {t['unit']} ({t['comparison']} {t['limit']}) {'ok' if t['pass'] else 'MISSED'}")
+    print(json.dumps(result.figures.get("profile", {}), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
