@@ -290,7 +290,8 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
         (curve.first_claim_cache_mib, "first claim after start: the caches it builds (RSS growth)", 100.0, "MiB"),
         (curve.fit_p50_ms, f"resolve one fitting claim, {_n(targets.claims)} claims allocated, p50", 5.0, "ms"),
         (curve.explain_p50_ms, "explain one unsatisfiable claim, p50", 100.0, "ms"),
-        (curve.explain_extra_mib, "explain one unsatisfiable claim: extra memory (peak RSS growth)", 10.0, "MiB"),
+        (curve.explain_extra_mib, "explain one unsatisfiable claim: extra memory (first-claim peak RSS growth, "
+                                  "unsatisfiable less fitting)", 10.0, "MiB"),
         (curve.startup_s, "startup: process start -> informers synced and first pending claim explained", 10.0, "s"),
     ):
         if not series:
