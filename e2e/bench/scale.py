@@ -46,9 +46,9 @@ What is measured at each size
   one; its peak RSS growth (VmHWM, reset before the claim through ``/proc/<pid>/clear_refs``) less
   the fitting first claim's. In a warm process the explanation reuses memory the allocator already
   holds and RSS hardly moves, which would hide it; the warm peak growth is kept as a figure too.
-* **backlog**: 2 pending unsatisfiable claims per node (10,000 at the largest size), their pods
-  created first, the claims then all at once; the time until every claim carries its explanation
-  (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
+* **backlog**: pending unsatisfiable claims, 10,000 at the largest size (one per two nodes below
+  it), their pods created first, the claims then all at once; the time until every claim carries
+  its explanation (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
 * **startup**: a fresh process with one pending unsatisfiable claim waiting: spawn -> ``/healthz``
   200 (informers synced) -> the claim's explanation seen.
 * **API Priority and Fairness** (at the first size): a FlowSchema sends the controller's user to a
@@ -144,11 +144,13 @@ class Plan:
     scheduled_pods: int = 250
     """Of those, per size, how many go through the kube-scheduler (timed); the rest are written."""
     plain_pods_per_node: int = 2
-    backlog_per_node: int = 2
+    backlog_per_node: float = 0.5
+    """The backlog below the largest size, for the curve."""
     backlog_at_once: int = 10_000
-    """The backlog row's size; a smaller largest size gets one more backlog of this size at the end."""
-    fit_samples: int = 15
-    explain_samples: int = 9
+    """The backlog row's size, at the largest size; when that size does not fit the budget, one more
+    backlog of this size runs at the largest size that did."""
+    fit_samples: int = 9
+    explain_samples: int = 5
     apf_claims: int = 100
     backlog_window_s: float = 60.0
     backlog_wait_s: float = 75.0
@@ -160,7 +162,8 @@ class Plan:
         return nodes // self.mig_per
 
     def backlog(self, nodes: int) -> int:
-        return min(self.backlog_per_node * nodes, self.backlog_at_once)
+        return self.backlog_at_once if nodes == self.sizes[-1] else min(int(self.backlog_per_node * nodes),
+                                                                       self.backlog_at_once)
 
 
 FULL = Plan()
@@ -300,11 +303,10 @@ def _p50_ms(probes: list[dict[str, Any]]) -> float | None:
     return round(percentile(vals, 50), 3) if vals else None
 
 
-def run_size(sc: ScaleCluster, nodes: int, running: ControllerProcess | None, workdir: Path) -> tuple[
+def run_size(sc: ScaleCluster, plan: Plan, nodes: int, running: ControllerProcess | None, workdir: Path) -> tuple[
         SizeRun, ControllerProcess, list[str]]:
     """One size of the curve on the growing cluster; returns the result, the controller left
     running, and py-spy's stacks when profiled."""
-    plan = sc.plan
     t_size = time.monotonic()
     out = SizeRun(nodes)
     out.grow = sc.grow(nodes)
@@ -351,7 +353,7 @@ def run_size(sc: ScaleCluster, nodes: int, running: ControllerProcess | None, wo
         stacks = profile_file.read_text(errors="replace").splitlines()
     sc.log(f"scale: fitting claim p50 {_p50_ms(out.fit_probes)} ms, unsatisfiable p50 {_p50_ms(out.explain_probes)} ms")
 
-    out.backlog = backlog_phase(sc, ctl, plan.backlog(nodes), f"{nodes}")
+    out.backlog = backlog_phase(sc, plan, ctl, plan.backlog(nodes), f"{nodes}")
     retire(ctl)
     ctl, _ = synced_sample(sc, f"{nodes}-unsat-first")
     out.first_unsat = probe(sc, ctl, f"first-unsat-{nodes}", UNSAT_SHAPES["memory-1ti"], unsat=True)
@@ -380,11 +382,10 @@ def run_size(sc: ScaleCluster, nodes: int, running: ControllerProcess | None, wo
     return out, ctl, stacks
 
 
-def backlog_phase(sc: ScaleCluster, ctl: ControllerProcess, claims: int, label: str) -> dict[str, Any]:
+def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: int, label: str) -> dict[str, Any]:
     """Pending claims created at once for a running controller; the claims (and their pods) are
     deleted afterwards, after the controller was stopped (or it would re-examine every claim on
     every deletion)."""
-    plan = sc.plan
     names = [f"backlog-{label}-{i}" for i in range(claims)]
     tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
     before: list[HistogramReading] = []
@@ -466,9 +467,8 @@ class Noise:
             t.join(timeout=30)
 
 
-def apf_phase(sc: ScaleCluster, running: ControllerProcess) -> tuple[dict[str, Any], ControllerProcess]:
+def apf_phase(sc: ScaleCluster, plan: Plan, running: ControllerProcess) -> tuple[dict[str, Any], ControllerProcess]:
     """A fresh controller under a tiny APF priority level explains a batch of pending claims."""
-    plan = sc.plan
     running.stop()
     for res, body in APF_OBJECTS:
         create(sc.api, res, body)
@@ -564,18 +564,18 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
                 log(f"scale: {nodes} nodes would not end within the {plan.budget_s / 60:.0f}-minute budget; "
                     "extrapolating from the sizes that ran")
                 continue
-            run, ctl, size_stacks = run_size(sc, nodes, ctl, workdir)
+            run, ctl, size_stacks = run_size(sc, plan, nodes, ctl, workdir)
             runs.append(run)
             stacks = size_stacks or stacks
             sc.check_alive()
             if apf is None:
-                apf, ctl = apf_phase(sc, ctl)
+                apf, ctl = apf_phase(sc, plan, ctl)
         at_once: dict[str, Any] | None = None
         if ctl is not None and runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
             ctl.stop()
             runs[-1].controller_problems += log_problems(ctl.log_lines())
             ctl, _ = synced_sample(sc, f"{runs[-1].nodes}-at-once")
-            at_once = backlog_phase(sc, ctl, plan.backlog_at_once, f"{runs[-1].nodes}-at-once")
+            at_once = backlog_phase(sc, plan, ctl, plan.backlog_at_once, f"{runs[-1].nodes}-at-once")
         if ctl is not None:
             ctl.stop()
             runs[-1].controller_problems += log_problems(ctl.log_lines())
