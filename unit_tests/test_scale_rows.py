@@ -17,6 +17,7 @@ from e2e.bench.scale_rows import (
     fit_linear,
     histogram,
     log_problems,
+    markdown_tables,
     mean_since,
     metric_value,
     project,
@@ -159,3 +160,22 @@ def test_rows_without_enough_rss_samples_say_so_instead_of_guessing() -> None:
     out, figures = rows(curve, Targets(), throughput=None, backlog=None, apf=None)
     assert len(out) == 1 and math.isnan(out[0].value) and out[0].basis.startswith("not computed")
     assert figures["rss_fit"] is None
+
+
+def test_markdown_tables_show_each_row_with_its_basis_and_each_size() -> None:
+    document = {
+        "targets": [{"what": "first claim after start at 5,000 nodes [extrapolated to 5,000 nodes from 500 to 2,000]",
+                     "value": 4.0, "limit": 1.0, "unit": "s", "comparison": "<=", "pass": False}],
+        "figures": {"sizes": [{
+            "nodes": 500, "mig_nodes": 50, "devices": 11600,
+            "rss_samples": [{"claims": 2000, "pods": 3000, "rss_mib": 180.4}],
+            "first_claim": {"latency_s": 2.4, "cache_mib": 350.0},
+            "fit_probes": [{"latency_s": 0.2}, {"latency_s": 0.3}, {"latency_s": None}],
+            "explain_probes": [{"latency_s": 0.4}],
+            "backlog": {"claims_per_s": 1.8}, "fill": {"pods_per_s": 8.3}, "startup": {"explained_s": 4.6}}]},
+    }
+    text = markdown_tables(document)
+    assert ("| first claim after start at 5,000 nodes | 4.00 s | <= 1.0 s | **no** | "
+            "extrapolated to 5,000 nodes from 500 to 2,000 |") in text
+    assert ("| 500 (+50) | 11,600 | 2,000 | 3,000 | 180 MiB | 2.40 s, +350 MiB | 200 ms | 400 ms | 1.8 | 8.3 | 4.6 s |"
+            in text)

@@ -120,6 +120,7 @@ from e2e.bench.scale_rows import (
     backlog_outcome,
     histogram,
     log_problems,
+    markdown_tables,
     mean_since,
     metric_value,
     rows,
@@ -670,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in result.targets:
         print(f"    {t['what']}: {t['value']} {t['unit']} ({t['comparison']} {t['limit']}) {'ok' if t['pass'] else 'MISSED'}")
     print(json.dumps(result.figures.get("profile", {}), indent=1))
+    print(markdown_tables(json.loads(path.read_text())))
     return 0
 
 

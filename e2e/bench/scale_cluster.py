@@ -321,7 +321,8 @@ class ControllerProcess:
 
 # =========================================================================== the bench cluster
 
-NS_FILL, NS_PLAIN, NS_PROBE, NS_BACKLOG, NS_APF = "scale-fill", "scale-plain", "scale-probe", "scale-backlog", "scale-apf"
+NS_FILL, NS_HELD, NS_PLAIN = "scale-fill", "scale-held", "scale-plain"
+NS_PROBE, NS_BACKLOG, NS_APF = "scale-probe", "scale-backlog", "scale-apf"
 
 
 @dataclass
@@ -372,7 +373,7 @@ class ScaleCluster:
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc:
                     create(self.api, DEVICE_CLASSES, doc)
-        for ns in (NS_FILL, NS_PLAIN, NS_PROBE, NS_BACKLOG, NS_APF):
+        for ns in (NS_FILL, NS_HELD, NS_PLAIN, NS_PROBE, NS_BACKLOG, NS_APF):
             self.namespace(ns)
         for name, spec in FIT_SHAPES.items():
             create(self.api, CLAIM_TEMPLATES, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -506,8 +507,8 @@ class ScaleCluster:
         def one(i: int) -> None:
             node, pool, device = self.writable[i]
             name = f"held-{i}"
-            pod = create(self.api, PODS, pod_body(name, claim=name, node=node), NS_FILL)
-            claim = create(self.api, CLAIMS, claim_body(name, FIT_SHAPES["any-gpu"]), NS_FILL)
+            pod = create(self.api, PODS, pod_body(name, claim=name, node=node), NS_HELD)
+            claim = create(self.api, CLAIMS, claim_body(name, FIT_SHAPES["any-gpu"]), NS_HELD)
             claim["status"] = {
                 "allocation": {
                     "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]},

@@ -319,3 +319,44 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
                        float(apf["rejected"]), 1.0, "", "measured (the limit must bite for the row above to mean "
                        "anything)", higher_is_better=True))
     return out, figures
+
+
+# --------------------------------------------------------------------------- the docs' tables
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_tables(document: Mapping[str, Any]) -> str:
+    """The rows and the per-size curve of a ``scale.json`` document, as the docs show them."""
+    lines = ["| Row | Result | Target | Met | How |", "|---|---|---|---|---|"]
+    for t in document.get("targets") or []:
+        what, _, basis = str(t["what"]).partition(" [")
+        lines.append(f"| {what} | {_cell(float(t['value']), 2)} {t['unit']} | {t['comparison']} {_cell(t['limit'], 1)} "
+                     f"{t['unit']} | {'yes' if t['pass'] else '**no**'} | {basis.rstrip(']')} |")
+    lines += ["", "| GPU nodes (+MIG) | devices | claims allocated | pods | controller RSS synced | first claim | "
+              "fitting p50 | unsatisfiable p50 | backlog claims/s | scheduler pods/s | startup |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in (document.get("figures") or {}).get("sizes") or []:
+        last = (r.get("rss_samples") or [{}])[-1]
+        fc = r.get("first_claim") or {}
+
+        def p50(probes: Sequence[Mapping[str, Any]]) -> float | None:
+            vals = sorted(p["latency_s"] * 1000 for p in probes if p.get("latency_s") is not None)
+            return vals[(len(vals) - 1) // 2] if vals else None
+
+        first = f"{_cell(fc.get('latency_s'), 2)} s, +{_cell(fc.get('cache_mib'), 0)} MiB" if fc else "—"
+        lines.append(
+            f"| {r['nodes']:,} (+{r.get('mig_nodes', 0):,}) | {_cell(r.get('devices'))} | {_cell(last.get('claims'), 0)} | "
+            f"{_cell(last.get('pods'), 0)} | {_cell(last.get('rss_mib'), 0)} MiB | {first} | "
+            f"{_cell(p50(r.get('fit_probes') or []), 0)} ms | {_cell(p50(r.get('explain_probes') or []), 0)} ms | "
+            f"{_cell((r.get('backlog') or {}).get('claims_per_s'), 1)} | {_cell((r.get('fill') or {}).get('pods_per_s'), 1)} | "
+            f"{_cell((r.get('startup') or {}).get('explained_s'), 1)} s |")
+    return "\n".join(lines) + "\n"
