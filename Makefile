@@ -9,7 +9,7 @@ NODES ?= 2
 PYTEST_ARGS ?=
 IMAGE ?= dra-driver:dev
 
-.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest e2e-kind image test bench binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest e2e-kind image test bench bench-scale binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -88,6 +88,11 @@ test: prereqs proto-check pins-check lint unit e2e e2e-oldest e2e-kind
 
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench
+
+# The scale bench (e2e/bench/scale.py): the controller beside the kube-scheduler on 500 to 5,000
+# kwok nodes, under 30 minutes; writes e2e/bench/results/scale.json and scale-curve.png.
+bench-scale: $(STAMP) binaries
+	$(PY) -m e2e.bench.scale
 
 cluster-up: $(STAMP) binaries
 	$(PY) -m e2e.testbed.cluster up --nodes $(NODES)

@@ -193,4 +193,5 @@ def summary_markdown(directory: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
-BENCH_ORDER = ("prepare", "mig_publish", "plugin_start", "resolution", "explain", "cel", "real_node", "grpc_floor")
+BENCH_ORDER = ("prepare", "mig_publish", "plugin_start", "resolution", "explain", "cel", "real_node", "grpc_floor",
+               "scale")

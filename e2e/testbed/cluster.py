@@ -109,10 +109,21 @@ class Cluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # Flags after the bed's own, per component; a flag given twice takes the later value.
+    apiserver_args: tuple[str, ...] = ()
+    controller_manager_args: tuple[str, ...] = ()
+    scheduler_args: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    """Token users besides the admin, in no group of their own (RBAC and API Priority and Fairness
+    see them as themselves, not as system:masters): :meth:`user_kubeconfig`."""
+    user_tokens: dict[str, str] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "kubeconfig"
+
+    def user_kubeconfig(self, user: str) -> Path:
+        return self.workdir / f"kubeconfig-{user}"
 
     @property
     def server(self) -> str:
@@ -149,8 +160,13 @@ class Cluster:
         self.logs.mkdir(exist_ok=True)
         make_pki(self.pki)
         self.ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver")}
-        (self.pki / "tokens.csv").write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        self.user_tokens = {user: secrets.token_hex(16) for user in self.users}
+        (self.pki / "tokens.csv").write_text(
+            f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
+            + "".join(f"{token},{user},{user}\n" for user, token in self.user_tokens.items()))
         write_kubeconfig(self.kubeconfig, self.server, self.pki / "ca.crt", self.admin_token, ADMIN_USER)
+        for user, token in self.user_tokens.items():
+            write_kubeconfig(self.user_kubeconfig(user), self.server, self.pki / "ca.crt", token, user)
         self._write_state()
         try:
             self._start_etcd()
@@ -166,6 +182,7 @@ class Cluster:
                 f"--root-ca-file={self.pki / 'ca.crt'}",
                 "--controllers=*",
                 f"--feature-gates={feature_gate_flag()}",
+                *self.controller_manager_args,
             ])
             self._start("kube-scheduler", [
                 f"--kubeconfig={self.kubeconfig}",
@@ -174,6 +191,7 @@ class Cluster:
                 "--secure-port=0",
                 "--leader-elect=false",
                 f"--feature-gates={feature_gate_flag()}",
+                *self.scheduler_args,
             ])
             phase("kube-controller-manager and kube-scheduler started")
             self.register_nodes()
@@ -228,6 +246,7 @@ class Cluster:
             "--runtime-config=resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
+            *self.apiserver_args,
         ])
 
     def _start(self, name: str, args: list[str]) -> None:

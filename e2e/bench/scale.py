@@ -1,0 +1,679 @@
+"""The scale bench: our controller beside the kube-scheduler, on the real control plane, at 500 to 5,000 GPU nodes.
+
+``make bench-scale`` (``python -m e2e.bench.scale``) runs the curve; ``--smoke`` runs 500 nodes
+with smaller workloads (``e2e/suites/test_scale_smoke.py`` runs that in ``make e2e``).
+
+The cluster
+===========
+The bed's control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built from
+the pins) with API Priority and Fairness on, as in production; kwok (``e2e/testbed/kwok.py``)
+keeps the Nodes Ready and runs the pods bound to them. Per GPU node one ResourceSlice as our
+plugin writes it (``e2e/bench/fleet.py``: 8 GPUs, H100/A100/L4/T4 in turn), plus one node in ten
+with the dynamic-MIG catalogue (500 at 5,000 nodes, each ~150 partitionable devices in four
+slices). The DeviceClasses are the shipped ones (``deploy/deviceclasses``).
+
+The sizes grow one cluster: 500, then 1,000, 2,000 and 5,000 GPU nodes; each step adds the nodes
+and slices, then brings the cluster to 4 allocated claims per GPU node, then adds 2 pods per node
+that need no claim (bound by name). At 5,000 nodes that is 20,000 claims allocated and 30,000 pods.
+Of the claims, 250 per size go through the kube-scheduler (pods with a claim from a
+ResourceClaimTemplate, four shapes: any GPU, an H100 by product name, >= 40Gi of memory, a 1g MIG
+device) and are timed; the others are written as the scheduler writes them (the claim's
+``status.allocation`` of one GPU of the pod's node and ``reservedFor`` the pod, bound to that
+node), half of each plain node's GPUs: on this machine the scheduler binds under 10 pods/s at 500
+nodes (90 ms of its CPU per pod, CPU-bound), so 20,000 through it would take hours.
+
+Our controller runs as ``dra-driver controller`` does in production (``python -OO``, leader
+election, its informers, its queue, its writes), under its own user (cluster-admin by RBAC; not
+``system:masters``, so API Priority and Fairness applies to it), and is started afresh for each
+measurement that needs a fresh process.
+
+What is measured at each size
+=============================
+* **scheduler pods/s**: the fill's pods, first create -> last pod bound, with our controller
+  stopped (and, for our claims/s, no pod for the scheduler): each side is timed alone, since on
+  two cores the other's CPU would be timed too.
+* **controller RSS with all informers synced** (VmRSS of a fresh process, once ``/healthz``
+  answers 200 and 2 s after) at three points per size: after the new nodes, after the fill, after
+  the plain pods. A least-squares fit of RSS over devices, claims and pods gives the per-object
+  slopes the 150,000-pod figure is extrapolated from.
+* **first claim after start**: in that last fresh process, one pending claim that fits (its pod
+  names a scheduler that does not exist, so the claim waits for our controller alone). Its time is
+  the controller's own ``resolve_duration_seconds`` observation (the histogram's sum moves by
+  exactly that one evaluation); the caches it builds are VmRSS after - VmRSS before.
+* **resolve one fitting claim** and **explain one unsatisfiable claim**: more such probes, one at a
+  time, p50 of the same per-evaluation time.
+* **the explanation's extra memory**: a second fresh process whose first claim is an unsatisfiable
+  one; its peak RSS growth (VmHWM, reset before the claim through ``/proc/<pid>/clear_refs``) less
+  the fitting first claim's. In a warm process the explanation reuses memory the allocator already
+  holds and RSS hardly moves, which would hide it; the warm peak growth is kept as a figure too.
+* **backlog**: pending unsatisfiable claims, 10,000 at the largest size (one per two nodes below
+  it), their pods created first, the claims then all at once; the time until every claim carries
+  its explanation (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
+* **startup**: a fresh process with one pending unsatisfiable claim waiting: spawn -> ``/healthz``
+  200 (informers synced) -> the claim's explanation seen.
+* **API Priority and Fairness** (at the first size): a FlowSchema sends the controller's user to a
+  PriorityLevelConfiguration with 1 nominal share and no queue (``Reject``), so the API server
+  answers 429 beyond 3 seats; a fresh controller must still explain every pending claim and log no
+  error. Its start-up LISTs meet 429s; while it explains, a few threads of the bench send GETs in
+  the same flow so that its writes meet them too. The API server's count of rejected requests, less
+  those the bench's own threads got, shows that the limit bit on the controller.
+* **profile**: py-spy samples the controller during the probes at the largest size; the breakdown
+  by function is in the result and the raw stacks in ``scale-profile.txt``.
+
+Each row of the issue is then stated at 5,000 nodes: measured where that size ran, else
+extrapolated along the curve (``e2e/bench/scale_rows.py`` says how, row by row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_driver.k8s.client import CLAIMS, PODS, Obj, Resource
+from e2e.bench.sharedbed import BenchBed
+from e2e.bench.common import RESULTS, Result, machine_facts, percentile, summary_markdown
+from e2e.bench.scale_cluster import (
+    APF_NAME,
+    APISERVER_ARGS,
+    CONTROL_PLANE_QPS,
+    CONTROLLER_USER,
+    FIT_SHAPES,
+    FLOWSCHEMAS,
+    NO_SCHEDULER,
+    NS_APF,
+    NS_BACKLOG,
+    NS_PROBE,
+    PRIORITY_LEVELS,
+    QUEUE_DEPTH,
+    RESOLVE_HISTOGRAM,
+    UNSAT_SHAPES,
+    ControllerProcess,
+    ScaleCluster,
+    Tracker,
+    claim_body,
+    create,
+    delete,
+    has_explanation,
+    pod_body,
+)
+from e2e.bench.scale_rows import (
+    Backlog,
+    Curve,
+    HistogramReading,
+    Targets,
+    backlog_outcome,
+    histogram,
+    log_problems,
+    markdown_tables,
+    mean_since,
+    metric_value,
+    rows,
+)
+from e2e.tooling import binaries, bytecode, gotools
+from e2e.testbed import kwok as kwok_mod
+from e2e.testbed.cluster import Cluster
+
+SIZES = (500, 1000, 2000, 5000)
+BUDGET_S = 28 * 60
+"""``make bench-scale`` must end within 30 minutes; a size whose estimate would overrun this is not
+started, and the rows are extrapolated from the sizes that ran."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...] = SIZES
+    mig_per: int = 10
+    """One dynamic-MIG node per this many GPU nodes."""
+    claims_per_node: int = 4
+    """Claims allocated per GPU node (20,000 at 5,000 nodes)."""
+    scheduled_pods: int = 250
+    """Of those, per size, how many go through the kube-scheduler (timed); the rest are written."""
+    plain_pods_per_node: int = 2
+    backlog_per_node: float = 0.5
+    """The backlog below the largest size, for the curve."""
+    backlog_at_once: int = 10_000
+    """The backlog row's size, at the largest size; when that size does not fit the budget, one more
+    backlog of this size runs at the largest size that did."""
+    fit_samples: int = 9
+    explain_samples: int = 5
+    apf_claims: int = 100
+    backlog_window_s: float = 60.0
+    backlog_wait_s: float = 75.0
+    apf_wait_s: float = 180.0
+    budget_s: float = BUDGET_S
+    profile: bool = True
+
+    def mig_nodes(self, nodes: int) -> int:
+        return nodes // self.mig_per
+
+    def backlog(self, nodes: int) -> int:
+        return self.backlog_at_once if nodes == self.sizes[-1] else min(int(self.backlog_per_node * nodes),
+                                                                       self.backlog_at_once)
+
+
+FULL = Plan()
+SMOKE = Plan(sizes=(500,), claims_per_node=2, scheduled_pods=200, plain_pods_per_node=1, backlog_at_once=200, fit_samples=5,
+             explain_samples=3, apf_claims=60, backlog_wait_s=240.0, profile=False)
+
+
+# =========================================================================== measurements
+
+def synced_sample(sc: ScaleCluster, label: str, timeout: float = 600) -> tuple[ControllerProcess, dict[str, Any]]:
+    """A fresh controller, its VmRSS 2 s after its informers synced, with the object counts it holds."""
+    ctl = sc.controller(label)
+    synced = ctl.wait_synced(timeout)
+    time.sleep(2.0)
+    mem = ctl.memory_mib()
+    sample = {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods, "nodes": sc.gpu_nodes,
+              "slices": sc.slices, "rss_mib": round(mem["VmRSS"], 1), "hwm_mib": round(mem["VmHWM"], 1),
+              "synced_s": round(synced, 2), "label": label}
+    sc.log(f"scale: fresh controller ({label}): synced {synced:.1f}s after spawn, RSS {mem['VmRSS']:.0f} MiB "
+           f"({sc.devices} devices, {sc.claims} claims, {sc.pods} pods)")
+    return ctl, sample
+
+
+def _quiet(ctl: ControllerProcess, before: HistogramReading, deadline: float) -> HistogramReading:
+    """The controller's resolve histogram once it has resolved something since ``before`` and its
+    queue is empty and the count has held still for 0.3 s."""
+    last: HistogramReading | None = None
+    while time.monotonic() < deadline:
+        text = ctl.metrics()
+        now = histogram(text, RESOLVE_HISTOGRAM)
+        if now.count > before.count and metric_value(text, QUEUE_DEPTH) == 0:
+            if last is not None and last.count == now.count:
+                return now
+            last = now
+            time.sleep(0.3)
+            continue
+        last = None
+        time.sleep(0.01)
+    raise TimeoutError(f"controller {ctl.label}: no resolve finished in time")
+
+
+def probe(sc: ScaleCluster, ctl: ControllerProcess, name: str, spec: dict[str, Any], *, unsat: bool,
+          timeout: float = 300) -> dict[str, Any]:
+    """One pending claim for the controller alone; its resolve time and the RSS it moved."""
+    create(sc.api, PODS, pod_body(name, claim=name, scheduler=NO_SCHEDULER), NS_PROBE)
+    time.sleep(0.3)  # the pod's event reaches the controller before the claim exists: one evaluation
+    before = ctl.resolves()
+    ctl.reset_peak()
+    mem0 = ctl.memory_mib()
+    t0 = time.monotonic()
+    create(sc.api, CLAIMS, claim_body(name, spec), NS_PROBE)
+    deadline = t0 + timeout
+    if unsat:
+        while not sc.has_explanation(NS_PROBE, name):
+            ctl.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"probe {name}: no explanation after {timeout:.0f}s")
+            time.sleep(0.02)
+    after = _quiet(ctl, before, deadline)
+    seen_s = time.monotonic() - t0
+    mem1 = ctl.memory_mib()
+    sc.remove(NS_PROBE, [name])
+    latency = mean_since(before, after)
+    return {"latency_s": latency, "evaluations": after.count - before.count, "seen_s": round(seen_s, 3),
+            "rss_before_mib": round(mem0["VmRSS"], 1), "rss_after_mib": round(mem1["VmRSS"], 1),
+            "peak_growth_mib": round(mem1["VmHWM"] - mem0["VmRSS"], 1),
+            "rss_growth_mib": round(mem1["VmRSS"] - mem0["VmRSS"], 1)}
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+@contextlib.contextmanager
+def profiled(pid: int, out: Path, enabled: bool) -> Iterator[None]:
+    spy = py_spy() if enabled else None
+    if spy is None:
+        yield
+        return
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--output",
+                             str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def profile_breakdown(stacks: Iterable[str], top: int = 15) -> dict[str, Any]:
+    """Share of the controller's busy samples (its worker, in ``Controller.process``) per function
+    of ours, inclusive: where a claim's time goes."""
+    busy = 0
+    per: dict[str, int] = {}
+    for line in stacks:
+        frames, _, count_text = line.rpartition(" ")
+        if "Controller.process " not in frames and "Controller.process (" not in frames:
+            continue
+        try:
+            count = int(count_text)
+        except ValueError:
+            continue
+        busy += count
+        names = {f.strip().rsplit(":", 1)[0] + ")" for f in frames.split(";") if "dra_driver/" in f}
+        for fn in names:
+            per[fn] = per.get(fn, 0) + count
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+    return {"busy_samples": busy, "inclusive_percent": {k: round(100 * v / busy, 1) for k, v in ranked} if busy else {}}
+
+
+@dataclass
+class SizeRun:
+    nodes: int
+    mig_nodes: int = 0
+    devices: int = 0
+    slices: int = 0
+    grow: dict[str, Any] = field(default_factory=dict)
+    held: dict[str, Any] = field(default_factory=dict)
+    fill: dict[str, Any] = field(default_factory=dict)
+    plain: dict[str, Any] = field(default_factory=dict)
+    rss_samples: list[dict[str, Any]] = field(default_factory=list)
+    first_claim: dict[str, Any] = field(default_factory=dict)
+    first_unsat: dict[str, Any] = field(default_factory=dict)
+    fit_probes: list[dict[str, Any]] = field(default_factory=list)
+    explain_probes: list[dict[str, Any]] = field(default_factory=list)
+    backlog: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, Any] = field(default_factory=dict)
+    controller_problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _p50_ms(probes: list[dict[str, Any]]) -> float | None:
+    vals = [p["latency_s"] * 1000 for p in probes if p.get("latency_s") is not None]
+    return round(percentile(vals, 50), 3) if vals else None
+
+
+def run_size(sc: ScaleCluster, plan: Plan, nodes: int, running: ControllerProcess | None, workdir: Path) -> tuple[
+        SizeRun, ControllerProcess, list[str]]:
+    """One size of the curve on the growing cluster; returns the result, the controller left
+    running, and py-spy's stacks when profiled."""
+    t_size = time.monotonic()
+    out = SizeRun(nodes)
+    out.grow = sc.grow(nodes)
+    out.mig_nodes, out.devices, out.slices = sc.mig_nodes, sc.devices, sc.slices
+    problems: list[str] = []
+
+    def retire(ctl: ControllerProcess) -> None:
+        ctl.stop()
+        problems.extend(log_problems(ctl.log_lines()))
+
+    if running is not None:
+        retire(running)
+    ctl, sample = synced_sample(sc, f"{nodes}-nodes")
+    out.rss_samples.append(sample)
+    # Each side is timed while the other is idle: on two cores, running both would time the
+    # contention, and our controller's CPU would slow the scheduler down to our advantage.
+    retire(ctl)
+    scheduled = sc.fill_pods + plan.scheduled_pods
+    out.held = sc.hold(nodes * plan.claims_per_node - scheduled)
+    out.fill = sc.fill(scheduled)
+    ctl, sample = synced_sample(sc, f"{nodes}-filled")
+    out.rss_samples.append(sample)
+    out.plain = sc.add_plain_pods(nodes * plan.plain_pods_per_node)
+    retire(ctl)
+    ctl, sample = synced_sample(sc, f"{nodes}-pods")
+    out.rss_samples.append(sample)
+
+    stacks: list[str] = []
+    profile_file = workdir / f"profile-{nodes}.txt"
+    with profiled(ctl.pid, profile_file, plan.profile and nodes == plan.sizes[-1]):
+        first = probe(sc, ctl, f"first-{nodes}", FIT_SHAPES["any-gpu"], unsat=False)
+        out.first_claim = {**first, "cache_mib": first["rss_growth_mib"]}
+        sc.log(f"scale: first claim {first['latency_s'] * 1000 if first['latency_s'] else float('nan'):.0f} ms, "
+               f"RSS +{first['rss_growth_mib']:.0f} MiB (peak +{first['peak_growth_mib']:.0f})")
+        fit_names = list(FIT_SHAPES)
+        for i in range(plan.fit_samples):
+            out.fit_probes.append(probe(sc, ctl, f"fit-{nodes}-{i}", FIT_SHAPES[fit_names[i % len(fit_names)]],
+                                        unsat=False))
+        unsat_names = list(UNSAT_SHAPES)
+        for i in range(plan.explain_samples):
+            out.explain_probes.append(probe(sc, ctl, f"unsat-{nodes}-{i}", UNSAT_SHAPES[unsat_names[i % len(unsat_names)]],
+                                            unsat=True))
+    if profile_file.exists():
+        stacks = profile_file.read_text(errors="replace").splitlines()
+    sc.log(f"scale: fitting claim p50 {_p50_ms(out.fit_probes)} ms, unsatisfiable p50 {_p50_ms(out.explain_probes)} ms")
+
+    out.backlog = backlog_phase(sc, plan, ctl, plan.backlog(nodes), f"{nodes}")
+    retire(ctl)
+    ctl, _ = synced_sample(sc, f"{nodes}-unsat-first")
+    out.first_unsat = probe(sc, ctl, f"first-unsat-{nodes}", UNSAT_SHAPES["memory-1ti"], unsat=True)
+    sc.log(f"scale: an unsatisfiable first claim: peak RSS +{out.first_unsat['peak_growth_mib']:.0f} MiB "
+           f"(the fitting one: +{out.first_claim['peak_growth_mib']:.0f})")
+    retire(ctl)
+
+    # Startup: a fresh process with one pending claim waiting for it.
+    name = f"startup-{nodes}"
+    create(sc.api, PODS, pod_body(name, claim=name, scheduler=NO_SCHEDULER), NS_PROBE)
+    create(sc.api, CLAIMS, claim_body(name, UNSAT_SHAPES["memory-1ti"]), NS_PROBE)
+    ctl = sc.controller(f"{nodes}-startup")
+    synced = ctl.wait_synced(600)
+    deadline = time.monotonic() + 600
+    while not sc.has_explanation(NS_PROBE, name):
+        ctl.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"startup at {nodes} nodes: the pending claim was not explained in 600 s")
+        time.sleep(0.05)
+    explained = time.monotonic() - ctl.spawned
+    out.startup = {"synced_s": round(synced, 2), "explained_s": round(explained, 2)}
+    sc.log(f"scale: startup: informers synced {synced:.1f}s, first pending claim explained {explained:.1f}s after spawn")
+    sc.remove(NS_PROBE, [name])
+    out.controller_problems = problems
+    out.seconds = round(time.monotonic() - t_size, 1)
+    return out, ctl, stacks
+
+
+def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: int, label: str) -> dict[str, Any]:
+    """Pending claims created at once for a running controller; the claims (and their pods) are
+    deleted afterwards, after the controller was stopped (or it would re-examine every claim on
+    every deletion)."""
+    names = [f"backlog-{label}-{i}" for i in range(claims)]
+    tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
+    before: list[HistogramReading] = []
+    try:
+        t0 = sc.pending(NS_BACKLOG, names, UNSAT_SHAPES, on_claims_start=lambda: before.append(ctl.resolves()))
+        created = time.monotonic() - t0
+        tracker.wait(claims, t0 + plan.backlog_wait_s)
+        waited = time.monotonic() - t0
+        after = ctl.resolves()
+        outcome: Backlog = backlog_outcome(claims, t0, [tracker.hits[n] for n in names if n in tracker.hits],
+                                           plan.backlog_window_s, waited)
+    finally:
+        tracker.stop()
+    resolved = after.count - before[0].count if before else 0
+    doc = {**asdict(outcome), "create_s": round(created, 2), "waited_s": round(waited, 1),
+           "evaluations": resolved, "evaluations_per_s": round(resolved / waited, 2) if waited else None}
+    sc.log(f"scale: backlog of {claims}: {outcome.explained} explained ({outcome.within_window} within "
+           f"{outcome.window_s:.0f}s), {outcome.claims_per_s:.1f} claims/s; creating them took {created:.1f}s")
+    ctl.stop()
+    sc.remove(NS_BACKLOG, names)
+    return doc
+
+
+APF_OBJECTS: list[tuple[Resource, Obj]] = [
+    (PRIORITY_LEVELS, {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": APF_NAME},
+        "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
+                                                "borrowingLimitPercent": 0, "limitResponse": {"type": "Reject"}}}}),
+    (FLOWSCHEMAS, {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": APF_NAME},
+        "spec": {"priorityLevelConfiguration": {"name": APF_NAME}, "matchingPrecedence": 500,
+                 "distinguisherMethod": {"type": "ByUser"},
+                 "rules": [{"subjects": [{"kind": "User", "user": {"name": CONTROLLER_USER}}],
+                            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                               "clusterScope": True, "namespaces": ["*"]}],
+                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}}),
+]
+
+
+class Noise:
+    """Other requests in the controller's flow while it works (GETs from a few threads, each pausing
+    between requests), so its writes meet 429s too, not only its start-up LISTs. Counts the 429s it
+    gets itself, which the API server counts in the same flow. Plain HTTP, no retries: a client
+    that honoured 429 would hide them from this count."""
+
+    def __init__(self, cluster: Cluster, user: str, namespace: str, threads: int = 3, pause_s: float = 0.005) -> None:
+        self.url = f"{cluster.server}/api/v1/namespaces/{namespace}/serviceaccounts/default"
+        self.headers = {"Authorization": f"Bearer {cluster.user_tokens[user]}"}
+        self.context = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
+        self.pause_s = pause_s
+        self.rejected = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True, name=f"noise-{i}") for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rejected = 0
+            try:
+                req = urllib.request.Request(self.url, headers=self.headers)
+                with urllib.request.urlopen(req, context=self.context, timeout=30) as resp:
+                    resp.read()
+            except urllib.error.HTTPError as exc:
+                rejected = int(exc.code == 429)
+            except (urllib.error.URLError, OSError):
+                pass
+            with self._lock:
+                self.requests += 1
+                self.rejected += rejected
+            self._stop.wait(self.pause_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
+def apf_phase(sc: ScaleCluster, plan: Plan, running: ControllerProcess) -> tuple[dict[str, Any], ControllerProcess]:
+    """A fresh controller under a tiny APF priority level explains a batch of pending claims."""
+    running.stop()
+    for res, body in APF_OBJECTS:
+        create(sc.api, res, body)
+    deadline = time.monotonic() + 60
+    while not metric_value(sc.apiserver_metrics(), "apiserver_flowcontrol_nominal_limit_seats",
+                           {"priority_level": APF_NAME}):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the API server did not take up PriorityLevelConfiguration {APF_NAME}")
+        time.sleep(0.5)
+    rejected_before = metric_value(sc.apiserver_metrics(), "apiserver_flowcontrol_rejected_requests_total",
+                                   {"flow_schema": APF_NAME})
+    names = [f"apf-{i}" for i in range(plan.apf_claims)]
+    tracker = Tracker(sc.api, CLAIMS, NS_APF, has_explanation)
+    ctl = sc.controller("apf")
+    noise: Noise | None = None
+    try:
+        ctl.wait_synced(plan.apf_wait_s)
+        noise = Noise(sc.cluster, CONTROLLER_USER, NS_APF)
+        t0 = sc.pending(NS_APF, names, UNSAT_SHAPES)
+        tracker.wait(len(names), t0 + plan.apf_wait_s)
+        took = time.monotonic() - t0
+        explained = tracker.count()
+    finally:
+        tracker.stop()
+        if noise is not None:
+            noise.stop()
+    ctl.stop()
+    text = sc.apiserver_metrics()
+    rejected = metric_value(text, "apiserver_flowcontrol_rejected_requests_total", {"flow_schema": APF_NAME})
+    seats = metric_value(text, "apiserver_flowcontrol_nominal_limit_seats", {"priority_level": APF_NAME})
+    problems = log_problems(ctl.log_lines())
+    for res, body in reversed(APF_OBJECTS):
+        delete(sc.api, res, body["metadata"]["name"])
+    sc.remove(NS_APF, names)
+    doc = {"claims": len(names), "explained": explained, "seconds": round(took, 1),
+           "rejected": rejected - rejected_before - noise.rejected, "nominal_seats": seats,
+           "noise": {"requests": noise.requests, "rejected": noise.rejected},
+           "problems": problems[:20], "problem_lines": len(problems)}
+    sc.log(f"scale: APF: {explained} of {len(names)} explained in {took:.0f}s; the API server answered "
+           f"{doc['rejected']:.0f} 429s to the controller's flow ({seats:.0f} seats); {len(problems)} problem lines logged")
+    fresh = sc.controller("after-apf")
+    fresh.wait_synced(600)
+    return doc, fresh
+
+
+# =========================================================================== the whole run
+
+def fits(next_nodes: int, elapsed: float, last: SizeRun | None, budget: float) -> bool:
+    """Whether the next size is expected to end within the budget: its time scales with the nodes."""
+    if last is None:
+        return True
+    return elapsed + last.seconds * max(1.0, next_nodes / last.nodes) <= budget
+
+
+def curve_of(runs: list[SizeRun]) -> Curve:
+    c = Curve()
+    for r in runs:
+        n = float(r.nodes)
+        fc = r.first_claim
+        if fc.get("latency_s") is not None:
+            c.first_claim_s.append((n, fc["latency_s"]))
+            c.first_claim_cache_mib.append((n, fc["cache_mib"]))
+        if (v := _p50_ms(r.fit_probes)) is not None:
+            c.fit_p50_ms.append((n, v))
+        if (v := _p50_ms(r.explain_probes)) is not None:
+            c.explain_p50_ms.append((n, v))
+        if r.first_unsat and fc:
+            c.explain_extra_mib.append((n, r.first_unsat["peak_growth_mib"] - fc["peak_growth_mib"]))
+        if r.startup:
+            c.startup_s.append((n, r.startup["explained_s"]))
+        c.devices.append((n, float(r.devices)))
+        c.rss_samples += [{k: float(s[k]) for k in ("devices", "claims", "pods", "rss_mib")} for s in r.rss_samples]
+    return c
+
+
+def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every size of ``plan`` that fits the budget; the measurements as a document."""
+    started = time.monotonic()
+    binaries.ensure()
+    gotools.ensure([kwok_mod.TOOL])
+    bytecode.shipped_python()
+    sc = ScaleCluster(workdir, plan.mig_per, log)
+    runs: list[SizeRun] = []
+    apf: dict[str, Any] | None = None
+    skipped: list[int] = []
+    stacks: list[str] = []
+    try:
+        sc.start()
+        ctl: ControllerProcess | None = None
+        for nodes in plan.sizes:
+            if not fits(nodes, time.monotonic() - started, runs[-1] if runs else None, plan.budget_s):
+                skipped.append(nodes)
+                log(f"scale: {nodes} nodes would not end within the {plan.budget_s / 60:.0f}-minute budget; "
+                    "extrapolating from the sizes that ran")
+                continue
+            run, ctl, size_stacks = run_size(sc, plan, nodes, ctl, workdir)
+            runs.append(run)
+            stacks = size_stacks or stacks
+            sc.check_alive()
+            if apf is None:
+                apf, ctl = apf_phase(sc, plan, ctl)
+        at_once: dict[str, Any] | None = None
+        if ctl is not None and runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
+            ctl.stop()
+            runs[-1].controller_problems += log_problems(ctl.log_lines())
+            ctl, _ = synced_sample(sc, f"{runs[-1].nodes}-at-once")
+            at_once = backlog_phase(sc, plan, ctl, plan.backlog_at_once, f"{runs[-1].nodes}-at-once")
+        if ctl is not None:
+            ctl.stop()
+            runs[-1].controller_problems += log_problems(ctl.log_lines())
+    finally:
+        sc.close()
+    return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "stacks": stacks,
+            "backlog_at_once": at_once or (runs[-1].backlog if runs else None),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def result_of(doc: dict[str, Any], plan: Plan) -> Result:
+    runs = [SizeRun(**r) for r in doc["runs"]]
+    largest = runs[-1]
+    targets = Targets(backlog=plan.backlog_at_once)
+    at_once = doc["backlog_at_once"]
+    backlog = Backlog(**{k: at_once[k] for k in ("claims", "explained", "within_window", "window_s",
+                                                 "all_explained_s", "claims_per_s")})
+    throughput = (at_once["claims_per_s"], largest.fill["pods_per_s"], largest.nodes)
+    row_list, fit_figures = rows(curve_of(runs), targets, throughput=throughput, backlog=backlog, apf=doc["apf"])
+    result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
+        "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
+        "plan": asdict(plan), "kubernetes": binaries.kubernetes_version(),
+        "kwok": gotools.TOOLS[kwok_mod.TOOL].version(), "kwok_lease_seconds": kwok_mod.LEASE_SECONDS,
+        "control_plane_client_limits": list(CONTROL_PLANE_QPS), "apiserver": list(APISERVER_ARGS),
+        "controller": "python -OO -m dra_driver controller (leader election, informers, queue, writes), "
+                      f"user {CONTROLLER_USER} (cluster-admin binding, subject to APF)",
+        "fit_shapes": list(FIT_SHAPES), "unsatisfiable_shapes": list(UNSAT_SHAPES),
+    })
+    result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], "backlog_at_once": at_once, **fit_figures,
+                           "run_seconds": doc["seconds"]})
+    if doc.get("stacks"):
+        result.figures["profile"] = {"nodes": largest.nodes, **profile_breakdown(doc["stacks"])}
+        result.files["scale-profile.txt"] = "\n".join(doc["stacks"]) + "\n"
+    for row in row_list:
+        if math.isnan(row.value):
+            result.notes.append(f"{row.what}: {row.basis}")
+            continue
+        result.target(f"{row.what} [{row.basis}]", row.value, row.limit, row.unit, higher_is_better=row.higher_is_better)
+        if row.note:
+            result.notes.append(f"{row.what}: {row.note}")
+    problems = [p for r in runs for p in r.controller_problems]
+    result.notes.append(f"{len(problems)} problem lines in the controllers' logs outside the APF run"
+                        + (f"; first: {problems[0][:300]}" if problems else ""))
+    result.figures["headline"] = {
+        "largest size run": f"{largest.nodes} GPU nodes + {largest.mig_nodes} dynamic-MIG ({largest.devices} devices)",
+        "scheduler": f"{largest.fill['pods_per_s']} pods/s",
+        "controller": f"{at_once['claims_per_s']:.1f} claims explained/s"}
+    return result
+
+
+def run(bed: BenchBed, quick: bool) -> Result:
+    """``python -m e2e.bench --only scale``: the curve (``--quick``: the 500-node smoke)."""
+    plan = SMOKE if quick else FULL
+    doc = run_curve(plan, bed.workdir / "scale")
+    result = result_of(doc, plan)
+    _plot(doc, result, RESULTS)
+    return result
+
+
+def _plot(doc: dict[str, Any], result: Result, directory: Path) -> None:
+    from e2e.bench.plot import plot_scale_curve
+
+    path = plot_scale_curve(doc["runs"], directory / "scale-curve.png")
+    result.notes.append(f"curve: {path.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale", description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="500 nodes, small workloads (what make e2e runs)")
+    parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
+                        help="comma-separated GPU node counts, e.g. 500,1000")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory for scale.json and the plot")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    if args.sizes:
+        plan = Plan(**{**asdict(plan), "sizes": args.sizes})
+    workdir = Path(tempfile.mkdtemp(prefix="dra-scale-"))
+    try:
+        doc = run_curve(plan, workdir, log=lambda line: print(line, flush=True))
+        result = result_of(doc, plan)
+        _plot(doc, result, args.results)
+        path = result.write(machine_facts(workdir), args.results)
+        (args.results / "SUMMARY.md").write_text(summary_markdown(args.results))
+    finally:
+        if args.keep:
+            print(f"scale: work directory kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    verdict = {True: "pass", False: "MISSED", None: "informational"}[result.passed]
+    print(f"scale: {verdict} -> {path}")
+    for t in result.targets:
+        print(f"    {t['what']}: {t['value']} {t['unit']} ({t['comparison']} {t['limit']}) {'ok' if t['pass'] else 'MISSED'}")
+    print(json.dumps(result.figures.get("profile", {}), indent=1))
+    print(markdown_tables(json.loads(path.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

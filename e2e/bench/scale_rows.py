@@ -1,0 +1,362 @@
+"""The scale bench's arithmetic, apart from the cluster: metrics text, fits, extrapolation, log checks, rows.
+
+Everything here is a pure function of measured numbers (``unit_tests/test_scale_rows.py``), so a
+reader can check how each row of ``e2e/bench/results/scale.json`` follows from the figures beside it.
+
+A row is *measured* when the bench ran the size the row names, and *extrapolated* otherwise: a
+straight line through the sizes that ran (least squares; the costs grow linearly with the cluster,
+which the curve itself shows), or a fit of memory over object counts for the controller's RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# --------------------------------------------------------------------------- Prometheus text
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0.0 when there is none)."""
+    total = 0.0
+    want = dict(labels or {})
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(2) or ""))
+        if all(have.get(k) == v for k, v in want.items()):
+            try:
+                total += float(m.group(3))
+            except ValueError:
+                continue
+    return total
+
+
+@dataclass(frozen=True)
+class HistogramReading:
+    count: float
+    sum: float
+
+
+def histogram(text: str, name: str) -> HistogramReading:
+    return HistogramReading(metric_value(text, f"{name}_count"), metric_value(text, f"{name}_sum"))
+
+
+def mean_since(before: HistogramReading, after: HistogramReading) -> float | None:
+    """Mean duration of the observations between two readings (exact for one observation)."""
+    n = after.count - before.count
+    return (after.sum - before.sum) / n if n > 0 else None
+
+
+# --------------------------------------------------------------------------- fits
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``target ≈ intercept + Σ slope[v] · v``, by least squares over ``samples`` points."""
+
+    intercept: float
+    slopes: dict[str, float]
+    samples: int
+    max_residual: float
+
+    def predict(self, point: Mapping[str, float]) -> float:
+        return self.intercept + sum(s * float(point[v]) for v, s in self.slopes.items())
+
+    def document(self) -> dict[str, Any]:
+        return {"intercept": round(self.intercept, 4), "slopes": {k: float(f"{v:.6g}") for k, v in self.slopes.items()},
+                "samples": self.samples, "max_residual": round(self.max_residual, 3)}
+
+
+def fit_linear(samples: Sequence[Mapping[str, float]], variables: Sequence[str], target: str) -> Fit:
+    """Least-squares fit of ``target`` over ``variables`` with an intercept.
+
+    Raises ValueError when the samples cannot tell the variables apart (fewer samples than
+    unknowns, or variables that always move together): a slope read off such data would be a guess.
+    """
+    import numpy as np
+
+    unknowns = len(variables) + 1
+    if len(samples) < unknowns:
+        raise ValueError(f"fit of {target}: {len(samples)} samples for {unknowns} unknowns")
+    a = np.array([[1.0, *(float(s[v]) for v in variables)] for s in samples])
+    b = np.array([float(s[target]) for s in samples])
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    if np.linalg.matrix_rank(a / scale) < unknowns:
+        raise ValueError(f"fit of {target}: the samples do not vary {', '.join(variables)} independently")
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    residual = float(np.abs(a @ coef - b).max())
+    return Fit(float(coef[0]), {v: float(c) for v, c in zip(variables, coef[1:], strict=True)}, len(samples), residual)
+
+
+@dataclass(frozen=True)
+class Projection:
+    value: float
+    measured: bool
+    basis: str
+    """How the value was obtained, for the row's text: "measured at 5,000 nodes", "extrapolated ..."."""
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def project(points: Sequence[tuple[float, float]], x: float, what: str = "nodes") -> Projection:
+    """The value at ``x``: measured when a point is there, else a line through the points.
+
+    With one point the line goes through the origin (cost proportional to size); with more it is
+    the least-squares line. The basis names which.
+    """
+    pts = sorted((float(px), float(py)) for px, py in points)
+    if not pts:
+        raise ValueError("project: no measured points")
+    for px, py in pts:
+        if px == x:
+            return Projection(py, True, f"measured at {_n(x)} {what}")
+    span = f"{_n(pts[0][0])}" + (f" to {_n(pts[-1][0])}" if len(pts) > 1 else "")
+    if len(pts) == 1:
+        px, py = pts[0]
+        return Projection(py * x / px if px else py, False,
+                          f"extrapolated to {_n(x)} {what}, proportionally from {span}")
+    fit = fit_linear([{"x": px, "y": py} for px, py in pts], ("x",), "y")
+    return Projection(fit.predict({"x": x}), False, f"extrapolated to {_n(x)} {what} from {span} (linear fit)")
+
+
+# --------------------------------------------------------------------------- backlog and rates
+
+
+@dataclass(frozen=True)
+class Backlog:
+    claims: int
+    explained: int
+    """Claims that carried an explanation by the end of the wait."""
+    within_window: int
+    """Claims explained within ``window_s`` of the first create."""
+    window_s: float
+    all_explained_s: float | None
+    """First create -> last claim explained; None when some were never explained."""
+    claims_per_s: float
+
+
+def backlog_outcome(claims: int, first_create: float, explained_at: Iterable[float], window_s: float,
+                    waited_s: float) -> Backlog:
+    """What a backlog run shows: ``explained_at`` are the times (same clock as ``first_create``)
+    at which each claim first carried its explanation; the wait ended ``waited_s`` after the
+    first create."""
+    times = sorted(t - first_create for t in explained_at)
+    within = sum(1 for t in times if t <= window_s)
+    done = len(times) >= claims > 0
+    last = times[-1] if done else None
+    span = last if last is not None else waited_s
+    rate = len(times) / span if span > 0 else 0.0
+    return Backlog(claims, len(times), within, window_s, last, rate)
+
+
+def backlog_seconds(b: Backlog) -> tuple[float, bool]:
+    """The backlog row's value: the time to explain them all, or (not all explained) that time
+    projected from the rate seen; the flag says which."""
+    if b.all_explained_s is not None:
+        return b.all_explained_s, True
+    return (b.claims / b.claims_per_s if b.claims_per_s > 0 else float("inf")), False
+
+
+# --------------------------------------------------------------------------- logs
+
+_THROTTLED = ("429", "TooManyRequests", "Too Many Requests", "too many requests")
+_SERIOUS = ("error", "critical", "exception", "fatal")
+
+
+def log_problems(lines: Iterable[str]) -> list[str]:
+    """Lines of a JSON log that a person would have to act on: errors, tracebacks, and any warning
+    that shows a 429 (a throttled client must wait and retry, not complain)."""
+    problems = []
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            if "Traceback" in text or "Error" in text:
+                problems.append(text)
+            continue
+        level = str(record.get("level", "")).lower()
+        if level in _SERIOUS or (level == "warning" and any(t in text for t in _THROTTLED)):
+            problems.append(text)
+    return problems
+
+
+# --------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    value: float
+    limit: float
+    unit: str
+    basis: str
+    higher_is_better: bool = False
+    note: str = ""
+
+
+@dataclass
+class Targets:
+    """The cluster the issue's rows are stated for."""
+
+    nodes: int = 5000
+    devices: int = 40_000
+    claims: int = 20_000
+    pods: int = 150_000
+    backlog: int = 10_000
+
+
+@dataclass
+class Curve:
+    """Per-size measurements, as the bench collects them (each list holds (nodes, value))."""
+
+    first_claim_s: list[tuple[float, float]] = field(default_factory=list)
+    first_claim_cache_mib: list[tuple[float, float]] = field(default_factory=list)
+    fit_p50_ms: list[tuple[float, float]] = field(default_factory=list)
+    explain_p50_ms: list[tuple[float, float]] = field(default_factory=list)
+    explain_extra_mib: list[tuple[float, float]] = field(default_factory=list)
+    startup_s: list[tuple[float, float]] = field(default_factory=list)
+    devices: list[tuple[float, float]] = field(default_factory=list)
+    rss_samples: list[dict[str, float]] = field(default_factory=list)
+    """Controller VmRSS (``rss_mib``) with all informers synced, at (devices, claims, pods)."""
+
+
+RSS_VARIABLES = ("devices", "claims", "pods")
+
+
+def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dict[str, float]]:
+    """The controller-RSS row from a fit of RSS over devices, claims and pods.
+
+    It is evaluated at the bench's own fleet at ``targets.nodes`` (its dynamic-MIG nodes included,
+    so more devices than ``targets.devices``: the conservative reading) with ``targets.claims``
+    claims and ``targets.pods`` pods. Also returned: the value at exactly ``targets.devices``.
+    """
+    try:
+        fit = fit_linear(curve.rss_samples, RSS_VARIABLES, "rss_mib")
+    except ValueError as exc:
+        return [Row("controller RSS, informers synced", float("nan"), 512, "MiB", f"not computed: {exc}")], None, {}
+    fleet_devices = project(curve.devices, targets.nodes).value
+    at_fleet = fit.predict({"devices": fleet_devices, "claims": targets.claims, "pods": targets.pods})
+    at_row = fit.predict({"devices": targets.devices, "claims": targets.claims, "pods": targets.pods})
+    largest = max(curve.rss_samples, key=lambda s: (s["devices"], s["pods"]))
+    measured = all(largest[k] >= v for k, v in (("devices", fleet_devices), ("claims", targets.claims),
+                                                  ("pods", targets.pods)))
+    basis = ("measured" if measured else
+             f"extrapolated from {fit.samples} fresh starts up to {_n(largest['devices'])} devices, "
+             f"{_n(largest['claims'])} claims, {_n(largest['pods'])} pods (fit over devices, claims, pods)")
+    what = (f"controller RSS, informers synced, at {_n(targets.nodes)} nodes ({_n(fleet_devices)} devices with the "
+            f"dynamic-MIG nodes), {_n(targets.claims)} claims, {_n(targets.pods)} pods")
+    figures = {"at_fleet_devices": round(fleet_devices), "rss_mib_at_fleet": round(at_fleet, 1),
+               f"rss_mib_at_{targets.devices}_devices": round(at_row, 1)}
+    return [Row(what, at_fleet, 512, "MiB", basis)], fit, figures
+
+
+def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int] | None,
+         backlog: Backlog | None, apf: Mapping[str, Any] | None) -> tuple[list[Row], dict[str, Any]]:
+    """Every row of the issue, with its basis; and the fit figures behind them.
+
+    ``throughput``: (our claims/s, the scheduler's pods/s, nodes) at the largest size run.
+    ``apf``: ``claims``, ``explained``, ``problems`` (log lines), ``rejected`` (429s the API server
+    answered the controller's flow).
+    """
+    out: list[Row] = []
+    figures: dict[str, Any] = {}
+    n = targets.nodes
+    if throughput is not None:
+        ours, theirs, at = throughput
+        ratio = ours / theirs if theirs > 0 else float("nan")
+        out.append(Row("resolution throughput, our claims/s ÷ kube-scheduler pods/s", ratio, 1.0, "x",
+                       f"measured at {_n(at)} nodes, same cluster, same run", higher_is_better=True,
+                       note=f"ours {ours:.1f} claims explained/s, scheduler {theirs:.1f} pods bound/s"))
+    for series, what, limit, unit in (
+        (curve.first_claim_s, "first claim after start", 1.0, "s"),
+        (curve.first_claim_cache_mib, "first claim after start: the caches it builds (RSS growth)", 100.0, "MiB"),
+        (curve.fit_p50_ms, f"resolve one fitting claim, {_n(targets.claims)} claims allocated, p50", 5.0, "ms"),
+        (curve.explain_p50_ms, "explain one unsatisfiable claim, p50", 100.0, "ms"),
+        (curve.explain_extra_mib, "explain one unsatisfiable claim: extra memory (first-claim peak RSS growth, "
+                                  "unsatisfiable less fitting)", 10.0, "MiB"),
+        (curve.startup_s, "startup: process start -> informers synced and first pending claim explained", 10.0, "s"),
+    ):
+        if not series:
+            continue
+        p = project(series, n)
+        out.append(Row(f"{what} at {_n(n)} nodes", p.value, limit, unit, p.basis))
+    if curve.rss_samples:
+        rss, fit, rss_figures = rss_rows(curve, targets)
+        out += rss
+        figures["rss_fit"] = fit.document() if fit is not None else None
+        figures.update(rss_figures)
+    if backlog is not None:
+        seconds, complete = backlog_seconds(backlog)
+        basis = ("measured" if complete else
+                 f"projected: {backlog.explained} of {backlog.claims} explained, {backlog.within_window} within "
+                 f"{backlog.window_s:.0f} s, at {backlog.claims_per_s:.1f} claims/s")
+        out.append(Row(f"backlog of {_n(backlog.claims)} pending claims created at once: all explained", seconds,
+                       60.0, "s", basis))
+    if apf is not None:
+        missing = int(apf["claims"]) - int(apf["explained"])
+        out.append(Row("low API Priority and Fairness limit: claims left unexplained + error lines logged",
+                       float(missing + len(apf["problems"])), 0.0, "", "measured",
+                       note=f"{apf['explained']} of {apf['claims']} explained, {len(apf['problems'])} problem lines"))
+        out.append(Row("low API Priority and Fairness limit: 429s the API server answered the controller",
+                       float(apf["rejected"]), 1.0, "", "measured (the limit must bite for the row above to mean "
+                       "anything)", higher_is_better=True))
+    return out, figures
+
+
+# --------------------------------------------------------------------------- the docs' tables
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_tables(document: Mapping[str, Any]) -> str:
+    """The rows and the per-size curve of a ``scale.json`` document, as the docs show them."""
+    lines = ["| Row | Result | Target | Met | How |", "|---|---|---|---|---|"]
+    for t in document.get("targets") or []:
+        what, _, basis = str(t["what"]).partition(" [")
+        lines.append(f"| {what} | {_cell(float(t['value']), 2)} {t['unit']} | {t['comparison']} {_cell(t['limit'], 1)} "
+                     f"{t['unit']} | {'yes' if t['pass'] else '**no**'} | {basis.rstrip(']')} |")
+    lines += ["", "| GPU nodes (+MIG) | devices | claims allocated | pods | controller RSS synced | first claim | "
+              "fitting p50 | unsatisfiable p50 | backlog claims/s | scheduler pods/s | startup |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in (document.get("figures") or {}).get("sizes") or []:
+        last = (r.get("rss_samples") or [{}])[-1]
+        fc = r.get("first_claim") or {}
+
+        def p50(probes: Sequence[Mapping[str, Any]]) -> float | None:
+            vals = sorted(p["latency_s"] * 1000 for p in probes if p.get("latency_s") is not None)
+            return vals[(len(vals) - 1) // 2] if vals else None
+
+        first = f"{_cell(fc.get('latency_s'), 2)} s, +{_cell(fc.get('cache_mib'), 0)} MiB" if fc else "—"
+        lines.append(
+            f"| {r['nodes']:,} (+{r.get('mig_nodes', 0):,}) | {_cell(r.get('devices'))} | {_cell(last.get('claims'), 0)} | "
+            f"{_cell(last.get('pods'), 0)} | {_cell(last.get('rss_mib'), 0)} MiB | {first} | "
+            f"{_cell(p50(r.get('fit_probes') or []), 0)} ms | {_cell(p50(r.get('explain_probes') or []), 0)} ms | "
+            f"{_cell((r.get('backlog') or {}).get('claims_per_s'), 1)} | {_cell((r.get('fill') or {}).get('pods_per_s'), 1)} | "
+            f"{_cell((r.get('startup') or {}).get('explained_s'), 1)} s |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""The scale bench at 500 nodes (``python -m e2e.bench.scale --smoke``), as a test.
+
+Its own control plane with kwok nodes (not the session's bed): 500 GPU nodes and 50 dynamic-MIG
+nodes, 1,000 claims allocated (200 of them by the kube-scheduler), our controller started afresh several times,
+probes, a backlog of pending claims and a run under a low API Priority and Fairness limit. What is
+asserted is what 500 nodes can show: every claim allocated or explained, no error logged, and the
+APF run; the latency and memory targets belong to ``make bench-scale`` at 5,000 nodes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.bench import scale
+
+pytestmark = [pytest.mark.testbed_only, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def smoke() -> Iterator[dict[str, Any]]:
+    workdir = Path(tempfile.mkdtemp(prefix="dra-scale-smoke-"))
+    lines: list[str] = []
+    try:
+        doc = scale.run_curve(scale.SMOKE, workdir, log=lambda line: (lines.append(line), print(line, flush=True)))
+        yield {**doc, "log": lines}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_the_scheduler_allocates_every_fill_claim(smoke: dict[str, Any]) -> None:
+    (run,) = smoke["runs"]
+    assert run["nodes"] == 500 and run["mig_nodes"] == 50
+    assert run["fill"]["pods"] == scale.SMOKE.scheduled_pods
+    assert run["held"]["claims"] + run["fill"]["pods"] == 500 * scale.SMOKE.claims_per_node
+    # Every new node got its slices and every pod of the fill was bound (fill() raises otherwise).
+    assert run["devices"] > 500 * 8 and run["fill"]["pods_per_s"] > 0
+
+
+def test_every_pending_claim_is_resolved_or_explained(smoke: dict[str, Any]) -> None:
+    (run,) = smoke["runs"]
+    probes = [run["first_claim"], run["first_unsat"], *run["fit_probes"], *run["explain_probes"]]
+    assert all(p["latency_s"] is not None and p["evaluations"] >= 1 for p in probes), probes
+    backlog = run["backlog"]
+    assert backlog["explained"] == backlog["claims"] == scale.SMOKE.backlog_at_once, backlog
+    assert run["startup"]["explained_s"] >= run["startup"]["synced_s"] > 0
+
+
+def test_no_error_logged(smoke: dict[str, Any]) -> None:
+    (run,) = smoke["runs"]
+    assert run["controller_problems"] == []
+
+
+def test_the_low_apf_limit_bites(smoke: dict[str, Any]) -> None:
+    # Without 429s the next test would prove nothing.
+    assert smoke["apf"]["rejected"] > 0, smoke["apf"]
+
+
+@pytest.mark.waits_for(30)
+def test_under_a_low_apf_limit_every_claim_is_explained_and_no_429_surfaces(smoke: dict[str, Any]) -> None:
+    apf = smoke["apf"]
+    assert apf["explained"] == apf["claims"], apf
+    assert apf["problems"] == [], apf["problems"]
