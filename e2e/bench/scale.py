@@ -86,7 +86,6 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.k8s.client import CLAIMS, PODS, Obj, Resource
-from e2e.bench.sharedbed import BenchBed
 from e2e.bench.common import RESULTS, Result, machine_facts, percentile, summary_markdown
 from e2e.bench.scale_cluster import (
     APF_NAME,
@@ -125,9 +124,10 @@ from e2e.bench.scale_rows import (
     metric_value,
     rows,
 )
-from e2e.tooling import binaries, bytecode, gotools
+from e2e.bench.sharedbed import BenchBed
 from e2e.testbed import kwok as kwok_mod
 from e2e.testbed.cluster import Cluster
+from e2e.tooling import binaries, bytecode, gotools
 
 SIZES = (500, 1000, 2000, 5000)
 BUDGET_S = 28 * 60

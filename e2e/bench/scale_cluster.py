@@ -24,12 +24,12 @@ import yaml
 from dra_driver.k8s import client as kube
 from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, DEVICE_CLASSES, NODES, PODS, SLICES, ApiError, Obj, Resource
 from e2e.bench import fleet
-from e2e.bench.sharedbed import parallel
 from e2e.bench.common import REPO
 from e2e.bench.scale_rows import HistogramReading, histogram
-from e2e.tooling import bytecode
+from e2e.bench.sharedbed import parallel
 from e2e.testbed import kwok as kwok_mod
 from e2e.testbed.cluster import Cluster, die_with_parent, free_port
+from e2e.tooling import bytecode
 
 DRIVER = fleet.DRIVER
 CONTROLLER_USER = "scale-bench-controller"

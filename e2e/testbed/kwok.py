@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.tooling import gotools
 from e2e.testbed.cluster import die_with_parent
+from e2e.tooling import gotools
 
 TOOL = "kwok"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
