@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from dra_driver.allocator.capacity import show
-from dra_driver.allocator.cel.syntax import Binary, Call, Ident, Index, Lit, Node, Parser, Select, Unary, unparse
+from dra_driver.allocator.cel.syntax import Binary, Call, Ident, Index, Lit, Node, Parser, Select, Unary, children, unparse
 from dra_driver.allocator.inventory import Device
 
 _SYMBOL = {"<": "<", "<=": "≤", ">": ">", ">=": "≥", "==": "==", "!=": "!="}
@@ -141,22 +141,8 @@ def _visit(node: Node, negated: bool, found: list[Reading]) -> None:
     if ref is not None:
         _add(found, ref, "false" if negated else "true", False)
         return
-    for child in _children(node):
+    for child in children(node):
         _visit(child, negated if isinstance(node, Binary) and node.op in ("&&", "||") else False, found)
-
-
-def _children(node: Node) -> list[Node]:
-    out: list[Node] = []
-    for value in vars(node).values():
-        if isinstance(value, Node):
-            out.append(value)
-        elif isinstance(value, list):
-            for item in value:
-                if isinstance(item, Node):
-                    out.append(item)
-                elif isinstance(item, tuple):
-                    out.extend(x for x in item if isinstance(x, Node))
-    return out
 
 
 def value_of(dev: Device, r: Reading) -> Any:

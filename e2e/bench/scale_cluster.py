@@ -28,7 +28,7 @@ from e2e.bench.common import REPO
 from e2e.bench.scale_rows import HistogramReading, histogram
 from e2e.bench.sharedbed import parallel
 from e2e.testbed import kwok as kwok_mod
-from e2e.testbed.cluster import Cluster, die_with_parent, free_port
+from e2e.testbed.cluster import Cluster, die_with_parent, free_port, stop_process
 from e2e.tooling import bytecode
 
 DRIVER = fleet.DRIVER
@@ -307,15 +307,7 @@ class ControllerProcess:
         return self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc, timeout=20)
         self.proc = None
 
 

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from e2e.tooling import binaries
 
@@ -60,6 +61,19 @@ def die_with_parent() -> None:
     # can spend a minute in graceful shutdown, and a disposable bed has nothing to save.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, int(signal.SIGKILL))
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``: a process given the chance to clean up, never waited
+    on forever."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed.cluster import die_with_parent
+from e2e.testbed.cluster import die_with_parent, stop_process
 from e2e.tooling import gotools
 
 TOOL = "kwok"
@@ -101,15 +101,7 @@ class Kwok:
             raise RuntimeError(f"kwok exited with {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
         self.proc = None
 
     def wait_running(self, timeout: float = 60.0) -> None:

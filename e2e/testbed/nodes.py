@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e.testbed import mocknvml
-from e2e.testbed.cluster import die_with_parent, free_port
+from e2e.testbed.cluster import die_with_parent, free_port, stop_process
 from e2e.tooling import bytecode
 
 DRIVER_NAME = "gpu.dra-driver.io"
@@ -155,15 +155,7 @@ class Processes:
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc, timeout=15)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dra_driver.allocator.cel.functions import MACROS
-from dra_driver.allocator.cel.syntax import Call, Ident, Index, Lit, Node, Parser, Select
+from dra_driver.allocator.cel.syntax import Call, Ident, Index, Lit, Node, Parser, Select, children
 
 Field = tuple[str, str, str]
 """(``attributes`` or ``capacity``, domain, name)."""
@@ -145,7 +145,7 @@ def _visit(node: Node, scope: tuple[str, ...], found: _Found) -> None:
     if isinstance(node, Call):
         _visit_call(node, scope, found)
         return
-    for child in _children(node):
+    for child in children(node):
         _visit(child, scope, found)
 
 
@@ -171,15 +171,3 @@ def _visit_call(node: Call, scope: tuple[str, ...], found: _Found) -> None:
         _visit(arg, scope, found)
 
 
-def _children(node: Node) -> list[Node]:
-    out: list[Node] = []
-    for value in vars(node).values():
-        if isinstance(value, Node):
-            out.append(value)
-        elif isinstance(value, list):
-            for item in value:
-                if isinstance(item, Node):
-                    out.append(item)
-                elif isinstance(item, tuple):
-                    out.extend(x for x in item if isinstance(x, Node))
-    return out

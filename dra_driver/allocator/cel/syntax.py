@@ -463,6 +463,21 @@ class Rewriter:
 # --------------------------------------------------------------------------- unparse
 
 
+def children(node: Node) -> list[Node]:
+    """The nodes directly under ``node``, in field order (lists of nodes and of node tuples too)."""
+    out: list[Node] = []
+    for value in vars(node).values():
+        if isinstance(value, Node):
+            out.append(value)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, Node):
+                    out.append(item)
+                elif isinstance(item, tuple):
+                    out.extend(x for x in item if isinstance(x, Node))
+    return out
+
+
 def unparse(node: Node) -> str:
     if isinstance(node, Lit):
         return node.text
