@@ -555,6 +555,7 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
     runs: list[SizeRun] = []
     apf: dict[str, Any] | None = None
     skipped: list[int] = []
+    failed: dict[str, str] = {}
     stacks: list[str] = []
     try:
         sc.start()
@@ -565,14 +566,26 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
                 log(f"scale: {nodes} nodes would not end within the {plan.budget_s / 60:.0f}-minute budget; "
                     "extrapolating from the sizes that ran")
                 continue
-            run, ctl, size_stacks = run_size(sc, plan, nodes, ctl, workdir)
+            try:
+                run, ctl, size_stacks = run_size(sc, plan, nodes, ctl, workdir)
+            except RuntimeError as exc:
+                if not runs:
+                    raise
+                # The sizes that ran are still a curve: keep them, say which size failed and why, and
+                # measure nothing more on a cluster that is now larger than the last size recorded.
+                failed[str(nodes)] = str(exc)
+                log(f"scale: {nodes} nodes failed ({exc}); the rows come from the sizes that ran")
+                if ctl is not None:
+                    ctl.stop()  # the controller handed to that size, unless it had already retired it
+                ctl = None
+                break
             runs.append(run)
             stacks = size_stacks or stacks
             sc.check_alive()
             if apf is None:
                 apf, ctl = apf_phase(sc, plan, ctl)
         at_once: dict[str, Any] | None = None
-        if ctl is not None and runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
+        if ctl is not None and not failed and runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
             ctl.stop()
             runs[-1].controller_problems += log_problems(ctl.log_lines())
             ctl, _ = synced_sample(sc, f"{runs[-1].nodes}-at-once")
@@ -582,7 +595,8 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
             runs[-1].controller_problems += log_problems(ctl.log_lines())
     finally:
         sc.close()
-    return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "stacks": stacks,
+    return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "failed_sizes": failed,
+            "stacks": stacks,
             "backlog_at_once": at_once or (runs[-1].backlog if runs else None),
             "seconds": round(time.monotonic() - started, 1)}
 
@@ -598,6 +612,7 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
     row_list, fit_figures = rows(curve_of(runs), targets, throughput=throughput, backlog=backlog, apf=doc["apf"])
     result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
         "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
+        "sizes_failed": doc.get("failed_sizes", {}),
         "plan": asdict(plan), "kubernetes": binaries.kubernetes_version(),
         "kwok": gotools.TOOLS[kwok_mod.TOOL].version(), "kwok_lease_seconds": kwok_mod.LEASE_SECONDS,
         "control_plane_client_limits": list(CONTROL_PLANE_QPS), "apiserver": list(APISERVER_ARGS),
