@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
@@ -116,9 +117,9 @@ class PodStream:
             t.join(timeout=30)
 
     def cleanup(self) -> None:
-        """Delete whatever the stream left (a failed run); the namespace goes with the test anyway."""
+        """Delete the pods still there (a failed run), so that they free their GPUs for the next test."""
         self._stop.set()
-        for name in list(self.records):
+        for name in [r.name for r in self.records.values() if r.gone is None]:
             with contextlib.suppress(ApiError):
                 self._writer.delete(PODS, name, namespace=self.ns)
 
@@ -132,7 +133,7 @@ class PodStream:
                 name = f"{self.prefix}{created:04d}"
                 with self._lock:
                     self.records[name] = PodRecord(name, time.monotonic())
-                self._call(lambda n=name: self._writer.create(PODS, self.pod(n), namespace=self.ns), f"create {name}")
+                self._call(partial(self._writer.create, PODS, self.pod(name), namespace=self.ns), f"create {name}")
                 created += 1
                 continue
             with self._lock:
@@ -141,7 +142,7 @@ class PodStream:
                 for r in due:
                     r.deleted = now
             for r in due:
-                self._call(lambda n=r.name: self._writer.delete(PODS, n, namespace=self.ns), f"delete {r.name}")
+                self._call(partial(self._writer.delete, PODS, r.name, namespace=self.ns), f"delete {r.name}")
             if created >= self.plan.pods and not due and all(r.deleted for r in self.records.values()):
                 return
             time.sleep(0.02)

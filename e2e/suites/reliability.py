@@ -25,20 +25,20 @@ from e2e.testbed.clusterview import CONTAINERS_ANNOTATION, DRIVER, Bed, slice_de
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "reliability.json"
 
 
-def record(section: str, key: str, value: dict[str, Any]) -> None:
-    """Merge ``value`` into ``reliability.json`` at ``[section][key]``; other writers' keys stay."""
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+def record(section: str, key: str, value: dict[str, Any], results: Path = RESULTS) -> None:
+    """Merge ``value`` into ``results`` (``reliability.json``) at ``[section][key]``; other writers' keys stay."""
+    results.parent.mkdir(parents=True, exist_ok=True)
     # The lock file lives outside the repository so that it never shows up as a change.
     with open(Path(tempfile.gettempdir()) / "dra-driver-reliability.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+            doc = json.loads(results.read_text()) if results.exists() else {}
         except ValueError:
             doc = {}
         doc.setdefault(section, {})[key] = {**value, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        tmp = RESULTS.with_suffix(".json.tmp")
+        tmp = results.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, RESULTS)
+        os.replace(tmp, results)
 
 
 # --- claims ------------------------------------------------------------------------------------------
