@@ -123,6 +123,21 @@ class Materializer:
         except CdiError:
             return False
 
+    def outdated(self, entry: ClaimEntry, devices: Mapping[str, AllocatableDevice]) -> bool:
+        """Whether a file of the prepared claim is not what this version writes: an earlier version (or
+        someone else) wrote it. Unknown (False) when the content cannot be made now, e.g. without the
+        driver's edits: the file there is then the best there is."""
+        if not entry.devices:
+            return False
+        try:
+            if not self.cdi.spec_is_current(entry.uid, entry.namespace, entry.name,
+                                            [claim_device(d) for d in entry.devices]):
+                return True
+            return self.metadata is not None and not self.metadata.current(
+                MetadataClaim(entry.uid, entry.namespace, entry.name, entry.pod_claim_name), entry.devices, devices)
+        except (CdiError, DriverEditsError, OSError):
+            return False
+
     def rematerialize(self, entry: ClaimEntry, boot_id: str, devices: Mapping[str, AllocatableDevice]) -> ClaimEntry:
         """Re-create what a reboot wiped: dynamic MIG instances (new boot) and the files."""
         prepared = list(entry.devices)

@@ -223,13 +223,16 @@ class DeviceState:
                     del self._ledger.entries[uid]
                     changed = True
                     continue
-                if self._node.needs_rematerialize(entry, boot):
-                    try:
+                try:
+                    if self._node.needs_rematerialize(entry, boot):
                         self._ledger.entries[uid] = self._node.rematerialize(entry, boot, self._devices)
                         changed = True
                         log.info("re-created the CDI spec of a prepared claim")
-                    except Exception as exc:
-                        log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
+                    elif self._node.outdated(entry, self._devices):
+                        self._node.write(entry, self._devices)
+                        log.info("re-wrote the CDI spec of a prepared claim: it was not what this version writes")
+                except Exception as exc:
+                    log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
                 self._ledger.save_quietly()
             leftovers = self._ledger.store.remove_stale_temp_files() + self._node.remove_temp_files()
@@ -338,6 +341,9 @@ class DeviceState:
             entry = self._node.rematerialize(entry, self._ledger.store.boot_id, self._devices)
             self._ledger.entries[claim.uid] = entry
             log.info("re-created the CDI spec of an already prepared claim")
+        elif self._node.outdated(entry, self._devices):
+            self._node.write(entry, self._devices)
+            log.info("re-wrote the CDI spec of an already prepared claim: it was not what this version writes")
         log.debug("claim already prepared")
         return PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices)), again
 
