@@ -40,6 +40,7 @@ import pytest
 
 from dra_driver.k8s.client import CLAIMS, RestKubeApi
 from dra_driver.node.prepare.checkpoint import ClaimState
+from dra_driver.ondisk import SERIALIZE_LOCK_FILE, SocketPaths, socket_paths
 from e2e.bench.common import machine_facts
 from e2e.suites.podstream import (
     PREPARE_FAILED,
@@ -60,7 +61,6 @@ from e2e.suites.reliability import (
 )
 from e2e.testbed.clusterview import DRIVER, Bed, attr, slice_devices, wait_for
 from e2e.testbed.dracalls import Claim, DraClient
-from e2e.tooling import bytecode
 
 pytestmark = pytest.mark.testbed_only
 
@@ -77,44 +77,30 @@ TEMPLATE = "stream-gpu"
 # --- the plugin instances ---------------------------------------------------------------------------
 
 
-def rolling_update_supported() -> bool:
-    """Whether this checkout's plugin has ``--rolling-update`` (the node side of issue 31)."""
-    out = subprocess.run([*bytecode.shipped_python(), "-m", "dra_driver", "kubelet-plugin", "--help"],
-                         capture_output=True, text=True, check=False, timeout=60).stdout
-    return "--rolling-update" in out
-
-
 @dataclass
 class Instances:
     """The plugin instances on the real node, as a DaemonSet's pods during a rolling update."""
 
     node: Any
-    current: str = "plugin"
-    rolling: bool = False
-    serial: int = 0
+    current: str = ""
+    pod_uids: dict[str, str] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def start_next(self) -> str:
         """Start one more instance (a new pod UID) and wait until the kubelet registered it."""
-        self.serial += 1
-        name = f"plugin-{self.serial}"
+        name = f"plugin-{len(self.pod_uids)}"
+        self.pod_uids[name] = str(uuid.uuid4())
         started = time.monotonic()
-        self.node.start_plugin(name=name, pod_uid=str(uuid.uuid4()))
+        self.node.start_plugin(name=name, pod_uid=self.pod_uids[name])
         self.events.append({"started": name, "registered_after_s": round(time.monotonic() - started, 2)})
         return name
 
-    def sockets(self, name: str) -> tuple[Path, Path]:
-        """(registration, DRA) socket of an instance, as it logged them (their names depend on its pod
-        UID and on the length of the path)."""
-        for line in (self.node.logs / f"{name}.log").read_text(errors="replace").splitlines():
-            if "serving the kubelet" in line:
-                said = json.loads(line)
-                return Path(said["registration_socket"]), Path(said["dra_socket"])
-        raise AssertionError(f"{name} never logged its sockets")
+    def sockets(self, name: str) -> SocketPaths:
+        return socket_paths(DRIVER, self.node.registry_dir, self.node.plugins_dir / DRIVER, self.pod_uids[name])
 
     def stop(self, name: str, sig: signal.Signals) -> dict[str, Any]:
         """Signal an instance and wait for it to exit: its exit code, how long it took, what it left."""
-        reg, dra = self.sockets(name)
+        sockets = self.sockets(name)
         proc = self.node.procs.procs.pop(name)
         started = time.monotonic()
         proc.send_signal(sig)
@@ -126,7 +112,7 @@ class Instances:
             code = f"did not exit within 30 s of {sig.name} (killed: {code})"
         outcome = {"stopped": name, "signal": sig.name, "exit_code": code,
                    "exit_s": round(time.monotonic() - started, 2),
-                   "sockets_left": [str(p) for p in (reg, dra) if p.exists()]}
+                   "sockets_left": [str(p) for p in (sockets.registration, sockets.dra) if p.exists()]}
         self.events.append(outcome)
         return outcome
 
@@ -140,19 +126,11 @@ class Instances:
 
 @pytest.fixture(scope="module")
 def instances(real_node: Any) -> Iterator[Instances]:
-    """The real node's plugin as the chart runs it: a rolling-update instance (when this checkout's
-    plugin has the flag; otherwise the plain one, and the tests that need two instances xfail)."""
-    got = Instances(real_node, rolling=rolling_update_supported())
-    if got.rolling:
-        real_node.procs.stop("plugin")
-        got.current = got.start_next()
+    """The real node's plugin as the chart runs it: one rolling-update instance to start with."""
+    got = Instances(real_node)
+    real_node.procs.stop("plugin")
+    got.current = got.start_next()
     yield got
-
-
-def need_rolling(instances: Instances) -> None:
-    if not instances.rolling:
-        pytest.xfail("this checkout's node plugin has no --rolling-update (the node side of issue 31, "
-                     "branch upgrade-node): two instances cannot serve one node")
 
 
 # --- the node's files under the plugins' lock --------------------------------------------------------
@@ -161,7 +139,7 @@ def need_rolling(instances: Instances) -> None:
 @contextlib.contextmanager
 def plugins_locked(node: Any) -> Iterator[bool]:
     """Hold ``serialize.lock``, as a plugin call does; False (nothing held) when no plugin made it."""
-    lock = node.state_dir / "serialize.lock"
+    lock = node.state_dir / SERIALIZE_LOCK_FILE
     if not lock.exists():
         yield False
         return
@@ -318,6 +296,7 @@ def assert_clean(r: dict[str, Any], what: str) -> None:
     assert r["pods"] == r["planned"] == r["running"], f"{what}: pods that never ran: {r['never_running']}"
     assert not r["not_gone"], f"{what}: pods not deleted cleanly: {r['not_gone']}"
     assert not r["failed_phase"] and not r["restarted"], f"{what}: {r['failed_phase']} ended, {r['restarted']} restarted"
+    assert r["watchdog_checks"], f"{what}: no {SERIALIZE_LOCK_FILE} to check the node's files under"
     assert not r["watchdog_problems"], f"{what}: node state during the stream: {r['watchdog_problems']}"
     assert not r["left_after_stream"], f"{what}: after the stream: {r['left_after_stream']}"
 
@@ -334,10 +313,9 @@ def upgrade_under_load(bed: Bed, ns: str, node: Any, instances: Instances, plan:
                        capsys: pytest.CaptureFixture[str]) -> None:
     baseline = run_phase(bed, node, ns, plan, "base")
     report(capsys, key, "baseline", baseline)
-    save(f"{key}_baseline", {"what": "the pod stream, no upgrade", "rolling_update": instances.rolling, **baseline})
+    save(f"{key}_baseline", {"what": "the pod stream, no upgrade", **baseline})
     assert_clean(baseline, "baseline")
     assert_no_failures(baseline, "baseline")
-    need_rolling(instances)
 
     def switch(stream: PodStream) -> dict[str, Any]:
         wait_for("the middle of the stream", lambda: stream.elapsed() >= SWITCH_AT * plan.seconds, plan.seconds)
@@ -376,7 +354,6 @@ def test_upgrade_with_sigkill_under_load(bed: Bed, ns: str, real_node: Any, inst
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A dies at once (SIGKILL) after B registered: a call in flight on A may fail, once; the kubelet's
     retry goes to B. Nothing is lost, nothing prepared twice, no GPU in two claims."""
-    need_rolling(instances)
     killed = threading.Event()
 
     def switch(stream: PodStream) -> dict[str, Any]:
@@ -428,7 +405,6 @@ def test_two_instances_answer_for_one_claim_at_once(bed: Bed, ns: str, real_node
     """A and B both up and called for the same claim at the same moment, straight on their DRA sockets:
     the same devices from both, one preparation in the checkpoint; then unprepared by one and prepared
     by the other, in turns, and unprepared by both at once."""
-    need_rolling(instances)
     api = RestKubeApi.from_kubeconfig(str(real_node.kubeconfig))
     taken = {(r["pool"], r["device"]) for c in api.list(CLAIMS).items
              for r in c.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])}
@@ -439,7 +415,7 @@ def test_two_instances_answer_for_one_claim_at_once(bed: Bed, ns: str, real_node
     uid = claim[2]
     first = instances.current
     second = instances.start_next()
-    clients = [DraClient(instances.sockets(name)[1]) for name in (first, second)]
+    clients = [DraClient(instances.sockets(name).dra) for name in (first, second)]
     checkpoint = real_node.state_dir / "checkpoint.json"
     rounds = 8
     seen: dict[str, Any] = {"rounds": rounds, "prepares_per_round": []}
