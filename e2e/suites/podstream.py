@@ -28,11 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
 from e2e.bench.common import percentile
 
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "upgrade.json"
+"""Where the upgrade tests (real node and kind) write their figures."""
 PREPARE_FAILED = '"Failed to prepare dynamic resources" err='
 UNPREPARE_FAILED = 'err="unprepare dynamic resources:'
 PREPARE_FAILED_EVENT = "FailedPrepareDynamicResources"
@@ -214,6 +217,19 @@ class PodStream:
             "restarted": sorted(r.name for r in records if r.restarts),
             "stream_errors": self.errors[:10],
         }
+
+
+def pod_problems(summary: dict[str, Any]) -> list[str]:
+    """What went wrong with the pods of a :meth:`PodStream.summary`: each must have run, once, and be gone."""
+    problems = [f"the test's own API calls failed: {e}" for e in summary["stream_errors"]]
+    if not summary["pods"] == summary["planned"] == summary["running"]:
+        problems.append(f"{summary['planned']} planned, {summary['pods']} created, {summary['running']} ran; "
+                        f"never running: {summary['never_running']}")
+    if summary["not_gone"]:
+        problems.append(f"not deleted cleanly: {summary['not_gone']}")
+    if summary["failed_phase"] or summary["restarted"]:
+        problems.append(f"ended: {summary['failed_phase']}, restarted: {summary['restarted']}")
+    return problems
 
 
 def kubelet_failures(log: str, ns: str) -> dict[str, int]:

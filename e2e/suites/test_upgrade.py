@@ -45,10 +45,12 @@ from e2e.bench.common import machine_facts
 from e2e.suites.podstream import (
     PREPARE_FAILED,
     PREPARE_FAILED_EVENT,
+    RESULTS,
     PodStream,
     StreamPlan,
     failure_lines,
     kubelet_failures,
+    pod_problems,
     warning_events,
 )
 from e2e.suites.reliability import (
@@ -64,7 +66,6 @@ from e2e.testbed.dracalls import Claim, DraClient
 
 pytestmark = pytest.mark.testbed_only
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "upgrade.json"
 SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=2.0)
 """Scaled down for a 2-core machine: at most about six pods hold GPUs at once (the node has eight)."""
 LONG = StreamPlan(rate=2.0, seconds=90.0, linger=1.0)
@@ -292,10 +293,7 @@ def save(key: str, value: dict[str, Any]) -> None:
 
 def assert_clean(r: dict[str, Any], what: str) -> None:
     """Every pod ran and went, the stream's own calls worked, the node's files always agreed."""
-    assert not r["stream_errors"], f"{what}: the test's own API calls failed: {r['stream_errors']}"
-    assert r["pods"] == r["planned"] == r["running"], f"{what}: pods that never ran: {r['never_running']}"
-    assert not r["not_gone"], f"{what}: pods not deleted cleanly: {r['not_gone']}"
-    assert not r["failed_phase"] and not r["restarted"], f"{what}: {r['failed_phase']} ended, {r['restarted']} restarted"
+    assert not pod_problems(r), f"{what}: {pod_problems(r)}"
     assert r["watchdog_checks"], f"{what}: no {SERIALIZE_LOCK_FILE} to check the node's files under"
     assert not r["watchdog_problems"], f"{what}: node state during the stream: {r['watchdog_problems']}"
     assert not r["left_after_stream"], f"{what}: after the stream: {r['left_after_stream']}"
