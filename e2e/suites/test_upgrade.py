@@ -193,9 +193,12 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with plugins_locked(self.node) as held:
-                found = node_files_problems(self.node, self.crashed()) if held else []
-            found += double_allocations(self.api, self.ns)
+            try:
+                with plugins_locked(self.node) as held:
+                    found = node_files_problems(self.node, self.crashed()) if held else []
+                found += double_allocations(self.api, self.ns)
+            except Exception as exc:  # a file half-written under the lock is a finding too
+                held, found = True, [f"check failed: {exc!r}"]
             self.checks += held
             self.problems += [f"{time.strftime('%H:%M:%S')} {p}" for p in found]
 
