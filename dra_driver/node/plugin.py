@@ -69,6 +69,7 @@ def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> lis
 def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any,
                   events: notices.NodeEvents) -> None:
     while not stop.wait(interval):
+        state.refresh()
         prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
         for ref in stale_claims(prepared, api):
             error = state.unprepare([ref]).get(ref.uid)

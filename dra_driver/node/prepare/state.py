@@ -82,6 +82,7 @@ from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
 from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.sharedstate import SharedState
 
 _log = logs.get("prepare")
 
@@ -136,11 +137,13 @@ class DeviceState:
         self._node = Materializer(cdi, metadata, backend, proc_root, self._log)
         self._lock = threading.RLock()
         self._reader = ClaimReader(api, max_parallel_gets)
-        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = (
-            GroupCommit(self._lock, self._prepare_batch))
-        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, self._unprepare_batch)
         self._ledger = Ledger(checkpoint, self._log)
-        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, self._ledger.record_intents)
+        self._shared = SharedState(checkpoint.state_dir, self._ledger)
+        serialized = self._shared.serialized
+        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = (
+            GroupCommit(self._lock, serialized(self._prepare_batch)))
+        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, serialized(self._unprepare_batch))
+        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, serialized(self._ledger.record_intents))
         self._recover()
 
     @classmethod
@@ -178,6 +181,7 @@ class DeviceState:
         if self._lock.acquire(timeout=5):
             try:
                 self._ledger.store.close()
+                self._shared.close()
             finally:
                 self._lock.release()
 
@@ -202,13 +206,18 @@ class DeviceState:
         """
         return self._ledger.published()
 
+    def refresh(self) -> None:
+        """Make :meth:`prepared_claims` include what other plugin instances saved meanwhile."""
+        with self._lock, self._shared.current():
+            self._ledger.publish()
+
     def _claim_log(self, uid: str, ref: str) -> Any:
         return self._log.bind(claim_uid=uid, claim=ref)
 
     # -- recovery
 
     def _recover(self) -> None:
-        with self._lock:
+        with self._lock, self._shared.lock.held():
             self._ledger.load()
             boot = self._ledger.store.boot_id
             changed = False
@@ -224,13 +233,10 @@ class DeviceState:
                     changed = True
                     continue
                 try:
-                    if self._node.needs_rematerialize(entry, boot):
-                        self._ledger.entries[uid] = self._node.rematerialize(entry, boot, self._devices)
-                        changed = True
-                        log.info("re-created the CDI spec of a prepared claim")
-                    elif self._node.outdated(entry, self._devices):
-                        self._node.write(entry, self._devices)
-                        log.info("re-wrote the CDI spec of a prepared claim: it was not what this version writes")
+                    self._ledger.entries[uid], done = self._node.renew(entry, boot, self._devices)
+                    changed = changed or self._ledger.entries[uid] is not entry
+                    if done:
+                        log.info(done)
                 except Exception as exc:
                     log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
@@ -336,14 +342,12 @@ class DeviceState:
             log.warning("could not get the ResourceClaim; answering from the checkpoint", error=read_error(obj))
         else:
             verify_claim(claim, obj, self.node_name)
-        again = self._node.needs_rematerialize(entry, self._ledger.store.boot_id)
+        renewed, done = self._node.renew(entry, self._ledger.store.boot_id, self._devices)
+        again = renewed is not entry
         if again:
-            entry = self._node.rematerialize(entry, self._ledger.store.boot_id, self._devices)
-            self._ledger.entries[claim.uid] = entry
-            log.info("re-created the CDI spec of an already prepared claim")
-        elif self._node.outdated(entry, self._devices):
-            self._node.write(entry, self._devices)
-            log.info("re-wrote the CDI spec of an already prepared claim: it was not what this version writes")
+            self._ledger.entries[claim.uid] = entry = renewed
+        if done:
+            log.info(done, already_prepared=True)
         log.debug("claim already prepared")
         return PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices)), again
 
