@@ -40,7 +40,7 @@ import pytest
 
 from dra_driver.k8s.client import CLAIMS, RestKubeApi
 from dra_driver.node.prepare.checkpoint import ClaimState
-from dra_driver.ondisk import SERIALIZE_LOCK_FILE, SocketPaths, socket_paths
+from dra_driver.ondisk import PUBLISHER_LOCK_FILE, SERIALIZE_LOCK_FILE, SocketPaths, socket_paths
 from e2e.bench.common import machine_facts
 from e2e.suites.podstream import (
     PREPARE_FAILED,
@@ -118,11 +118,31 @@ class Instances:
         return outcome
 
     def switch(self, sig: signal.Signals) -> dict[str, Any]:
-        """The rolling update of one node: B up and registered beside A, then A stopped with ``sig``."""
+        """The rolling update of one node: B up and registered beside A, then A stopped with ``sig``;
+        then how long until an instance (B, the only one left) holds ``publisher.lock`` again."""
         old = self.current
-        new = self.start_next()
-        self.current = new
-        return self.stop(old, sig)
+        self.current = self.start_next()
+        outcome = self.stop(old, sig)
+        stopped = time.monotonic()
+        outcome["publisher_after_s"] = None
+        with contextlib.suppress(AssertionError):  # None: the test says so after the stream
+            wait_for(f"{self.current} holding {PUBLISHER_LOCK_FILE}", lambda: publisher_held(self.node), 30, 0.2)
+            outcome["publisher_after_s"] = round(time.monotonic() - stopped, 2)
+        return outcome
+
+
+def publisher_held(node: Any) -> bool:
+    """Whether a plugin instance holds ``publisher.lock`` (a try without waiting fails)."""
+    path = node.state_dir / PUBLISHER_LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +351,7 @@ def upgrade_under_load(bed: Bed, ns: str, node: Any, instances: Instances, plan:
     assert upgrade["exit_code"] == 0 and upgrade["exit_s"] <= 10, \
         f"A exited with {upgrade['exit_code']} after {upgrade['exit_s']} s of SIGTERM"
     assert not upgrade["sockets_left"], f"A left its sockets: {upgrade['sockets_left']}"
+    assert upgrade["publisher_after_s"] is not None, f"B did not take {PUBLISHER_LOCK_FILE} over within 30 s"
     assert_clean(upgrade, "upgrade")
     assert_no_failures(upgrade, "upgrade")
     assert upgrade["start_p99_ms"] <= P99_FACTOR * baseline["start_p99_ms"], \
@@ -359,15 +380,15 @@ def test_upgrade_with_sigkill_under_load(bed: Bed, ns: str, real_node: Any, inst
 
     def switch(stream: PodStream) -> dict[str, Any]:
         wait_for("the middle of the stream", lambda: stream.elapsed() >= SWITCH_AT * SHORT.seconds, SHORT.seconds)
-        old = instances.current
-        instances.current = instances.start_next()
-        killed.set()  # from here the state may hold A's unfinished work
-        return {"switch_at_s": round(stream.elapsed(), 1), **instances.stop(old, signal.SIGKILL)}
+        at = round(stream.elapsed(), 1)
+        killed.set()  # from here the node's files may hold A's unfinished work
+        return {"switch_at_s": at, **instances.switch(signal.SIGKILL)}
 
     r = run_phase(bed, real_node, ns, SHORT, "kill", during=switch, crashed=killed.is_set)
     report(capsys, "sigkill", "upgrade (SIGKILL)", r)
     save("sigkill", {"what": "the stream; B started beside A in its middle, registered, then A got SIGKILL", **r})
     assert r["exit_code"] == -signal.SIGKILL
+    assert r["publisher_after_s"] is not None, f"no instance took {PUBLISHER_LOCK_FILE} over from the killed one"
     assert_clean(r, "SIGKILL")
     assert r["most_failed_prepares_of_one_pod"] <= 1, f"a pod's prepare failed more than once: {r['failure_lines']}"
     assert r["kubelet_failed_unprepare"] <= 1, f"unprepare failed more than once: {r['failure_lines']}"
