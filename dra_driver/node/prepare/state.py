@@ -164,7 +164,7 @@ class DeviceState:
             cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
                          driver_edits=driver_edits),
             checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
-                                       boot_id_path=settings.boot_id_path),
+                                       boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
             api=api,
             backend=backend,
             sharing_strategies=settings.sharing_strategies,
@@ -358,7 +358,7 @@ class DeviceState:
             self._ledger.entries[c.uid] = ClaimEntry(
                 uid=c.uid, namespace=c.namespace, name=c.name, state=ClaimState.PREPARE_STARTED,
                 devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
-                pod_claim_name=plan.pod_claim_name,
+                pod_claim_name=plan.pod_claim_name, prepared_by=self._ledger.store.instance,
             )
         # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
         # whose rollback needs the devices, need this record on disk before they are created.
