@@ -49,9 +49,10 @@ Every failure is a per-claim error string; nothing raises out of ``prepare``/``u
 The steps live beside this module: checking a claim and applying its config
 (:mod:`~dra_driver.node.prepare.config`), exclusivity (:mod:`~dra_driver.node.prepare.exclusive`),
 the claim's MIG instances and files (:mod:`~dra_driver.node.prepare.materialize`), the checkpoint's
-entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`)
-and the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`). This module
-orders them.
+entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`),
+the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`) and the lock that two
+plugin instances of a node share, under which every batch starts from the checkpoint on disk
+(:mod:`~dra_driver.node.prepare.sharedstate`). This module orders them.
 """
 
 from __future__ import annotations
