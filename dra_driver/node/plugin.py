@@ -254,6 +254,7 @@ def run(settings: PluginSettings) -> int:
     if settings.rolling_update:
         check_kubelet_version(api, settings.node_name, events, log)
     ownership = PublisherLock(settings.state_dir / PUBLISHER_LOCK_FILE, settings.node_name)
+    ownership.try_take()  # now, so that health changes found at start-up are told when this one publishes
     publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
                                            settings.consumable_shares)

@@ -34,17 +34,22 @@ class PublisherLock:
         self.held = threading.Event()
         self._log = _log.bind(node=node_name, path=str(path))
 
+    def try_take(self) -> bool:
+        """Take the lock if it is free (or already ours); whether this instance holds it."""
+        if self.held.is_set() or self._lock.acquire(blocking=False):
+            self.held.set()
+        return self.held.is_set()
+
     def wait(self, stop: threading.Event) -> bool:
         """Block until this instance holds the lock (True) or ``stop`` is set (False)."""
         waited = False
-        while not self._lock.acquire(blocking=False):
+        while not self.try_take():
             if not waited:
                 self._log.info("another plugin instance publishes this node's ResourceSlices; taking over when "
                                "it stops")
                 waited = True
             if stop.wait(self.retry_interval):
                 return False
-        self.held.set()
         self._log.info("this instance publishes the node's ResourceSlices", took_over=waited)
         return True
 
