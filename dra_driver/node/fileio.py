@@ -64,11 +64,16 @@ def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True) ->
         fsync_dir(directory)
 
 
-def holds(path: Path, data: bytes) -> bool:
-    """Whether ``path`` is a file with exactly ``data`` in it (a missing one is not)."""
+def holds(path: Path, data: bytes, mode: int | None = None) -> bool:
+    """Whether ``path`` is a file with exactly ``data`` in it (and ``mode``, when given); a missing
+    one is not. Writers skip a file that holds what they would write: it keeps its inode, so a
+    running container's bind mount of it stays the file the path names."""
     try:
         with open(path, "rb") as f:
-            return os.fstat(f.fileno()).st_size == len(data) and f.read() == data
+            st = os.fstat(f.fileno())
+            if st.st_size != len(data) or (mode is not None and st.st_mode & 0o7777 != mode):
+                return False
+            return f.read() == data
     except (FileNotFoundError, IsADirectoryError):
         return False
 

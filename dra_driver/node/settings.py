@@ -193,7 +193,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
     if unknown or not strategies:
         raise ValueError(
             f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
-    pod_uid = instance_pod_uid(bool(args.rolling_update), args.pod_uid)
+    instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
     return PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -225,5 +225,5 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
         boot_id_path=Path(args.boot_id_path),
         rolling_update=bool(args.rolling_update),
-        pod_uid=pod_uid or args.pod_uid or None,
+        pod_uid=args.pod_uid or None,
     )

@@ -118,8 +118,8 @@ class SimulatedBackend:
     """Backend over a :class:`NodeProfile`; MIG create/destroy change in-memory state.
 
     ``state_file`` (optional) keeps MIG mode and instances across restarts of the plugin, the way
-    real GPUs keep them, and is re-read before each change, as two plugin instances share the GPUs; ``dev_root`` (optional) gets fake device files for every GPU and MIG
-    instance.
+    real GPUs keep them, and is re-read before each change (two plugin instances share the GPUs);
+    ``dev_root`` (optional) gets fake device files for every GPU and MIG instance.
     """
 
     name = "simulated"

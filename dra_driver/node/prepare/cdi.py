@@ -182,7 +182,9 @@ class CdiSpecs:
         data = spec_bytes(spec)
         try:
             ensure_dir(self.cdi_root, DIR_MODE)
-            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+            path = self.spec_path(claim_uid)
+            if not holds(path, data, SPEC_MODE):
+                atomic_write(path, data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         except OSError:
             METRICS.cdi_spec_writes.labels(result="error").inc()
             raise

@@ -17,6 +17,7 @@ Format: JSON lines. The first line is a **snapshot** of every entry (shown inden
             "state": "PrepareStarted" | "PrepareCompleted",
             "namespace": "ns", "name": "claim", "bootID": "<boot id when prepared>",
             "updated": "2026-01-01T00:00:00.000000Z", "podClaimName": "gpu" (claims from a template),
+            "preparedBy": "<pod UID of the plugin instance>" (when it knew its pod),
             "devices": [{"pool": "node-a", "device": "gpu-0", "requests": ["req/sub"],
                          "cdiDeviceIDs": ["k8s.gpu.dra-driver.io/claim=<uid>-gpu-0"],
                          "sharing": {"strategy": "Exclusive"}, "shareID": null, "adminAccess": false,
@@ -50,6 +51,17 @@ rename, directory fsync) in place of the file; so does the first save of a proce
 length filled with NUL bytes. Such a record was never acknowledged (its save had not returned), so
 a last line without its newline is dropped with a warning. Anything else that does not verify
 (a line with a bad checksum, out of sequence, or a damaged snapshot) is damage, not a torn write.
+
+**Upgrades and rollbacks.** A plugin pod of one release may read a file the other release wrote,
+both ways: a rolling update runs the two side by side on one state directory, and a rollback
+starts the previous release on what the new one left. The rule: *a release writes nothing that the
+previous release cannot read.* Readers ignore fields they do not know, in the snapshot, its
+entries and devices, and in journal records (the checksum covers them all the same); so a new
+optional field (``preparedBy``) ships in one release. A change that cannot be ignored (a field whose
+absence or old meaning would be wrong, a new ``state`` or device ``kind``, a new ``version``) ships its
+reader one release before its writer. ``version`` changes only with such a change: a reader refuses
+(quarantines) a newer version. A release that saves drops the fields it does not know; they are
+only what the newer release may lack.
 
 Loading never raises for bad content: a file that does not parse, fails a checksum, has a newer
 version, or belongs to another node or driver is renamed to ``checkpoint.json.corrupt-<UTC
@@ -196,6 +208,8 @@ class ClaimEntry:
     updated: str = ""
     pod_claim_name: str | None = None
     """The pod's name for a claim made from a template: where its device metadata is mounted."""
+    prepared_by: str | None = None
+    """The pod UID of the plugin instance that prepared the claim (for debugging rolling updates)."""
 
     @property
     def ref(self) -> str:
@@ -208,6 +222,8 @@ class ClaimEntry:
         }
         if self.pod_claim_name is not None:
             out["podClaimName"] = self.pod_claim_name
+        if self.prepared_by is not None:
+            out["preparedBy"] = self.prepared_by
         return out
 
     @classmethod
@@ -219,7 +235,7 @@ class ClaimEntry:
             uid=uid, namespace=_str(d, "namespace"), name=_str(d, "name"), state=ClaimState(_str(d, "state")),
             devices=tuple(PreparedDevice.from_dict(x) for x in devices),
             boot_id=str(d.get("bootID") or ""), updated=str(d.get("updated") or ""),
-            pod_claim_name=_optional_str(d, "podClaimName"),
+            pod_claim_name=_optional_str(d, "podClaimName"), prepared_by=_optional_str(d, "preparedBy"),
         )
 
 
@@ -268,10 +284,8 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 class _Replayed(NamedTuple):
     entries: dict[str, ClaimEntry]
-    boot_id: str
-    """The last save's."""
-    torn: int
-    """Bytes of a last record cut short (0: none)."""
+    boot_id: str  # the last save's
+    torn: int  # bytes of a last record cut short (0: none)
     version: int
     records: int
     snapshot_size: int
@@ -295,8 +309,11 @@ class CheckpointStore:
         *,
         boot_id: str | None = None,
         boot_id_path: Path = BOOT_ID_PATH,
+        instance: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.instance = instance
+        """This plugin instance's pod UID, recorded in the entries it prepares."""
         self.path = self.state_dir / CHECKPOINT_FILE
         self.node_name = node_name
         self.driver_name = driver_name

@@ -43,6 +43,9 @@ class Ledger:
             return
         if fresh is not None:
             self.entries = fresh
+            # An instance starting up rolls back the entries recorded ahead that it finds: the claim's
+            # preparation must then record its own before it makes anything.
+            self.intended &= {uid for uid, e in fresh.items() if e.state is ClaimState.PREPARE_STARTED}
             self._log.info("re-read the checkpoint: another plugin instance changed it", claims=len(fresh))
 
     def save(self) -> str | None:

@@ -284,10 +284,13 @@ class MetadataFiles:
         ensure_dir(self.cdi_root, DIR_MODE)
         for request, doc in documents.items():
             host = self.host_path(claim.uid, request)
-            atomic_write(host, encode_stream(doc), FILE_MODE, durable=DERIVED_FILES_DURABLE)
-            spec = build_cdi_spec(self.driver_name, claim.uid, request, host,
-                                  container_path(self.driver_name, claim, request))
-            atomic_write(self.spec_path(claim.uid, request), spec_bytes(spec), SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+            data = encode_stream(doc)
+            if not holds(host, data, FILE_MODE):
+                atomic_write(host, data, FILE_MODE, durable=DERIVED_FILES_DURABLE)
+            spec = spec_bytes(build_cdi_spec(self.driver_name, claim.uid, request, host,
+                                             container_path(self.driver_name, claim, request)))
+            if not holds(self.spec_path(claim.uid, request), spec, SPEC_MODE):
+                atomic_write(self.spec_path(claim.uid, request), spec, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         described = requests_with_metadata(self.driver_name, claim.uid, devices).values()
         return sorted({d.device for devs in described for d in devs if d.device not in known})
 

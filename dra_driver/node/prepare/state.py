@@ -49,9 +49,10 @@ Every failure is a per-claim error string; nothing raises out of ``prepare``/``u
 The steps live beside this module: checking a claim and applying its config
 (:mod:`~dra_driver.node.prepare.config`), exclusivity (:mod:`~dra_driver.node.prepare.exclusive`),
 the claim's MIG instances and files (:mod:`~dra_driver.node.prepare.materialize`), the checkpoint's
-entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`)
-and the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`). This module
-orders them.
+entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`),
+the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`) and the lock that two
+plugin instances of a node share, under which every batch starts from the checkpoint on disk
+(:mod:`~dra_driver.node.prepare.sharedstate`). This module orders them.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class DeviceState:
             cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
                          driver_edits=driver_edits),
             checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
-                                       boot_id_path=settings.boot_id_path),
+                                       boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
             api=api,
             backend=backend,
             sharing_strategies=settings.sharing_strategies,
@@ -358,7 +359,7 @@ class DeviceState:
             self._ledger.entries[c.uid] = ClaimEntry(
                 uid=c.uid, namespace=c.namespace, name=c.name, state=ClaimState.PREPARE_STARTED,
                 devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
-                pod_claim_name=plan.pod_claim_name,
+                pod_claim_name=plan.pod_claim_name, prepared_by=self._ledger.store.instance,
             )
         # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
         # whose rollback needs the devices, need this record on disk before they are created.

@@ -3,6 +3,7 @@ checkpoint on disk under serialize.lock, so each instance sees the other's work.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from pathlib import Path
@@ -121,3 +122,19 @@ def test_two_processes_prepare_one_claim_once(tmp_path: Path) -> None:
     writes = (tmp_path / "writes").read_text().split()
     assert sorted(writes) == sorted(c["metadata"]["uid"] for c in claims), "each claim prepared exactly once"
     assert CheckpointStore(tmp_path / "state", NODE, "gpu.dra-driver.io", boot_id="").load() == {}
+
+
+def test_a_claim_recorded_ahead_and_rolled_back_by_a_starting_instance_is_recorded_again(env: Env) -> None:
+    """The new pod's recovery rolls back what the old pod recorded ahead while reading a claim; the
+    old pod's preparation then records the claim with its devices before it writes files, so a crash
+    in between is still rolled back."""
+    ref = env.reader.add(make_claim("c", [("gpu", "gpu-1")]))
+    started: list[Any] = []
+    env.reader.while_reading = lambda name: started.append(env.new_state())
+    assert devices_of(env.state.prepare([ref])[ref.uid]) == ["gpu-1"]
+    assert len(started) == 1
+    lines = [json.loads(line) for line in (env.tmp / "state" / "checkpoint.json").read_text().splitlines()]
+    records = [line["record"]["set"].get(ref.uid) for line in lines[1:]]
+    assert any(r is not None and r["state"] == "PrepareStarted" and r["devices"] for r in records), records
+    started[0].refresh()
+    assert set(started[0].prepared_claims()) == {ref.uid}
