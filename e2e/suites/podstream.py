@@ -67,6 +67,8 @@ class PodRecord:
     """When the watch showed it deleted (the kubelet finished with it, unprepare included)."""
     node: str = ""
     phases: list[str] = field(default_factory=list)
+    ended: bool = False
+    """Failed, or finished before the test deleted it."""
     restarts: int = 0
 
     @property
@@ -191,6 +193,10 @@ class PodStream:
             phase = str(status.get("phase", ""))
             if not record.phases or record.phases[-1] != phase:
                 record.phases.append(phase)
+            # After its deletion a pod ends Succeeded (its container exits 0 on SIGTERM); before, or
+            # Failed at any time, it did not live as it should.
+            if phase == "Failed" or (phase == "Succeeded" and record.deleted is None):
+                record.ended = True
             record.node = str(obj.get("spec", {}).get("nodeName") or record.node)
             record.restarts = max([record.restarts, *(int(c.get("restartCount", 0))
                                                       for c in status.get("containerStatuses") or [])])
@@ -213,7 +219,7 @@ class PodStream:
             "start_max_ms": round(max(starts) * 1000, 1) if starts else None,
             "never_running": sorted(r.name for r in records if r.running is None),
             "not_gone": sorted(r.name for r in records if r.gone is None),
-            "failed_phase": sorted(r.name for r in records if "Failed" in r.phases or "Succeeded" in r.phases),
+            "failed_phase": sorted(r.name for r in records if r.ended),
             "restarted": sorted(r.name for r in records if r.restarts),
             "stream_errors": self.errors[:10],
         }

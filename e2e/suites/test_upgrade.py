@@ -66,7 +66,7 @@ from e2e.testbed.dracalls import Claim, DraClient
 
 pytestmark = pytest.mark.testbed_only
 
-SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=2.0)
+SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=1.5)
 """Scaled down for a 2-core machine: at most about six pods hold GPUs at once (the node has eight)."""
 LONG = StreamPlan(rate=2.0, seconds=90.0, linger=1.0)
 SWITCH_AT = 0.4
