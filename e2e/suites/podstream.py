@@ -49,6 +49,9 @@ class StreamPlan:
     """How long pods are created."""
     linger: float = 2.0
     """Seconds a pod lives after it is seen Running; then it is deleted."""
+    max_alive: int = 6
+    """A pod is created only while fewer exist (terminating ones included): they never wait for a GPU,
+    so a pod's start time is the node's and the scheduler's work, not a queue behind busy GPUs."""
 
     @property
     def pods(self) -> int:
@@ -94,6 +97,9 @@ class PodStream:
         self._threads = [threading.Thread(target=self._watch, name="stream-watch", daemon=True),
                          threading.Thread(target=self._drive, name="stream-drive", daemon=True)]
         self.started = 0.0
+        self.last_created = 0.0
+        self.held_back = 0
+        """Pods created late because ``max_alive`` pods existed when they were due."""
 
     # -- running ----------------------------------------------------------------------------------
     def start(self) -> PodStream:
@@ -110,8 +116,10 @@ class PodStream:
     def finish(self, timeout: float = 180) -> None:
         """Wait until every pod was created, ran, was deleted and is gone (or ``timeout`` after the
         last creation); then stop the threads. What did not happen shows in :meth:`summary`."""
-        deadline = self.started + self.plan.seconds + timeout
-        while time.monotonic() < deadline:
+        while True:
+            deadline = max(self.started + self.plan.seconds, self.last_created) + timeout
+            if time.monotonic() >= deadline:
+                break
             with self._lock:
                 done = len(self.records) == self.plan.pods and all(r.gone for r in self.records.values())
             if done:
@@ -129,18 +137,30 @@ class PodStream:
                 self._writer.delete(PODS, name, namespace=self.ns)
 
     def _drive(self) -> None:
-        """Create pods on schedule and delete each ``linger`` seconds after it ran."""
+        """Create pods on schedule (held back while ``max_alive`` exist, then at most one interval
+        late) and delete each ``linger`` seconds after it ran."""
         interval = 1.0 / self.plan.rate
         created = 0
+        next_at = self.started
+        held = False
         while not self._stop.is_set():
             now = time.monotonic()
-            if created < self.plan.pods and now >= self.started + created * interval:
-                name = f"{self.prefix}{created:04d}"
-                with self._lock:
-                    self.records[name] = PodRecord(name, time.monotonic())
-                self._call(partial(self._writer.create, PODS, self.pod(name), namespace=self.ns), f"create {name}")
-                created += 1
-                continue
+            with self._lock:
+                alive = sum(r.gone is None for r in self.records.values())
+            if created < self.plan.pods and now >= next_at:
+                if alive >= self.plan.max_alive:
+                    held = True
+                else:
+                    self.held_back += held
+                    held = False
+                    name = f"{self.prefix}{created:04d}"
+                    with self._lock:
+                        self.records[name] = PodRecord(name, time.monotonic())
+                    self._call(partial(self._writer.create, PODS, self.pod(name), namespace=self.ns), f"create {name}")
+                    created += 1
+                    self.last_created = time.monotonic()
+                    next_at = max(next_at, now - interval) + interval
+                    continue
             with self._lock:
                 due = [r for r in self.records.values()
                        if r.running is not None and r.deleted is None and now >= r.running + self.plan.linger]
@@ -212,6 +232,8 @@ class PodStream:
         starts = [s for r in records if (s := r.start_seconds) is not None]
         return {
             "rate_per_s": self.plan.rate, "seconds": self.plan.seconds, "linger_s": self.plan.linger,
+            "max_alive": self.plan.max_alive, "created_over_s": round(self.last_created - self.started, 1),
+            "held_back": self.held_back,
             "pods": len(records), "planned": self.plan.pods,
             "running": len(starts),
             "start_p50_ms": round(percentile(starts, 50) * 1000, 1) if starts else None,

@@ -66,8 +66,8 @@ from e2e.testbed.dracalls import Claim, DraClient
 
 pytestmark = pytest.mark.testbed_only
 
-SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=1.5)
-"""Scaled down for a 2-core machine: at most about six pods hold GPUs at once (the node has eight)."""
+SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=2.0)
+"""Scaled down for a 2-core machine; at most six pods at once (the node has eight GPUs)."""
 LONG = StreamPlan(rate=2.0, seconds=90.0, linger=1.0)
 SWITCH_AT = 0.4
 """When B starts, as a fraction of the stream: pods before, during and after the switch."""
