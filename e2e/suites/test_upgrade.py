@@ -299,7 +299,8 @@ def run_phase(bed: Bed, node: Any, ns: str, plan: StreamPlan, name: str,
 
 
 def report(capsys: pytest.CaptureFixture[str], key: str, phase: str, r: dict[str, Any]) -> None:
-    line = (f"[upgrade] {key}/{phase}: {r['pods']} pods at {r['rate_per_s']}/s, running {r['running']}, "
+    line = (f"[upgrade] {key}/{phase}: {r['pods']} pods at {r['rate_per_s']}/s over {r['created_over_s']} s "
+            f"({r['held_back']} held back at {r['max_alive']} alive), running {r['running']}, "
             f"never running {len(r['never_running'])}, not gone {len(r['not_gone'])}; kubelet failed "
             f"NodePrepareResources {r['kubelet_failed_prepare']} / NodeUnprepareResources "
             f"{r['kubelet_failed_unprepare']}, {PREPARE_FAILED_EVENT} events {r['failed_prepare_events']}; "
