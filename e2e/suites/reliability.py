@@ -239,13 +239,17 @@ def node_state_problems(bed: Bed, node: str, live_claim_uids: set[str] | None) -
     return state_problems(node, Path(n.state_dir), Path(n.cdi_dir), live_claim_uids)
 
 
-def state_problems(node: str, state_dir: Path, cdi_dir: Path, live_claim_uids: set[str] | None) -> list[str]:
-    """:func:`node_state_problems` of any plugin's state and CDI directories."""
+def state_problems(node: str, state_dir: Path, cdi_dir: Path, live_claim_uids: set[str] | None,
+                   calls_in_flight: bool = False) -> list[str]:
+    """:func:`node_state_problems` of any plugin's state and CDI directories. ``calls_in_flight``:
+    read between a plugin's batches (under its lock) while the kubelet's calls run, where a claim
+    recorded ahead of its preparation (PrepareStarted, no devices yet: its GET is in flight) is normal."""
     problems: list[str] = []
     entries, quarantined = checkpoint_at(state_dir, node)
     if quarantined:
         problems.append(f"{node}: checkpoint did not load, quarantined to {quarantined}")
-    started = sorted(u for u, e in entries.items() if e.state is not ClaimState.PREPARE_COMPLETED)
+    started = sorted(u for u, e in entries.items() if e.state is not ClaimState.PREPARE_COMPLETED
+                     and not (calls_in_flight and not e.devices))
     if started:
         problems.append(f"{node}: entries left PrepareStarted: {started}")
     completed = {u for u, e in entries.items() if e.state is ClaimState.PREPARE_COMPLETED}

@@ -173,14 +173,16 @@ def plugins_locked(node: Any) -> Iterator[bool]:
 
 
 def node_files_problems(node: Any, crashed: bool) -> list[str]:
-    """Checkpoint against CDI specs, read while no call is half-way. After a SIGKILL (``crashed``) a
-    claim may be left PrepareStarted, with or without its spec, until the kubelet's retry."""
+    """Checkpoint against CDI specs, read between the plugins' batches (a claim may be recorded
+    ahead of its preparation, nothing more). After a SIGKILL (``crashed``) a claim may be left
+    PrepareStarted, with or without its spec, until the kubelet's retry."""
     entries, _ = checkpoint_at(node.state_dir, node.node_name)
     if crashed:
         unfinished = {u for u, e in entries.items() if e.state is ClaimState.PREPARE_STARTED}
         return [p for p in spec_problems(entries, node.cdi_dir) if not any(u in p for u in unfinished)] + [
             f"exclusive conflict {c}" for c in exclusive_conflicts(entries)]
-    return state_problems(node.node_name, node.state_dir, node.cdi_dir, None) + spec_problems(entries, node.cdi_dir)
+    return state_problems(node.node_name, node.state_dir, node.cdi_dir, None, calls_in_flight=True) + \
+        spec_problems(entries, node.cdi_dir)
 
 
 def double_allocations(api: RestKubeApi, ns: str) -> list[str]:
