@@ -6,6 +6,7 @@ Errors a user can act on end in one line on stderr and a non-zero exit, never a 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dra_driver import __version__
@@ -35,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--cdi-root", default=None, help="the plugin's CDI spec directory, when not the default")
     bundle.add_argument("--metrics-url", default=None, help="the plugin's /metrics; default http://127.0.0.1:$HEALTH_PORT")
     probe = sub.add_parser("probe", help="check that a running node plugin answers on its sockets")
-    probe.add_argument("--registration-socket", required=True, help="path of <driver>-reg.sock")
+    probe.add_argument("--registration-socket", default=None,
+                       help="the plugin's registration socket; default: the one the plugin names from the same "
+                            "environment (DRIVER_NAME, KUBELET_REGISTRY_DIR, ROLLING_UPDATE, POD_UID)")
     add_shared_arguments(probe, kubeconfig=False)
     return parser
 
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "probe":
             from dra_driver.node.kubelet import probe
 
-            return probe.main(args.registration_socket, args.driver_name)
+            socket = args.registration_socket or plugin_settings.registration_socket_from_env(os.environ, args.driver_name)
+            return probe.main(str(socket), args.driver_name)
         from dra_driver.tools import explain
 
         return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)

@@ -35,6 +35,8 @@ POINTS: Mapping[str, str] = {
     "unprepare.after-checkpoint": "entry removed from the checkpoint, the kubelet has no answer yet",
     "atomic-write.before-rename": "temporary file written and synced, not yet renamed over the target",
     "checkpoint.before-flush": "checkpoint journal record appended, not yet flushed to disk",
+    "lock.acquired": "serialize.lock taken for a batch, the checkpoint not yet re-read",
+    "lock.before-release": "a batch done under serialize.lock, the lock not yet released",
 }
 
 _armed: dict[str, float] | None = None

@@ -169,6 +169,8 @@ class Env:
         self.backend = FakeBackend()
         self.devices = build_devices()
         self.boot = boot
+        self.instance: str | None = None
+        """The pod UID the states record as the preparing instance."""
         self.proc = tmp_path / "proc"  # no mig-minors table: the formula is used
         self.state = self.new_state()
 
@@ -181,7 +183,7 @@ class Env:
             self.boot = boot
         return DeviceState(
             node_name=NODE, driver_name=DRIVER, devices=self.devices, cdi=self.new_cdi(),
-            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot),
+            checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot, instance=self.instance),
             api=self.reader, backend=self.backend, proc_root=self.proc, **self.state_options(),
         )
 

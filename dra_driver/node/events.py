@@ -1,7 +1,8 @@
 """What the node plugin tells operators through Events, and where they look for it.
 
 On the **Node** (``kubectl describe node``): a quarantined checkpoint, a GPU backend that is not
-available, a device turning unhealthy or recovering, a stale claim cleaned up. On the
+available, a device turning unhealthy or recovering, a stale claim cleaned up, rolling updates on a
+kubelet too old for them. On the
 **ResourceClaim** (``kubectl describe resourceclaim``): a failed prepare, with the error the
 kubelet received. Reporting controller ``gpu.dra-driver.io/kubelet-plugin``, instance = the node
 name; :class:`dra_driver.k8s.events.EventRecorder` folds repeats into one series.
@@ -44,6 +45,27 @@ def stale_claim_unprepared(claim: ClaimRef, error: str | None) -> Occurrence:
                           f"unprepared claim {claim.ref} ({claim.uid}): it is gone from the API server")
     return Occurrence("Warning", "StaleClaimCleanupFailed", "CleanUp",
                       f"claim {claim.ref} ({claim.uid}) is gone from the API server but unpreparing it failed: {error}")
+
+
+ROLLING_UPDATE_KUBELET = (1, 33)
+"""The first kubelet that keeps a driver registered while two of its instances come and go."""
+
+
+def kubelet_too_old_for_rolling_update(kubelet_version: str) -> bool:
+    """Whether a Node's ``status.nodeInfo.kubeletVersion`` (``v1.32.3``) is older than 1.33; an
+    unreadable version is not (nothing to say about it)."""
+    parts = kubelet_version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) < ROLLING_UPDATE_KUBELET
+    except (ValueError, IndexError):
+        return False
+
+
+def rolling_update_unsupported(kubelet_version: str) -> Occurrence:
+    return Occurrence("Warning", "RollingUpdateUnsupported", "Register",
+                      f"the plugin runs with rolling updates (a new plugin pod serves beside the old one), but this "
+                      f"node's kubelet {kubelet_version} is older than 1.33 and drops the driver when the old pod "
+                      "stops: set the chart's kubeletPlugin.rollingUpdate=false, or upgrade the kubelet")
 
 
 def prepare_failed(error: str) -> Occurrence:

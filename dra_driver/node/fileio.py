@@ -2,16 +2,18 @@
 exact modes, leftovers of interrupted writes, and OSErrors told as what to do about them.
 
 The checkpoint, the CDI specs and the device metadata files are all written here, so every file
-the plugin writes is replaced the same way; the socket directories are made here too.
+the plugin writes is replaced the same way; the socket directories are made here too, and the lock
+files that plugin instances of one node share (:class:`FileLock`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dra_driver import failpoints
@@ -60,6 +62,20 @@ def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True) ->
         raise
     if durable:
         fsync_dir(directory)
+
+
+def holds(path: Path, data: bytes, mode: int | None = None) -> bool:
+    """Whether ``path`` is a file with exactly ``data`` in it (and ``mode``, when given); a missing
+    one is not. Writers skip a file that holds what they would write: it keeps its inode, so a
+    running container's bind mount of it stays the file the path names."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size != len(data) or (mode is not None and st.st_mode & 0o7777 != mode):
+                return False
+            return f.read() == data
+    except (FileNotFoundError, IsADirectoryError):
+        return False
 
 
 def temp_name_prefix(path: Path) -> str:
@@ -119,3 +135,52 @@ def describe_os_error(exc: OSError, what: str) -> str:
     if exc.errno == errno.EROFS:
         return f"read-only file system while writing {what}"
     return f"writing {what}: {exc.strerror or exc}"
+
+
+class FileLock:
+    """An exclusive ``flock`` on a lock file (0600) that several processes of a node share.
+
+    The kernel drops the lock when its holder exits, SIGKILL included, so a crashed instance never
+    leaves it taken. The lock belongs to this object's open file: two objects over one file exclude
+    each other even inside one process (which is how tests run two plugin instances).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            ensure_dir(self.path.parent, 0o700)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self._fd
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        """Take the lock; without ``blocking``, False when another holder has it."""
+        try:
+            fcntl.flock(self._open(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The lock around a block (failpoints ``lock.acquired`` and ``lock.before-release``)."""
+        self.acquire()
+        try:
+            failpoints.hit("lock.acquired")
+            yield
+            failpoints.hit("lock.before-release")
+        finally:
+            self.release()
+
+    def close(self) -> None:
+        """Release the lock (if held) and close the file."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None

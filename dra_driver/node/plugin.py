@@ -3,6 +3,28 @@
 The DRA socket is up before the registration socket appears, so the kubelet never registers a
 plugin that cannot answer yet; slices are published in the background so a slow API server does
 not delay registration.
+
+Two instances on one node (``--rolling-update``: the DaemonSet starts the new pod before it stops
+the old one; kubelet 1.33 or later sends calls to the newest registered instance). Who owns what:
+
+* sockets: each instance its own pair, named after its pod UID (:func:`dra_driver.ondisk.socket_paths`),
+  and removes only those;
+* the checkpoint, CDI specs and metadata files: shared; every prepare, unprepare and stale-claim
+  sweep runs under ``<state dir>/serialize.lock`` and starts from the checkpoint on disk
+  (:mod:`dra_driver.node.prepare.sharedstate`), so either instance can unprepare what the other
+  prepared;
+* the node's ResourceSlices, the health taints in them and the device health Events: the holder
+  of ``<state dir>/publisher.lock``, the instance that started first. The other keeps its desired
+  slices current without writing them and takes the lock (within about a second) when the holder
+  exits, SIGKILL included, then publishes its own content once
+  (:mod:`dra_driver.node.publish.ownership`);
+* health monitoring and the kubelet's health stream: both, each streaming its own view;
+* a claim's ``status.devices``, its Events, and stale-claim Events: the instance that handled the
+  call.
+
+SIGTERM (or SIGINT): the registration socket goes first, so the kubelet drops this instance; calls
+in flight finish (new ones are refused), then the DRA socket goes, the locks are released with the
+process, and it exits 0, in well under the pod's 30 s grace period.
 """
 
 from __future__ import annotations
@@ -32,10 +54,22 @@ from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
-from dra_driver.node.publish.health import HealthFileSource, HealthMonitor, NvmlEventSource, publish_device_counts
+from dra_driver.node.publish.health import (
+    HealthChange,
+    HealthFileSource,
+    HealthMonitor,
+    NvmlEventSource,
+    publish_device_counts,
+)
 from dra_driver.node.publish.healthboard import HealthBoard
+from dra_driver.node.publish.ownership import PublisherLock
 from dra_driver.node.publish.slices import SlicePublisher
 from dra_driver.node.settings import PluginSettings
+from dra_driver.ondisk import PUBLISHER_LOCK_FILE
+
+DRAIN_SECONDS = 20.0
+"""How long calls in flight at SIGTERM may take to finish: inside the pod's 30 s grace period (a call
+normally takes milliseconds; a claim read against a slow API server, up to its 20 s timeout)."""
 
 
 def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
@@ -69,11 +103,31 @@ def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> lis
 def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any,
                   events: notices.NodeEvents) -> None:
     while not stop.wait(interval):
+        state.refresh()
         prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
         for ref in stale_claims(prepared, api):
             error = state.unprepare([ref]).get(ref.uid)
             log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
             events.on_node(notices.stale_claim_unprepared(ref, error))
+
+
+def health_event(change: HealthChange, ownership: PublisherLock, events: notices.NodeEvents) -> None:
+    """Only the publishing instance tells of health changes: two instances would say each twice."""
+    if ownership.held.is_set():
+        events.on_node(notices.health_changed(change))
+
+
+def check_kubelet_version(api: kube.KubeApi, node_name: str, events: notices.NodeEvents, log: Any) -> None:
+    """Rolling updates on a kubelet older than 1.33: say so loudly (the plugin still serves)."""
+    try:
+        version = str(api.get(kube.NODES, node_name).get("status", {}).get("nodeInfo", {}).get("kubeletVersion", ""))
+    except Exception as exc:
+        log.warning("could not read the node's kubelet version to check rolling updates", error=str(exc))
+        return
+    if notices.kubelet_too_old_for_rolling_update(version):
+        log.error("rolling updates need kubelet 1.33 or newer: set kubeletPlugin.rollingUpdate=false",
+                  kubelet_version=version)
+        events.on_node(notices.rolling_update_unsupported(version))
 
 
 def report_quarantine(state: DeviceState, events: notices.NodeEvents) -> None:
@@ -197,14 +251,18 @@ def run(settings: PluginSettings) -> int:
     log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
              registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
 
-    publisher = SlicePublisher(api, settings.driver_name, settings.node_name)
+    if settings.rolling_update:
+        check_kubelet_version(api, settings.node_name, events, log)
+    ownership = PublisherLock(settings.state_dir / PUBLISHER_LOCK_FILE, settings.node_name)
+    ownership.try_take()  # now, so that health changes found at start-up are told when this one publishes
+    publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership)
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
                                            settings.consumable_shares)
     publisher.update(devices_json, counters_json)
     publish_device_counts(devices, {})
     if settings.health_monitoring:
         monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json),
-                                on_change=lambda change: events.on_node(notices.health_changed(change)))
+                                on_change=lambda change: health_event(change, ownership, events))
         start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
     else:
         log.info("health monitoring disabled: devices are reported Healthy")
@@ -225,9 +283,10 @@ def run(settings: PluginSettings) -> int:
                      name="stale-claim-cleanup", daemon=True).start()
 
     stop.wait()
+    servers.stop(DRAIN_SECONDS)
     if healthz is not None:
         healthz.shutdown()
-    servers.stop()
+    ownership.release()
     state.close()
     recorder.flush(timeout=2.0)
     log.info("stopped")

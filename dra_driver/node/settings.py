@@ -7,6 +7,8 @@ so every path is configurable."""
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.gpuconfig import Strategy
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
 from dra_driver.node.discovery.select import BackendChoice
-from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR
+from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SocketPaths, socket_paths
 
 SHARING_STRATEGIES = tuple(s.value for s in Strategy)
 
@@ -55,18 +57,27 @@ class PluginSettings:
     """The driver root as the host sees it; default: --nvidia-driver-root."""
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     """Where the boot ID is read; tests point it at a file to simulate a reboot."""
+    rolling_update: bool = False
+    """Sockets of their own per pod, so that a new pod serves beside the old one (kubelet 1.33 or later)."""
+    pod_uid: str | None = None
+    """This instance's pod; required with ``rolling_update``."""
 
     @property
     def plugin_data_dir(self) -> Path:
         return self.plugins_dir / self.driver_name
 
     @property
+    def sockets(self) -> SocketPaths:
+        return socket_paths(self.driver_name, self.registry_dir, self.plugin_data_dir,
+                            self.pod_uid if self.rolling_update else None)
+
+    @property
     def dra_socket(self) -> Path:
-        return self.plugin_data_dir / "dra.sock"
+        return self.sockets.dra
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / f"{self.driver_name}-reg.sock"
+        return self.sockets.registration
 
     @property
     def backend_choice(self) -> BackendChoice:
@@ -78,6 +89,32 @@ class PluginSettings:
 # is still healthy.
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 DEFAULT_CLEANUP_INTERVAL = 60.0
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def instance_pod_uid(rolling_update: bool, pod_uid: str | None) -> str | None:
+    """The pod UID that names this instance's sockets: None without rolling updates; with them, a
+    missing or malformed UID is an error (sockets named after it could collide with another pod's)."""
+    if not rolling_update:
+        return None
+    if not pod_uid:
+        raise ValueError("--rolling-update needs this pod's UID: set --pod-uid or POD_UID (the chart sets it "
+                         "from metadata.uid)")
+    if not _POD_UID.fullmatch(pod_uid):
+        raise ValueError(f"--pod-uid {pod_uid!r} is not a pod UID (lower-case UUID)")
+    return pod_uid
+
+
+def registration_socket_from_env(environ: Mapping[str, str], driver: str) -> Path:
+    """The registration socket of the plugin of ``driver`` running with ``environ`` (``dra-driver
+    probe`` in the plugin's container): KUBELET_REGISTRY_DIR, ROLLING_UPDATE and POD_UID as the
+    plugin reads them."""
+    def get(name: str, default: str) -> str:
+        return environ.get(name) or default
+
+    pod_uid = instance_pod_uid(env_flag(environ.get("ROLLING_UPDATE")), environ.get("POD_UID"))
+    return socket_paths(driver, Path(get("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR)),
+                        Path(get("KUBELET_PLUGINS_DIR", KUBELET_PLUGINS_DIR)) / driver, pod_uid).registration
 
 
 def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +171,10 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
              "claim's CDI spec [DRIVER_EDITS]")
     add("--nvidia-ctk-path", default=env("NVIDIA_CTK_PATH", "nvidia-ctk"),
         help="The NVIDIA Container Toolkit's nvidia-ctk [NVIDIA_CTK_PATH]")
+    add("--rolling-update", action=argparse.BooleanOptionalAction, default=env_flag(env("ROLLING_UPDATE")),
+        help="Sockets named after this pod (--pod-uid), so that an updated pod serves beside the old one before it "
+             "stops (needs kubelet 1.33 or later) [ROLLING_UPDATE]")
+    add("--pod-uid", default=env("POD_UID"), help="This plugin pod's UID; required with --rolling-update [POD_UID]")
     add("--nvidia-cdi-hook-path", default=env("NVIDIA_CDI_HOOK_PATH"),
         help="nvidia-cdi-hook as the host's container runtime finds it; default: beside nvidia-ctk "
              "[NVIDIA_CDI_HOOK_PATH]")
@@ -152,6 +193,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
     if unknown or not strategies:
         raise ValueError(
             f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
+    instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
     return PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -182,4 +224,6 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         nvidia_cdi_hook_path=Path(args.nvidia_cdi_hook_path) if args.nvidia_cdi_hook_path else None,
         host_driver_root=Path(args.host_driver_root) if args.host_driver_root else None,
         boot_id_path=Path(args.boot_id_path),
+        rolling_update=bool(args.rolling_update),
+        pod_uid=args.pod_uid or None,
     )

@@ -12,6 +12,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,19 @@ def ns(bed: Bed) -> Iterator[str]:
              lambda: bed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30)
     yield name
     bed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def real_node(bed: Bed) -> Iterator[Any]:
+    """``real-node-1`` (e2e/testbed/realnode.py), one per module: a module may restart its plugin as it likes."""
+    if bed.cluster is None:
+        pytest.skip("needs the local bed's processes")
+    from e2e.testbed import realnode
+
+    problems = realnode.preflight()
+    if problems:
+        pytest.xfail("real node cannot start on this machine: " + "; ".join(problems))
+    with realnode.running(bed.cluster.kubeconfig, keep=env_flag("E2E_KEEP")) as node:
+        wait_for("ResourceSlices of the real node",
+                 lambda: bed.get("resourceslices", selector=f"spec.nodeName={node.node_name}")["items"], 60)
+        yield node

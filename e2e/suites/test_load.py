@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from dra_driver import CONFIG_API_VERSION
-from dra_driver.k8s.client import CLAIMS, ApiError, RestKubeApi
+from dra_driver.k8s.client import RestKubeApi
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
-from e2e.suites.reliability import checkpoint_entries, node_state_problems, plugin_name, record
+from e2e.suites.reliability import allocate, checkpoint_entries, node_state_problems, plugin_name, record
 from e2e.testbed.clusterview import DRIVER, Bed, slice_devices, wait_for
 from e2e.testbed.dracalls import DraClient, dra_socket, timed
 
@@ -54,31 +53,6 @@ def fd_growth(before: dict[str, int], after: dict[str, int]) -> list[str]:
     if after["other"] > before["other"] + 2:
         problems.append(f"pipes/eventfds {before['other']} -> {after['other']}")
     return problems
-
-
-def allocate(api: RestKubeApi, ns: str, name: str, node: str, device: str) -> tuple[str, str, str]:
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-            # A class nobody defines: no scheduler or controller allocates this claim, the test does.
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "load-test.invalid"}}]}}}
-    obj = api.create(CLAIMS, body, namespace=ns)
-    status = {"allocation": {
-        "devices": {
-            "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}],
-            "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}}}],
-        },
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-    }}
-    for _ in range(10):
-        try:
-            api.replace_status(CLAIMS, {**obj, "status": status})
-            break
-        except ApiError as exc:
-            if exc.status != 409:  # our controller may annotate the claim meanwhile
-                raise
-            obj = api.get(CLAIMS, name, namespace=ns)
-    return ns, name, str(obj["metadata"]["uid"])
 
 
 def p(values: list[float], q: float) -> float:

@@ -15,31 +15,15 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.testbed.clusterview import Bed, allocated, attr, claim_of, env_flag, example, names_of, wait_for, wait_running
+from e2e.testbed.clusterview import Bed, allocated, attr, claim_of, example, names_of, wait_for, wait_running
 
 # Registration with the real kubelet, prepare/unprepare, health: all of it is the smoke subset.
 pytestmark = [pytest.mark.testbed_only, pytest.mark.smoke]
-
-
-@pytest.fixture(scope="module")
-def real_node(bed: Bed) -> Iterator[Any]:
-    if bed.cluster is None:
-        pytest.skip("needs the local bed's processes")
-    from e2e.testbed import realnode
-
-    problems = realnode.preflight()
-    if problems:
-        pytest.xfail("real node cannot start on this machine: " + "; ".join(problems))
-    with realnode.running(bed.cluster.kubeconfig, keep=env_flag("E2E_KEEP")) as node:
-        wait_for("ResourceSlices of the real node",
-                 lambda: bed.get("resourceslices", selector=f"spec.nodeName={node.node_name}")["items"], 60)
-        yield node
 
 
 def on_real_node(docs: list[dict[str, Any]], node: Any) -> list[dict[str, Any]]:

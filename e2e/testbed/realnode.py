@@ -397,20 +397,29 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
         self._wait(f"node {self.node_name} Ready", ready, 120)
 
-    def start_plugin(self, nvml: NvmlDriver | None = None) -> None:
+    @property
+    def state_dir(self) -> Path:
+        """The simulated backend's ``--state-dir``: the checkpoint and the locks every instance shares."""
+        return self.root / "plugin-state"
+
+    def start_plugin(self, nvml: NvmlDriver | None = None, name: str = "plugin", pod_uid: str | None = None) -> None:
         """The plugin on the simulated backend, or (``nvml``) on the mock NVML in a fake driver root
-        with the NVIDIA Container Toolkit's edits; each backend keeps its own checkpoint."""
+        with the NVIDIA Container Toolkit's edits; each backend keeps its own checkpoint.
+
+        ``pod_uid``: one instance of a rolling update (``--rolling-update``, as the chart runs it), whose
+        sockets are named after its pod, so that several ``name``s can serve the node side by side."""
         if nvml is None:
             backend = ["--gpu-backend=simulated", f"--simulated-profile={self.profile}",
-                       f"--state-dir={self.root / 'plugin-state'}", f"--health-file={self.health_file}"]
+                       f"--state-dir={self.state_dir}", f"--health-file={self.health_file}"]
             env = {"PYTHONPATH": str(REPO)}
         else:
             backend = ["--gpu-backend=nvml", f"--nvidia-driver-root={nvml.driver_root}", f"--sysfs-root={nvml.sys_root}",
                        f"--nvidia-ctk-path={nvml.toolkit_bin / 'nvidia-ctk'}", f"--state-dir={self.root / 'plugin-state-nvml'}",
                        "--no-health-monitoring"]
             env = {"PYTHONPATH": str(REPO), **nvml.environment}
-        before = self.registrations()  # a restart waits for the new process's own line
-        self.procs.start("plugin", [
+        rolling = [] if pod_uid is None else ["--rolling-update", f"--pod-uid={pod_uid}"]
+        before = self.registrations(name)  # a restart waits for the new process's own line
+        self.procs.start(name, [
             *bytecode.shipped_python(), "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.node_name}",
             f"--driver-name={DRIVER_NAME}",
@@ -422,18 +431,20 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             f"--kubeconfig={self.kubeconfig}",
             "--log-format=json",
             f"--cleanup-interval={self.cleanup_interval:g}",
+            *rolling,
         ], env=env)
         self._write_state()
-        self._wait("the kubelet to register our plugin", lambda: self.registrations() > before, 60)
+        self._wait("the kubelet to register our plugin", lambda: self.registrations(name) > before, 60)
 
     def container_log_file(self, namespace: str, pod: str, container: str) -> Path | None:
         """The CRI log file containerd writes for a container (``<podLogsDir>/<ns>_<pod>_<uid>/<ctr>/N.log``)."""
         files = sorted((self.root / "pod-logs").glob(f"{namespace}_{pod}_*/{container}/*.log"))
         return files[-1] if files else None
 
-    def registrations(self) -> int:
-        """How often the kubelet confirmed a registration (NotifyRegistrationStatus(registered=true))."""
-        log = self.logs / "plugin.log"
+    def registrations(self, name: str = "plugin") -> int:
+        """How often the kubelet confirmed a registration (NotifyRegistrationStatus(registered=true))
+        to the plugin instance ``name``."""
+        log = self.logs / f"{name}.log"
         return log.read_text(errors="replace").count("registered with the kubelet") if log.exists() else 0
 
     def _write_state(self) -> None:
@@ -443,7 +454,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
     def stop(self, delete_node: bool = True) -> None:
         # Pods first, so the kubelet unprepares and containerd stops the shims while both are alive.
-        self.procs.stop("plugin")
+        for name in [n for n in self.procs.procs if n.startswith("plugin")]:  # every instance
+            self.procs.stop(name)
         self.procs.stop("kubelet")
         self._remove_containers()
         self.procs.stop_all()

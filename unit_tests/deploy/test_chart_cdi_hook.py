@@ -84,8 +84,17 @@ def test_the_install_script_replaces_a_running_hook(tmp_path: Path) -> None:
     installed.chmod(0o755)
     running = subprocess.Popen([str(installed), "30"])
     try:
-        (host_dir / ".nvidia-cdi-hook.tmp").write_bytes(b"left by a killed copy")
-        proc = subprocess.run([*init["command"], script], capture_output=True, text=True, check=False)
+        # Another pod's copy may be running right now (rolling update: two plugin pods): its
+        # temporary file is left alone; one left by a copy killed long ago is removed.
+        killed = host_dir / ".nvidia-cdi-hook.tmp-0f0f0f0f-0000-4000-8000-000000000001"
+        killed.write_bytes(b"left by a killed copy")
+        os.utime(killed, (1, 1))
+        running_copy = host_dir / ".nvidia-cdi-hook.tmp-0f0f0f0f-0000-4000-8000-000000000002"
+        running_copy.write_bytes(b"being written by the other pod")
+        (init_env,) = init["env"]
+        assert init_env == {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+        proc = subprocess.run([*init["command"], script], capture_output=True, text=True, check=False,
+                              env={**os.environ, "POD_UID": "0f0f0f0f-0000-4000-8000-000000000003"})
         assert proc.returncode == 0, proc.stderr
         assert f"installed nvidia-cdi-hook at {DEFAULT_DIR}/nvidia-cdi-hook" in proc.stdout
     finally:
@@ -93,6 +102,7 @@ def test_the_install_script_replaces_a_running_hook(tmp_path: Path) -> None:
         running.wait()
     assert installed.read_bytes() == hook.read_bytes()
     assert os.stat(installed).st_mode & 0o777 == 0o755
-    assert sorted(p.name for p in host_dir.iterdir()) == ["nvidia-cdi-hook"], "no temporary file is left"
+    assert sorted(p.name for p in host_dir.iterdir()) == [running_copy.name, "nvidia-cdi-hook"], \
+        "no temporary file of this pod or of a long-dead one is left"
     version = subprocess.run([str(installed), "--version"], capture_output=True, text=True, check=False)
     assert version.returncode == 0 and "1.20.1" in version.stdout + version.stderr

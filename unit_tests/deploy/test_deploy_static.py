@@ -414,7 +414,8 @@ def test_chart_rendering_details() -> None:
 
     sim = objects("gpuBackend=simulated")
     ds = sim[("DaemonSet", "dra-driver-kubelet-plugin")]
-    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # Surge updates by default: the new plugin pod serves beside the old one, with its own sockets.
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     pod = ds["spec"]["template"]["spec"]
     ctr = pod["containers"][0]
     env = {e["name"]: e for e in ctr["env"]}
@@ -424,9 +425,17 @@ def test_chart_rendering_details() -> None:
     mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
     assert "/dev" not in mounts and "/driver-root" not in mounts
+    assert env["ROLLING_UPDATE"]["value"] == "true"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    # The probe finds its own pod's socket from the same environment as the plugin.
     probe = ctr["livenessProbe"]["exec"]["command"]
-    assert probe[:2] == ["dra-driver", "probe"] and "/var/lib/kubelet/plugins_registry/gpu.dra-driver.io-reg.sock" in probe
+    assert probe == ["dra-driver", "probe", "--driver-name", DRIVER]
     assert ctr["startupProbe"]["exec"]["command"] == probe
+    gap = objects("gpuBackend=simulated", "kubeletPlugin.rollingUpdate=false", "kubeletPlugin.maxUnavailable=2")
+    gap_ds = gap[("DaemonSet", "dra-driver-kubelet-plugin")]
+    assert gap_ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 2}
+    gap_env = {e["name"]: e for e in gap_ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert gap_env["ROLLING_UPDATE"]["value"] == "false"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert env["CONSUMABLE_SHARES"]["value"] == "disabled"
     shared = objects("consumableShares=4")

@@ -118,8 +118,8 @@ class SimulatedBackend:
     """Backend over a :class:`NodeProfile`; MIG create/destroy change in-memory state.
 
     ``state_file`` (optional) keeps MIG mode and instances across restarts of the plugin, the way
-    real GPUs keep them; ``dev_root`` (optional) gets fake device files for every GPU and MIG
-    instance.
+    real GPUs keep them, and is re-read before each change (two plugin instances share the GPUs);
+    ``dev_root`` (optional) gets fake device files for every GPU and MIG instance.
     """
 
     name = "simulated"
@@ -149,6 +149,7 @@ class SimulatedBackend:
 
     def create_mig_instance(self, gpu: Gpu, profile: MigProfile, placement: MigPlacement) -> MigDevice:
         with self._lock:
+            self._load_state()  # another plugin instance (a rolling update) may have changed the GPUs
             state = self._state_for(gpu.uuid)
             spec = state.spec
             prof = spec.model.profile(profile.name)
@@ -185,6 +186,7 @@ class SimulatedBackend:
 
     def destroy_mig_instance(self, mig: MigDevice) -> None:
         with self._lock:
+            self._load_state()
             for state in self._gpus:
                 if state.uuid != mig.parent_uuid:
                     continue

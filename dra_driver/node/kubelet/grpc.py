@@ -14,7 +14,9 @@ Sockets: gRPC listens on a hidden temporary name in the target directory (the ku
 names starting with ``.``); the socket is chmod-ed (0600, or 0660 and chgrp with a socket group)
 and then renamed over the public name, so it never appears with looser permissions and a stale
 socket is replaced atomically. Missing parent directories are created 0750. On stop only a socket
-that is still ours (same inode) is removed: a newer instance's socket survives.
+that is still ours (same inode) is removed: a newer instance's socket survives (with rolling updates
+every instance has sockets of its own names anyway, :func:`dra_driver.ondisk.socket_paths`). Stop
+deregisters first, then drains the calls in flight (:meth:`PluginServers.stop`).
 
 Handlers never raise: every requested claim UID gets an entry, duplicates are handled once, and
 unexpected exceptions become per-claim errors plus a log line.
@@ -149,6 +151,10 @@ class _SocketServer:
 
     def stop(self, grace: float) -> None:
         self.server.stop(grace).wait()
+        self.remove_socket()
+
+    def remove_socket(self) -> None:
+        """Remove the socket if it is still ours; the server, if running, keeps its connections."""
         if self.inode is None:
             return
         try:
@@ -397,8 +403,18 @@ class PluginServers:
             raise
 
     def stop(self, grace: float = 2.0) -> None:
-        """Stop both servers (registration first) and remove the sockets that are still ours."""
+        """Deregister, drain, and remove the sockets that are still ours.
+
+        The registration socket goes first: its removal is what makes the kubelet drop this
+        instance (and send its calls to another one, in a rolling update). Then the DRA server
+        refuses new calls and lets those in flight finish, for up to ``grace`` seconds; the health
+        streams end at once (``_stopping``), so this returns as soon as the last call is answered.
+        """
         self._stopping.set()
+        try:
+            self._reg.remove_socket()
+        except OSError:
+            _log.exception("removing the registration socket failed")
         for server in (self._reg, self._dra):
             try:
                 server.stop(grace)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.k8s.names import is_dns_label, is_driver_name
-from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
 from dra_driver.node.prepare.toolkit import merge_edits
@@ -182,12 +182,18 @@ class CdiSpecs:
         data = spec_bytes(spec)
         try:
             ensure_dir(self.cdi_root, DIR_MODE)
-            atomic_write(self.spec_path(claim_uid), data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+            path = self.spec_path(claim_uid)
+            if not holds(path, data, SPEC_MODE):
+                atomic_write(path, data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         except OSError:
             METRICS.cdi_spec_writes.labels(result="error").inc()
             raise
         METRICS.cdi_spec_writes.labels(result="success").inc()
         return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name, d.share_id) for d in devices))
+
+    def spec_is_current(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> bool:
+        """Whether the claim's spec holds exactly what :meth:`write_claim_spec` writes now."""
+        return holds(self.spec_path(claim_uid), spec_bytes(self.build_spec(claim_uid, namespace, name, devices)))
 
     def spec_exists(self, claim_uid: str) -> bool:
         return self.spec_path(claim_uid).is_file()

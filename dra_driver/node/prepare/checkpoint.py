@@ -17,6 +17,7 @@ Format: JSON lines. The first line is a **snapshot** of every entry (shown inden
             "state": "PrepareStarted" | "PrepareCompleted",
             "namespace": "ns", "name": "claim", "bootID": "<boot id when prepared>",
             "updated": "2026-01-01T00:00:00.000000Z", "podClaimName": "gpu" (claims from a template),
+            "preparedBy": "<pod UID of the plugin instance>" (when it knew its pod),
             "devices": [{"pool": "node-a", "device": "gpu-0", "requests": ["req/sub"],
                          "cdiDeviceIDs": ["k8s.gpu.dra-driver.io/claim=<uid>-gpu-0"],
                          "sharing": {"strategy": "Exclusive"}, "shareID": null, "adminAccess": false,
@@ -51,6 +52,17 @@ length filled with NUL bytes. Such a record was never acknowledged (its save had
 a last line without its newline is dropped with a warning. Anything else that does not verify
 (a line with a bad checksum, out of sequence, or a damaged snapshot) is damage, not a torn write.
 
+**Upgrades and rollbacks.** A plugin pod of one release may read a file the other release wrote,
+both ways: a rolling update runs the two side by side on one state directory, and a rollback
+starts the previous release on what the new one left. The rule: *a release writes nothing that the
+previous release cannot read.* Readers ignore fields they do not know, in the snapshot, its
+entries and devices, and in journal records (the checksum covers them all the same); so a new
+optional field (``preparedBy``) ships in one release. A change that cannot be ignored (a field whose
+absence or old meaning would be wrong, a new ``state`` or device ``kind``, a new ``version``) ships its
+reader one release before its writer. ``version`` changes only with such a change: a reader refuses
+(quarantines) a newer version. A release that saves drops the fields it does not know; they are
+only what the newer release may lack.
+
 Loading never raises for bad content: a file that does not parse, fails a checksum, has a newer
 version, or belongs to another node or driver is renamed to ``checkpoint.json.corrupt-<UTC
 timestamp>`` and recovery starts empty. A different boot ID keeps the entries (``/var/run/cdi`` is
@@ -61,7 +73,6 @@ directory.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -69,12 +80,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dra_driver import failpoints, logs
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files, temp_name_prefix
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.journal import CheckpointError, canonical, checksum, claims_of, read_record
 from dra_driver.ondisk import CHECKPOINT_FILE
 
 CHECKPOINT_KIND = "DraDriverCheckpoint"
@@ -196,6 +208,8 @@ class ClaimEntry:
     updated: str = ""
     pod_claim_name: str | None = None
     """The pod's name for a claim made from a template: where its device metadata is mounted."""
+    prepared_by: str | None = None
+    """The pod UID of the plugin instance that prepared the claim (for debugging rolling updates)."""
 
     @property
     def ref(self) -> str:
@@ -208,6 +222,8 @@ class ClaimEntry:
         }
         if self.pod_claim_name is not None:
             out["podClaimName"] = self.pod_claim_name
+        if self.prepared_by is not None:
+            out["preparedBy"] = self.prepared_by
         return out
 
     @classmethod
@@ -219,7 +235,7 @@ class ClaimEntry:
             uid=uid, namespace=_str(d, "namespace"), name=_str(d, "name"), state=ClaimState(_str(d, "state")),
             devices=tuple(PreparedDevice.from_dict(x) for x in devices),
             boot_id=str(d.get("bootID") or ""), updated=str(d.get("updated") or ""),
-            pod_claim_name=_optional_str(d, "podClaimName"),
+            pod_claim_name=_optional_str(d, "podClaimName"), prepared_by=_optional_str(d, "preparedBy"),
         )
 
 
@@ -259,15 +275,6 @@ def now_rfc3339() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
 
 
-def canonical(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def checksum(payload: bytes) -> str:
-    """The ``checksum`` field of a snapshot or record over its canonical JSON ``payload``."""
-    return "sha256:" + hashlib.sha256(payload).hexdigest()
-
-
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     try:
         return path.read_text().strip()
@@ -275,8 +282,13 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return ""
 
 
-class CheckpointError(Exception):
-    """Why a checkpoint file could not be used (it has been quarantined)."""
+class _Replayed(NamedTuple):
+    entries: dict[str, ClaimEntry]
+    boot_id: str  # the last save's
+    torn: int  # bytes of a last record cut short (0: none)
+    version: int
+    records: int
+    snapshot_size: int
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -297,8 +309,11 @@ class CheckpointStore:
         *,
         boot_id: str | None = None,
         boot_id_path: Path = BOOT_ID_PATH,
+        instance: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.instance = instance
+        """This plugin instance's pod UID, recorded in the entries it prepares."""
         self.path = self.state_dir / CHECKPOINT_FILE
         self.node_name = node_name
         self.driver_name = driver_name
@@ -319,6 +334,9 @@ class CheckpointStore:
         self._size = 0
         self._snapshot_size = 0
         self._seq = 0
+        # (device, inode, size) of the file as this process last read or wrote it: another
+        # instance's save changes it (see sync).
+        self._seen: tuple[int, int, int] | None = None
 
     def close(self) -> None:
         """Close the file kept open for appending; the next save writes a snapshot."""
@@ -328,14 +346,20 @@ class CheckpointStore:
         self._fd = None
         self._saved = None
 
-    def load(self) -> dict[str, ClaimEntry]:
-        """The saved entries; empty (after quarantining the file) when the file is unusable."""
+    def load(self, *, adopt: bool = False) -> dict[str, ClaimEntry]:
+        """The saved entries; empty (after quarantining the file) when the file is unusable.
+
+        ``adopt``: the next save appends to the file when it ends in a whole record of this version
+        (not only after a save of this process)."""
         self.rebooted = False
         self.quarantined = None
         self.quarantine_reason = None
         self.close()
+        self._seen = None
         try:
-            raw = self.path.read_bytes()
+            with open(self.path, "rb") as f:
+                raw = f.read()
+                st = os.fstat(f.fileno())
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -343,10 +367,14 @@ class CheckpointStore:
             self._quarantine(f"unreadable: {exc}")
             return {}
         try:
-            entries, saved_boot, torn = self._replay(raw)
+            replayed = self._replay(raw)
         except (CheckpointError, ValueError, TypeError, KeyError, AttributeError) as exc:
             self._quarantine(str(exc))
             return {}
+        entries, saved_boot, torn = replayed.entries, replayed.boot_id, replayed.torn
+        self._seen = (st.st_dev, st.st_ino, len(raw))
+        if adopt and not torn and replayed.version == CHECKPOINT_VERSION:
+            self._adopt(replayed, st)
         if torn:
             self._log.warning("dropped a checkpoint record cut short by a crash or power loss; its save had not "
                               "returned, so nothing was acknowledged from it", bytes=torn)
@@ -360,13 +388,70 @@ class CheckpointStore:
             )
         return entries
 
+    def _adopt(self, replayed: _Replayed, st: os.stat_result) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino, now.st_size) != (st.st_dev, st.st_ino, st.st_size):
+            os.close(fd)  # replaced meanwhile (not under the serialize lock): the next save writes a snapshot
+            return
+        self._fd, self._saved = fd, dict(replayed.entries)
+        self._size, self._snapshot_size, self._seq = st.st_size, replayed.snapshot_size, replayed.records
+
+    def sync(self) -> dict[str, ClaimEntry] | None:
+        """What the file holds now when another process (a second plugin instance, see
+        :mod:`~dra_driver.node.prepare.sharedstate`) saved since this one last read or wrote it; None
+        when nothing changed. Called under the serialize lock, so nobody writes meanwhile.
+
+        Records appended to the file this process knows are read alone; a file replaced (the other
+        instance wrote a snapshot) or cut short is loaded whole, and appended to from then on.
+        """
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int, int] | None = (st.st_dev, st.st_ino, st.st_size)
+        except FileNotFoundError:
+            now = None
+        seen = self._seen
+        if now == seen:
+            return None
+        if now is not None and seen is not None and now[:2] == seen[:2] and now[2] > seen[2]:
+            caught_up = self._catch_up(now)
+            if caught_up is not None:
+                return caught_up
+        return self.load(adopt=True)
+
+    def _catch_up(self, now: tuple[int, int, int]) -> dict[str, ClaimEntry] | None:
+        """The entries after the records appended since this process's last save; None when they
+        cannot be read alone (a torn last record, or this process has not saved: load it whole)."""
+        saved = self._saved
+        if saved is None or self._fd is None:  # the open descriptor is what keeps the inode ours
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(self._size)
+            tail = f.read(now[2] - self._size)
+        if not tail.endswith(b"\n"):
+            return None
+        entries = dict(saved)
+        seq = self._seq
+        try:
+            for line in tail[:-1].split(b"\n"):
+                seq += 1
+                record = read_record(line, seq)
+                for uid, entry in record["set"].items():
+                    entries[uid] = ClaimEntry.from_dict(uid, entry)
+                for uid in record["del"]:
+                    entries.pop(uid, None)
+                self.saved_boot_id = record["bootID"]
+        except (CheckpointError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        self._saved, self._size, self._seq, self._seen = entries, now[2], seq, now
+        return dict(entries)
+
     def remove_stale_temp_files(self) -> list[str]:
         """Delete temporary files of checkpoint writes interrupted by a crash (start-up only)."""
         prefix = temp_name_prefix(self.path)
         return remove_stale_temp_files(self.state_dir, lambda name: name.startswith(prefix))
 
-    def _replay(self, raw: bytes) -> tuple[dict[str, ClaimEntry], str, int]:
-        """Entries, the last save's boot ID, and the length of a torn last record (0: none)."""
+    def _replay(self, raw: bytes) -> _Replayed:
         lines = raw.split(b"\n")
         tail = lines.pop()  # b"" when the file ends with its last newline
         if not lines:
@@ -375,18 +460,18 @@ class CheckpointStore:
             lines, tail = [tail], b""
         torn = len(tail)
         version, data = self._parse(lines[0])
-        entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in _claims(data).items()}
+        entries = {uid: ClaimEntry.from_dict(uid, e) for uid, e in claims_of(data).items()}
         boot = str(data.get("bootID") or "")
         if version < 2 and len(lines) > 1:
             raise CheckpointError(f"version {version} has no journal, but the file has {len(lines)} lines")
         for number, line in enumerate(lines[1:], start=1):
-            record = _record(line, number)
+            record = read_record(line, number)
             for uid, entry in record["set"].items():
                 entries[uid] = ClaimEntry.from_dict(uid, entry)
             for uid in record["del"]:
                 entries.pop(uid, None)
             boot = record["bootID"]
-        return entries, boot, torn
+        return _Replayed(entries, boot, torn, version, len(lines) - 1, len(lines[0]) + 1)
 
     def _parse(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         """The snapshot line's version and verified ``data``."""
@@ -482,6 +567,8 @@ class CheckpointStore:
         self._saved = dict(entries)
         self._size = self._snapshot_size = len(data)
         self._seq = 0
+        st = os.fstat(self._fd)
+        self._seen = (st.st_dev, st.st_ino, self._size)
 
     def _append(self, fd: int, saved: dict[str, ClaimEntry], entries: Mapping[str, ClaimEntry]) -> None:
         changed = {uid: entry.to_dict() for uid, entry in entries.items() if saved.get(uid) is not entry}
@@ -508,32 +595,5 @@ class CheckpointStore:
         self._size += len(line)
         self._seq += 1
         self._saved = dict(entries)
-
-
-def _record(line: bytes, number: int) -> dict[str, Any]:
-    """A verified journal record (line ``number``; the snapshot is line 0)."""
-    try:
-        doc = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"journal line {number} is not valid JSON: {exc}") from None
-    record = doc.get("record") if isinstance(doc, dict) else None
-    if not isinstance(record, dict):
-        raise CheckpointError(f"journal line {number} has no record")
-    want = checksum(canonical(record))
-    if doc.get("checksum") != want:
-        raise CheckpointError(f"checksum mismatch in journal line {number}: file says {doc.get('checksum')!r}, "
-                              f"content is {want!r}")
-    if record.get("seq") != number:
-        raise CheckpointError(f"journal line {number} has sequence number {record.get('seq')!r}: a record is missing "
-                              "or out of order")
-    if not isinstance(record.get("set"), dict) or not isinstance(record.get("del"), list) \
-            or not isinstance(record.get("bootID"), str):
-        raise CheckpointError(f"journal line {number} is not a record of set, del and bootID")
-    return record
-
-
-def _claims(data: Mapping[str, Any]) -> dict[str, Any]:
-    claims = data.get("claims") or {}
-    if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
-        raise CheckpointError("claims must be an object of objects")
-    return claims
+        if self._seen is not None:
+            self._seen = (self._seen[0], self._seen[1], self._size)

@@ -30,6 +30,24 @@ class Ledger:
     def load(self) -> None:
         self.entries = self.store.load()
 
+    def sync(self) -> None:
+        """Take what another plugin instance saved since this one last read or wrote the checkpoint
+        (under the serialize lock). Everything derived from the entries (which devices are taken,
+        which MIG instances exist, the snapshot readers see) is computed from them, so replacing
+        them is enough."""
+        try:
+            fresh = self.store.sync()
+        except OSError as exc:
+            # The batch's own save reports the trouble with the file to its claims.
+            self._log.error("could not re-read the checkpoint", error=describe_os_error(exc, str(self.store.path)))
+            return
+        if fresh is not None:
+            self.entries = fresh
+            # An instance starting up rolls back the entries recorded ahead that it finds: the claim's
+            # preparation must then record its own before it makes anything.
+            self.intended &= {uid for uid, e in fresh.items() if e.state is ClaimState.PREPARE_STARTED}
+            self._log.info("re-read the checkpoint: another plugin instance changed it", claims=len(fresh))
+
     def save(self) -> str | None:
         """Write the entries to the checkpoint; None, or why it could not be written."""
         try:

@@ -123,6 +123,33 @@ class Materializer:
         except CdiError:
             return False
 
+    def renew(self, entry: ClaimEntry, boot_id: str,
+              devices: Mapping[str, AllocatableDevice]) -> tuple[ClaimEntry, str | None]:
+        """A prepared claim made current: re-created when a reboot wiped it or a file is missing (a
+        new entry), its files re-written when they are not what this version writes; and what was
+        done, for the log (None: nothing)."""
+        if self.needs_rematerialize(entry, boot_id):
+            return self.rematerialize(entry, boot_id, devices), "re-created the CDI spec of a prepared claim"
+        if self.outdated(entry, devices):
+            self.write(entry, devices)
+            return entry, "re-wrote the CDI spec of a prepared claim: it was not what this version writes"
+        return entry, None
+
+    def outdated(self, entry: ClaimEntry, devices: Mapping[str, AllocatableDevice]) -> bool:
+        """Whether a file of the prepared claim is not what this version writes: an earlier version (or
+        someone else) wrote it. Unknown (False) when the content cannot be made now, e.g. without the
+        driver's edits: the file there is then the best there is."""
+        if not entry.devices:
+            return False
+        try:
+            if not self.cdi.spec_is_current(entry.uid, entry.namespace, entry.name,
+                                            [claim_device(d) for d in entry.devices]):
+                return True
+            return self.metadata is not None and not self.metadata.current(
+                MetadataClaim(entry.uid, entry.namespace, entry.name, entry.pod_claim_name), entry.devices, devices)
+        except (CdiError, DriverEditsError, OSError):
+            return False
+
     def rematerialize(self, entry: ClaimEntry, boot_id: str, devices: Mapping[str, AllocatableDevice]) -> ClaimEntry:
         """Re-create what a reboot wiped: dynamic MIG instances (new boot) and the files."""
         prepared = list(entry.devices)

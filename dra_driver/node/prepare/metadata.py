@@ -46,7 +46,7 @@ import orjson
 from dra_driver.gpuconfig import base_request
 from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
-from dra_driver.node.fileio import atomic_write, ensure_dir, remove_stale_temp_files
+from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.prepare.cdi import (
     DERIVED_FILES_DURABLE,
     DIR_MODE,
@@ -284,12 +284,26 @@ class MetadataFiles:
         ensure_dir(self.cdi_root, DIR_MODE)
         for request, doc in documents.items():
             host = self.host_path(claim.uid, request)
-            atomic_write(host, encode_stream(doc), FILE_MODE, durable=DERIVED_FILES_DURABLE)
-            spec = build_cdi_spec(self.driver_name, claim.uid, request, host,
-                                  container_path(self.driver_name, claim, request))
-            atomic_write(self.spec_path(claim.uid, request), spec_bytes(spec), SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+            data = encode_stream(doc)
+            if not holds(host, data, FILE_MODE):
+                atomic_write(host, data, FILE_MODE, durable=DERIVED_FILES_DURABLE)
+            spec = spec_bytes(build_cdi_spec(self.driver_name, claim.uid, request, host,
+                                             container_path(self.driver_name, claim, request)))
+            if not holds(self.spec_path(claim.uid, request), spec, SPEC_MODE):
+                atomic_write(self.spec_path(claim.uid, request), spec, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         described = requests_with_metadata(self.driver_name, claim.uid, devices).values()
         return sorted({d.device for devs in described for d in devs if d.device not in known})
+
+    def current(self, claim: MetadataClaim, devices: Sequence[PreparedDevice],
+                known: Mapping[str, AllocatableDevice]) -> bool:
+        """Whether every file and spec of the claim holds exactly what :meth:`write` writes now."""
+        for request, doc in request_documents(self.driver_name, claim, devices, known).items():
+            host = self.host_path(claim.uid, request)
+            spec = build_cdi_spec(self.driver_name, claim.uid, request, host,
+                                  container_path(self.driver_name, claim, request))
+            if not (holds(host, encode_stream(doc)) and holds(self.spec_path(claim.uid, request), spec_bytes(spec))):
+                return False
+        return True
 
     def complete(self, uid: str, devices: Sequence[PreparedDevice]) -> bool:
         """Whether every file and spec that the devices' metadata IDs need exists."""

@@ -49,9 +49,10 @@ Every failure is a per-claim error string; nothing raises out of ``prepare``/``u
 The steps live beside this module: checking a claim and applying its config
 (:mod:`~dra_driver.node.prepare.config`), exclusivity (:mod:`~dra_driver.node.prepare.exclusive`),
 the claim's MIG instances and files (:mod:`~dra_driver.node.prepare.materialize`), the checkpoint's
-entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`)
-and the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`). This module
-orders them.
+entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`),
+the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`) and the lock that two
+plugin instances of a node share, under which every batch starts from the checkpoint on disk
+(:mod:`~dra_driver.node.prepare.sharedstate`). This module orders them.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
 from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.sharedstate import SharedState
 
 _log = logs.get("prepare")
 
@@ -136,11 +138,13 @@ class DeviceState:
         self._node = Materializer(cdi, metadata, backend, proc_root, self._log)
         self._lock = threading.RLock()
         self._reader = ClaimReader(api, max_parallel_gets)
-        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = (
-            GroupCommit(self._lock, self._prepare_batch))
-        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, self._unprepare_batch)
         self._ledger = Ledger(checkpoint, self._log)
-        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, self._ledger.record_intents)
+        self._shared = SharedState(checkpoint.state_dir, self._ledger)
+        serialized = self._shared.serialized
+        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = (
+            GroupCommit(self._lock, serialized(self._prepare_batch)))
+        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, serialized(self._unprepare_batch))
+        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, serialized(self._ledger.record_intents))
         self._recover()
 
     @classmethod
@@ -161,7 +165,7 @@ class DeviceState:
             cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
                          driver_edits=driver_edits),
             checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
-                                       boot_id_path=settings.boot_id_path),
+                                       boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
             api=api,
             backend=backend,
             sharing_strategies=settings.sharing_strategies,
@@ -178,6 +182,7 @@ class DeviceState:
         if self._lock.acquire(timeout=5):
             try:
                 self._ledger.store.close()
+                self._shared.close()
             finally:
                 self._lock.release()
 
@@ -202,13 +207,18 @@ class DeviceState:
         """
         return self._ledger.published()
 
+    def refresh(self) -> None:
+        """Make :meth:`prepared_claims` include what other plugin instances saved meanwhile."""
+        with self._lock, self._shared.current():
+            self._ledger.publish()
+
     def _claim_log(self, uid: str, ref: str) -> Any:
         return self._log.bind(claim_uid=uid, claim=ref)
 
     # -- recovery
 
     def _recover(self) -> None:
-        with self._lock:
+        with self._lock, self._shared.lock.held():
             self._ledger.load()
             boot = self._ledger.store.boot_id
             changed = False
@@ -223,13 +233,13 @@ class DeviceState:
                     del self._ledger.entries[uid]
                     changed = True
                     continue
-                if self._node.needs_rematerialize(entry, boot):
-                    try:
-                        self._ledger.entries[uid] = self._node.rematerialize(entry, boot, self._devices)
-                        changed = True
-                        log.info("re-created the CDI spec of a prepared claim")
-                    except Exception as exc:
-                        log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
+                try:
+                    self._ledger.entries[uid], done = self._node.renew(entry, boot, self._devices)
+                    changed = changed or self._ledger.entries[uid] is not entry
+                    if done:
+                        log.info(done)
+                except Exception as exc:
+                    log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
                 self._ledger.save_quietly()
             leftovers = self._ledger.store.remove_stale_temp_files() + self._node.remove_temp_files()
@@ -333,11 +343,12 @@ class DeviceState:
             log.warning("could not get the ResourceClaim; answering from the checkpoint", error=read_error(obj))
         else:
             verify_claim(claim, obj, self.node_name)
-        again = self._node.needs_rematerialize(entry, self._ledger.store.boot_id)
+        renewed, done = self._node.renew(entry, self._ledger.store.boot_id, self._devices)
+        again = renewed is not entry
         if again:
-            entry = self._node.rematerialize(entry, self._ledger.store.boot_id, self._devices)
-            self._ledger.entries[claim.uid] = entry
-            log.info("re-created the CDI spec of an already prepared claim")
+            self._ledger.entries[claim.uid] = entry = renewed
+        if done:
+            log.info(done, already_prepared=True)
         log.debug("claim already prepared")
         return PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices)), again
 
@@ -348,7 +359,7 @@ class DeviceState:
             self._ledger.entries[c.uid] = ClaimEntry(
                 uid=c.uid, namespace=c.namespace, name=c.name, state=ClaimState.PREPARE_STARTED,
                 devices=tuple(d.prepared for d in plan.devices), boot_id=boot, updated=now_rfc3339(),
-                pod_claim_name=plan.pod_claim_name,
+                pod_claim_name=plan.pod_claim_name, prepared_by=self._ledger.store.instance,
             )
         # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
         # whose rollback needs the devices, need this record on disk before they are created.

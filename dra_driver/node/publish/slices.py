@@ -36,6 +36,7 @@ from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import meta
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.publish.ownership import PublisherLock
 
 Obj = dict[str, Any]
 
@@ -378,13 +379,16 @@ class SlicePublisher:
     ``run(stop_event)`` watches the node's slices (field selectors ``spec.nodeName`` and
     ``spec.driver``) and re-syncs ``sync_delay`` seconds after a change made by someone else (e.g.
     the kubelet wiping slices), every ``resync_interval`` seconds regardless, and with back-off
-    after errors. ``requests`` counts API requests by verb.
+    after errors. ``requests`` counts API requests by verb. With an ``ownership`` lock it writes
+    nothing until it holds the lock (:mod:`~dra_driver.node.publish.ownership`); :meth:`update`
+    keeps the desired state meanwhile.
     """
 
     def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, node_uid: str | None = None,
                  resync_interval: float = 300.0, sync_delay: float = 1.0, watch_timeout: int = 300,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0, ownership: PublisherLock | None = None) -> None:
         self.api = api
+        self.ownership = ownership
         self.driver_name = driver_name
         self.node_name = node_name
         self.node_uid = node_uid
@@ -508,6 +512,8 @@ class SlicePublisher:
 
     def run(self, stop_event: threading.Event) -> None:
         """Reconcile until ``stop_event`` is set (blocking; run it in a thread)."""
+        if self.ownership is not None and not self.ownership.wait(stop_event):
+            return
         self.informer.start(stop_event)
         backoff = min(1.0, self.max_backoff)
         next_resync = time.monotonic()

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from dra_driver.node.prepare.checkpoint import CheckpointStore
+from e2e.bench.common import machine_facts
 from e2e.suites.kind.install import (
     ALTERNATIVE_ROOT,
     ROOT_LABEL,
@@ -22,6 +27,17 @@ from e2e.suites.kind.install import (
     run,
     wait_gone,
 )
+from e2e.suites.podstream import (
+    PREPARE_FAILED_EVENT,
+    RESULTS,
+    PodStream,
+    StreamPlan,
+    failure_lines,
+    kubelet_failures,
+    pod_problems,
+    warning_events,
+)
+from e2e.suites.reliability import record
 from e2e.testbed.clusterview import DRIVER, wait_for, wait_running
 
 CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
@@ -82,6 +98,89 @@ def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str
     for uid in (before_uid, after_uid):
         wait_gone(bed, f"the CDI spec of claim {uid} on {node}", lambda u=uid: [s for s in cdi_specs(node) if u in s], 60)
     assert before_uid not in prepared(node), "the unprepared claim left the checkpoint"
+
+
+STREAM = StreamPlan(rate=0.5, seconds=40.0, linger=2.0)
+STREAM_TAG = "e2e-stream"
+
+
+def plugin_pods_on(install: Install, node: str) -> int:
+    """The release's plugin pods on ``node``, terminating ones included."""
+    pods = install.bed.get("pods", ns=install.namespace, selector=f"spec.nodeName={node}")["items"]
+    return sum(p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "kubelet-plugin" for p in pods)
+
+
+def test_upgrade_under_a_pod_stream(install: Install, ns: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``helm upgrade`` to a new image tag in the middle of a stream of short GPU pods on one worker:
+    with the chart's rolling update (the default) the kubelet sees no failed NodePrepareResources or
+    NodeUnprepareResources, and every pod runs and is deleted cleanly."""
+    bed = install.bed
+    (worker,) = nodes_labelled(bed, "default")
+    # The new tag is in the nodes before the stream, as a registry would have it.
+    repo = install.image.rsplit(":", 1)[0]
+    run(["docker", "tag", install.image, f"{repo}:{STREAM_TAG}"])
+    install.load_image(f"{repo}:{STREAM_TAG}")
+    bed.apply([{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "stream"},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}]}}}}], ns=ns)
+
+    def pod(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": worker}, "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "stream"}],
+            "containers": [{"name": "ctr0", "image": "busybox:1.36",
+                            "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+                            "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+    since = on_node(worker, "date +%s").strip()
+    stream = PodStream(str(bed.kubeconfig), ns, STREAM, pod).start()
+    overlap: list[float] = []  # moments with two plugin pods on the worker
+    upgrading = threading.Event()
+
+    def watch_overlap() -> None:
+        while upgrading.is_set():
+            if plugin_pods_on(install, worker) > 1:
+                overlap.append(time.monotonic())
+            time.sleep(0.5)
+
+    try:
+        wait_for("the middle of the stream", lambda: stream.elapsed() >= 0.4 * STREAM.seconds, STREAM.seconds)
+        upgrading.set()
+        watcher = threading.Thread(target=watch_overlap, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        install.upgrade("--set", f"image.tag={STREAM_TAG}")
+        upgrade_s = time.monotonic() - started
+        upgrading.clear()
+        watcher.join(timeout=10)
+        stream.finish()
+    finally:
+        upgrading.clear()
+        stream.cleanup()
+    journal = on_node(worker, f"journalctl -u kubelet --no-pager --since @{since}")
+    summary = stream.summary()
+    failures = kubelet_failures(journal, ns)
+    events = warning_events(bed.get("events", ns=ns)["items"])
+    result = {
+        **summary, "helm_upgrade_s": round(upgrade_s, 1),
+        "two_plugin_pods_s": round(overlap[-1] - overlap[0], 1) if overlap else 0.0,
+        "kubelet_failed_prepare": failures["prepare"], "kubelet_failed_unprepare": failures["unprepare"],
+        "failed_prepare_events": events.get(PREPARE_FAILED_EVENT, 0), "warning_events": events,
+        "failure_lines": failure_lines(journal, ns),
+    }
+    with capsys.disabled():
+        print(f"\n[upgrade] kind {worker}: {summary['pods']} pods at {STREAM.rate}/s, running {summary['running']}, "
+              f"not gone {len(summary['not_gone'])}; helm upgrade {result['helm_upgrade_s']} s, two plugin pods for "
+              f"~{result['two_plugin_pods_s']} s; kubelet failed NodePrepareResources {failures['prepare']} / "
+              f"NodeUnprepareResources {failures['unprepare']}, {PREPARE_FAILED_EVENT} events "
+              f"{result['failed_prepare_events']}; start p50 {summary['start_p50_ms']} ms p99 {summary['start_p99_ms']} ms")
+    record("kind", "helm_upgrade_stream", {
+        "what": "helm upgrade to a new image tag in the middle of a pod stream on one kind worker",
+        "command": "make e2e-kind", **result, "machine": machine_facts()}, results=RESULTS)
+    assert [p["spec"]["containers"][0]["image"] for p in install.plugin_pods()] == [f"{repo}:{STREAM_TAG}"]
+    assert not pod_problems(summary), pod_problems(summary)
+    assert (failures["prepare"], failures["unprepare"], result["failed_prepare_events"]) == (0, 0, 0), \
+        f"the kubelet saw failed calls: {result['failure_lines']}"
 
 
 def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:

@@ -403,3 +403,56 @@ class TestHealth:
         assert b.snapshot()[0] == v
         b.set_devices(["a", "b"])
         assert [r.device_name for r in b.snapshot()[1]] == ["a", "b"]
+
+
+class Slow:
+    """Prepares take ``delay`` seconds; ``started`` is set when one is in flight."""
+
+    def __init__(self, delay: float) -> None:
+        import threading
+
+        self.delay = delay
+        self.started = threading.Event()
+
+    def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
+        self.started.set()
+        time.sleep(self.delay)
+        return {c.uid: PrepareOutcome(devices=(ResponseDevice(("gpu",), NODE, "gpu-0", ("k8s.x/claim=a",)),))
+                for c in claims}
+
+    def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
+        return {}
+
+
+class TestShutdown:
+    def test_stop_deregisters_first_then_finishes_calls_in_flight(self, short_tmp: Path) -> None:
+        import threading
+
+        slow = Slow(1.0)
+        p = make_plugin(short_tmp, handler=slow)
+        p.servers.start()
+        other = p.reg_sock.with_name(f"{DRIVER}-0f0f0f0f-0000-4000-8000-000000000001-reg.sock")
+        sibling = socket.socket(socket.AF_UNIX)
+        sibling.bind(str(other))  # another instance's, in a rolling update
+        answers: list[Any] = []
+        request = v1.NodePrepareResourcesRequest(claims=[v1.Claim(uid="a", namespace="ns", name="c")])
+        call = threading.Thread(target=lambda: answers.append(p.v1().NodePrepareResources(request, timeout=10)))
+        call.start()
+        assert slow.started.wait(5)
+        stopped = time.monotonic()
+        stopping = threading.Thread(target=p.servers.stop, args=(10.0,))
+        stopping.start()
+        deadline = time.monotonic() + 2
+        while p.reg_sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not p.reg_sock.exists() and call.is_alive(), "deregistered while the call is still running"
+        call.join(timeout=10)
+        stopping.join(timeout=10)
+        assert time.monotonic() - stopped < 5
+        assert answers and answers[0].claims["a"].devices[0].device_name == "gpu-0"
+        assert not p.dra_sock.exists()
+        assert other.exists(), "another instance's socket is never ours to remove"
+        with pytest.raises(grpc.RpcError):
+            p.v1().NodePrepareResources(request, timeout=1)
+        sibling.close()
+        p.close()

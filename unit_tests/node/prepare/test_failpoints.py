@@ -92,7 +92,7 @@ def test_bad_spec_fails_the_plugin_start() -> None:
 # --- crash recovery at each point -----------------------------------------------------------------
 
 PREPARE_POINTS = ["prepare.after-started", "prepare.after-cdi-write", "prepare.after-completed",
-                  "atomic-write.before-rename", "checkpoint.before-flush"]
+                  "atomic-write.before-rename", "checkpoint.before-flush", "lock.acquired", "lock.before-release"]
 
 
 def consistent(env: Env, state_uids: set[str]) -> None:
@@ -150,7 +150,7 @@ def test_crash_in_a_one_claim_prepare_then_retry(env: Env, crashing: None, point
 
 
 @pytest.mark.parametrize("point", ["unprepare.after-spec-delete", "unprepare.after-checkpoint",
-                                   "checkpoint.before-flush"])
+                                   "checkpoint.before-flush", "lock.acquired", "lock.before-release"])
 def test_crash_in_unprepare_then_retry(env: Env, crashing: None, point: str) -> None:
     refs = [env.reader.add(make_claim(f"c{i}", [("gpu", f"gpu-3-1g-{i}")])) for i in range(2)]
     assert all(o.ok for o in env.state.prepare(refs).values())

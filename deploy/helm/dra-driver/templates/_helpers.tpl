@@ -45,11 +45,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-controller" (include "dra-driver.fullname" .)) .Values.serviceAccount.controllerName -}}
 {{- end -}}
 
-{{/* Registration socket path, as the plugin computes it: <registryDir>/<driverName>-reg.sock */}}
-{{- define "dra-driver.registrationSocket" -}}
-{{- printf "%s/%s-reg.sock" (include "dra-driver.registryDir" .) .Values.driverName -}}
-{{- end -}}
-
 {{/* Comma-separated sharing strategies the plugin accepts. */}}
 {{- define "dra-driver.sharingStrategies" -}}
 {{- $s := list "Exclusive" -}}
