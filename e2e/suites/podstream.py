@@ -239,6 +239,9 @@ class PodStream:
             "start_p50_ms": round(percentile(starts, 50) * 1000, 1) if starts else None,
             "start_p99_ms": round(percentile(starts, 99) * 1000, 1) if starts else None,
             "start_max_ms": round(max(starts) * 1000, 1) if starts else None,
+            "slowest": [{"pod": r.name, "created_at_s": round(r.created - self.started, 1),
+                         "start_ms": round((r.start_seconds or 0) * 1000, 1)}
+                        for r in sorted(records, key=lambda r: -(r.start_seconds or 0))[:3]],
             "never_running": sorted(r.name for r in records if r.running is None),
             "not_gone": sorted(r.name for r in records if r.gone is None),
             "failed_phase": sorted(r.name for r in records if r.ended),

@@ -282,7 +282,9 @@ def run_phase(bed: Bed, node: Any, ns: str, plan: StreamPlan, name: str,
         f.seek(offset)
         said = f.read().decode(errors="replace")
     failures = kubelet_failures(said, ns)
-    events = warning_events(bed.get("events", ns=ns)["items"])
+    # This phase's pods and their claims (named after them) only: a test may run several phases in ns.
+    events = warning_events([e for e in bed.get("events", ns=ns)["items"]
+                             if e.get("involvedObject", {}).get("name", "").startswith(f"{name}-")])
     per_pod: dict[str, int] = {}
     for line in said.splitlines():
         if PREPARE_FAILED in line and f'pod="{ns}/' in line:

@@ -35,7 +35,7 @@ IMAGE="${IMAGE:-dra-driver:e2e}"
 NAMESPACE="dra-driver"
 RELEASE="dra-driver"
 SIMULATED_PROFILE="${SIMULATED_PROFILE:-kind-mixed}"
-KIND_CONFIG="${ROOT}/e2e/kind/kind-config.yaml"
+KIND_CONFIG="${ROOT}/e2e/suites/kind/kind-config.yaml"
 KUBECONFIG_FILE="${ROOT}/.run/kind-${CLUSTER_NAME}.kubeconfig"
 PYTHON="${PYTHON:-${ROOT}/.venv/bin/python}"
 

@@ -100,7 +100,8 @@ def test_upgrade_keeps_running_pods_and_the_checkpoint(install: Install, ns: str
     assert before_uid not in prepared(node), "the unprepared claim left the checkpoint"
 
 
-STREAM = StreamPlan(rate=0.5, seconds=40.0, linger=2.0)
+STREAM = StreamPlan(rate=0.5, seconds=40.0, linger=2.0, max_alive=3)
+"""The worker's profile (kind-mixed) has four full GPUs: three pods at most, so none waits for one."""
 STREAM_TAG = "e2e-stream"
 
 
