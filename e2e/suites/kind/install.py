@@ -7,8 +7,10 @@ import json
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from dra_driver.ondisk import SocketPaths, socket_paths
 from e2e.testbed.clusterview import DRIVER, REPO, Bed, wait_for
 
 CHART = REPO / "deploy" / "helm" / "dra-driver"
@@ -80,6 +82,13 @@ def run(cmd: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess
 def on_node(node: str, script: str) -> str:
     """A shell script run on a kind node (its container): the host a plugin writes to."""
     return run(["docker", "exec", node, "sh", "-c", script]).stdout
+
+
+def plugin_sockets(pod: dict[str, Any], kubelet_root: str = "/var/lib/kubelet") -> SocketPaths:
+    """Where a plugin pod's sockets are on its node: named after the pod, as the chart's rolling
+    updates (the default) have them."""
+    return socket_paths(DRIVER, Path(kubelet_root) / "plugins_registry", Path(kubelet_root) / "plugins" / DRIVER,
+                        str(pod["metadata"]["uid"]))
 
 
 def cdi_specs(node: str) -> list[str]:

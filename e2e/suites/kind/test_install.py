@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from e2e.suites.kind.install import Install, nodes_labelled, on_node
-from e2e.testbed.clusterview import DRIVER, wait_for
+from e2e.suites.kind.install import Install, nodes_labelled, on_node, plugin_sockets
+from e2e.testbed.clusterview import wait_for
 
 # Run inside a pod with its own ServiceAccount token: POST a ResourceSlice for ``node`` with
 # dryRun=All (authorization and admission run in full, nothing is stored). Prints the HTTP status
@@ -55,8 +55,8 @@ def test_plugin_pods_ready_registered_and_publishing(install: Install) -> None:
         # and the sockets are where the kubelet looks (its root on the host, the node container).
         wait_for(f"{name} registered with the kubelet of {node}",
                  lambda n=name: "registered with the kubelet" in logs(install, n, "plugin"), timeout=60)
-        on_node(node, f"test -S /var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock && "
-                      f"test -S /var/lib/kubelet/plugins/{DRIVER}/dra.sock")
+        sockets = plugin_sockets(pod)
+        on_node(node, f"test -S {sockets.registration} && test -S {sockets.dra}")
         slices = install.node_slices(node)
         assert slices, f"no ResourceSlice of {node}"
         assert sum(len(s["spec"].get("devices", [])) for s in slices) >= 6, "the profile's GPUs and MIG devices"

@@ -23,6 +23,7 @@ from e2e.suites.kind.install import (
     claim_and_pod,
     nodes_labelled,
     on_node,
+    plugin_sockets,
     pod_json,
     run,
     wait_gone,
@@ -193,9 +194,8 @@ def test_kubelet_at_a_non_default_root(install: Install, ns: str) -> None:
                         "--set-json", f'kubeletPlugin.nodeSelector={{"{ROOT_LABEL}":"alternative"}}')
         (pod,) = install.plugin_pods()
         assert pod["spec"]["nodeName"] == node
-        on_node(node, f"test -S {ALTERNATIVE_ROOT}/plugins_registry/{DRIVER}-reg.sock && "
-                      f"test -S {ALTERNATIVE_ROOT}/plugins/{DRIVER}/dra.sock && "
-                      f"test ! -e /var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock")
+        moved, default = plugin_sockets(pod, ALTERNATIVE_ROOT), plugin_sockets(pod)
+        on_node(node, f"test -S {moved.registration} && test -S {moved.dra} && test ! -e {default.registration}")
         wait_for(f"ResourceSlices of {node}", lambda: install.node_slices(node), timeout=90)
         bed.apply(claim_and_pod(ns, "alt", node=node), ns=ns)
         wait_running(bed, ns, "alt", timeout=120)
