@@ -14,10 +14,13 @@ the node's files under the plugins' own lock (``<state dir>/serialize.lock``: no
 * every pod runs, then is deleted cleanly (gone, its claim unprepared);
 * the CDI specs on disk and the checkpoint agree (same claims, same CDI devices), no GPU in two
   exclusive claims' specs, no device in two allocated claims;
-* pod start p99 during the upgrade <= 1.5 x the p99 of the same stream without one, in the same run.
+* pod start p99 during the upgrade <= 1.5 x the p99 of the same stream without one, in the same run:
+  asserted by ``--long``, which runs the issue's own stream (2 pods/s for 90 s). The short stream of
+  ``make test`` has 40 pods a phase, so its p99 is its slowest pod: on this 2-core machine one pod
+  slowed by the machine's other work moved the ratio between 0.6 and 1.74 over five runs of the
+  same code, either phase being the slow one. It is printed and recorded there, not asserted.
 
 A one-line summary per phase is printed; the figures go to ``e2e/results/upgrade.json``.
-``--long`` runs the issue's own stream (2 pods/s for 90 s).
 """
 
 from __future__ import annotations
@@ -310,6 +313,8 @@ def report(capsys: pytest.CaptureFixture[str], key: str, phase: str, r: dict[str
             f"{r['kubelet_failed_unprepare']}, {PREPARE_FAILED_EVENT} events {r['failed_prepare_events']}; "
             f"start p50 {r['start_p50_ms']} ms p99 {r['start_p99_ms']} ms; state checks {r['watchdog_checks']} "
             f"with {len(r['watchdog_problems'])} problems, left {len(r['left_after_stream'])}")
+    if r.get("p99_vs_baseline") is not None:
+        line += f"; start p99 / the baseline's {r['p99_vs_baseline']} (target <= {P99_FACTOR})"
     with capsys.disabled():
         print("\n" + line)
 
@@ -336,7 +341,7 @@ def assert_no_failures(r: dict[str, Any], what: str) -> None:
 
 
 def upgrade_under_load(bed: Bed, ns: str, node: Any, instances: Instances, plan: StreamPlan, key: str,
-                       capsys: pytest.CaptureFixture[str]) -> None:
+                       capsys: pytest.CaptureFixture[str], *, gate_p99: bool) -> None:
     baseline = run_phase(bed, node, ns, plan, "base")
     report(capsys, key, "baseline", baseline)
     save(f"{key}_baseline", {"what": "the pod stream, no upgrade", **baseline})
@@ -359,21 +364,21 @@ def upgrade_under_load(bed: Bed, ns: str, node: Any, instances: Instances, plan:
     assert upgrade["publisher_after_s"] is not None, f"B did not take {PUBLISHER_LOCK_FILE} over within 30 s"
     assert_clean(upgrade, "upgrade")
     assert_no_failures(upgrade, "upgrade")
-    assert upgrade["start_p99_ms"] <= P99_FACTOR * baseline["start_p99_ms"], \
+    assert not gate_p99 or upgrade["start_p99_ms"] <= P99_FACTOR * baseline["start_p99_ms"], \
         f"pod start p99 {upgrade['start_p99_ms']} ms during the upgrade, {baseline['start_p99_ms']} ms without"
 
 
 @pytest.mark.timeout(600)
 def test_upgrade_under_load(bed: Bed, ns: str, real_node: Any, instances: Instances,
                             capsys: pytest.CaptureFixture[str]) -> None:
-    upgrade_under_load(bed, ns, real_node, instances, SHORT, "sigterm", capsys)
+    upgrade_under_load(bed, ns, real_node, instances, SHORT, "sigterm", capsys, gate_p99=False)
 
 
 @pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_upgrade_under_load_long(bed: Bed, ns: str, real_node: Any, instances: Instances,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    upgrade_under_load(bed, ns, real_node, instances, LONG, "sigterm_long", capsys)
+    upgrade_under_load(bed, ns, real_node, instances, LONG, "sigterm_long", capsys, gate_p99=True)
 
 
 @pytest.mark.timeout(600)
