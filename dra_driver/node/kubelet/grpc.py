@@ -42,6 +42,7 @@ from dra_driver import logs
 from dra_driver.node.fileio import ensure_dir
 from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
 from dra_driver.node.publish.healthboard import HEALTHY, UNHEALTHY, DeviceHealthReport, HealthBoard
+from dra_driver.ondisk import MAX_SOCKET_PATH
 
 
 def _proto(module: str) -> Any:
@@ -64,7 +65,6 @@ reg_grpc = _proto("pluginregistration.api_pb2_grpc")
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 PLUGIN_TYPE = "DRAPlugin"
 SOCKET_DIR_MODE = 0o750
-MAX_UNIX_PATH = 107
 DEFAULT_RESEND_INTERVAL = 10.0
 
 _log = logs.get("grpc")
@@ -118,8 +118,8 @@ class _SocketServer:
 
     def start(self) -> None:
         path = self.path
-        if len(os.fsencode(path)) > MAX_UNIX_PATH:
-            raise ValueError(f"socket path {path} is longer than {MAX_UNIX_PATH} bytes")
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
         ensure_dir(path.parent, SOCKET_DIR_MODE)
         try:
             st = os.lstat(path)
@@ -128,7 +128,7 @@ class _SocketServer:
         if st is not None and not stat.S_ISSOCK(st.st_mode):
             raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
         private = path.parent / f".tmp-{secrets.token_hex(4)}.sock"
-        if len(os.fsencode(private)) > MAX_UNIX_PATH:
+        if len(os.fsencode(private)) > MAX_SOCKET_PATH:
             raise ValueError(f"socket directory {path.parent} is too long for a Unix socket path")
         if self.server.add_insecure_port(f"unix:{private}") == 0:
             raise RuntimeError(f"could not listen on {private}")
