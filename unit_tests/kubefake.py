@@ -11,12 +11,16 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
+from datetime import datetime
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from google.protobuf import json_format
+
+from dra_driver._proto.kubewire import pods_pb2
 from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
 from dra_driver.k8s.objects import Obj, key_of
-from dra_driver.k8s.wire import allocation_view
+from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view, pod_refs
 
 
 class FakeKube:
@@ -117,9 +121,10 @@ class FakeKube:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             reduced: Reduced | None = None) -> ListResult:
         self._check("list", res, "")
-        items = [copy.deepcopy(o) for o in self._bucket(res).values()
+        items = [as_reduced(o, reduced) for o in self._bucket(res).values()
                  if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]
         if transform is not None:
             items = [k for o in items if (k := transform(o)) is not None]
@@ -130,14 +135,14 @@ class FakeKube:
         return ListResult([allocation_view(c) for c in listed.items], listed.resource_version)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None) -> Iterator[Obj]:
+              field_selector: str | None = None, reduced: Reduced | None = None) -> Iterator[Obj]:
         self._check("watch", res, "")
         since = int(resource_version or 0)
         if self.log and since < self.log[0][0] - 1 and since != 0:
             raise ApiError(410, "Expired", "too old resource version")
         for rv, plural, etype, obj in list(self.log):
             if plural == res.plural and rv > since and _selected(obj, field_selector):
-                yield {"type": etype, "object": copy.deepcopy(obj)}
+                yield {"type": etype, "object": as_reduced(obj, reduced)}
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None,
             meanwhile: Callable[[], object] | None = None) -> Obj:
@@ -270,6 +275,25 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             out[k] = _merge(out.get(k), v)
     return out
+
+
+def as_reduced(obj: Obj, reduced: Reduced | None) -> Obj:
+    """A copy of ``obj`` as a reader with ``reduced`` gets it from the real API server: encoded by
+    the real schema, read through ours (so a field the controller reads but the schema does not
+    declare is missing here too)."""
+    if reduced is None:
+        return copy.deepcopy(obj)
+    assert reduced is POD_CLAIM_REFS, reduced
+    return pod_refs(pod_message(obj))
+
+
+def pod_message(pod: Obj) -> pods_pb2.Pod:
+    """A JSON pod as its protobuf encoding reads through ``pods.proto``."""
+    doc = copy.deepcopy(pod)
+    md = doc.get("metadata") or {}
+    if md.get("deletionTimestamp"):  # Time is a message on the wire, a string in JSON
+        md["deletionTimestamp"] = {"seconds": int(datetime.fromisoformat(md["deletionTimestamp"]).timestamp())}
+    return json_format.ParseDict(doc, pods_pb2.Pod(), ignore_unknown_fields=True)
 
 
 def _selected(obj: Obj, field_selector: str | None) -> bool:

@@ -69,8 +69,9 @@ class InMemorySliceApi:
         return True
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False) -> ListResult:
-        assert res is SLICES
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             reduced: object = None) -> ListResult:
+        assert res is SLICES and transform is None and reduced is None
         with self._lock:
             items = [copy.deepcopy(o) for o in self.objects.values() if self._matches(o, field_selector)]
             return ListResult(items, str(self._rv))
@@ -136,9 +137,9 @@ class InMemorySliceApi:
             self._cond.notify_all()
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None) -> Iterator[Obj]:
+              field_selector: str | None = None, reduced: object = None) -> Iterator[Obj]:
         """Events from now on (``resource_version`` is not replayed)."""
-        assert res is SLICES
+        assert res is SLICES and reduced is None
         deadline = time.monotonic() + timeout_seconds
         with self._lock:
             seen = len(self.events)

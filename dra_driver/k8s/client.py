@@ -19,7 +19,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit
@@ -134,12 +134,15 @@ class KubeApi(Protocol):
     """The calls the controller makes; all objects in and out are JSON dicts."""
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             reduced: wire.Reduced | None = None) -> ListResult:
         """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
         ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
         cheaper, possibly a few milliseconds stale, for read-only reports. ``transform``, when
         given, is applied to each item as it is decoded (kind and apiVersion filled in); what it
-        returns is listed in its place, and None leaves the item out."""
+        returns is listed in its place, and None leaves the item out. ``reduced``: the items may
+        come as that schema reads them (:mod:`dra_driver.k8s.wire`) rather than whole; a reader
+        that passes it reads no other field."""
         ...
 
     def list_claim_allocations(self) -> ListResult:
@@ -149,13 +152,13 @@ class KubeApi(Protocol):
         ...
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None) -> Iterator[Obj]:
+              field_selector: str | None = None, reduced: wire.Reduced | None = None) -> Iterator[Obj]:
         """Watch events ``{"type": ..., "object": {...}}`` after ``resource_version`` ("": from now,
         after synthetic ADDED events for what exists).
 
         The iterator ends when the server closes the watch (after about ``timeout_seconds``).
         An expired resourceVersion raises ``ApiError(410)`` (also when it arrives as an
-        ``ERROR`` event).
+        ``ERROR`` event). ``reduced`` as for :meth:`list`.
         """
         ...
 
@@ -220,6 +223,19 @@ class _Stream:
     resp: http.client.HTTPResponse
     conn: http.client.HTTPConnection
     transport: Transport
+
+
+def _json_events(resp: http.client.HTTPResponse) -> Iterator[Obj]:
+    """The events of a JSON watch stream: newline-delimited, each as soon as its chunk arrives."""
+    for line in iter(resp.readline, b""):
+        if not line.strip():
+            continue
+        try:
+            event = orjson.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            yield event
 
 
 class RestKubeApi:
@@ -368,18 +384,20 @@ class RestKubeApi:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None) -> ListResult:
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             reduced: wire.Reduced | None = None) -> ListResult:
         items: list[Obj] = []
         cont = ""
         rv = ""
+        path = res.path(namespace)
         while True:
             query = [("resourceVersion", "0")] if cached else [("limit", "500")]
             if field_selector:
                 query.append(("fieldSelector", field_selector))
             if cont:
                 query.append(("continue", cont))
-            page = self._json("GET", res.path(namespace), query=query)
-            for item in page.get("items") or []:
+            page_items, page_rv, cont = self._list_page(path, query, reduced)
+            for item in page_items:
                 if isinstance(item, dict):
                     # List items carry no kind/apiVersion; restore them for consistency.
                     item.setdefault("apiVersion", res.api_version)
@@ -387,11 +405,25 @@ class RestKubeApi:
                     kept = item if transform is None else transform(item)
                     if kept is not None:
                         items.append(kept)
-            md = page.get("metadata") or {}
-            rv = str(md.get("resourceVersion") or rv)
-            cont = str(md.get("continue") or "")
+            rv = page_rv or rv
             if not cont:
                 return ListResult(items, rv)
+
+    def _list_page(self, path: str, query: Sequence[tuple[str, str]],
+                   reduced: wire.Reduced | None) -> tuple[Sequence[Any], str, str]:
+        """One page of a list: its items, resourceVersion and continue token."""
+        if reduced is None:
+            page = self._json("GET", path, query=query)
+        else:
+            resp = self._read("GET", path, query=query, accept=wire.ACCEPT)
+            try:
+                if str(resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
+                    return reduced.decode_list(resp.data)
+                page = orjson.loads(resp.data) if resp.data else {}
+            except ValueError as exc:
+                raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
+        md = page.get("metadata") or {}
+        return page.get("items") or [], str(md.get("resourceVersion") or ""), str(md.get("continue") or "")
 
     def list_claim_allocations(self) -> ListResult:
         # JSON stays acceptable: a proxy or an aggregated server may not speak protobuf.
@@ -408,7 +440,7 @@ class RestKubeApi:
         return ListResult(items, str((page.get("metadata") or {}).get("resourceVersion") or ""))
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None) -> Iterator[Obj]:
+              field_selector: str | None = None, reduced: wire.Reduced | None = None) -> Iterator[Obj]:
         query = [("watch", "true")]
         if resource_version:
             query.append(("resourceVersion", resource_version))
@@ -416,19 +448,15 @@ class RestKubeApi:
         if field_selector:
             query.append(("fieldSelector", field_selector))
         sent = self._send("GET", res.path(), query=query, timeout=WATCH_CONNECT_TIMEOUT,
-                          read_timeout=float(timeout_seconds) + WATCH_READ_SLACK)
+                          read_timeout=float(timeout_seconds) + WATCH_READ_SLACK,
+                          accept=wire.ACCEPT if reduced is not None else "application/json")
         ended = False
         try:
-            # Newline-delimited JSON; readline returns each event as soon as its chunk arrives.
-            for line in iter(sent.resp.readline, b""):
-                if not line.strip():
-                    continue
-                try:
-                    event = orjson.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(event, dict):
-                    continue
+            if reduced is not None and str(sent.resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
+                events: Iterator[Obj] = map(reduced.decode_event, wire.read_frames(sent.resp))
+            else:
+                events = _json_events(sent.resp)
+            for event in events:
                 if event.get("type") == "ERROR":
                     status = event.get("object")
                     status = status if isinstance(status, dict) else {}
@@ -439,6 +467,8 @@ class RestKubeApi:
             ended = True
         except ApiError:
             raise
+        except wire.WireError as exc:
+            raise ApiError(0, "BadResponse", f"watch {res.plural}: {exc}") from None
         except Exception as exc:  # connection reset, read timeout, ...
             raise unreachable(exc, self.host) from None
         finally:

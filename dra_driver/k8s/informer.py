@@ -33,6 +33,7 @@ from typing import Any
 from dra_driver import logs
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
 from dra_driver.k8s.objects import Obj, key_of, resource_version
+from dra_driver.k8s.wire import Reduced
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """``handler(old, new)``: add (old None), update, delete (new None)."""
@@ -129,6 +130,7 @@ class Informer:
         *,
         field_selector: str | None = None,
         transform: Transform | None = None,
+        reduced: Reduced | None = None,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
     ) -> None:
@@ -137,6 +139,9 @@ class Informer:
         self.store = Store(transform)
         self.handler = handler
         self.field_selector = field_selector
+        self.reduced = reduced
+        """Objects may arrive as this schema reads them (see KubeApi.list); the transform and the
+        handler then read no other field."""
         self.watch_timeout = watch_timeout
         self.max_backoff = max_backoff
         self.resource_version = ""
@@ -147,10 +152,9 @@ class Informer:
     # -- one step at a time (what run() loops over; tests drive these directly)
 
     def relist(self) -> None:
-        if self.store.transform is None:
-            result = self.api.list(self.resource, field_selector=self.field_selector)
-        else:
-            result = self.api.list(self.resource, field_selector=self.field_selector, transform=self._decoded)
+        transform = None if self.store.transform is None else self._decoded
+        result = self.api.list(self.resource, field_selector=self.field_selector, transform=transform,
+                               reduced=self.reduced)
         changed, deleted = self.store.replace(result.items)
         self.resource_version = result.resource_version
         # What was just listed lives as long as the informer. Frozen, the cyclic garbage collector
@@ -168,7 +172,7 @@ class Informer:
         """Follow one watch connection until the server ends it. Raises ApiError (410 included)."""
         for event in self.api.watch(
             self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
-            field_selector=self.field_selector,
+            field_selector=self.field_selector, reduced=self.reduced,
         ):
             if stop is not None and stop.is_set():
                 return

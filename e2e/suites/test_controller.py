@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.k8s.client import RestKubeApi
-from dra_driver.k8s.wire import allocation_view
+from dra_driver.controller.views import pod_view
+from dra_driver.k8s.client import PODS, RestKubeApi
+from dra_driver.k8s.objects import key_of
+from dra_driver.k8s.wire import POD_CLAIM_REFS, allocation_view
 from e2e.testbed.clusterview import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
 ALLOCATE_ANNOTATION = f"{DRIVER}/allocate"
@@ -192,6 +194,52 @@ def test_protobuf_claim_list_reads_what_the_api_server_holds(bed: Bed, ns: str) 
     by_uid = {c["metadata"]["uid"]: c for c in wire}
     assert by_uid == {c["metadata"]["uid"]: c for c in as_json}
     assert by_uid[claim["metadata"]["uid"]]["status"]["allocation"]["devices"]["results"] == results
+
+
+def test_protobuf_pods_read_what_the_controller_needs(bed: Bed, ns: str) -> None:
+    """The controller lists and watches pods in protobuf through a schema of our own
+    (``api/proto/kubewire/pods.proto``): what it makes of each pod (``pod_view``: the claims it
+    waits for, its node) must equal what it makes of the JSON form, for every pod in the cluster and
+    for the events of a watch, with claims named in the spec, from a template (in the status, as the
+    resourceclaim controller writes it), none, and a pod being deleted."""
+    def pod(name: str, claims: list[dict[str, str]], **meta: Any) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta},
+                "spec": {"schedulerName": "no-such-scheduler", "resourceClaims": claims,
+                         "containers": [{"name": "c", "image": "registry.invalid/none"}]}}  # fmt: skip
+
+    bed.apply([
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "refs"},
+         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}]}}}},
+        pod("refs-standalone", [{"name": "gpu", "resourceClaimName": "refs-claim"}]),
+        pod("refs-template", [{"name": "gpu", "resourceClaimTemplateName": "refs"}]),
+        pod("refs-none", []),
+        pod("refs-deleting", [{"name": "gpu", "resourceClaimName": "refs-claim"}], finalizers=["example.com/hold"]),
+    ], ns=ns)  # fmt: skip
+    wait_for("the resourceclaim controller names refs-template's claim",
+             lambda: bed.get("pod", "refs-template", ns=ns).get("status", {}).get("resourceClaimStatuses"), 60)
+    bed.delete("pod", "refs-deleting", ns, wait=False)
+    api = RestKubeApi.from_kubeconfig(str(bed.kubeconfig))
+    try:
+        reduced = api.list(PODS, transform=pod_view, reduced=POD_CLAIM_REFS)
+        whole = api.list(PODS, transform=pod_view)
+        assert {key_of(p): p for p in reduced.items} == {key_of(p): p for p in whole.items}
+        mine = {key_of(p): p for p in reduced.items if p["metadata"]["namespace"] == ns}
+        assert set(mine) == {f"{ns}/refs-standalone", f"{ns}/refs-template"}, "no claim, or deleted unscheduled: no view"
+
+        def events(**kw: Any) -> list[tuple[str, Any]]:
+            got = []
+            for e in api.watch(PODS, resource_version=reduced.resource_version, timeout_seconds=3, **kw):
+                if e["type"] != "BOOKMARK" and e["object"]["metadata"]["namespace"] == ns:
+                    got.append((e["type"], pod_view(e["object"])))
+            return got
+
+        bed.kubectl("label", "pod", "refs-standalone", "-n", ns, "touched=yes")
+        bed.apply([pod("refs-later", [{"name": "gpu", "resourceClaimName": "refs-later"}])], ns=ns)
+        bed.kubectl("patch", "pod", "refs-deleting", "-n", ns, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+        as_json = events()
+        assert len(as_json) >= 3 and events(reduced=POD_CLAIM_REFS) == as_json
+    finally:
+        api.close()
 
 
 # --------------------------------------------------------------------------- opt-in allocation

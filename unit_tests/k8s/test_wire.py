@@ -7,13 +7,30 @@ on the bed (``e2e/suites/test_controller.py``), against kube-apiserver's own pro
 
 from __future__ import annotations
 
+import io
+import json
+import struct
 from typing import Any
 
 import pytest
+from kubefake import pod_message
 
 from dra_driver._proto.kubewire import claims_pb2 as pb
-from dra_driver.k8s.client import ApiError
-from dra_driver.k8s.wire import PROTOBUF, WireError, allocation_view, decode_claim_list
+from dra_driver._proto.kubewire import meta_pb2 as meta
+from dra_driver._proto.kubewire import pods_pb2
+from dra_driver.controller.views import pod_view
+from dra_driver.k8s.claims import pod_claim_keys, pod_is_done, pod_node
+from dra_driver.k8s.client import PODS, ApiError
+from dra_driver.k8s.wire import (
+    POD_CLAIM_REFS,
+    PROTOBUF,
+    WireError,
+    allocation_view,
+    decode_claim_list,
+    decode_pod_event,
+    decode_pod_list,
+    read_frames,
+)
 from unit_tests.kubeserver import Server
 
 JSON_CLAIMS: list[dict[str, Any]] = [
@@ -33,7 +50,7 @@ JSON_CLAIMS: list[dict[str, Any]] = [
 
 def _message(claim: dict[str, Any]) -> pb.ResourceClaim:
     m = claim["metadata"]
-    msg = pb.ResourceClaim(metadata=pb.ObjectMeta(name=m["name"], namespace=m["namespace"], uid=m["uid"]))
+    msg = pb.ResourceClaim(metadata=meta.ObjectMeta(name=m["name"], namespace=m["namespace"], uid=m["uid"]))
     allocation = (claim.get("status") or {}).get("allocation")
     if allocation is not None:
         msg.status.allocation.SetInParent()
@@ -51,8 +68,8 @@ def _message(claim: dict[str, Any]) -> pb.ResourceClaim:
 
 def _body(claims: list[dict[str, Any]], *, kind: str = "ResourceClaimList", encoding: str = "",
           extra: bytes = b"") -> bytes:
-    listed = pb.ResourceClaimList(metadata=pb.ListMeta(resourceVersion="42"), items=[_message(c) for c in claims])
-    envelope = pb.Unknown(typeMeta=pb.TypeMeta(apiVersion="resource.k8s.io/v1", kind=kind),
+    listed = pb.ResourceClaimList(metadata=meta.ListMeta(resourceVersion="42"), items=[_message(c) for c in claims])
+    envelope = meta.Unknown(typeMeta=meta.TypeMeta(apiVersion="resource.k8s.io/v1", kind=kind),
                           raw=listed.SerializeToString() + extra, contentEncoding=encoding,
                           contentType=PROTOBUF)
     return b"k8s\x00" + envelope.SerializeToString()
@@ -114,3 +131,106 @@ def test_rest_client_passes_on_api_errors(srv: Server) -> None:
     with pytest.raises(ApiError) as err:
         srv.api.list_claim_allocations()
     assert err.value.status == 403
+
+
+# --------------------------------------------------------------------------- pods
+
+JSON_PODS: list[dict[str, Any]] = [
+    {"metadata": {"name": "spec-claim", "namespace": "ns", "uid": "u1", "resourceVersion": "5",
+                  "labels": {"app": "x"}, "managedFields": [{"manager": "kubectl"}]},
+     "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}],
+              "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}, {"name": "t", "resourceClaimTemplateName": "tmpl"}]},
+     "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                "resourceClaimStatuses": [{"name": "t", "resourceClaimName": "spec-claim-t-abcde"}, {"name": "none"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "ext", "requestMappings": [
+                    {"containerName": "c", "resourceName": "example.com/gpu", "requestName": "r"}]}}},
+    {"metadata": {"name": "plain", "namespace": "ns", "uid": "u2", "resourceVersion": "6"},
+     "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Pending"}},
+    {"metadata": {"name": "done", "namespace": "other", "uid": "u3", "resourceVersion": "7"},
+     "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c2"}]}, "status": {"phase": "Succeeded"}},
+    {"metadata": {"name": "deleting", "namespace": "other", "uid": "u4", "resourceVersion": "8",
+                  "deletionTimestamp": "2026-11-27T04:00:00Z"},
+     "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c3"}]}, "status": {"phase": "Pending"}},
+]
+
+
+def _wrapped(kind: str, raw: bytes) -> bytes:
+    envelope = meta.Unknown(typeMeta=meta.TypeMeta(apiVersion="v1", kind=kind), raw=raw, contentType=PROTOBUF)
+    return b"k8s\x00" + envelope.SerializeToString()
+
+
+def _pod_list(pods: list[dict[str, Any]], cont: str = "") -> bytes:
+    listed = pods_pb2.PodList(items=[pod_message(p) for p in pods])
+    listed.metadata.resourceVersion = "42"
+    setattr(listed.metadata, "continue", cont)
+    return _wrapped("PodList", listed.SerializeToString())
+
+
+def _frame(etype: str, kind: str, raw: bytes) -> bytes:
+    event = meta.WatchEvent(type=etype, object=meta.RawExtension(raw=_wrapped(kind, raw))).SerializeToString()
+    return struct.pack(">I", len(event)) + event
+
+
+def test_protobuf_pods_read_as_their_json_form_for_every_reader() -> None:
+    items, rv, cont = decode_pod_list(_pod_list(JSON_PODS, cont="next"))
+    assert (rv, cont) == ("42", "next")
+    for got, pod in zip(items, JSON_PODS, strict=True):
+        assert pod_view(got) == pod_view(pod) and pod_claim_keys(got) == pod_claim_keys(pod)
+        assert pod_node(got) == pod_node(pod) and pod_is_done(got) == pod_is_done(pod)
+    assert pod_claim_keys(items[0]) == {"ns/c1", "ns/spec-claim-t-abcde", "ns/ext"}
+    assert items[0]["status"]["resourceClaimStatuses"][1] == {"name": "none"}, "unset stays absent, not empty"
+    assert "labels" not in items[0]["metadata"] and "containers" not in items[0]["spec"]
+    assert items[3]["metadata"]["deletionTimestamp"] == "2026-11-27T04:00:00Z"
+
+
+def test_protobuf_watch_frames_are_events() -> None:
+    raw = pod_message(JSON_PODS[0]).SerializeToString()
+    gone = meta.Status(code=410, reason="Expired", message="too old").SerializeToString()
+    stream = io.BytesIO(_frame("MODIFIED", "Pod", raw) + _frame("ERROR", "Status", gone))
+    events = [decode_pod_event(f) for f in read_frames(stream)]
+    assert events[0]["type"] == "MODIFIED" and pod_view(events[0]["object"]) == pod_view(JSON_PODS[0])
+    assert events[1] == {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                                     "message": "too old"}}
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"\x00\x00", "inside a frame header"),
+    (b"\x00\x00\x00\x09abc", "inside a frame"),
+    (b"\xff\xff\xff\xff", "out of step"),
+])
+def test_a_cut_or_garbled_watch_stream_is_named(data: bytes, problem: str) -> None:
+    with pytest.raises(WireError, match=problem):
+        list(read_frames(io.BytesIO(data)))
+
+
+def test_rest_client_lists_and_watches_pods_in_protobuf(srv: Server) -> None:
+    srv.replies.append((200, PROTOBUF, _pod_list(JSON_PODS[:2], cont="c2")))
+    srv.replies.append((200, PROTOBUF, _pod_list(JSON_PODS[2:])))
+    listed = srv.api.list(PODS, transform=pod_view, reduced=POD_CLAIM_REFS)
+    assert listed.items == [v for p in JSON_PODS if (v := pod_view(p)) is not None]
+    assert [r["path"].split("?")[1] for r in srv.requests] == ["limit=500", "limit=500&continue=c2"]
+    assert all(r["accept"].startswith(PROTOBUF) and "application/json" in r["accept"] for r in srv.requests)
+    frames = _frame("ADDED", "Pod", pod_message(JSON_PODS[0]).SerializeToString())
+    srv.replies.append((200, f"{PROTOBUF};stream=watch", frames + _frame("ERROR", "Status", meta.Status(
+        code=410, reason="Expired").SerializeToString())))
+    got = []
+    with pytest.raises(ApiError) as err:
+        for event in srv.api.watch(PODS, resource_version="42", timeout_seconds=5, reduced=POD_CLAIM_REFS):
+            got.append(event)
+    assert err.value.gone and [pod_view(e["object"]) for e in got] == [pod_view(JSON_PODS[0])]
+
+
+def test_rest_client_takes_json_pods_from_a_server_without_protobuf(srv: Server) -> None:
+    srv.replies.append((200, {"metadata": {"resourceVersion": "9"}, "items": JSON_PODS}))
+    listed = srv.api.list(PODS, transform=pod_view, reduced=POD_CLAIM_REFS)
+    assert listed.items == [v for p in JSON_PODS if (v := pod_view(p)) is not None]
+    srv.replies.append([json.dumps({"type": "ADDED", "object": JSON_PODS[0]}).encode() + b"\n"])
+    events = list(srv.api.watch(PODS, resource_version="9", timeout_seconds=5, reduced=POD_CLAIM_REFS))
+    assert [pod_view(e["object"]) for e in events] == [pod_view(JSON_PODS[0])]
+
+
+def test_a_broken_protobuf_watch_is_a_bad_response(srv: Server) -> None:
+    srv.replies.append((200, f"{PROTOBUF};stream=watch", b"\x00\x00\x00\x05k8s"))
+    with pytest.raises(ApiError) as err:
+        list(srv.api.watch(PODS, resource_version="1", timeout_seconds=5, reduced=POD_CLAIM_REFS))
+    assert err.value.status == 0 and "pods" in str(err.value)

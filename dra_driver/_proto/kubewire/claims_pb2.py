@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from dra_driver._proto.kubewire import meta_pb2 as dra__driver_dot___proto_dot_kubewire_dot_meta__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'dra_driver/_proto/kubewire/claims.proto\x12\x13\x64ra_driver.kubewire\"u\n\x07Unknown\x12/\n\x08typeMeta\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.TypeMeta\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontentType\x18\x04 \x01(\t\",\n\x08TypeMeta\x12\x12\n\napiVersion\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\"w\n\x11ResourceClaimList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\x31\n\x05items\x18\x02 \x03(\x0b\x32\".dra_driver.kubewire.ResourceClaim\"|\n\rResourceClaim\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dra_driver.kubewire.ObjectMeta\x12\x38\n\x06status\x18\x03 \x01(\x0b\x32(.dra_driver.kubewire.ResourceClaimStatus\"P\n\x13ResourceClaimStatus\x12\x39\n\nallocation\x18\x01 \x01(\x0b\x32%.dra_driver.kubewire.AllocationResult\"P\n\x10\x41llocationResult\x12<\n\x07\x64\x65vices\x18\x01 \x01(\x0b\x32+.dra_driver.kubewire.DeviceAllocationResult\"]\n\x16\x44\x65viceAllocationResult\x12\x43\n\x07results\x18\x01 \x03(\x0b\x32\x32.dra_driver.kubewire.DeviceRequestAllocationResult\"\xc0\x02\n\x1d\x44\x65viceRequestAllocationResult\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0b\x61\x64minAccess\x18\x05 \x01(\x08\x12\x0f\n\x07shareID\x18\t \x01(\t\x12\x62\n\x10\x63onsumedCapacity\x18\n \x03(\x0b\x32H.dra_driver.kubewire.DeviceRequestAllocationResult.ConsumedCapacityEntry\x1aV\n\x15\x43onsumedCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x05value\x18\x02 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity:\x02\x38\x01\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'dra_driver/_proto/kubewire/claims.proto\x12\x13\x64ra_driver.kubewire\x1a%dra_driver/_proto/kubewire/meta.proto\"w\n\x11ResourceClaimList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\x31\n\x05items\x18\x02 \x03(\x0b\x32\".dra_driver.kubewire.ResourceClaim\"|\n\rResourceClaim\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dra_driver.kubewire.ObjectMeta\x12\x38\n\x06status\x18\x03 \x01(\x0b\x32(.dra_driver.kubewire.ResourceClaimStatus\"P\n\x13ResourceClaimStatus\x12\x39\n\nallocation\x18\x01 \x01(\x0b\x32%.dra_driver.kubewire.AllocationResult\"P\n\x10\x41llocationResult\x12<\n\x07\x64\x65vices\x18\x01 \x01(\x0b\x32+.dra_driver.kubewire.DeviceAllocationResult\"]\n\x16\x44\x65viceAllocationResult\x12\x43\n\x07results\x18\x01 \x03(\x0b\x32\x32.dra_driver.kubewire.DeviceRequestAllocationResult\"\xc0\x02\n\x1d\x44\x65viceRequestAllocationResult\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64river\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x13\n\x0b\x61\x64minAccess\x18\x05 \x01(\x08\x12\x0f\n\x07shareID\x18\t \x01(\t\x12\x62\n\x10\x63onsumedCapacity\x18\n \x03(\x0b\x32H.dra_driver.kubewire.DeviceRequestAllocationResult.ConsumedCapacityEntry\x1aV\n\x15\x43onsumedCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12,\n\x05value\x18\x02 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity:\x02\x38\x01\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._loaded_options = None
   _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_options = b'8\001'
-  _globals['_UNKNOWN']._serialized_start=64
-  _globals['_UNKNOWN']._serialized_end=181
-  _globals['_TYPEMETA']._serialized_start=183
-  _globals['_TYPEMETA']._serialized_end=227
-  _globals['_LISTMETA']._serialized_start=229
-  _globals['_LISTMETA']._serialized_end=282
-  _globals['_OBJECTMETA']._serialized_start=284
-  _globals['_OBJECTMETA']._serialized_end=367
-  _globals['_RESOURCECLAIMLIST']._serialized_start=369
-  _globals['_RESOURCECLAIMLIST']._serialized_end=488
-  _globals['_RESOURCECLAIM']._serialized_start=490
-  _globals['_RESOURCECLAIM']._serialized_end=614
-  _globals['_RESOURCECLAIMSTATUS']._serialized_start=616
-  _globals['_RESOURCECLAIMSTATUS']._serialized_end=696
-  _globals['_ALLOCATIONRESULT']._serialized_start=698
-  _globals['_ALLOCATIONRESULT']._serialized_end=778
-  _globals['_DEVICEALLOCATIONRESULT']._serialized_start=780
-  _globals['_DEVICEALLOCATIONRESULT']._serialized_end=873
-  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_start=876
-  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_end=1196
-  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_start=1110
-  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_end=1196
-  _globals['_QUANTITY']._serialized_start=1198
-  _globals['_QUANTITY']._serialized_end=1224
+  _globals['_RESOURCECLAIMLIST']._serialized_start=103
+  _globals['_RESOURCECLAIMLIST']._serialized_end=222
+  _globals['_RESOURCECLAIM']._serialized_start=224
+  _globals['_RESOURCECLAIM']._serialized_end=348
+  _globals['_RESOURCECLAIMSTATUS']._serialized_start=350
+  _globals['_RESOURCECLAIMSTATUS']._serialized_end=430
+  _globals['_ALLOCATIONRESULT']._serialized_start=432
+  _globals['_ALLOCATIONRESULT']._serialized_end=512
+  _globals['_DEVICEALLOCATIONRESULT']._serialized_start=514
+  _globals['_DEVICEALLOCATIONRESULT']._serialized_end=607
+  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_start=610
+  _globals['_DEVICEREQUESTALLOCATIONRESULT']._serialized_end=930
+  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_start=844
+  _globals['_DEVICEREQUESTALLOCATIONRESULT_CONSUMEDCAPACITYENTRY']._serialized_end=930
+  _globals['_QUANTITY']._serialized_start=932
+  _globals['_QUANTITY']._serialized_end=958
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from dra_driver._proto.kubewire import meta_pb2 as _meta_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -6,60 +7,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class Unknown(_message.Message):
-    __slots__ = ("typeMeta", "raw", "contentEncoding", "contentType")
-    TYPEMETA_FIELD_NUMBER: _ClassVar[int]
-    RAW_FIELD_NUMBER: _ClassVar[int]
-    CONTENTENCODING_FIELD_NUMBER: _ClassVar[int]
-    CONTENTTYPE_FIELD_NUMBER: _ClassVar[int]
-    typeMeta: TypeMeta
-    raw: bytes
-    contentEncoding: str
-    contentType: str
-    def __init__(self, typeMeta: _Optional[_Union[TypeMeta, _Mapping]] = ..., raw: _Optional[bytes] = ..., contentEncoding: _Optional[str] = ..., contentType: _Optional[str] = ...) -> None: ...
-
-class TypeMeta(_message.Message):
-    __slots__ = ("apiVersion", "kind")
-    APIVERSION_FIELD_NUMBER: _ClassVar[int]
-    KIND_FIELD_NUMBER: _ClassVar[int]
-    apiVersion: str
-    kind: str
-    def __init__(self, apiVersion: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
-
-class ListMeta(_message.Message):
-    __slots__ = ("resourceVersion",)
-    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
-    CONTINUE_FIELD_NUMBER: _ClassVar[int]
-    resourceVersion: str
-    def __init__(self, resourceVersion: _Optional[str] = ..., **kwargs) -> None: ...
-
-class ObjectMeta(_message.Message):
-    __slots__ = ("name", "namespace", "uid", "resourceVersion")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
-    UID_FIELD_NUMBER: _ClassVar[int]
-    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    namespace: str
-    uid: str
-    resourceVersion: str
-    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ...) -> None: ...
-
 class ResourceClaimList(_message.Message):
     __slots__ = ("metadata", "items")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
-    metadata: ListMeta
+    metadata: _meta_pb2.ListMeta
     items: _containers.RepeatedCompositeFieldContainer[ResourceClaim]
-    def __init__(self, metadata: _Optional[_Union[ListMeta, _Mapping]] = ..., items: _Optional[_Iterable[_Union[ResourceClaim, _Mapping]]] = ...) -> None: ...
+    def __init__(self, metadata: _Optional[_Union[_meta_pb2.ListMeta, _Mapping]] = ..., items: _Optional[_Iterable[_Union[ResourceClaim, _Mapping]]] = ...) -> None: ...
 
 class ResourceClaim(_message.Message):
     __slots__ = ("metadata", "status")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
-    metadata: ObjectMeta
+    metadata: _meta_pb2.ObjectMeta
     status: ResourceClaimStatus
-    def __init__(self, metadata: _Optional[_Union[ObjectMeta, _Mapping]] = ..., status: _Optional[_Union[ResourceClaimStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, metadata: _Optional[_Union[_meta_pb2.ObjectMeta, _Mapping]] = ..., status: _Optional[_Union[ResourceClaimStatus, _Mapping]] = ...) -> None: ...
 
 class ResourceClaimStatus(_message.Message):
     __slots__ = ("allocation",)
