@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
-from datetime import datetime
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 from google.protobuf import json_format
