@@ -15,12 +15,14 @@ slices). The DeviceClasses are the shipped ones (``deploy/deviceclasses``).
 The sizes grow one cluster: 500, then 1,000, 2,000 and 5,000 GPU nodes; each step adds the nodes
 and slices, then brings the cluster to 4 allocated claims per GPU node, then adds 2 pods per node
 that need no claim (bound by name). At 5,000 nodes that is 20,000 claims allocated and 30,000 pods.
-Of the claims, 250 per size go through the kube-scheduler (pods with a claim from a
+Of the claims, a few per size go through the kube-scheduler (pods with a claim from a
 ResourceClaimTemplate, four shapes: any GPU, an H100 by product name, >= 40Gi of memory, a 1g MIG
-device) and are timed; the others are written as the scheduler writes them (the claim's
-``status.allocation`` of one GPU of the pod's node and ``reservedFor`` the pod, bound to that
-node), half of each plain node's GPUs: on this machine the scheduler binds under 10 pods/s at 500
-nodes (90 ms of its CPU per pod, CPU-bound), so 20,000 through it would take hours.
+device) and are timed: 250 at the first size, then about a minute of binding at the rate the
+previous size predicts (at least 60: about 230, 140 and 60 at 1,000, 2,000 and 5,000 nodes). The
+others are written as the scheduler writes them (the claim's ``status.allocation`` of one GPU of
+the pod's node and ``reservedFor`` the pod, bound to that node), half of each plain node's GPUs: on
+this machine the scheduler binds under 10 pods/s at 500 nodes and about 1 at 5,000 (CPU-bound), so
+20,000 through it would take hours.
 
 Our controller runs as ``dra-driver controller`` does in production (``python -OO``, leader
 election, its informers, its queue, its writes), under its own user (cluster-admin by RBAC; not
@@ -34,8 +36,10 @@ What is measured at each size
   two cores the other's CPU would be timed too.
 * **controller RSS with all informers synced** (VmRSS of a fresh process, once ``/healthz``
   answers 200 and 2 s after) at three points per size: after the new nodes, after the fill, after
-  the plain pods. A least-squares fit of RSS over devices, claims and pods gives the per-object
-  slopes the 150,000-pod figure is extrapolated from.
+  the plain pods. The last two differ only in plain pods: their RSS difference gives the cost of a
+  plain pod (the controller keeps none); a least-squares fit of the rest over devices and claims
+  (a claim's pod moves with it) gives the other slopes. The 150,000-pod figure is extrapolated
+  from these; the first sample of a size that failed later is kept in the fit.
 * **first claim after start**: in that last fresh process, one pending claim that fits (its pod
   names a scheduler that does not exist, so the claim waits for our controller alone). Its time is
   the controller's own ``resolve_duration_seconds`` observation (the histogram's sum moves by
@@ -49,6 +53,11 @@ What is measured at each size
 * **backlog**: pending unsatisfiable claims, 10,000 at the largest size (one per two nodes below
   it), their pods created first, the claims then all at once; the time until every claim carries
   its explanation (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
+  It runs last in a size, on the start-up process; at the last planned size it is not deleted.
+  When the largest planned size does not run (skipped for the budget, or failed), one backlog of
+  10,000 runs after the sizes on a fresh controller: at the largest size that ran, or on the
+  larger cluster a failed size left (the conservative reading); without time for it, the row is
+  projected and says so.
 * **startup**: a fresh process with one pending unsatisfiable claim waiting: spawn -> ``/healthz``
   200 (informers synced) -> the claim's explanation seen.
 * **API Priority and Fairness** (at the first size): a FlowSchema sends the controller's user to a
@@ -117,12 +126,17 @@ from e2e.bench.scale_rows import (
     HistogramReading,
     Targets,
     backlog_outcome,
+    expected_pods_per_s,
+    fill_deadline_s,
+    fill_pods,
     histogram,
     log_problems,
     markdown_tables,
     mean_since,
     metric_value,
     rows,
+    size_seconds,
+    where_backlog_ran,
 )
 from e2e.bench.sharedbed import BenchBed
 from e2e.testbed import kwok as kwok_mod
@@ -143,7 +157,13 @@ class Plan:
     claims_per_node: int = 4
     """Claims allocated per GPU node (20,000 at 5,000 nodes)."""
     scheduled_pods: int = 250
-    """Of those, per size, how many go through the kube-scheduler (timed); the rest are written."""
+    """Of those, per size, at most how many go through the kube-scheduler (timed; all of them at the
+    first size); the rest are written."""
+    scheduled_least: int = 60
+    scheduled_s: float = 60.0
+    """Above the first size, the pods timed through the scheduler are about this many seconds of
+    binding at the rate expected from the previous size, and at least ``scheduled_least``
+    (``scale_rows.fill_pods``): about 1 pod/s at 5,000 nodes."""
     plain_pods_per_node: int = 2
     backlog_per_node: float = 0.5
     """The backlog below the largest size, for the curve."""
@@ -158,6 +178,8 @@ class Plan:
     apf_wait_s: float = 180.0
     budget_s: float = BUDGET_S
     profile: bool = True
+    at_once_sync_s: float = 90.0
+    """For the budget: a fresh controller's sync before a backlog run of its own (36 s at 5,000 nodes)."""
 
     def mig_nodes(self, nodes: int) -> int:
         return nodes // self.mig_per
@@ -165,6 +187,11 @@ class Plan:
     def backlog(self, nodes: int) -> int:
         return self.backlog_at_once if nodes == self.sizes[-1] else min(int(self.backlog_per_node * nodes),
                                                                        self.backlog_at_once)
+
+    def at_once_s(self) -> float:
+        """For the budget, a backlog run of its own after the sizes: a fresh controller's sync, the
+        pods created first (well over 100/s), the wait. Nothing is deleted after it."""
+        return self.at_once_sync_s + self.backlog_at_once / 100 + self.backlog_wait_s
 
 
 FULL = Plan()
@@ -180,7 +207,8 @@ def synced_sample(sc: ScaleCluster, label: str, timeout: float = 600) -> tuple[C
     synced = ctl.wait_synced(timeout)
     time.sleep(2.0)
     mem = ctl.memory_mib()
-    sample = {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods, "nodes": sc.gpu_nodes,
+    sample = {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods, "plain_pods": sc.plain_pods,
+              "nodes": sc.gpu_nodes,
               "slices": sc.slices, "rss_mib": round(mem["VmRSS"], 1), "hwm_mib": round(mem["VmHWM"], 1),
               "synced_s": round(synced, 2), "label": label}
     sc.log(f"scale: fresh controller ({label}): synced {synced:.1f}s after spawn, RSS {mem['VmRSS']:.0f} MiB "
@@ -304,30 +332,32 @@ def _p50_ms(probes: list[dict[str, Any]]) -> float | None:
     return round(percentile(vals, 50), 3) if vals else None
 
 
-def run_size(sc: ScaleCluster, plan: Plan, nodes: int, running: ControllerProcess | None, workdir: Path) -> tuple[
-        SizeRun, ControllerProcess, list[str]]:
-    """One size of the curve on the growing cluster; returns the result, the controller left
-    running, and py-spy's stacks when profiled."""
+def run_size(sc: ScaleCluster, plan: Plan, out: SizeRun, previous: SizeRun | None, workdir: Path) -> list[str]:
+    """One size of the curve on the growing cluster, recorded in ``out`` as it goes (so that a size
+    that fails keeps what it measured, its first RSS sample above all); returns py-spy's stacks
+    when profiled. Every controller it starts is stopped by the time it returns."""
     t_size = time.monotonic()
-    out = SizeRun(nodes)
+    nodes = out.nodes
     out.grow = sc.grow(nodes)
     out.mig_nodes, out.devices, out.slices = sc.mig_nodes, sc.devices, sc.slices
-    problems: list[str] = []
+    problems = out.controller_problems
 
     def retire(ctl: ControllerProcess) -> None:
         ctl.stop()
         problems.extend(log_problems(ctl.log_lines()))
 
-    if running is not None:
-        retire(running)
     ctl, sample = synced_sample(sc, f"{nodes}-nodes")
     out.rss_samples.append(sample)
     # Each side is timed while the other is idle: on two cores, running both would time the
     # contention, and our controller's CPU would slow the scheduler down to our advantage.
     retire(ctl)
-    scheduled = sc.fill_pods + plan.scheduled_pods
+    expected = expected_pods_per_s((previous.nodes, previous.fill["pods_per_s"]) if previous else None, nodes)
+    pods = fill_pods(expected, most=plan.scheduled_pods, least=plan.scheduled_least, seconds=plan.scheduled_s)
+    deadline = fill_deadline_s(pods, expected)
+    scheduled = sc.fill_pods + pods
     out.held = sc.hold(nodes * plan.claims_per_node - scheduled)
-    out.fill = sc.fill(scheduled)
+    out.fill = {**sc.fill(scheduled, deadline),
+                "expected_pods_per_s": round(expected, 2) if expected else None, "deadline_s": round(deadline)}
     ctl, sample = synced_sample(sc, f"{nodes}-filled")
     out.rss_samples.append(sample)
     out.plain = sc.add_plain_pods(nodes * plan.plain_pods_per_node)
@@ -353,9 +383,8 @@ def run_size(sc: ScaleCluster, plan: Plan, nodes: int, running: ControllerProces
     if profile_file.exists():
         stacks = profile_file.read_text(errors="replace").splitlines()
     sc.log(f"scale: fitting claim p50 {_p50_ms(out.fit_probes)} ms, unsatisfiable p50 {_p50_ms(out.explain_probes)} ms")
-
-    out.backlog = backlog_phase(sc, plan, ctl, plan.backlog(nodes), f"{nodes}")
     retire(ctl)
+
     ctl, _ = synced_sample(sc, f"{nodes}-unsat-first")
     out.first_unsat = probe(sc, ctl, f"first-unsat-{nodes}", UNSAT_SHAPES["memory-1ti"], unsat=True)
     sc.log(f"scale: an unsatisfiable first claim: peak RSS +{out.first_unsat['peak_growth_mib']:.0f} MiB "
@@ -378,15 +407,21 @@ def run_size(sc: ScaleCluster, plan: Plan, nodes: int, running: ControllerProces
     out.startup = {"synced_s": round(synced, 2), "explained_s": round(explained, 2)}
     sc.log(f"scale: startup: informers synced {synced:.1f}s, first pending claim explained {explained:.1f}s after spawn")
     sc.remove(NS_PROBE, [name])
-    out.controller_problems = problems
+
+    # The backlog last, on the start-up process (warm, as the probes' process was): at the last
+    # planned size nothing follows it, and deleting 10,000 claims and their pods would take minutes.
+    last = nodes == plan.sizes[-1]
+    out.backlog = backlog_phase(sc, plan, ctl, plan.backlog(nodes), f"{nodes}", remove=not last)
+    retire(ctl)
     out.seconds = round(time.monotonic() - t_size, 1)
-    return out, ctl, stacks
+    return stacks
 
 
-def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: int, label: str) -> dict[str, Any]:
-    """Pending claims created at once for a running controller; the claims (and their pods) are
-    deleted afterwards, after the controller was stopped (or it would re-examine every claim on
-    every deletion)."""
+def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: int, label: str, *,
+                  remove: bool = True) -> dict[str, Any]:
+    """Pending claims created at once for a running controller, which is stopped at the end; with
+    ``remove``, the claims (and their pods) are then deleted (after the stop, or the controller
+    would re-examine every claim on every deletion)."""
     names = [f"backlog-{label}-{i}" for i in range(claims)]
     tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
     before: list[HistogramReading] = []
@@ -406,7 +441,8 @@ def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: 
     sc.log(f"scale: backlog of {claims}: {outcome.explained} explained ({outcome.within_window} within "
            f"{outcome.window_s:.0f}s), {outcome.claims_per_s:.1f} claims/s; creating them took {created:.1f}s")
     ctl.stop()
-    sc.remove(NS_BACKLOG, names)
+    if remove:
+        sc.remove(NS_BACKLOG, names)
     return doc
 
 
@@ -468,9 +504,8 @@ class Noise:
             t.join(timeout=30)
 
 
-def apf_phase(sc: ScaleCluster, plan: Plan, running: ControllerProcess) -> tuple[dict[str, Any], ControllerProcess]:
+def apf_phase(sc: ScaleCluster, plan: Plan) -> dict[str, Any]:
     """A fresh controller under a tiny APF priority level explains a batch of pending claims."""
-    running.stop()
     for res, body in APF_OBJECTS:
         create(sc.api, res, body)
     deadline = time.monotonic() + 60
@@ -510,21 +545,19 @@ def apf_phase(sc: ScaleCluster, plan: Plan, running: ControllerProcess) -> tuple
            "problems": problems[:20], "problem_lines": len(problems)}
     sc.log(f"scale: APF: {explained} of {len(names)} explained in {took:.0f}s; the API server answered "
            f"{doc['rejected']:.0f} 429s to the controller's flow ({seats:.0f} seats); {len(problems)} problem lines logged")
-    fresh = sc.controller("after-apf")
-    fresh.wait_synced(600)
-    return doc, fresh
+    return doc
 
 
 # =========================================================================== the whole run
 
-def fits(next_nodes: int, elapsed: float, last: SizeRun | None, budget: float) -> bool:
-    """Whether the next size is expected to end within the budget: its time scales with the nodes."""
-    if last is None:
-        return True
-    return elapsed + last.seconds * max(1.0, next_nodes / last.nodes) <= budget
+def fits(next_nodes: int, elapsed: float, ran: list[SizeRun], budget: float) -> bool:
+    """Whether the next size is expected to end within the budget (``scale_rows.size_seconds``)."""
+    estimate = size_seconds(next_nodes, [(r.nodes, r.seconds) for r in ran])
+    return estimate is None or elapsed + estimate <= budget
 
 
-def curve_of(runs: list[SizeRun]) -> Curve:
+def curve_of(runs: list[SizeRun], more_rss_samples: Iterable[dict[str, Any]] = ()) -> Curve:
+    """The sizes' measurements as series; ``more_rss_samples``: those of a size that failed later."""
     c = Curve()
     for r in runs:
         n = float(r.nodes)
@@ -541,7 +574,11 @@ def curve_of(runs: list[SizeRun]) -> Curve:
         if r.startup:
             c.startup_s.append((n, r.startup["explained_s"]))
         c.devices.append((n, float(r.devices)))
-        c.rss_samples += [{k: float(s[k]) for k in ("devices", "claims", "pods", "rss_mib")} for s in r.rss_samples]
+    for s in [x for r in runs for x in r.rss_samples] + list(more_rss_samples):
+        # Samples written before they carried plain_pods: every claim is held by one pod.
+        plain = s.get("plain_pods", s["pods"] - s["claims"])
+        c.rss_samples.append({"devices": float(s["devices"]), "claims": float(s["claims"]),
+                              "plain_pods": float(plain), "rss_mib": float(s["rss_mib"])})
     return c
 
 
@@ -556,49 +593,72 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
     apf: dict[str, Any] | None = None
     skipped: list[int] = []
     failed: dict[str, str] = {}
+    failed_runs: list[SizeRun] = []
     stacks: list[str] = []
+    at_once: dict[str, Any] | None = None
+    at_once_failed: str | None = None
     try:
         sc.start()
-        ctl: ControllerProcess | None = None
         for nodes in plan.sizes:
-            if not fits(nodes, time.monotonic() - started, runs[-1] if runs else None, plan.budget_s):
+            if not fits(nodes, time.monotonic() - started, runs, plan.budget_s):
                 skipped.append(nodes)
                 log(f"scale: {nodes} nodes would not end within the {plan.budget_s / 60:.0f}-minute budget; "
                     "extrapolating from the sizes that ran")
                 continue
+            run = SizeRun(nodes)
             try:
-                run, ctl, size_stacks = run_size(sc, plan, nodes, ctl, workdir)
-            except RuntimeError as exc:
+                size_stacks = run_size(sc, plan, run, runs[-1] if runs else None, workdir)
+            except (RuntimeError, TimeoutError) as exc:
                 if not runs:
                     raise
-                # The sizes that ran are still a curve: keep them, say which size failed and why, and
-                # measure nothing more on a cluster that is now larger than the last size recorded.
+                # The sizes that ran are still a curve: keep them, and what this one measured before it
+                # failed (its RSS samples join the fit); say which size failed and why, and measure no
+                # further size on a cluster that is now larger than the last size recorded.
                 failed[str(nodes)] = str(exc)
+                run.controller_problems += log_problems(sc.stop_controllers())
+                failed_runs.append(run)
                 log(f"scale: {nodes} nodes failed ({exc}); the rows come from the sizes that ran")
-                if ctl is not None:
-                    ctl.stop()  # the controller handed to that size, unless it had already retired it
-                ctl = None
                 break
             runs.append(run)
             stacks = size_stacks or stacks
             sc.check_alive()
             if apf is None:
-                apf, ctl = apf_phase(sc, plan, ctl)
-        at_once: dict[str, Any] | None = None
-        if ctl is not None and not failed and runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
-            ctl.stop()
-            runs[-1].controller_problems += log_problems(ctl.log_lines())
-            ctl, _ = synced_sample(sc, f"{runs[-1].nodes}-at-once")
-            at_once = backlog_phase(sc, plan, ctl, plan.backlog_at_once, f"{runs[-1].nodes}-at-once")
-        if ctl is not None:
-            ctl.stop()
-            runs[-1].controller_problems += log_problems(ctl.log_lines())
+                apf = apf_phase(sc, plan)
+        if runs and runs[-1].backlog["claims"] < plan.backlog_at_once:
+            try:
+                at_once = at_once_phase(sc, plan, runs[-1], failed_runs[-1].nodes if failed_runs else None,
+                                        time.monotonic() - started)
+            except (RuntimeError, TimeoutError) as exc:
+                # The curve is measured: the row is then projected from the largest size's backlog.
+                at_once_failed = str(exc)
+                log(f"scale: the backlog of {plan.backlog_at_once} failed ({exc}); its row is projected")
+                runs[-1].controller_problems += log_problems(sc.stop_controllers())
     finally:
         sc.close()
     return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "failed_sizes": failed,
-            "stacks": stacks,
-            "backlog_at_once": at_once or (runs[-1].backlog if runs else None),
+            "failed_runs": [asdict(r) for r in failed_runs], "stacks": stacks,
+            "backlog_at_once": at_once or (runs[-1].backlog if runs else None), "backlog_at_once_failed": at_once_failed,
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def at_once_phase(sc: ScaleCluster, plan: Plan, largest: SizeRun, failed_size: int | None,
+                  elapsed: float) -> dict[str, Any] | None:
+    """The backlog row's run when the largest planned size did not run: ``backlog_at_once`` claims
+    for a fresh controller on the cluster as it is, that of the largest size run, or larger when a
+    later size failed (more nodes and claims: the conservative reading). None when the budget has
+    no room left for it: the row is then projected from the largest size's own backlog."""
+    label = f"{largest.nodes}-at-once"
+    if elapsed + plan.at_once_s() > plan.budget_s:
+        sc.log(f"scale: no time left for a backlog of {plan.backlog_at_once}; the row is projected from the "
+               f"{largest.nodes}-node size's backlog of {largest.backlog['claims']}")
+        return None
+    ctl, sample = synced_sample(sc, label)
+    doc = backlog_phase(sc, plan, ctl, plan.backlog_at_once, label, remove=False)
+    largest.controller_problems += log_problems(ctl.log_lines())
+    # The cluster's counts are the bench's own: after a failed step they leave out what that step
+    # had created, hence "at least" in the row's basis.
+    return {**doc, "nodes": largest.nodes, "after_failed_size": failed_size,
+            "cluster": {k: sample[k] for k in ("nodes", "devices", "claims", "pods")}, "controller_sample": sample}
 
 
 def result_of(doc: dict[str, Any], plan: Plan) -> Result:
@@ -609,7 +669,10 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
     backlog = Backlog(**{k: at_once[k] for k in ("claims", "explained", "within_window", "window_s",
                                                  "all_explained_s", "claims_per_s")})
     throughput = (at_once["claims_per_s"], largest.fill["pods_per_s"], largest.nodes)
-    row_list, fit_figures = rows(curve_of(runs), targets, throughput=throughput, backlog=backlog, apf=doc["apf"])
+    failed_samples = [s for r in doc.get("failed_runs", []) for s in r["rss_samples"]]
+    row_list, fit_figures = rows(curve_of(runs, failed_samples), targets, throughput=throughput, backlog=backlog,
+                                 apf=doc["apf"], backlog_where=where_backlog_ran(
+                                     at_once, largest.nodes, plan.backlog_at_once, doc.get("backlog_at_once_failed")))
     result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
         "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
         "sizes_failed": doc.get("failed_sizes", {}),
@@ -621,7 +684,7 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
         "fit_shapes": list(FIT_SHAPES), "unsatisfiable_shapes": list(UNSAT_SHAPES),
     })
     result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], "backlog_at_once": at_once, **fit_figures,
-                           "run_seconds": doc["seconds"]})
+                           "failed_sizes_partial": doc.get("failed_runs", []), "run_seconds": doc["seconds"]})
     if doc.get("stacks"):
         result.figures["profile"] = {"nodes": largest.nodes, **profile_breakdown(doc["stacks"])}
         result.files["scale-profile.txt"] = "\n".join(doc["stacks"]) + "\n"
@@ -632,6 +695,10 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
         result.target(f"{row.what} [{row.basis}]", row.value, row.limit, row.unit, higher_is_better=row.higher_is_better)
         if row.note:
             result.notes.append(f"{row.what}: {row.note}")
+    if at_once.get("after_failed_size"):
+        result.notes.append(f"our claims/s (the throughput row) is the backlog's, run after the "
+                            f"{at_once['after_failed_size']:,}-node size failed: on a larger cluster than "
+                            f"{largest.nodes:,} nodes, where the scheduler's pods/s were measured")
     problems = [p for r in runs for p in r.controller_problems]
     result.notes.append(f"{len(problems)} problem lines in the controllers' logs outside the APF run"
                         + (f"; first: {problems[0][:300]}" if problems else ""))

@@ -338,6 +338,7 @@ class ScaleCluster:
     """(node, pool, device) of GPUs the bench may allocate by writing, in order: half of every plain node's."""
     plain_pods: int = 0
     controllers: int = 0
+    started: list[ControllerProcess] = field(default_factory=list)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     # -- lifecycle
@@ -394,7 +395,18 @@ class ScaleCluster:
                                 f"{self.controllers:02d}-{label}")
         ctl.start()
         self._stack.callback(ctl.stop)
+        self.started.append(ctl)
         return ctl
+
+    def stop_controllers(self) -> list[str]:
+        """Stops every controller still running (after a size failed, one it had started may be);
+        their logs' lines, for the problems."""
+        lines: list[str] = []
+        for ctl in self.started:
+            if ctl.proc is not None:
+                ctl.stop()
+                lines += ctl.log_lines()
+        return lines
 
     def check_alive(self) -> None:
         self.cluster._check_alive()
@@ -442,8 +454,9 @@ class ScaleCluster:
                 "node_creates_per_s": round(len(names) / nodes_s, 1) if nodes_s else None,
                 "slice_creates_per_s": round(len(bodies) / slices_s, 1) if slices_s else None}
 
-    def fill(self, claims: int) -> dict[str, Any]:
-        """Pods with a claim from a template each, through the kube-scheduler, up to ``claims`` such pods."""
+    def fill(self, claims: int, timeout_s: float) -> dict[str, Any]:
+        """Pods with a claim from a template each, through the kube-scheduler, up to ``claims`` such
+        pods; a RuntimeError when they are not all bound ``timeout_s`` after the first create."""
         names = [f"fill-{i}" for i in range(self.fill_pods, claims)]
         shapes = list(FIT_SHAPES)
         tracker = Tracker(self.api, PODS, NS_FILL, is_bound)
@@ -453,14 +466,14 @@ class ScaleCluster:
             parallel(lambda i: create(self.api, PODS, pod_body(f"fill-{i}", template=shapes[i % len(shapes)]), NS_FILL),
                      range(self.fill_pods, claims))
             created = time.monotonic() - t0
-            done = tracker.wait(claims, t0 + 120 + len(names) / 10)
+            done = tracker.wait(claims, t0 + timeout_s)
             bound = tracker.count() - before
             wanted = set(names)
             new_times = sorted(t - t0 for n, t in tracker.hits.items() if n in wanted)
         finally:
             tracker.stop()
         if not done:
-            raise RuntimeError(f"the kube-scheduler bound {bound} of {len(names)} pods in time; see "
+            raise RuntimeError(f"the kube-scheduler bound {bound} of {len(names)} pods in {timeout_s:.0f}s; see "
                                f"{self.cluster.logs / 'kube-scheduler.log'}")
         self.fill_pods = claims
         seconds = new_times[-1] if new_times else 0.0

@@ -1,11 +1,13 @@
-"""The scale bench's arithmetic, apart from the cluster: metrics text, fits, extrapolation, log checks, rows.
+"""The scale bench's arithmetic, apart from the cluster: metrics text, fits, extrapolation, the
+scheduler's fill and the time budget, log checks, rows.
 
-Everything here is a pure function of measured numbers (``unit_tests/test_scale_rows.py``), so a
-reader can check how each row of ``e2e/bench/results/scale.json`` follows from the figures beside it.
+Everything here is a pure function of measured numbers (``unit_tests/e2e_tools/bench/test_scale_rows.py``),
+so a reader can check how each row of ``e2e/bench/results/scale.json`` follows from the figures beside it.
 
 A row is *measured* when the bench ran the size the row names, and *extrapolated* otherwise: a
 straight line through the sizes that ran (least squares; the costs grow linearly with the cluster,
-which the curve itself shows), or a fit of memory over object counts for the controller's RSS.
+which the curve itself shows), or for the controller's RSS a slope per plain pod measured where
+only plain pods changed plus a fit of memory over devices and claims.
 """
 
 from __future__ import annotations
@@ -170,6 +172,55 @@ def backlog_seconds(b: Backlog) -> tuple[float, bool]:
     return (b.claims / b.claims_per_s if b.claims_per_s > 0 else float("inf")), False
 
 
+# --------------------------------------------------------------------------- the scheduler's fill, the budget
+
+
+def expected_pods_per_s(previous: tuple[float, float] | None, nodes: float) -> float | None:
+    """The kube-scheduler's pods/s expected at ``nodes``, from (nodes, pods/s) measured at the
+    previous size: per pod it filters and scores the nodes, so its rate falls in proportion to them.
+    On this machine that is the cautious side: 3,900, 4,700 and 4,900 pod·nodes/s at 500, 1,000 and
+    2,000 nodes, over 7,000 at 5,000 (224 pods bound within 145 s). None at the first size."""
+    if previous is None or previous[1] <= 0:
+        return None
+    prev_nodes, prev_rate = previous
+    return prev_rate * prev_nodes / nodes
+
+
+def fill_pods(expected: float | None, *, most: int, least: int, seconds: float) -> int:
+    """How many pods a size times through the kube-scheduler: about ``seconds`` of binding at the
+    expected rate, at least ``least`` (a rate needs some pods) and at most ``most`` (also the count
+    at the first size, where no rate is known). At 5,000 nodes the scheduler binds about 1 pod/s on
+    two cores: a fixed 250 would take most of the budget and the rest of the claims are written
+    anyway (the cluster reaches the same 4 allocated claims per node)."""
+    if expected is None:
+        return most
+    return max(least, min(most, round(expected * seconds)))
+
+
+FIRST_FILL_RATE = 10.0
+"""Pods/s assumed for the fill's deadline at the first size (the scheduler binds under 10 at 500 nodes)."""
+
+
+def fill_deadline_s(pods: int, expected: float | None) -> float:
+    """How long the fill may take before its size fails: 2 minutes plus three times the expected
+    binding time. The slack is generous on purpose: a fill that runs out of time loses its whole
+    size, whereas a slow one costs only the extra seconds."""
+    return 120.0 + 3.0 * pods / (expected or FIRST_FILL_RATE)
+
+
+def size_seconds(next_nodes: float, ran: Sequence[tuple[float, float]]) -> float | None:
+    """The expected seconds of the next size from the sizes that ran, (nodes, seconds) in order:
+    the last size's time scaled by the larger of the growth in nodes (fresh controllers' syncs,
+    probes) and the growth in nodes added (growing nodes and slices, writing claims, plain pods).
+    From 2,000 to 5,000 nodes that is x3, not the x2.5 of the nodes alone. None when none ran."""
+    if not ran:
+        return None
+    last_nodes, last_s = ran[-1]
+    before = ran[-2][0] if len(ran) > 1 else 0.0
+    added = (next_nodes - last_nodes) / (last_nodes - before) if last_nodes > before else 1.0
+    return last_s * max(1.0, next_nodes / last_nodes, added)
+
+
 # --------------------------------------------------------------------------- logs
 
 _THROTTLED = ("429", "TooManyRequests", "Too Many Requests", "too many requests")
@@ -222,6 +273,11 @@ class Targets:
     pods: int = 150_000
     backlog: int = 10_000
 
+    @property
+    def plain_pods(self) -> int:
+        """The pods that hold no claim: each claim is held by one pod, the rest need no device."""
+        return self.pods - self.claims
+
 
 @dataclass
 class Curve:
@@ -235,44 +291,148 @@ class Curve:
     startup_s: list[tuple[float, float]] = field(default_factory=list)
     devices: list[tuple[float, float]] = field(default_factory=list)
     rss_samples: list[dict[str, float]] = field(default_factory=list)
-    """Controller VmRSS (``rss_mib``) with all informers synced, at (devices, claims, pods)."""
+    """Controller VmRSS (``rss_mib``) with all informers synced, at (``devices``, ``claims``,
+    ``plain_pods``): the pods that hold a claim are counted by ``claims``."""
 
 
-RSS_VARIABLES = ("devices", "claims", "pods")
+RSS_VARIABLES = ("devices", "claims")
 
 
-def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dict[str, float]]:
-    """The controller-RSS row from a fit of RSS over devices, claims and pods.
+@dataclass(frozen=True)
+class PodSlope:
+    """RSS per plain pod, from samples that differ only in plain pods."""
+
+    mib_per_pod: float
+    """The slope used: ``measured``, or 0 where that came out negative."""
+    measured: float
+    stderr: float | None
+    """Standard error of ``measured`` from the scatter of the pairs (None with too few)."""
+    groups: int
+    most_apart: float
+    """The largest difference in plain pods within one group of samples."""
+
+    def document(self) -> dict[str, Any]:
+        return {"kib_per_pod": round(self.mib_per_pod * 1024, 3), "measured_kib_per_pod": round(self.measured * 1024, 3),
+                "stderr_kib_per_pod": round(self.stderr * 1024, 3) if self.stderr is not None else None,
+                "groups": self.groups, "most_plain_pods_apart": round(self.most_apart)}
+
+
+def plain_pod_slope(samples: Sequence[Mapping[str, float]]) -> PodSlope:
+    """RSS per plain pod, measured where nothing else moved: the samples with the same devices and
+    claims (each size's "-filled" and "-pods" samples) grouped, and the least-squares slope of RSS
+    over plain pods within the groups, pooled. A fit over devices, claims and pods together cannot
+    tell claims' pods from plain ones (they grow together from size to size) and gave plain pods
+    4.7 KiB each from noise; the controller keeps nothing of a plain pod
+    (``dra_driver.controller.views.pod_view`` returns None), so a negative slope is noise too and
+    counts as 0. Raises ValueError when no two samples differ only in plain pods."""
+    groups: dict[tuple[float, float], list[tuple[float, float]]] = {}
+    for s in samples:
+        groups.setdefault((float(s["devices"]), float(s["claims"])), []).append((float(s["plain_pods"]),
+                                                                                 float(s["rss_mib"])))
+    sxy = sxx = 0.0
+    used: list[list[tuple[float, float]]] = []
+    for points in groups.values():
+        if len({p for p, _ in points}) < 2:
+            continue
+        mp = sum(p for p, _ in points) / len(points)
+        mr = sum(r for _, r in points) / len(points)
+        sxy += sum((p - mp) * (r - mr) for p, r in points)
+        sxx += sum((p - mp) ** 2 for p, _ in points)
+        used.append(points)
+    if not used:
+        raise ValueError("no two RSS samples differ only in plain pods")
+    slope = sxy / sxx
+    free = sum(len(points) for points in used) - len(used) - 1
+    stderr = None
+    if free > 0:
+        residual = 0.0
+        for points in used:
+            mp = sum(p for p, _ in points) / len(points)
+            mr = sum(r for _, r in points) / len(points)
+            residual += sum((r - mr - slope * (p - mp)) ** 2 for p, r in points)
+        stderr = (residual / free / sxx) ** 0.5
+    apart = max(max(p for p, _ in points) - min(p for p, _ in points) for points in used)
+    return PodSlope(max(slope, 0.0), slope, stderr, len(used), apart)
+
+
+def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dict[str, Any]]:
+    """The controller-RSS row: RSS per plain pod measured from the samples that differ only in
+    them (:func:`plain_pod_slope`), and a fit of the rest over devices and claims (a claim's pod
+    moves with its claim, so its cost is in the claim's slope).
 
     It is evaluated at the bench's own fleet at ``targets.nodes`` (its dynamic-MIG nodes included,
     so more devices than ``targets.devices``: the conservative reading) with ``targets.claims``
-    claims and ``targets.pods`` pods. Also returned: the value at exactly ``targets.devices``.
+    claims and ``targets.plain_pods`` plain pods. Also returned: the value at exactly ``targets.devices``.
     """
     try:
-        fit = fit_linear(curve.rss_samples, RSS_VARIABLES, "rss_mib")
+        pods = plain_pod_slope(curve.rss_samples)
+        fit = fit_linear([{**s, "rss_less_plain": s["rss_mib"] - pods.mib_per_pod * s["plain_pods"]}
+                          for s in curve.rss_samples], RSS_VARIABLES, "rss_less_plain")
     except ValueError as exc:
         return [Row("controller RSS, informers synced", float("nan"), 512, "MiB", f"not computed: {exc}")], None, {}
     fleet_devices = project(curve.devices, targets.nodes).value
-    at_fleet = fit.predict({"devices": fleet_devices, "claims": targets.claims, "pods": targets.pods})
-    at_row = fit.predict({"devices": targets.devices, "claims": targets.claims, "pods": targets.pods})
-    largest = max(curve.rss_samples, key=lambda s: (s["devices"], s["pods"]))
-    measured = all(largest[k] >= v for k, v in (("devices", fleet_devices), ("claims", targets.claims),
-                                                  ("pods", targets.pods)))
+    of_plain = pods.mib_per_pod * targets.plain_pods
+    at_fleet = fit.predict({"devices": fleet_devices, "claims": targets.claims}) + of_plain
+    at_row = fit.predict({"devices": targets.devices, "claims": targets.claims}) + of_plain
+    most = {k: max(s[k] for s in curve.rss_samples) for k in ("devices", "claims", "plain_pods")}
+    measured = any(s["devices"] >= fleet_devices and s["claims"] >= targets.claims
+                   and s["plain_pods"] >= targets.plain_pods for s in curve.rss_samples)
+    spread = f" ± {pods.stderr * 1024:.2f}" if pods.stderr is not None else ""
+    per_pod = (f"{pods.measured * 1024:.2f}{spread} KiB per plain pod" if pods.measured >= 0 else
+               f"0 KiB per plain pod (measured {pods.measured * 1024:.2f}{spread}: noise)")
     basis = ("measured" if measured else
-             f"extrapolated from {fit.samples} fresh starts up to {_n(largest['devices'])} devices, "
-             f"{_n(largest['claims'])} claims, {_n(largest['pods'])} pods (fit over devices, claims, pods)")
+             f"extrapolated: a fit over devices and claims from {fit.samples} fresh starts up to "
+             f"{_n(most['devices'])} devices and {_n(most['claims'])} claims, plus {per_pod} from "
+             f"{pods.groups} pairs of starts that differ only in plain pods (up to {_n(pods.most_apart)} apart)")
     what = (f"controller RSS, informers synced, at {_n(targets.nodes)} nodes ({_n(fleet_devices)} devices with the "
             f"dynamic-MIG nodes), {_n(targets.claims)} claims, {_n(targets.pods)} pods")
     figures = {"at_fleet_devices": round(fleet_devices), "rss_mib_at_fleet": round(at_fleet, 1),
-               f"rss_mib_at_{targets.devices}_devices": round(at_row, 1)}
+               f"rss_mib_at_{targets.devices}_devices": round(at_row, 1),
+               "rss_plain_pods": {**pods.document(), "plain_pods": targets.plain_pods, "mib": round(of_plain, 1)}}
     return [Row(what, at_fleet, 512, "MiB", basis)], fit, figures
 
 
+def backlog_row(b: Backlog, target: int, where: str = "") -> Row:
+    """The backlog row, always about ``target`` claims created at once: measured when the backlog
+    run was that large (projected from its rate when not all were explained in the wait), else
+    projected at the smaller backlog's rate (which a larger backlog need not keep up)."""
+    if b.claims >= target:
+        seconds, complete = backlog_seconds(b)
+        basis = ("measured" if complete else
+                 f"projected: {b.explained} of {b.claims} explained, {b.within_window} within "
+                 f"{b.window_s:.0f} s, at {b.claims_per_s:.1f} claims/s")
+    else:
+        seconds = target / b.claims_per_s if b.claims_per_s > 0 else float("inf")
+        basis = f"projected from a backlog of {_n(b.claims)} at its {b.claims_per_s:.1f} claims/s"
+    return Row(f"backlog of {_n(target)} pending claims created at once: all explained", seconds, 60.0, "s",
+               f"{basis} {where}" if where else basis)
+
+
+def where_backlog_ran(at_once: Mapping[str, Any], largest: int, target: int, failed: str | None = None) -> str:
+    """Where the backlog row's run was, for its basis: ``at_once`` is the run's document (with
+    ``after_failed_size`` and ``cluster`` when it ran after a size failed), ``largest`` the largest
+    size completed; ``failed``: why a backlog of ``target`` that was started did not finish."""
+    if int(at_once.get("claims", 0)) < target:
+        why = (f"the backlog of {_n(target)} failed: {failed[:200]}" if failed else
+               f"no time was left in the budget for a backlog of {_n(target)}")
+        return f"(at {_n(largest)} nodes; {why})"
+    failed = at_once.get("after_failed_size")
+    if failed:
+        cluster = at_once.get("cluster") or {}
+        return (f"(run after the {_n(failed)}-node size failed, on the cluster it left: at least "
+                f"{_n(cluster.get('nodes', largest))} GPU nodes, {_n(cluster.get('devices', 0))} devices, "
+                f"{_n(cluster.get('claims', 0))} claims allocated; larger than the {_n(largest)}-node size, "
+                "the conservative reading)")
+    return f"(at {_n(largest)} nodes)"
+
+
 def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int] | None,
-         backlog: Backlog | None, apf: Mapping[str, Any] | None) -> tuple[list[Row], dict[str, Any]]:
+         backlog: Backlog | None, apf: Mapping[str, Any] | None, backlog_where: str = "") -> tuple[
+        list[Row], dict[str, Any]]:
     """Every row of the issue, with its basis; and the fit figures behind them.
 
     ``throughput``: (our claims/s, the scheduler's pods/s, nodes) at the largest size run.
+    ``backlog_where``: where the backlog ran, for its row's basis (:func:`where_backlog_ran`).
     ``apf``: ``claims``, ``explained``, ``problems`` (log lines), ``rejected`` (429s the API server
     answered the controller's flow).
     """
@@ -304,12 +464,7 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
         figures["rss_fit"] = fit.document() if fit is not None else None
         figures.update(rss_figures)
     if backlog is not None:
-        seconds, complete = backlog_seconds(backlog)
-        basis = ("measured" if complete else
-                 f"projected: {backlog.explained} of {backlog.claims} explained, {backlog.within_window} within "
-                 f"{backlog.window_s:.0f} s, at {backlog.claims_per_s:.1f} claims/s")
-        out.append(Row(f"backlog of {_n(backlog.claims)} pending claims created at once: all explained", seconds,
-                       60.0, "s", basis))
+        out.append(backlog_row(backlog, targets.backlog, backlog_where))
     if apf is not None:
         missing = int(apf["claims"]) - int(apf["explained"])
         out.append(Row("low API Priority and Fairness limit: claims left unexplained + error lines logged",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -13,15 +14,23 @@ from e2e.bench.scale_rows import (
     HistogramReading,
     Targets,
     backlog_outcome,
+    backlog_row,
     backlog_seconds,
+    expected_pods_per_s,
+    fill_deadline_s,
+    fill_pods,
     fit_linear,
     histogram,
     log_problems,
     markdown_tables,
     mean_since,
     metric_value,
+    plain_pod_slope,
     project,
     rows,
+    rss_rows,
+    size_seconds,
+    where_backlog_ran,
 )
 
 METRICS = """\
@@ -113,14 +122,14 @@ def test_log_problems_finds_errors_tracebacks_and_surfaced_429s() -> None:
 
 
 def _curve() -> Curve:
-    def rss(d: float, c: float, p: float) -> float:
-        return 60 + 0.01 * d + 0.02 * c + 0.004 * p
+    def rss(d: float, c: float, plain: float) -> float:
+        return 60 + 0.01 * d + 0.02 * c + 0.004 * plain
 
     samples = []
     for n, prev in ((500, 0), (1000, 500), (2000, 1000)):
         d = 8 * n + 15 * n
-        for c, p in ((4 * prev, 6 * prev), (4 * n, 4 * n + 2 * prev), (4 * n, 6 * n)):
-            samples.append({"devices": d, "claims": c, "pods": p, "rss_mib": rss(d, c, p)})
+        for c, plain in ((4 * prev, 2 * prev), (4 * n, 2 * prev), (4 * n, 2 * n)):
+            samples.append({"devices": d, "claims": c, "plain_pods": plain, "rss_mib": rss(d, c, plain)})
     return Curve(
         first_claim_s=[(500, 0.4), (1000, 0.8), (2000, 1.6)],
         first_claim_cache_mib=[(500, 20), (1000, 40), (2000, 80)],
@@ -145,21 +154,32 @@ def test_rows_state_every_target_at_5000_nodes_with_their_basis() -> None:
     assert by["resolve one fitting claim, 20,000 claims allocated, p50"].value == pytest.approx(500)
     rss = next(r for r in out if r.what.startswith("controller RSS"))
     devices = 23 * 5000
-    assert rss.value == pytest.approx(60 + 0.01 * devices + 0.02 * 20_000 + 0.004 * 150_000)
-    assert "extrapolated from 9 fresh starts" in rss.basis
-    assert figures["rss_mib_at_40000_devices"] == pytest.approx(60 + 400 + 400 + 600, abs=0.1)
-    assert figures["rss_fit"]["slopes"]["pods"] == pytest.approx(0.004)
+    # 150,000 pods of which 20,000 hold the claims: 130,000 plain ones.
+    assert rss.value == pytest.approx(60 + 0.01 * devices + 0.02 * 20_000 + 0.004 * 130_000)
+    assert "fit over devices and claims from 9 fresh starts" in rss.basis
+    assert "from 3 pairs of starts that differ only in plain pods" in rss.basis
+    assert figures["rss_mib_at_40000_devices"] == pytest.approx(60 + 400 + 400 + 520, abs=0.1)
+    assert set(figures["rss_fit"]["slopes"]) == {"devices", "claims"}
+    assert figures["rss_plain_pods"]["kib_per_pod"] == pytest.approx(0.004 * 1024)
+    assert figures["rss_plain_pods"]["stderr_kib_per_pod"] == pytest.approx(0, abs=1e-6)
     backlog_row = next(r for r in out if r.what.startswith("backlog"))
+    assert backlog_row.what.startswith("backlog of 10,000 pending claims")
     assert backlog_row.value == pytest.approx(10_000 / (5000 / 75.0)) and backlog_row.basis.startswith("projected")
     apf_rows = [r for r in out if "Priority and Fairness" in r.what]
     assert [r.value for r in apf_rows] == [0.0, 12.0]
 
 
 def test_rows_without_enough_rss_samples_say_so_instead_of_guessing() -> None:
-    curve = Curve(rss_samples=[{"devices": 1.0, "claims": 0.0, "pods": 0.0, "rss_mib": 50.0}], devices=[(500, 1.0)])
+    curve = Curve(rss_samples=[{"devices": 1.0, "claims": 0.0, "plain_pods": 0.0, "rss_mib": 50.0}], devices=[(500, 1.0)])
     out, figures = rows(curve, Targets(), throughput=None, backlog=None, apf=None)
     assert len(out) == 1 and math.isnan(out[0].value) and out[0].basis.startswith("not computed")
+    assert "differ only in plain pods" in out[0].basis
     assert figures["rss_fit"] is None
+    # Pairs, but devices and claims always together: no fit either.
+    lockstep = [{"devices": 10.0 * c, "claims": c, "plain_pods": p, "rss_mib": 50 + c + p}
+                for c in (1.0, 2.0, 3.0) for p in (0.0, 5.0)]
+    out, _ = rows(Curve(rss_samples=lockstep, devices=[(500, 1.0)]), Targets(), throughput=None, backlog=None, apf=None)
+    assert math.isnan(out[0].value) and "independently" in out[0].basis
 
 
 def test_markdown_tables_show_each_row_with_its_basis_and_each_size() -> None:
@@ -179,3 +199,146 @@ def test_markdown_tables_show_each_row_with_its_basis_and_each_size() -> None:
             "extrapolated to 5,000 nodes from 500 to 2,000 |") in text
     assert ("| 500 (+50) | 11,600 | 2,000 | 3,000 | 180 MiB | 2.40 s, +350 MiB | 200 ms | 400 ms | 1.8 | 8.3 | 4.6 s |"
             in text)
+
+
+# --------------------------------------------------------------------------- RSS: plain pods apart
+
+FLEET = [(500, 11_600), (1000, 23_200), (2000, 46_400)]
+
+# The run of 2026-11-28 (make bench-scale): (devices, claims, pods, VmRSS MiB) of each fresh start,
+# "-nodes", "-filled", "-pods" per size, and the 5,000-node size's "-nodes" start, taken before
+# that size failed.
+RUN1 = [
+    (11_600, 0, 0, 95.5), (11_600, 2000, 2000, 123.0), (11_600, 2000, 3000, 134.2),
+    (23_200, 2000, 3000, 191.2), (23_200, 4000, 5000, 205.4), (23_200, 4000, 6000, 204.5),
+    (46_400, 4000, 6000, 248.2), (46_400, 8000, 10_000, 277.2), (46_400, 8000, 12_000, 276.5),
+    (116_000, 8000, 12_000, 433.0),
+]
+
+
+def _samples(points: Sequence[tuple[float, float, float, float]]) -> list[dict[str, float]]:
+    return [{"devices": d, "claims": c, "plain_pods": p - c, "pods": p, "rss_mib": r} for d, c, p, r in points]
+
+
+def test_plain_pods_are_measured_where_only_they_changed_not_fitted_beside_claims() -> None:
+    # The controller keeps nothing of a plain pod; RSS = 80 + 2.5 KiB/device + 10 KiB/claim, and each
+    # size's "-filled" and "-pods" starts share an offset (a fresh process's noise, the same state).
+    def truth(d: float, c: float) -> float:
+        return 80 + 0.0025 * d + 0.01 * c
+
+    offset = {500: 12.0, 1000: -8.0, 2000: 10.0}
+    samples = []
+    for n, prev in ((500, 0), (1000, 500), (2000, 1000)):
+        d = 23.2 * n
+        for i, (c, plain) in enumerate(((4 * prev, 2 * prev), (4 * n, 2 * prev), (4 * n, 2 * n))):
+            samples.append({"devices": d, "claims": c, "plain_pods": plain, "pods": c + plain,
+                            "rss_mib": truth(d, c) + (offset[n] if i else 0.0)})
+    slope = plain_pod_slope(samples)
+    assert slope.mib_per_pod == pytest.approx(0, abs=1e-12) and slope.groups == 3 and slope.most_apart == 2000
+    (row,), _, figures = rss_rows(Curve(devices=list(FLEET), rss_samples=samples), Targets())
+    assert row.value == pytest.approx(truth(116_000, 20_000), abs=15)
+    assert figures["rss_plain_pods"]["mib"] == 0
+    # The fit over devices, claims and pods together reads the offsets as a pod slope: far off.
+    joint = fit_linear(samples, ("devices", "claims", "pods"), "rss_mib")
+    assert abs(joint.predict({"devices": 116_000, "claims": 20_000, "pods": 150_000}) - truth(116_000, 20_000)) > 100
+
+
+def test_the_last_runs_samples_give_plain_pods_their_paired_slope_with_its_spread() -> None:
+    samples = _samples(RUN1)
+    # What the row said: 0.0047 MiB (4.8 KiB) per pod, and 1,159 MiB at 150,000 pods.
+    joint = fit_linear([s for s in samples if s["devices"] < 100_000], ("devices", "claims", "pods"), "rss_mib")
+    assert joint.slopes["pods"] * 1024 == pytest.approx(4.81, abs=0.01)
+    assert joint.predict({"devices": 116_000, "claims": 20_000, "pods": 150_000}) == pytest.approx(1158.7, abs=0.1)
+    # The pairs: +11.2 MiB over 1,000 plain pods, -0.9 over 1,000, -0.7 over 2,000.
+    slope = plain_pod_slope(samples)
+    assert slope.measured == pytest.approx(8900 / 6e6) and slope.groups == 3
+    assert slope.stderr is not None and slope.stderr * 1024 == pytest.approx(3.15, abs=0.01)
+    (row,), fit, figures = rss_rows(Curve(devices=list(FLEET), rss_samples=samples), Targets())
+    assert fit is not None and fit.samples == 10  # the failed size's start is in the fit
+    assert figures["rss_plain_pods"]["mib"] == pytest.approx(8900 / 6e6 * 130_000, abs=0.1)
+    assert 700 < row.value < 800
+    assert "1.52 ± 3.15 KiB per plain pod from 3 pairs" in row.basis
+    assert "up to 116,000 devices and 8,000 claims" in row.basis
+
+
+def test_a_negative_plain_pod_slope_is_noise_and_counts_as_zero() -> None:
+    samples = _samples([(10_000, 0, 0, 50.0), (10_000, 1000, 1000, 60.0), (10_000, 1000, 3000, 58.0),
+                        (20_000, 1000, 3000, 80.0), (20_000, 2000, 4000, 91.0), (20_000, 2000, 6000, 90.0)])
+    slope = plain_pod_slope(samples)
+    assert slope.measured < 0 and slope.mib_per_pod == 0
+    (row,), _, figures = rss_rows(Curve(devices=[(500, 10_000), (1000, 20_000)], rss_samples=samples), Targets())
+    assert "0 KiB per plain pod (measured -0.77" in row.basis and "noise" in row.basis
+    assert figures["rss_plain_pods"]["measured_kib_per_pod"] < 0 and figures["rss_plain_pods"]["mib"] == 0
+
+
+def test_rss_is_measured_only_where_a_start_held_the_whole_target() -> None:
+    small = Targets(nodes=500, devices=11_600, claims=2000, pods=3000)
+    (row,), _, _ = rss_rows(Curve(devices=list(FLEET), rss_samples=_samples(RUN1)), small)
+    assert row.basis == "measured"
+    (row,), _, _ = rss_rows(Curve(devices=list(FLEET), rss_samples=_samples(RUN1)), Targets())
+    assert row.basis.startswith("extrapolated")
+
+
+# --------------------------------------------------------------------------- the fill and the budget
+
+
+def test_the_fill_shrinks_to_about_a_minute_at_the_rate_the_previous_size_predicts() -> None:
+    assert expected_pods_per_s(None, 500) is None
+    assert expected_pods_per_s((2000, 0.0), 5000) is None
+    # The last run: 7.73, 4.65 and 2.44 pods/s at 500, 1,000 and 2,000 nodes.
+    assert expected_pods_per_s((500, 7.73), 1000) == pytest.approx(3.865)
+    at_5000 = expected_pods_per_s((2000, 2.44), 5000)
+    assert at_5000 == pytest.approx(0.976)
+    assert fill_pods(None, most=250, least=60, seconds=60) == 250
+    assert fill_pods(3.865, most=250, least=60, seconds=60) == 232
+    assert fill_pods(expected_pods_per_s((1000, 4.65), 2000), most=250, least=60, seconds=60) == 140
+    assert fill_pods(at_5000, most=250, least=60, seconds=60) == 60
+    assert fill_pods(20.0, most=250, least=60, seconds=60) == 250
+
+
+def test_the_fill_deadline_follows_the_expected_rate_with_room_to_spare() -> None:
+    assert fill_deadline_s(250, None) == pytest.approx(120 + 3 * 25)
+    at_5000 = fill_deadline_s(60, 0.976)
+    assert at_5000 == pytest.approx(120 + 3 * 60 / 0.976)
+    # At 5,000 nodes the last run's scheduler bound 224 pods within 145 s: 60 take under 40 s.
+    assert at_5000 / 5 > 60 / (224 / 145)
+    # The fixed 120 + pods/10 s gave 250 pods 145 s: what failed that run.
+    assert fill_deadline_s(250, 0.976) > 250 / (224 / 145)
+
+
+def test_a_sizes_time_is_estimated_from_the_last_size_scaled_by_the_nodes_it_adds() -> None:
+    ran = [(500, 122.3), (1000, 180.2), (2000, 357.5)]
+    assert size_seconds(500, []) is None
+    assert size_seconds(1000, ran[:1]) == pytest.approx(2 * 122.3)
+    assert size_seconds(2000, ran[:2]) == pytest.approx(2 * 180.2)
+    # 3,000 nodes added after 1,000: x3, where the nodes alone say x2.5.
+    assert size_seconds(5000, ran) == pytest.approx(3 * 357.5)
+    assert size_seconds(2000, [(2000, 300.0)]) == pytest.approx(300.0)
+
+
+# --------------------------------------------------------------------------- the backlog row
+
+
+def test_the_backlog_row_is_about_10000_claims_measured_or_said_to_be_projected() -> None:
+    full = backlog_outcome(10_000, 0.0, [i / 200 for i in range(1, 10_001)], window_s=60.0, waited_s=75.0)
+    row = backlog_row(full, 10_000, "(at 5,000 nodes)")
+    assert row.value == pytest.approx(50.0) and row.basis == "measured (at 5,000 nodes)"
+    assert row.what == "backlog of 10,000 pending claims created at once: all explained"
+    # The last run's 1,000 at 2,000 nodes is no measurement of 10,000.
+    small = backlog_outcome(1000, 0.0, [i * 16.031 / 1000 for i in range(1, 1001)], window_s=60.0, waited_s=16.0)
+    row = backlog_row(small, 10_000)
+    assert row.what.startswith("backlog of 10,000") and row.value == pytest.approx(160.31)
+    assert row.basis.startswith("projected from a backlog of 1,000 at its 62.4 claims/s")
+
+
+def test_where_the_backlog_ran_says_when_it_was_a_larger_cluster_or_a_projection() -> None:
+    assert where_backlog_ran({"claims": 10_000}, 5000, 10_000) == "(at 5,000 nodes)"
+    after = where_backlog_ran({"claims": 10_000, "after_failed_size": 5000,
+                               "cluster": {"nodes": 5000, "devices": 116_000, "claims": 19_690}}, 2000, 10_000)
+    assert "after the 5,000-node size failed" in after and "at least 5,000 GPU nodes, 116,000 devices" in after
+    assert "larger than the 2,000-node size, the conservative reading" in after
+    assert "no time was left in the budget" in where_backlog_ran({"claims": 1000}, 2000, 10_000)
+    assert "failed: watching claims failed" in where_backlog_ran({"claims": 1000}, 2000, 10_000, "watching claims failed")
+    out, _ = rows(Curve(), Targets(), throughput=None, apf=None, backlog_where=after,
+                  backlog=backlog_outcome(10_000, 0.0, [1.0] * 10_000, window_s=60.0, waited_s=75.0))
+    assert out[0].basis == f"measured {after}"

@@ -1,0 +1,231 @@
+"""The scale bench's decisions that need no cluster (e2e/bench/scale.py): the budget, the curve's samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.bench.scale import BUDGET_S, FULL, SizeRun, curve_of, fits
+from e2e.tooling import binaries, bytecode, gotools
+
+
+def _run(nodes: int, seconds: float, samples: list[dict[str, float]] | None = None) -> SizeRun:
+    return SizeRun(nodes, devices=int(23.2 * nodes), seconds=seconds, rss_samples=samples or [])
+
+
+def test_the_budget_skips_a_size_that_would_overrun_it() -> None:
+    ran = [_run(500, 122.3), _run(1000, 180.2), _run(2000, 357.5)]
+    assert fits(500, 0.0, [], BUDGET_S)
+    # The last run started 5,000 nodes about 690 s in: x3 of 357.5 s does not fit 28 minutes.
+    assert not fits(5000, 690.0, ran, BUDGET_S)
+    # With its fill shortened (2,000 nodes in about 310 s, 5,000 started about 650 s in), it does.
+    assert fits(5000, 650.0, [*ran[:2], _run(2000, 310.0)], BUDGET_S)
+
+
+def test_the_at_once_backlog_reserves_a_sync_its_pods_and_the_wait() -> None:
+    assert FULL.at_once_s() == pytest.approx(90 + 10_000 / 100 + 75)
+
+
+def test_the_curve_takes_a_failed_sizes_samples_and_older_ones_without_plain_pods() -> None:
+    old = {"devices": 11_600, "claims": 2000, "pods": 3000, "rss_mib": 134.2}
+    new = {"devices": 11_600, "claims": 2000, "pods": 2000, "plain_pods": 0, "rss_mib": 123.0}
+    failed = {"devices": 116_000, "claims": 8000, "pods": 12_000, "plain_pods": 4000, "rss_mib": 433.0}
+    curve = curve_of([_run(500, 122.3, [new, old])], [failed])
+    assert [s["plain_pods"] for s in curve.rss_samples] == [0.0, 1000.0, 4000.0]
+    assert curve.rss_samples[-1] == {"devices": 116_000.0, "claims": 8000.0, "plain_pods": 4000.0, "rss_mib": 433.0}
+    assert curve.devices == [(500.0, 11_600.0)]
+
+
+# --------------------------------------------------------------------------- run_curve's flow, on fakes
+
+
+class FakeController:
+    def __init__(self, label: str) -> None:
+        self.label, self.pid, self.spawned, self.proc = label, 1, 0.0, object()
+
+    def wait_synced(self, timeout: float) -> float:
+        return 1.0
+
+    def check_alive(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.proc = None
+
+    def log_lines(self) -> list[str]:
+        return []
+
+
+class FakeCluster:
+    """What run_size asks of ScaleCluster, with the bench's bookkeeping; ``fail_fill_at`` nodes: the
+    fill runs out of time there, as the 5,000-node size did."""
+
+    fail_fill_at = 0
+
+    def __init__(self, workdir: object, mig_per: int, log: Any) -> None:
+        self.mig_per, self.log, self.api = mig_per, log, None
+        self.gpu_nodes = self.mig_nodes = self.slices = self.devices = 0
+        self.fill_pods = self.held_claims = self.plain_pods = 0
+        self.fills: list[tuple[int, float]] = []
+        self.started: list[FakeController] = []
+        self.stopped_all = 0
+
+    def start(self) -> None:
+        pass
+
+    close = check_alive = start
+
+    @property
+    def claims(self) -> int:
+        return self.fill_pods + self.held_claims
+
+    @property
+    def pods(self) -> int:
+        return self.claims + self.plain_pods
+
+    def grow(self, nodes: int) -> dict[str, Any]:
+        self.gpu_nodes, self.mig_nodes = nodes, nodes // self.mig_per
+        self.devices = int(23.2 * nodes)
+        return {}
+
+    def hold(self, claims: int) -> dict[str, Any]:
+        self.held_claims = claims
+        return {}
+
+    def fill(self, claims: int, timeout_s: float) -> dict[str, Any]:
+        pods = claims - self.fill_pods
+        self.fills.append((pods, timeout_s))
+        if self.gpu_nodes == self.fail_fill_at:
+            raise RuntimeError(f"the kube-scheduler bound {pods - 26} of {pods} pods in {timeout_s:.0f}s")
+        self.fill_pods = claims
+        return {"pods": pods, "pods_per_s": 4800 / self.gpu_nodes}
+
+    def add_plain_pods(self, pods: int) -> dict[str, Any]:
+        self.plain_pods = pods
+        return {}
+
+    def controller(self, label: str) -> FakeController:
+        ctl = FakeController(label)
+        self.started.append(ctl)
+        return ctl
+
+    def has_explanation(self, namespace: str, name: str) -> bool:
+        return True
+
+    def remove(self, namespace: str, names: Any) -> None:
+        pass
+
+    def stop_controllers(self) -> list[str]:
+        self.stopped_all += 1
+        return []
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """run_curve with the cluster, the controllers and the measurements faked; what they were asked."""
+    from e2e.bench import scale
+
+    seen: dict[str, Any] = {"backlogs": [], "clusters": []}
+
+    def cluster(*args: Any) -> FakeCluster:
+        sc = FakeCluster(*args)
+        seen["clusters"].append(sc)
+        return sc
+
+    def sample(sc: FakeCluster, label: str, timeout: float = 600) -> tuple[FakeController, dict[str, Any]]:
+        rss = 80 + 0.0025 * sc.devices + 0.01 * sc.claims
+        return sc.controller(label), {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods,
+                                      "plain_pods": sc.plain_pods, "nodes": sc.gpu_nodes, "rss_mib": rss,
+                                      "label": label}
+
+    def backlog(sc: FakeCluster, plan: Any, ctl: FakeController, claims: int, label: str, *,
+                remove: bool = True) -> dict[str, Any]:
+        seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
+        ctl.stop()
+        return {"claims": claims, "explained": claims, "within_window": claims, "window_s": 60.0,
+                "all_explained_s": claims / 100, "claims_per_s": 100.0}
+
+    probe = {"latency_s": 0.01, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
+    monkeypatch.setattr(scale, "ScaleCluster", cluster)
+    monkeypatch.setattr(scale, "synced_sample", sample)
+    monkeypatch.setattr(scale, "backlog_phase", backlog)
+    monkeypatch.setattr(scale, "probe", lambda *a, **k: dict(probe))
+    monkeypatch.setattr(scale, "apf_phase", lambda sc, plan: {"claims": 1, "explained": 1, "problems": [], "rejected": 3})
+    monkeypatch.setattr(scale, "create", lambda *a, **k: {})
+    for mod, name in ((binaries, "ensure"), (gotools, "ensure"), (bytecode, "shipped_python")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: None)
+    return seen
+
+
+def _plan(**kw: Any) -> Any:
+    from e2e.bench.scale import Plan
+
+    return Plan(sizes=(500, 1000, 2000, 5000), profile=False, **kw)
+
+
+def test_a_size_that_fails_keeps_its_samples_and_the_10000_backlog_runs_on_the_cluster_it_left(
+        fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench import scale
+
+    FakeCluster.fail_fill_at = 5000
+    try:
+        doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    finally:
+        FakeCluster.fail_fill_at = 0
+    (sc,) = fake["clusters"]
+    # 250 pods at the first size, then about a minute at the rate the last size predicts.
+    assert [pods for pods, _ in sc.fills] == [250, 250, 144, 60]
+    assert sc.fills[-1][1] == pytest.approx(120 + 3 * 60 / (4800 / 5000))
+    assert [r["nodes"] for r in doc["runs"]] == [500, 1000, 2000] and list(doc["failed_sizes"]) == ["5000"]
+    assert sc.stopped_all == 1 and all(c.proc is None for c in sc.started[:-1])
+    (partial,) = doc["failed_runs"]
+    assert [s["label"] for s in partial["rss_samples"]] == ["5000-nodes"]
+    # The sizes' own backlogs are deleted, the one after the failure is not (nothing follows it).
+    assert fake["backlogs"] == [("500", 250, True, 500), ("1000", 500, True, 1000), ("2000", 1000, True, 2000),
+                                ("2000-at-once", 10_000, False, 5000)]
+    at_once = doc["backlog_at_once"]
+    assert at_once["after_failed_size"] == 5000 and at_once["cluster"]["nodes"] == 5000
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(binaries, "kubernetes_version", lambda: "v0")
+    try:
+        result = scale.result_of(doc, _plan())
+    finally:
+        monkey.undo()
+    row = next(t for t in result.targets if t["what"].startswith("backlog of 10,000"))
+    assert "after the 5,000-node size failed" in row["what"] and "conservative reading" in row["what"]
+    assert result.figures["rss_fit"]["samples"] == 10
+    assert result.figures["failed_sizes_partial"][0]["nodes"] == 5000
+
+
+def test_a_size_skipped_for_the_budget_gets_its_10000_backlog_at_the_largest_size_that_ran(
+        fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench import scale
+
+    monkeypatch.setattr(scale, "fits", lambda nodes, *a: nodes < 5000)
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    assert doc["skipped_sizes"] == [5000] and not doc["failed_sizes"]
+    assert fake["backlogs"][-1] == ("2000-at-once", 10_000, False, 2000)
+    assert doc["backlog_at_once"]["after_failed_size"] is None
+
+
+def test_without_time_for_it_the_10000_backlog_is_projected(fake: dict[str, Any], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench import scale
+
+    monkeypatch.setattr(scale, "fits", lambda nodes, *a: nodes < 5000)
+    doc = scale.run_curve(_plan(budget_s=100.0), tmp_path, log=lambda line: None)
+    assert [b[0] for b in fake["backlogs"]] == ["500", "1000", "2000"]
+    assert doc["backlog_at_once"]["claims"] == 1000
+
+
+def test_the_last_planned_size_keeps_its_backlog_and_needs_no_other(fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench import scale
+
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    assert [r["nodes"] for r in doc["runs"]] == [500, 1000, 2000, 5000]
+    assert fake["backlogs"][-1] == ("5000", 10_000, False, 5000)
+    assert doc["backlog_at_once"]["claims"] == 10_000
+    assert all(c.proc is None for c in fake["clusters"][0].started)
