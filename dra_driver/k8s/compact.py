@@ -48,9 +48,11 @@ class Interner:
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
         self._known: dict[int, dict[str, Any]] = {}
+        self._strings: dict[str, dict[str, dict[str, Any]]] = {}
+        """``{field: string}`` dicts by field, then by string."""
 
     def __len__(self) -> int:
-        return len(self._known)
+        return len(self._known) + sum(map(len, self._strings.values()))
 
     def share(self, mapping: Any) -> Any:
         """``mapping`` with each flat dict among its values replaced by the shared equal one (in
@@ -58,6 +60,7 @@ class Interner:
         if type(mapping) is not dict:
             return mapping
         known = self._known
+        strings = self._strings
         whole = True
         for name, value in mapping.items():
             if type(value) is not dict:
@@ -66,13 +69,26 @@ class Interner:
             if len(value) == 1:
                 for field, scalar in value.items():
                     kind = type(scalar)
+                    if kind is str:
+                        # The commonest value by far ({"string": ...}, {"value": "80Gi"}): two
+                        # lookups on hashes that strings keep, no key to build, nothing to compare.
+                        by_scalar = strings.get(field)
+                        if by_scalar is None:
+                            by_scalar = strings[field] = {}
+                        shared = by_scalar.get(scalar)
+                        if shared is not None:
+                            mapping[name] = shared
+                        elif len(by_scalar) < self.limit:
+                            by_scalar[scalar] = value
+                        else:
+                            strings[field] = {scalar: value}
+                        continue
                     if kind not in _SCALARS:
                         whole = False
                         break
                     key = hash((field, scalar, kind))
                     shared = known.get(key)
-                    # Equal strings are of one type; for the rest the type is compared too.
-                    if shared is not None and shared == value and (kind is str or _same_types(shared, value)):
+                    if shared is not None and shared == value and _same_types(shared, value):
                         mapping[name] = shared
                     else:
                         self._put(key, value)
