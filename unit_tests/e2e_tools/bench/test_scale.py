@@ -145,7 +145,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
         ctl.stop()
         return {"claims": claims, "explained": claims, "within_window": claims, "window_s": 60.0,
-                "all_explained_s": claims / 100, "claims_per_s": 100.0}
+                "all_explained_s": claims / 100, "claims_per_s": 100.0, "problems": []}
 
     probe = {"latency_s": 0.01, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
     monkeypatch.setattr(scale, "ScaleCluster", cluster)
