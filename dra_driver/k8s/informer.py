@@ -22,6 +22,8 @@ per-key exponential retry back-off.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import heapq
 import threading
@@ -119,6 +121,26 @@ class Store:
         return changed, deleted
 
 
+def _trim() -> None:
+    """Hand the memory a list's decoding freed back to the system. Decoded pages are garbage
+    once their items are reduced, but glibc keeps freed memory in the arena of the thread that
+    used it (each informer lists in its own thread), so without this the controller's RSS kept
+    about 1 KiB per pod it had listed and dropped: 150,000 pods that need nothing would cost
+    150 MiB."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
 class Informer:
     """List + watch one resource into a :class:`Store`, calling ``handler`` on every change."""
 
@@ -153,8 +175,11 @@ class Informer:
 
     def relist(self) -> None:
         transform = None if self.store.transform is None else self._decoded
+        t0 = time.monotonic()
         result = self.api.list(self.resource, field_selector=self.field_selector, transform=transform,
                                reduced=self.reduced)
+        self._log.info("listed", kept=len(result.items), seconds=round(time.monotonic() - t0, 3),
+                       resource_version=result.resource_version)
         changed, deleted = self.store.replace(result.items)
         self.resource_version = result.resource_version
         # What was just listed lives as long as the informer. Frozen, the cyclic garbage collector
@@ -162,6 +187,7 @@ class Informer:
         # otherwise spends most of its time there. Decoded JSON has no cycles, so refcounting
         # still frees whatever of it is dropped later.
         gc.freeze()
+        _trim()
         self.synced.set()
         for old, new in changed:
             self._notify(old, new)
