@@ -41,6 +41,9 @@ MAX_FIELD = 128
 ATTEMPTS = 4
 MAX_SERIES = 1024
 """Series remembered for folding; the oldest quiet one is forgotten beyond this."""
+SHED_LOG_SECONDS = 60.0
+"""Events shed under load (more pending than :data:`MAX_SERIES`) are counted, and said in one
+warning at most this often: a burst of 10,000 pending claims must not log 9,000 lines."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class EventRecorder:
         self._wake = threading.Event()
         self._series: dict[tuple[str, str], _Series] = {}
         self._dirty: set[tuple[str, str]] = set()
+        self._shed_since = 0
+        self._shed_said: float | None = None
 
     def record(self, regarding: ObjectRef, what: Occurrence) -> None:
         key = (event_namespace(regarding), event_name(regarding, what, self.controller, self.instance))
@@ -197,7 +202,7 @@ class EventRecorder:
                 # Everything is waiting to be written: drop the oldest pending occurrence instead.
                 quiet = [min(self._series, key=lambda k: self._series[k].last_seen)]
                 self._dirty.discard(quiet[0])
-                self._dropped(self._series[quiet[0]], "too many pending Events")
+                self._shed(self._series[quiet[0]])
             oldest = min(quiet, key=lambda k: self._series[k].last_seen)
             del self._series[oldest]
 
@@ -314,6 +319,20 @@ class EventRecorder:
                     raise
                 last = exc
         raise last or ApiError(409, "Conflict", f"event {namespace}/{name} kept changing")
+
+    def _shed(self, series: _Series) -> None:
+        """An occurrence given up to load, not to a fault: like an Event the write budget has no
+        token for (counted the same way), and said in one warning a minute with the count."""
+        _log.debug("Event dropped: too many pending", reason=series.what.reason,
+                   regarding=f"{series.regarding.kind}/{series.regarding.name}")
+        if self._on_throttled is not None:
+            self._on_throttled()
+        self._shed_since += 1
+        now = self._clock()
+        if self._shed_said is None or now - self._shed_said >= SHED_LOG_SECONDS:
+            _log.warning("Events shed under load", dropped=self._shed_since, pending_limit=MAX_SERIES,
+                         example=f"{series.what.reason} {series.regarding.kind}/{series.regarding.name}")
+            self._shed_since, self._shed_said = 0, now
 
     def _dropped(self, series: _Series, why: str) -> None:
         _log.error("Event dropped", reason=series.what.reason, regarding=f"{series.regarding.kind}/{series.regarding.name}",

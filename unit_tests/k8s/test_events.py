@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubefake import FakeKube
+from structlog.testing import capture_logs
 
 from dra_driver.k8s.client import EVENTS, ApiError
 from dra_driver.k8s.events import (
     ATTEMPTS,
     MAX_NOTE_BYTES,
+    MAX_SERIES,
+    SHED_LOG_SECONDS,
     EventRecorder,
     ObjectRef,
     Occurrence,
@@ -167,3 +170,21 @@ def test_health_changes_group_a_gpu_and_name_the_xid() -> None:
     recovered = notices.health_changed(back)
     assert (recovered.type, recovered.reason) == ("Normal", "DeviceRecovered") and "after XID 79" in recovered.note
     assert health_changes({}, old) == [], "devices first seen healthy are no change"
+
+
+def test_a_burst_beyond_the_pending_limit_is_shed_quietly() -> None:
+    """More occurrences pending than the recorder remembers: the oldest are shed as load (counted
+    like Events the write budget has no token for), in one warning a minute, never as errors."""
+    api, clock = FakeKube(), Clock()
+    shed: list[int] = []
+    drops: list[int] = []
+    rec = recorder(api, clock, on_throttled=lambda: shed.append(1), on_drop=lambda: drops.append(1))
+    with capture_logs() as logs:
+        for i in range(MAX_SERIES + 5):
+            rec.record(notices.claim_ref(ClaimRef(f"uid-{i}", "ns", f"claim-{i}")), BROKEN)
+        clock.now += SHED_LOG_SECONDS
+        rec.record(notices.claim_ref(ClaimRef("uid-last", "ns", "claim-last")), BROKEN)
+    assert len(shed) == 6 and drops == []
+    assert [e for e in logs if e["log_level"] == "error"] == []
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [(w["event"], w["dropped"]) for w in warnings] == [("Events shed under load", 1), ("Events shed under load", 5)]
