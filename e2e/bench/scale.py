@@ -51,9 +51,11 @@ What is measured at each size
   the fitting first claim's. In a warm process the explanation reuses memory the allocator already
   holds and RSS hardly moves, which would hide it; the warm peak growth is kept as a figure too.
 * **backlog**: pending unsatisfiable claims, 10,000 at the largest size (one per two nodes below
-  it), their pods created first, the claims then all at once; the time until every claim carries
-  its explanation (annotation seen on a watch), waiting at most 75 s. Our claims/s is this rate.
-  It runs last in a size, on the start-up process; at the last planned size it is not deleted.
+  it), their pods created first, the claims then all at once, while no controller runs (creating
+  10,000 takes this machine a minute or two by itself); then a fresh controller, and the time from
+  its informers' sync until every claim carries its explanation (annotation seen on a watch),
+  waiting at most 75 s. Our claims/s is this rate. It runs last in a size; at the last planned size
+  its claims are not deleted.
   When the largest planned size does not run (skipped for the budget, or failed), one backlog of
   10,000 runs after the sizes on a fresh controller: at the largest size that ran, or on the
   larger cluster a failed size left (the conservative reading); without time for it, the row is
