@@ -23,7 +23,6 @@ per-key exponential retry back-off.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import heapq
 import threading
@@ -132,8 +131,10 @@ def _trim() -> None:
 
 
 def _libc_malloc_trim() -> Callable[[int], int] | None:
+    # The process's own symbols include the C library's; ctypes.util.find_library would import
+    # shutil and tempfile into the node plugin, which keeps its imports few for its memory.
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
 
