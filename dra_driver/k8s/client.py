@@ -411,7 +411,9 @@ class RestKubeApi:
 
     def _list_page(self, path: str, query: Sequence[tuple[str, str]],
                    reduced: wire.Reduced | None) -> tuple[Sequence[Any], str, str]:
-        """One page of a list: its items, resourceVersion and continue token."""
+        """One page of a list: its items, resourceVersion and continue token. With ``reduced``,
+        protobuf is asked for and JSON accepted (a proxy or an aggregated server may not speak
+        protobuf); JSON items are then reduced the same way."""
         if reduced is None:
             page = self._json("GET", path, query=query)
         else:
@@ -423,24 +425,18 @@ class RestKubeApi:
             except ValueError as exc:
                 raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
         md = page.get("metadata") or {}
-        return page.get("items") or [], str(md.get("resourceVersion") or ""), str(md.get("continue") or "")
+        items = page.get("items") or []
+        if reduced is not None:
+            items = [reduced.from_json(i) for i in items if isinstance(i, dict)]
+        return items, str(md.get("resourceVersion") or ""), str(md.get("continue") or "")
 
     def list_claim_allocations(self) -> ListResult:
-        # JSON stays acceptable: a proxy or an aggregated server may not speak protobuf.
-        path = CLAIMS.path()
-        resp = self._read("GET", path, query=[("resourceVersion", "0")], accept=f"{wire.PROTOBUF}, application/json")
-        try:
-            if str(resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
-                items, rv = wire.decode_claim_list(resp.data)
-                return ListResult(items, rv)
-            page = orjson.loads(resp.data) if resp.data else {}
-        except ValueError as exc:
-            raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
-        items = [wire.allocation_view(i) for i in page.get("items") or [] if isinstance(i, Mapping)]
-        return ListResult(items, str((page.get("metadata") or {}).get("resourceVersion") or ""))
+        items, rv, _ = self._list_page(CLAIMS.path(), [("resourceVersion", "0")], wire.CLAIM_ALLOCATIONS)
+        return ListResult(list(items), rv)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
               field_selector: str | None = None, reduced: wire.Reduced | None = None) -> Iterator[Obj]:
+        decode = reduced.decode_event if reduced is not None else None
         query = [("watch", "true")]
         if resource_version:
             query.append(("resourceVersion", resource_version))
@@ -449,11 +445,11 @@ class RestKubeApi:
             query.append(("fieldSelector", field_selector))
         sent = self._send("GET", res.path(), query=query, timeout=WATCH_CONNECT_TIMEOUT,
                           read_timeout=float(timeout_seconds) + WATCH_READ_SLACK,
-                          accept=wire.ACCEPT if reduced is not None else "application/json")
+                          accept=wire.ACCEPT if decode is not None else "application/json")
         ended = False
         try:
-            if reduced is not None and str(sent.resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
-                events: Iterator[Obj] = map(reduced.decode_event, wire.read_frames(sent.resp))
+            if decode is not None and str(sent.resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
+                events: Iterator[Obj] = map(decode, wire.read_frames(sent.resp))
             else:
                 events = _json_events(sent.resp)
             for event in events:

@@ -38,11 +38,12 @@ class Interner:
     ``{"string": "NVIDIA H100 80GB HBM3"}``, and the MIG placements of every H100 one set of
     counters per placement.
 
-    The table holds a hash and the object per entry, ~100 bytes, and is bounded: past ``limit``
-    entries it starts afresh. Most values have one field (``{"string": ...}``) and take the
-    shortest path: a slice list of 5,000 nodes hands over ~2 million of them. A hash collision only
-    costs a missed share: a match is compared before it is used. What was shared stays shared;
-    later maps share among themselves again. Threads may share one: a race costs a missed share, never a wrong value.
+    Most values have one string field (``{"string": ...}``, ``{"value": "80Gi"}``; a slice list
+    of 5,000 nodes hands over ~2 million of them): those are found by field, then by the string
+    itself. Every other value is found by a hash of its content, and a match is compared before it
+    is used, so a collision only costs a missed share. Each table is bounded: past ``limit``
+    entries it starts afresh. What was shared stays shared; later maps share among themselves
+    again. Threads may share one: a race costs a missed share, never a wrong value.
     """
 
     def __init__(self, limit: int = 50_000) -> None:

@@ -134,11 +134,13 @@ def allocation_view(claim: Mapping[str, Any]) -> Obj:
 @dataclass(frozen=True)
 class Reduced:
     """A resource read in protobuf through a reduced schema: how to decode a list response
-    (items, resourceVersion, continue token) and one watch frame (an event as the JSON watch
-    gives it, ``{"type": ..., "object": ...}``)."""
+    (items, resourceVersion, continue token), what an item of a JSON answer becomes, and, for a
+    resource that is watched this way, one watch frame (an event as the JSON watch gives it,
+    ``{"type": ..., "object": ...}``)."""
 
     decode_list: Callable[[bytes], tuple[list[Obj], str, str]]
-    decode_event: Callable[[bytes], Obj]
+    from_json: Callable[[Obj], Obj]
+    decode_event: Callable[[bytes], Obj] | None = None
 
 
 def decode_pod_list(body: bytes) -> tuple[list[Obj], str, str]:
@@ -192,7 +194,10 @@ def _named(name: str | None, message: Any, field: str) -> Obj:
     return out
 
 
-POD_CLAIM_REFS = Reduced(decode_pod_list, decode_pod_event)
+POD_CLAIM_REFS = Reduced(decode_pod_list, from_json=lambda pod: pod, decode_event=decode_pod_event)
+"""Pods as the controller reads them; a JSON pod is read whole (its readers read only these fields)."""
+CLAIM_ALLOCATIONS = Reduced(lambda body: (*decode_claim_list(body), ""), from_json=allocation_view)
+"""Every claim's allocated devices (``list_claim_allocations``: from the watch cache, one page)."""
 
 
 def read_frames(stream: IO[bytes]) -> Iterator[bytes]:
