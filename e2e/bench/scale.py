@@ -412,27 +412,25 @@ def run_size(sc: ScaleCluster, plan: Plan, out: SizeRun, previous: SizeRun | Non
 
     # The backlog last: at the last planned size nothing follows it, and deleting 10,000 claims and
     # their pods would take minutes.
-    last = nodes == plan.sizes[-1]
-    out.backlog = backlog_phase(sc, plan, ctl, plan.backlog(nodes), f"{nodes}", remove=not last)
     retire(ctl)
+    last = nodes == plan.sizes[-1]
+    out.backlog = backlog_phase(sc, plan, plan.backlog(nodes), f"{nodes}", remove=not last)
     problems.extend(out.backlog["problems"])
     out.seconds = round(time.monotonic() - t_size, 1)
     return stacks
 
 
-def backlog_phase(sc: ScaleCluster, plan: Plan, ctl: ControllerProcess, claims: int, label: str, *,
-                  remove: bool = True) -> dict[str, Any]:
+def backlog_phase(sc: ScaleCluster, plan: Plan, claims: int, label: str, *, remove: bool = True) -> dict[str, Any]:
     """``claims`` pending claims created at once, then a fresh controller: the time from its
     informers' sync until every claim carries its explanation.
 
-    ``ctl`` is stopped first, and the claims are created while no controller runs: on this machine
+    The claims are created while no controller runs (the caller has stopped its own): on this machine
     creating 10,000 claims (and their pods) takes about a minute by itself, the API server and the
     bench's writers sharing two cores, so a backlog timed from the first create would time the
     bench. The creation time is recorded beside it, and so is spawn -> all explained. The fresh
     controller is stopped at the end; with ``remove``, the claims and their pods are then deleted
     (after the stop, or the controller would re-examine every claim on every deletion)."""
     names = [f"backlog-{label}-{i}" for i in range(claims)]
-    ctl.stop()
     t_create = time.monotonic()
     sc.pending(NS_BACKLOG, names, UNSAT_SHAPES)
     created = time.monotonic() - t_create
@@ -668,13 +666,12 @@ def at_once_phase(sc: ScaleCluster, plan: Plan, largest: SizeRun, failed_size: i
         sc.log(f"scale: no time left for a backlog of {plan.backlog_at_once}; the row is projected from the "
                f"{largest.nodes}-node size's backlog of {largest.backlog['claims']}")
         return None
-    ctl, sample = synced_sample(sc, label)
-    doc = backlog_phase(sc, plan, ctl, plan.backlog_at_once, label, remove=False)
-    largest.controller_problems += log_problems(ctl.log_lines()) + doc["problems"]
+    doc = backlog_phase(sc, plan, plan.backlog_at_once, label, remove=False)
+    largest.controller_problems += doc["problems"]
     # The cluster's counts are the bench's own: after a failed step they leave out what that step
     # had created, hence "at least" in the row's basis.
     return {**doc, "nodes": largest.nodes, "after_failed_size": failed_size,
-            "cluster": {k: sample[k] for k in ("nodes", "devices", "claims", "pods")}, "controller_sample": sample}
+            "cluster": {"nodes": sc.gpu_nodes, "devices": sc.devices, "claims": sc.claims, "pods": sc.pods}}
 
 
 def result_of(doc: dict[str, Any], plan: Plan) -> Result:

@@ -329,30 +329,24 @@ def plain_pod_slope(samples: Sequence[Mapping[str, float]]) -> PodSlope:
     for s in samples:
         groups.setdefault((float(s["devices"]), float(s["claims"])), []).append((float(s["plain_pods"]),
                                                                                  float(s["rss_mib"])))
-    sxy = sxx = 0.0
-    used: list[list[tuple[float, float]]] = []
+    # Each group's points about its own means: the pooled slope is fitted on those.
+    centred: list[list[tuple[float, float]]] = []
+    apart = 0.0
     for points in groups.values():
-        if len({p for p, _ in points}) < 2:
+        pods = [p for p, _ in points]
+        if len(set(pods)) < 2:
             continue
-        mp = sum(p for p, _ in points) / len(points)
-        mr = sum(r for _, r in points) / len(points)
-        sxy += sum((p - mp) * (r - mr) for p, r in points)
-        sxx += sum((p - mp) ** 2 for p, _ in points)
-        used.append(points)
-    if not used:
+        mp, mr = sum(pods) / len(points), sum(r for _, r in points) / len(points)
+        centred.append([(p - mp, r - mr) for p, r in points])
+        apart = max(apart, max(pods) - min(pods))
+    if not centred:
         raise ValueError("no two RSS samples differ only in plain pods")
-    slope = sxy / sxx
-    free = sum(len(points) for points in used) - len(used) - 1
-    stderr = None
-    if free > 0:
-        residual = 0.0
-        for points in used:
-            mp = sum(p for p, _ in points) / len(points)
-            mr = sum(r for _, r in points) / len(points)
-            residual += sum((r - mr - slope * (p - mp)) ** 2 for p, r in points)
-        stderr = (residual / free / sxx) ** 0.5
-    apart = max(max(p for p, _ in points) - min(p for p, _ in points) for points in used)
-    return PodSlope(max(slope, 0.0), slope, stderr, len(used), apart)
+    pairs = [pair for points in centred for pair in points]
+    sxx = sum(p * p for p, _ in pairs)
+    slope = sum(p * r for p, r in pairs) / sxx
+    free = len(pairs) - len(centred) - 1
+    stderr = (sum((r - slope * p) ** 2 for p, r in pairs) / free / sxx) ** 0.5 if free > 0 else None
+    return PodSlope(max(slope, 0.0), slope, stderr, len(centred), apart)
 
 
 def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dict[str, Any]]:

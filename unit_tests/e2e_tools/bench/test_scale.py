@@ -140,10 +140,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                                       "plain_pods": sc.plain_pods, "nodes": sc.gpu_nodes, "rss_mib": rss,
                                       "label": label}
 
-    def backlog(sc: FakeCluster, plan: Any, ctl: FakeController, claims: int, label: str, *,
-                remove: bool = True) -> dict[str, Any]:
+    def backlog(sc: FakeCluster, plan: Any, claims: int, label: str, *, remove: bool = True) -> dict[str, Any]:
         seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
-        ctl.stop()
         return {"claims": claims, "explained": claims, "within_window": claims, "window_s": 60.0,
                 "all_explained_s": claims / 100, "claims_per_s": 100.0, "problems": []}
 
