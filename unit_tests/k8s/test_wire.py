@@ -66,13 +66,17 @@ def _message(claim: dict[str, Any]) -> pb.ResourceClaim:
     return msg
 
 
+def _wrapped(kind: str, raw: bytes, *, api_version: str = "v1", encoding: str = "") -> bytes:
+    """A whole protobuf response body: the magic, then ``runtime.Unknown`` around ``raw``."""
+    envelope = meta.Unknown(typeMeta=meta.TypeMeta(apiVersion=api_version, kind=kind), raw=raw,
+                            contentEncoding=encoding, contentType=PROTOBUF)
+    return b"k8s\x00" + envelope.SerializeToString()
+
+
 def _body(claims: list[dict[str, Any]], *, kind: str = "ResourceClaimList", encoding: str = "",
           extra: bytes = b"") -> bytes:
     listed = pb.ResourceClaimList(metadata=meta.ListMeta(resourceVersion="42"), items=[_message(c) for c in claims])
-    envelope = meta.Unknown(typeMeta=meta.TypeMeta(apiVersion="resource.k8s.io/v1", kind=kind),
-                          raw=listed.SerializeToString() + extra, contentEncoding=encoding,
-                          contentType=PROTOBUF)
-    return b"k8s\x00" + envelope.SerializeToString()
+    return _wrapped(kind, listed.SerializeToString() + extra, api_version="resource.k8s.io/v1", encoding=encoding)
 
 
 def test_protobuf_and_json_reduce_to_the_same_claims() -> None:
@@ -152,11 +156,6 @@ JSON_PODS: list[dict[str, Any]] = [
                   "deletionTimestamp": "2026-11-27T04:00:00Z"},
      "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c3"}]}, "status": {"phase": "Pending"}},
 ]
-
-
-def _wrapped(kind: str, raw: bytes) -> bytes:
-    envelope = meta.Unknown(typeMeta=meta.TypeMeta(apiVersion="v1", kind=kind), raw=raw, contentType=PROTOBUF)
-    return b"k8s\x00" + envelope.SerializeToString()
 
 
 def _pod_list(pods: list[dict[str, Any]], cont: str = "") -> bytes:
