@@ -26,7 +26,7 @@ from typing import Any
 from dra_driver.allocator.cel.compile import CompiledSelector, DeviceActivation, device_activation
 from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import Domain, Reads
-from dra_driver.allocator.inventory import Device, DeviceKey, Inventory, attribute_entry, attribute_value, quantity_or_none
+from dra_driver.allocator.inventory import Device, DeviceKey, Inventory, Pool, attribute_entry, attribute_value, quantity_or_none
 from dra_driver.k8s.objects import as_mapping
 
 MAX_PARTITIONS = 32  # per inventory; each costs about 5 bytes per device
@@ -177,7 +177,6 @@ def partition(inventory: Inventory, projection: Projection) -> Partition:
 
 
 def _build(inventory: Inventory, projection: Projection) -> Partition:
-    key_of = key_function(projection)
     devices = inventory.devices
     group_of = array("i", [-1]) * len(devices)
     numbers: dict[tuple[Any, ...], int] = {}
@@ -185,17 +184,35 @@ def _build(inventory: Inventory, projection: Projection) -> Partition:
     for pool in inventory.pools:
         if not pool.usable:
             continue
-        for d in pool.devices:
-            if not d.cel_clean:
+        keys = pool_keys(pool, projection)
+        for j, d in enumerate(pool.devices):
+            key = keys[j]
+            if key is None:
                 continue
-            key = key_of(d)
             g = numbers.get(key)
             if g is None:
                 g = numbers[key] = len(groups)
                 groups.append(Group(key, d))
+            else:
+                keys[j] = groups[g].key  # one tuple per group, not per device, kept on the pool
             groups[g].members.append(d.index)
             group_of[d.index] = g
     return Partition(projection, groups, group_of)
+
+
+def pool_keys(pool: Pool, projection: Projection) -> list[tuple[Any, ...] | None]:
+    """The projection's values for each of the pool's devices (None for a device whose CEL input is
+    not clean). Kept on the pool: an inventory rebuilt after a slice changed takes the unchanged
+    pools over, and with them what was read of their devices."""
+    kept = pool.keys
+    found = kept.get(projection)
+    if found is None:
+        key_of = key_function(projection)
+        found = [key_of(d) if d.cel_clean else None for d in pool.devices]
+        if len(kept) >= MAX_PARTITIONS:
+            kept.clear()
+        kept[projection] = found
+    return found
 
 
 # --------------------------------------------------------------------------- the values read
@@ -206,7 +223,7 @@ def key_function(projection: Projection) -> Callable[[Device], tuple[Any, ...]]:
     """The tuple of values ``projection`` names, for a device whose CEL input is clean."""
     reads = projection.reads
     assert not reads.whole
-    fields = [(kind, domain, name, f"{domain}/{name}") for kind, domain, name in reads.fields]
+    fields = [(kind, domain, name, f"{domain}/{name}", "/" in domain, "/" not in name) for kind, domain, name in reads.fields]
     domains = list(reads.domains)
 
     def key(dev: Device) -> tuple[Any, ...]:
@@ -217,17 +234,53 @@ def key_function(projection: Projection) -> Callable[[Device], tuple[Any, ...]]:
             parts.append(driver)
         if reads.multi:
             parts.append(dev.allow_multi)
-        for kind, domain, name, qualified in fields:
-            parts.append(_field_value(as_mapping(raw.get(kind)), kind, driver, domain, name, qualified))
+        for kind, domain, name, qualified, foreign, plain in fields:
+            if foreign:
+                parts.append(NO_DOMAIN)
+                continue
+            published = as_mapping(raw.get(kind))
+            long_entry = published.get(qualified)
+            short_entry = published.get(name) if plain and domain == driver else None
+            if (long_entry is None) == (short_entry is None):
+                # Neither spelling, or both (which one came last matters): the general reading.
+                parts.append(_field_value(published, kind, driver, domain, name, qualified))
+                continue
+            entry = long_entry if long_entry is not None else short_entry
+            if kind == "attributes":
+                value: Any = _remembered(_ATTRIBUTE_VALUES, entry, attribute_value)
+            else:
+                q = _remembered(_QUANTITIES, entry, _quantity)
+                value = None if q is None else (q, None, False) if long_entry is not None else (None, q, False)
+            parts.append(value if value is not None else ABSENT if _has_domain(published, driver, domain) else NO_DOMAIN)
         for domain_ in domains:
             parts.append(_domain_value(as_mapping(raw.get(domain_[0])), driver, domain_))
         if projection.capacity:
-            parts.append(_capacity_signature(as_mapping(raw.get("capacity"))))
+            parts.append(_remembered(_SIGNATURES, raw.get("capacity"), _capacity_signature))
         if projection.flags:
             parts.append((dev.allow_multi, dev.has_consumes))
         return tuple(parts)
 
     return key
+
+
+# What a published entry reads as, by the entry object: the informers share equal entries between
+# devices (dra_driver.k8s.compact), so 40,000 GPUs carry a handful of them. Each table keeps the
+# entries it was asked about alive, so an id is never reused while it is in the table.
+_ATTRIBUTE_VALUES: dict[int, tuple[Any, Any]] = {}
+_QUANTITIES: dict[int, tuple[Any, Any]] = {}
+_SIGNATURES: dict[int, tuple[Any, Any]] = {}
+MAX_REMEMBERED = 4096  # per table: a handful of shared entries, or a bounded churn of unshared ones
+
+
+def _remembered(table: dict[int, tuple[Any, Any]], entry: Any, read: Callable[[Any], Any]) -> Any:
+    found = table.get(id(entry))
+    if found is not None and found[0] is entry:
+        return found[1]
+    value = read(entry)
+    if len(table) >= MAX_REMEMBERED:
+        table.clear()
+    table[id(entry)] = (entry, value)
+    return value
 
 
 def read_key(dev: Device, reads: Reads) -> tuple[Any, ...]:
@@ -286,10 +339,10 @@ def _domain_value(raw: Mapping[str, Any], driver: str, domain: Domain) -> Any:
     return tuple(sorted(merged.items())) if merged else NO_DOMAIN
 
 
-def _capacity_signature(raw: Mapping[str, Any]) -> tuple[Any, ...]:
+def _capacity_signature(raw: Any) -> tuple[Any, ...]:
     """Everything the capacity checks read of a device: names in order, values, request policies."""
     out = []
-    for name, entry in raw.items():
+    for name, entry in as_mapping(raw).items():
         policy = as_mapping(as_mapping(entry).get("requestPolicy"))
         out.append((name, _quantity(entry), json.dumps(policy, sort_keys=True, default=repr) if policy else None))
     return tuple(out)

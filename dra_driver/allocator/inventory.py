@@ -193,6 +193,9 @@ class Pool:
     # for this pool are the same takes the pool over instead of digesting them again.
     sources: tuple[Mapping[str, Any], ...] = ()
     _consumer_keys: frozenset[DeviceKey] | None = None
+    # What selectors read of each device, by projection (allocator.groups.pool_keys): the same
+    # for every inventory that takes this pool over.
+    keys: dict[Any, list[Any]] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:

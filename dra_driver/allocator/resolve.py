@@ -57,6 +57,18 @@ class Engine:
                 nodes: Sequence[Any] | None = None, rules: SchedulerRules | None = None) -> Resolution:
         return resolve(claim, inventory, classes, allocated, nodes, rules)
 
+    def prime(self, inventory: Inventory, class_name: str, classes: Mapping[str, Any]) -> None:
+        prime(inventory, class_name, classes)
+
+
+def prime(inventory: Inventory, class_name: str, classes: Mapping[str, Any]) -> None:
+    """Group the inventory's devices the way a request for one device of ``class_name``, with no
+    selectors of its own (the commonest claim), groups them: at 5,000 nodes that is a few tenths of
+    a second the first such claim then does not wait for."""
+    request = {"name": "prime", "exactly": {"deviceClassName": class_name, "count": 1}}
+    resolve({"metadata": {"name": f"prime-{class_name}"}, "spec": {"devices": {"requests": [request]}}},
+            inventory, classes)
+
 
 def resolve(
     claim: Mapping[str, Any],

@@ -8,6 +8,7 @@ claims' allocations laid over them must come out the same, explanation included.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import subprocess
@@ -28,6 +29,7 @@ from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import WHOLE, Reads, selector_reads
 from dra_driver.allocator.inventory import AllocatedState, Device, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.controller.views import slice_view
 from dra_driver.k8s.quantity import parse_quantity
 from e2e.suites.scenarios import generate_many
 
@@ -69,9 +71,16 @@ def one_by_one() -> Iterator[None]:
         yield
 
 
+def shared(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``slices`` as the controller's informer holds them: equal values one object."""
+    view = slice_view()
+    return [view(copy.deepcopy(sl)) for sl in slices]
+
+
 def both(claim_: dict[str, Any], slices: list[dict[str, Any]], classes: Any,
          allocated: AllocatedState | None = None) -> tuple[Any, Any]:  # fmt: skip
-    fast = resolve(claim_, build_inventory(slices), classes, allocated)
+    """The engine on the informer's shared values, and the reference on the slices as given."""
+    fast = resolve(claim_, build_inventory(shared(slices)), classes, allocated)
     with one_by_one():
         slow = resolve(claim_, build_inventory(slices), classes, allocated)
     return fast, slow
@@ -259,6 +268,43 @@ def test_selectors_are_evaluated_once_per_kind_of_device(monkeypatch: pytest.Mon
     res = resolve(claim(expression), inv, CLASSES)
     assert res.allocation is not None and res.node == "node-10"  # node names sort as text
     assert 4 <= len(runs) <= 8 * 4  # one device per (product, index), never one per device: 320
+
+
+def test_a_rebuilt_inventory_reads_only_the_pools_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    slices = shared([slice_(f"node-{n}", [gpu(f"gpu-{i}", {"model": {"string": "AB"[n % 2]}}) for i in range(4)])
+                     for n in range(10)])  # fmt: skip
+    inv = build_inventory(slices)
+    assert resolve(claim(MODEL_A), inv, CLASSES).allocation is not None
+    changed = copy.deepcopy(slices[3])
+    changed["spec"]["pool"]["generation"] = 2
+    changed["spec"]["devices"][0]["attributes"] = {"model": {"string": "A"}}  # its own map: equal ones are shared
+    rebuilt = build_inventory([*slices[:3], changed, *slices[4:]], previous=inv)
+    read: list[str] = []
+    real = groups.key_function
+
+    def counting(projection: groups.Projection) -> Any:
+        key = real(projection)
+        return lambda dev: read.append(dev.key[1]) or key(dev)
+
+    monkeypatch.setattr(groups, "key_function", counting)
+    # The outcome cache reads each group's representative: not what this counts.
+    monkeypatch.setattr(groups, "read_key", lambda dev, reads: real(groups.Projection(reads))(dev))
+    res = resolve(claim(MODEL_A, count=4), rebuilt, CLASSES)
+    assert res.allocation is not None and res.node == "node-0"
+    assert set(read) == {"node-3"}
+    part = rebuilt.partitions.built[next(iter(rebuilt.partitions.built))]
+    assert sorted(len(g.members) for g in part.groups) == [19, 21]  # node-3's first GPU moved to model A
+
+
+def test_devices_sharing_entries_read_them_once() -> None:
+    slices = shared([slice_(f"node-{n}", [gpu(f"gpu-{i}", {"model": {"string": "A"}, "uuid": {"string": f"{n}-{i}"}})
+                                          for i in range(4)]) for n in range(10)])  # fmt: skip
+    inv = build_inventory(slices)
+    groups._ATTRIBUTE_VALUES.clear()
+    with mock.patch.object(groups, "attribute_value", wraps=groups.attribute_value) as reads:
+        part = groups.partition(inv, groups.Projection(selector_reads(MODEL_A)))
+    assert len(part.groups) == 1 and len(part.groups[0].members) == 40
+    assert reads.call_count == 1
 
 
 # ============================================================================ nodes that cannot fit

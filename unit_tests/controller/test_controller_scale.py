@@ -10,16 +10,33 @@ import time
 from typing import Any
 
 import pytest
-from ctrlfix import FakeClock, add_claim, add_pod, ann, claim, cluster, drain, events, gpu_slice, pod, settings, step, sync
+from ctrlfix import (
+    CLASS,
+    FakeClock,
+    add_claim,
+    add_pod,
+    ann,
+    claim,
+    cluster,
+    device_class,
+    drain,
+    events,
+    gpu_slice,
+    pod,
+    settings,
+    step,
+    sync,
+)
 from kubefake import FakeKube
 from structlog.testing import capture_logs
 
+from dra_driver.allocator import groups
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.settings import DEFAULT_MAX_WRITES_PER_SECOND, add_controller_arguments, controller_settings
 from dra_driver.controller.verdicts import VerdictMemo, evaluate
-from dra_driver.k8s.client import CLAIMS, EVENTS, SLICES, ApiError
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, SLICES, ApiError
 from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
 
@@ -346,16 +363,29 @@ def test_our_own_allocation_re_explains_the_others() -> None:
     assert "cannot allocate" in ann(kube, "default/c0")[SUMMARY_ANNOTATION]
 
 
-def test_the_inventory_is_built_before_the_first_claim_asks() -> None:
-    """At 5,000 nodes building the inventory takes about a second: the controller does it once its
-    informers have synced, so the first pending claim does not wait for it."""
+def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5,000 nodes building the inventory takes about a second, and grouping its devices for a
+    class a few tenths more: the controller does both once its informers have synced, so the first
+    pending claim for one device of a class waits for neither."""
     kube = cluster(slices=3)
+    kube.add(DEVICE_CLASSES, device_class("other"))
     order: list[str] = []
+    real_build = groups._build
+
+    def building(inventory: Any, projection: Any) -> Any:
+        order.append("group")
+        return real_build(inventory, projection)
+
+    monkeypatch.setattr(groups, "_build", building)
 
     class Recording(Engine):
         def build_inventory(self, *args: Any, **kwargs: Any) -> Any:
             order.append("inventory")
             return super().build_inventory(*args, **kwargs)
+
+        def prime(self, inventory: Any, class_name: str, classes: Any) -> None:
+            order.append(f"prime {class_name}")
+            super().prime(inventory, class_name, classes)
 
         def resolve(self, claim: Any, *args: Any, **kwargs: Any) -> Any:
             order.append("resolve")
@@ -367,7 +397,7 @@ def test_the_inventory_is_built_before_the_first_claim_asks() -> None:
     with capture_logs() as logs:
         runner.start()
         deadline = time.monotonic() + 10
-        while "inventory" not in order and time.monotonic() < deadline:
+        while not any(e["event"] == "devices grouped for the DeviceClasses" for e in logs) and time.monotonic() < deadline:
             time.sleep(0.01)
         before_any_claim = list(order)
         add_claim(kube, claim("c1", count=1))
@@ -376,7 +406,8 @@ def test_the_inventory_is_built_before_the_first_claim_asks() -> None:
             time.sleep(0.01)
         stop.set()
         runner.join(timeout=10)
-    assert before_any_claim == ["inventory"]
-    assert order == ["inventory", "resolve"], "the claim used the inventory built at start"
+    # Both classes select the same fields, so the second finds the first's grouping.
+    assert before_any_claim == ["inventory", f"prime {CLASS}", "group", "prime other"]
+    assert order == [*before_any_claim, "resolve"], "the claim used the inventory and the grouping built at start"
     built = [entry for entry in logs if entry["event"] == "device inventory built"]
     assert len(built) == 1 and built[0]["devices"] == 6
