@@ -310,25 +310,29 @@ class PodSlope:
     groups: int
     most_apart: float
     """The largest difference in plain pods within one group of samples."""
+    within_process: bool = False
+    """Whether the groups are samples of one process (else: fresh starts of the same state)."""
 
     def document(self) -> dict[str, Any]:
         return {"kib_per_pod": round(self.mib_per_pod * 1024, 3), "measured_kib_per_pod": round(self.measured * 1024, 3),
                 "stderr_kib_per_pod": round(self.stderr * 1024, 3) if self.stderr is not None else None,
-                "groups": self.groups, "most_plain_pods_apart": round(self.most_apart)}
+                "groups": self.groups, "most_plain_pods_apart": round(self.most_apart),
+                "within_process": self.within_process}
 
 
-def plain_pod_slope(samples: Sequence[Mapping[str, float]]) -> PodSlope:
-    """RSS per plain pod, measured where nothing else moved: the samples with the same devices and
-    claims (each size's "-filled" and "-pods" samples) grouped, and the least-squares slope of RSS
-    over plain pods within the groups, pooled. A fit over devices, claims and pods together cannot
-    tell claims' pods from plain ones (they grow together from size to size) and gave plain pods
-    4.7 KiB each from noise; the controller keeps nothing of a plain pod
-    (``dra_driver.controller.views.pod_view`` returns None), so a negative slope is noise too and
-    counts as 0. Raises ValueError when no two samples differ only in plain pods."""
-    groups: dict[tuple[float, float], list[tuple[float, float]]] = {}
+def plain_pod_slope(samples: Sequence[Mapping[str, Any]]) -> PodSlope:
+    """RSS per plain pod, measured where nothing else moved: the samples of one controller process
+    (``process``) before and after plain pods reached it, or, in results written before samples
+    named their process, each size's "-filled" and "-pods" fresh starts (same devices and claims);
+    grouped, and the least-squares slope of RSS over plain pods within the groups, pooled. A fit over
+    devices, claims and pods together cannot tell claims' pods from plain ones (they grow together
+    from size to size) and gave plain pods 4.7 KiB each from noise; the controller keeps nothing of
+    a plain pod (``dra_driver.controller.views.pod_view`` returns None), so a negative slope is noise
+    too and counts as 0. Raises ValueError when no two samples differ only in plain pods."""
+    groups: dict[Any, list[tuple[float, float]]] = {}
     for s in samples:
-        groups.setdefault((float(s["devices"]), float(s["claims"])), []).append((float(s["plain_pods"]),
-                                                                                 float(s["rss_mib"])))
+        group = s["process"] if "process" in s else (float(s["devices"]), float(s["claims"]))
+        groups.setdefault(group, []).append((float(s["plain_pods"]), float(s["rss_mib"])))
     # Each group's points about its own means: the pooled slope is fitted on those.
     centred: list[list[tuple[float, float]]] = []
     apart = 0.0
@@ -346,7 +350,8 @@ def plain_pod_slope(samples: Sequence[Mapping[str, float]]) -> PodSlope:
     slope = sum(p * r for p, r in pairs) / sxx
     free = len(pairs) - len(centred) - 1
     stderr = (sum((r - slope * p) ** 2 for p, r in pairs) / free / sxx) ** 0.5 if free > 0 else None
-    return PodSlope(max(slope, 0.0), slope, stderr, len(centred), apart)
+    within = any("process" in s for s in samples)
+    return PodSlope(max(slope, 0.0), slope, stderr, len(centred), apart, within)
 
 
 def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dict[str, Any]]:
@@ -360,8 +365,9 @@ def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dic
     """
     try:
         pods = plain_pod_slope(curve.rss_samples)
+        fresh = [s for s in curve.rss_samples if s.get("fresh", True)]
         fit = fit_linear([{**s, "rss_less_plain": s["rss_mib"] - pods.mib_per_pod * s["plain_pods"]}
-                          for s in curve.rss_samples], RSS_VARIABLES, "rss_less_plain")
+                          for s in fresh], RSS_VARIABLES, "rss_less_plain")
     except ValueError as exc:
         return [Row("controller RSS, informers synced", float("nan"), 512, "MiB", f"not computed: {exc}")], None, {}
     fleet_devices = project(curve.devices, targets.nodes).value
@@ -370,14 +376,16 @@ def rss_rows(curve: Curve, targets: Targets) -> tuple[list[Row], Fit | None, dic
     at_row = fit.predict({"devices": targets.devices, "claims": targets.claims}) + of_plain
     most = {k: max(s[k] for s in curve.rss_samples) for k in ("devices", "claims", "plain_pods")}
     measured = any(s["devices"] >= fleet_devices and s["claims"] >= targets.claims
-                   and s["plain_pods"] >= targets.plain_pods for s in curve.rss_samples)
+                   and s["plain_pods"] >= targets.plain_pods for s in fresh)
     spread = f" ± {pods.stderr * 1024:.2f}" if pods.stderr is not None else ""
+    pairs = ("controllers sampled before and after plain pods reached them" if pods.within_process else
+             "pairs of starts that differ only in plain pods")
     per_pod = (f"{pods.measured * 1024:.2f}{spread} KiB per plain pod" if pods.measured >= 0 else
                f"0 KiB per plain pod (measured {pods.measured * 1024:.2f}{spread}: noise)")
     basis = ("measured" if measured else
              f"extrapolated: a fit over devices and claims from {fit.samples} fresh starts up to "
              f"{_n(most['devices'])} devices and {_n(most['claims'])} claims, plus {per_pod} from "
-             f"{pods.groups} pairs of starts that differ only in plain pods (up to {_n(pods.most_apart)} apart)")
+             f"{pods.groups} {pairs} (up to {_n(pods.most_apart)} apart)")
     what = (f"controller RSS, informers synced, at {_n(targets.nodes)} nodes ({_n(fleet_devices)} devices with the "
             f"dynamic-MIG nodes), {_n(targets.claims)} claims, {_n(targets.pods)} pods")
     figures = {"at_fleet_devices": round(fleet_devices), "rss_mib_at_fleet": round(at_fleet, 1),

@@ -138,7 +138,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         rss = 80 + 0.0025 * sc.devices + 0.01 * sc.claims
         return sc.controller(label), {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods,
                                       "plain_pods": sc.plain_pods, "nodes": sc.gpu_nodes, "rss_mib": rss,
-                                      "label": label}
+                                      "label": label, "process": label}
+
+    def later(sc: FakeCluster, ctl: FakeController, first: dict[str, Any]) -> dict[str, Any]:
+        return {**first, "plain_pods": sc.plain_pods, "pods": sc.pods, "label": f"{first['label']}-later", "fresh": False}
 
     def backlog(sc: FakeCluster, plan: Any, claims: int, label: str, *, remove: bool = True) -> dict[str, Any]:
         seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
@@ -148,6 +151,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     probe = {"latency_s": 0.01, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
     monkeypatch.setattr(scale, "ScaleCluster", cluster)
     monkeypatch.setattr(scale, "synced_sample", sample)
+    monkeypatch.setattr(scale, "later_sample", later)
     monkeypatch.setattr(scale, "backlog_phase", backlog)
     monkeypatch.setattr(scale, "probe", lambda *a, **k: dict(probe))
     monkeypatch.setattr(scale, "apf_phase", lambda sc, plan: {"claims": 1, "explained": 1, "problems": [], "rejected": 3})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -269,6 +270,35 @@ def test_a_negative_plain_pod_slope_is_noise_and_counts_as_zero() -> None:
     (row,), _, figures = rss_rows(Curve(devices=[(500, 10_000), (1000, 20_000)], rss_samples=samples), Targets())
     assert "0 KiB per plain pod (measured -0.77" in row.basis and "noise" in row.basis
     assert figures["rss_plain_pods"]["measured_kib_per_pod"] < 0 and figures["rss_plain_pods"]["mib"] == 0
+
+
+def test_plain_pods_are_measured_within_one_process_and_its_later_sample_stays_out_of_the_fit() -> None:
+    # RSS = 80 + 2.5 KiB/device + 10 KiB/claim + 0.5 KiB per plain pod; every fresh start is off by
+    # its own noise (up to 20 MiB, far more than its plain pods cost), a process's later sample by none.
+    def truth(d: float, c: float, plain: float) -> float:
+        return 80 + 0.0025 * d + 0.01 * c + 0.5 / 1024 * plain
+
+    noise = iter([12.0, -8.0, 20.0, -15.0, 3.0, 18.0, -20.0, 7.0, -4.0])
+    samples: list[dict[str, Any]] = []
+    for n, prev in ((500, 0), (1000, 500), (2000, 1000)):
+        d = 23.2 * n
+        for label, c, plain in (("nodes", 4 * prev, 2 * prev), ("filled", 4 * n, 2 * prev), ("pods", 4 * n, 2 * n)):
+            offset = next(noise)
+            samples.append({"devices": d, "claims": c, "plain_pods": plain, "process": f"{n}-{label}",
+                            "rss_mib": truth(d, c, plain) + offset})
+            if label == "filled":
+                samples.append({"devices": d, "claims": c, "plain_pods": 2 * n, "process": f"{n}-{label}",
+                                "fresh": False, "rss_mib": truth(d, c, 2 * n) + offset})
+    slope = plain_pod_slope(samples)
+    assert slope.within_process and slope.groups == 3 and slope.most_apart == 2000
+    assert slope.mib_per_pod * 1024 == pytest.approx(0.5)
+    (row,), fit, figures = rss_rows(Curve(devices=list(FLEET), rss_samples=samples), Targets())
+    assert fit is not None and fit.samples == 9
+    assert "from 3 controllers sampled before and after plain pods reached them" in row.basis
+    assert figures["rss_plain_pods"]["mib"] == pytest.approx(0.5 / 1024 * 130_000, abs=0.05)
+    # Fresh starts paired the old way would read the noise as plain pods' cost.
+    paired = plain_pod_slope([{k: v for k, v in x.items() if k != "process"} for x in samples if x.get("fresh", True)])
+    assert abs(paired.measured * 1024 - 0.5) > 3
 
 
 def test_rss_is_measured_only_where_a_start_held_the_whole_target() -> None:
