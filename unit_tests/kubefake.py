@@ -17,8 +17,9 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from dra_driver._proto.kubewire import pods_pb2
+from dra_driver._proto.kubewire import meta_pb2, pods_pb2
 from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
+from dra_driver.k8s.informer import INITIAL_EVENTS_END
 from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view, pod_refs
 
@@ -33,6 +34,7 @@ class FakeKube:
         self.hooks: dict[str, Callable[[FakeKube, Resource, Obj], None]] = {}
         self.fail: dict[str, ApiError] = {}
         self.unreachable = False
+        self.streaming_lists = True  # False: refuses sendInitialEvents, as a server with WatchList off
         # Admission: called with (verb, resource, new object, old object) before a write is
         # stored (dry runs included); raising ApiError denies it, as an admission policy would.
         self.admission: list[Callable[[str, Resource, Obj, Obj | None], None]] = []
@@ -121,7 +123,7 @@ class FakeKube:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: Reduced | None = None) -> ListResult:
         self._check("list", res, "")
         items = [as_reduced(o, reduced) for o in self._bucket(res).values()
@@ -131,12 +133,22 @@ class FakeKube:
         return ListResult(items, str(self.rv))
 
     def list_claim_allocations(self) -> ListResult:
-        listed = self.list(CLAIMS, cached=True)
+        listed = self.list(CLAIMS, resource_version="0")
         return ListResult([allocation_view(c) for c in listed.items], listed.resource_version)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None, reduced: Reduced | None = None) -> Iterator[Obj]:
+              field_selector: str | None = None, reduced: Reduced | None = None,
+              send_initial_events: bool = False) -> Iterator[Obj]:
         self._check("watch", res, "")
+        if send_initial_events:
+            if not self.streaming_lists:
+                raise ApiError(422, "Invalid", "sendInitialEvents: Forbidden: sendInitialEvents is forbidden")
+            now = self.rv
+            for o in list(self._bucket(res).values()):
+                if _selected(o, field_selector):
+                    yield {"type": "ADDED", "object": as_reduced(o, reduced)}
+            yield initial_events_end(str(now), reduced)
+            resource_version = str(now)
         since = int(resource_version or 0)
         if self.log and since < self.log[0][0] - 1 and since != 0:
             raise ApiError(410, "Expired", "too old resource version")
@@ -285,6 +297,19 @@ def as_reduced(obj: Obj, reduced: Reduced | None) -> Obj:
         return copy.deepcopy(obj)
     assert reduced is POD_CLAIM_REFS, reduced
     return pod_refs(pod_message(obj))
+
+
+def initial_events_end(version: str, reduced: Reduced | None) -> Obj:
+    """The bookmark that ends a streamed list, as a reader with ``reduced`` gets it: encoded and
+    framed as the real API server sends it, read through our schema."""
+    meta = {"resourceVersion": version, "annotations": {INITIAL_EVENTS_END: "true"}}
+    if reduced is None:
+        return {"type": "BOOKMARK", "object": {"metadata": meta}}
+    assert reduced.decode_event is not None
+    mark = json_format.ParseDict({"metadata": meta}, meta_pb2.Bookmark()).SerializeToString()
+    envelope = meta_pb2.Unknown(typeMeta=meta_pb2.TypeMeta(apiVersion="v1", kind="Pod"), raw=mark)
+    event = meta_pb2.WatchEvent(type="BOOKMARK", object=meta_pb2.RawExtension(raw=b"k8s\x00" + envelope.SerializeToString()))
+    return reduced.decode_event(event.SerializeToString())
 
 
 def pod_message(pod: Obj) -> pods_pb2.Pod:

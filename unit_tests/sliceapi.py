@@ -69,7 +69,7 @@ class InMemorySliceApi:
         return True
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
+             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: object = None) -> ListResult:
         assert res is SLICES and transform is None and reduced is None
         with self._lock:
@@ -137,12 +137,21 @@ class InMemorySliceApi:
             self._cond.notify_all()
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None, reduced: object = None) -> Iterator[Obj]:
-        """Events from now on (``resource_version`` is not replayed)."""
+              field_selector: str | None = None, reduced: object = None,
+              send_initial_events: bool = False) -> Iterator[Obj]:
+        """Events from now on (``resource_version`` is not replayed); with ``send_initial_events``,
+        first an ADDED event per slice and the bookmark that ends them."""
         assert res is SLICES and reduced is None
         deadline = time.monotonic() + timeout_seconds
         with self._lock:
             seen = len(self.events)
+            initial = [copy.deepcopy(o) for o in self.objects.values() if self._matches(o, field_selector)]
+            now = str(self._rv)
+        if send_initial_events:
+            for obj in initial:
+                yield {"type": "ADDED", "object": obj}
+            yield {"type": "BOOKMARK", "object": {"metadata": {
+                "resourceVersion": now, "annotations": {"k8s.io/initial-events-end": "true"}}}}
         while time.monotonic() < deadline:
             with self._cond:
                 if len(self.events) == seen:

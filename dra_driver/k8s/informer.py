@@ -1,6 +1,8 @@
 """List+watch informers with a local cache, and a de-duplicating work queue.
 
-An :class:`Informer` lists a resource once, then watches from the list's resourceVersion. Every
+An :class:`Informer` lists a resource once, then watches from the list's resourceVersion. The list
+is streamed where the API server can (a watch that first sends every object, :meth:`Informer.stream`),
+else read in pages. Every
 object change updates its :class:`Store` (keyed ``namespace/name`` or ``name``) and calls the
 handler with ``(old, new)`` (``new`` is None on deletion). When a watch ends it resumes from the
 last resourceVersion seen (bookmarks included); a ``410 Gone`` or any other error leads to a
@@ -35,6 +37,8 @@ from dra_driver import logs
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
 from dra_driver.k8s.objects import Obj, key_of, resource_version
 from dra_driver.k8s.wire import Reduced
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the bookmark that ends a streamed list
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """``handler(old, new)``: add (old None), update, delete (new None)."""
@@ -120,6 +124,11 @@ class Store:
         return changed, deleted
 
 
+def _initial_events_end(obj: Obj) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END) == "true"
+
+
 def _trim() -> None:
     """Hand the memory a list's decoding freed back to the system. Decoded pages are garbage
     once their items are reduced, but glibc keeps freed memory in the arena of the thread that
@@ -156,6 +165,7 @@ class Informer:
         reduced: Reduced | None = None,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
+        streaming: bool = True,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -168,6 +178,9 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.max_backoff = max_backoff
         self.resource_version = ""
+        self.streaming = streaming
+        """Whether lists are streamed (:meth:`stream`); cleared once the API server refuses."""
+        self._need_list = True
         self.synced = threading.Event()
         self.errors = 0
         self._log = logs.get("informer", resource=resource.plural)
@@ -175,14 +188,51 @@ class Informer:
     # -- one step at a time (what run() loops over; tests drive these directly)
 
     def relist(self) -> None:
+        """List (a consistent read, in pages) and replace the store with what was listed."""
         transform = None if self.store.transform is None else self._decoded
         t0 = time.monotonic()
         result = self.api.list(self.resource, field_selector=self.field_selector, transform=transform,
                                reduced=self.reduced)
-        self._log.info("listed", kept=len(result.items), seconds=round(time.monotonic() - t0, 3),
-                       resource_version=result.resource_version)
-        changed, deleted = self.store.replace(result.items)
-        self.resource_version = result.resource_version
+        self._listed(result.items, result.resource_version, t0, streamed=False)
+
+    def stream(self, stop: threading.Event | None = None) -> None:
+        """List by watching, then go on watching on the same connection until the server ends it
+        (Kubernetes' streaming lists, as client-go's WatchListClient): the API server sends each
+        object from its watch cache as an event of its own, at least as new as the last
+        resourceVersion seen, instead of walking its cache again for every page of 500; and no
+        page of thousands of objects is held decoded at once. Raises ApiError (a 4xx when the
+        server cannot stream lists: :meth:`run` then lists instead)."""
+        t0 = time.monotonic()
+        items: list[Obj] = []
+        listing = True
+        for event in self.api.watch(
+            self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
+            field_selector=self.field_selector, reduced=self.reduced, send_initial_events=True,
+        ):
+            if stop is not None and stop.is_set():
+                return
+            if not listing:
+                self.apply(event)
+                continue
+            obj = event.get("object")
+            if not isinstance(obj, dict):
+                continue
+            if event.get("type") == "ADDED":
+                kept = self._decoded(obj)
+                if kept is not None:
+                    items.append(kept)
+            elif event.get("type") == "BOOKMARK" and _initial_events_end(obj):
+                self._listed(items, resource_version(obj), t0, streamed=True)
+                items, listing = [], False
+        if listing:
+            raise ApiError(0, "IncompleteList", f"{self.resource.plural}: the watch ended before every object was sent")
+
+    def _listed(self, items: list[Obj], version: str, t0: float, *, streamed: bool) -> None:
+        self._log.info("listed", kept=len(items), seconds=round(time.monotonic() - t0, 3), resource_version=version,
+                       streamed=streamed)
+        changed, deleted = self.store.replace(items)
+        self.resource_version = version
+        self._need_list = False
         # What was just listed lives as long as the informer. Frozen, the cyclic garbage collector
         # no longer walks it at every full collection: listing 150,000 pods after 5,000 slices
         # otherwise spends most of its time there. Decoded JSON has no cycles, so refcounting
@@ -253,23 +303,31 @@ class Informer:
 
     def run(self, stop: threading.Event) -> None:
         backoff = 1.0
-        need_list = True
+        self._need_list = True
         while not stop.is_set():
             try:
-                if need_list:
+                if self._need_list and self.streaming:
+                    self.stream(stop)  # lists (clearing _need_list), then watches
+                elif self._need_list:
                     self.relist()
-                    need_list = False
-                self.watch_once(stop)
+                    self.watch_once(stop)
+                else:
+                    self.watch_once(stop)
                 backoff = 1.0
             except ApiError as exc:
+                if self._need_list and self.streaming and exc.status in (400, 403, 404, 422):
+                    self._log.info("the API server does not stream lists; listing in pages", status=exc.status,
+                                   error=str(exc))
+                    self.streaming = False
+                    continue
                 self.errors += 1
                 if exc.throttled:
                     # The client already waited as the server asked; what it holds is still valid.
-                    self._log.info("throttled by the API server", listing=need_list, retry_in=backoff)
+                    self._log.info("throttled by the API server", listing=self._need_list, retry_in=backoff)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
                     continue
-                need_list = True
+                self._need_list = True
                 if exc.gone:
                     self._log.info("watch expired, re-listing", resource_version=self.resource_version)
                     continue
@@ -278,7 +336,7 @@ class Informer:
                 backoff = min(backoff * 2, self.max_backoff)
             except Exception as exc:
                 self.errors += 1
-                need_list = True
+                self._need_list = True
                 self._log.exception("list/watch failed unexpectedly", error=str(exc), retry_in=backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)

@@ -159,9 +159,20 @@ def decode_pod_event(frame: bytes) -> Obj:
         _parse(status, _unwrap(raw, "Status"))
         return {"type": "ERROR", "object": {"kind": "Status", "code": status.code, "reason": status.reason,
                                             "message": status.message}}
+    if event.type == "BOOKMARK":
+        return {"type": "BOOKMARK", "object": _bookmark(_unwrap(raw, "Pod"))}
     pod = pods_pb2.Pod()
     _parse(pod, _unwrap(raw, "Pod"))
     return {"type": event.type, "object": pod_refs(pod)}
+
+
+def _bookmark(raw: bytes) -> Obj:
+    mark = meta_pb2.Bookmark()
+    _parse(mark, raw)
+    meta: Obj = {"resourceVersion": mark.metadata.resourceVersion}
+    if mark.metadata.annotations:
+        meta["annotations"] = dict(mark.metadata.annotations)
+    return {"metadata": meta}
 
 
 def pod_refs(pod: pods_pb2.Pod) -> Obj:

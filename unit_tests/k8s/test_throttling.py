@@ -152,7 +152,7 @@ class _ThrottledWatches:
 def test_a_throttled_watch_resumes_without_a_new_list() -> None:
     stop = threading.Event()
     api = _ThrottledWatches(2, stop)
-    inf = Informer(api, CLAIMS, max_backoff=0.01)  # type: ignore[arg-type]
+    inf = Informer(api, CLAIMS, max_backoff=0.01, streaming=False)  # type: ignore[arg-type]
     with capture_logs() as logs:
         inf.run(stop)
     assert api.lists == 1 and api.watched_from == ["5", "5", "5"]

@@ -170,6 +170,17 @@ def _frame(etype: str, kind: str, raw: bytes) -> bytes:
     return struct.pack(">I", len(event)) + event
 
 
+def test_a_bookmark_carries_its_version_and_the_end_of_a_streamed_list() -> None:
+    end = meta.Bookmark(metadata=meta.BookmarkMeta(resourceVersion="77",
+                                                   annotations={"k8s.io/initial-events-end": "true"}))
+    event = decode_pod_event(_frame("BOOKMARK", "Pod", end.SerializeToString())[4:])
+    assert event == {"type": "BOOKMARK", "object": {"metadata": {
+        "resourceVersion": "77", "annotations": {"k8s.io/initial-events-end": "true"}}}}
+    plain = decode_pod_event(_frame("BOOKMARK", "Pod", meta.Bookmark(metadata=meta.BookmarkMeta(
+        resourceVersion="78")).SerializeToString())[4:])
+    assert plain == {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "78"}}}
+
+
 def test_protobuf_pods_read_as_their_json_form_for_every_reader() -> None:
     items, rv, cont = decode_pod_list(_pod_list(JSON_PODS, cont="next"))
     assert (rv, cont) == ("42", "next")

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%dra_driver/_proto/kubewire/meta.proto\x12\x13\x64ra_driver.kubewire\"u\n\x07Unknown\x12/\n\x08typeMeta\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.TypeMeta\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontentType\x18\x04 \x01(\t\",\n\x08TypeMeta\x12\x12\n\napiVersion\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"\x89\x01\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x34\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"M\n\nWatchEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x31\n\x06object\x18\x02 \x01(\x0b\x32!.dra_driver.kubewire.RawExtension\"7\n\x06Status\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\"\x1b\n\x0cRawExtension\x12\x0b\n\x03raw\x18\x01 \x01(\x0c')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%dra_driver/_proto/kubewire/meta.proto\x12\x13\x64ra_driver.kubewire\"u\n\x07Unknown\x12/\n\x08typeMeta\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.TypeMeta\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontentType\x18\x04 \x01(\t\",\n\x08TypeMeta\x12\x12\n\napiVersion\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"\x89\x01\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x34\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"?\n\x08\x42ookmark\x12\x33\n\x08metadata\x18\x01 \x01(\x0b\x32!.dra_driver.kubewire.BookmarkMeta\"\xa4\x01\n\x0c\x42ookmarkMeta\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12G\n\x0b\x61nnotations\x18\x0c \x03(\x0b\x32\x32.dra_driver.kubewire.BookmarkMeta.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"M\n\nWatchEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x31\n\x06object\x18\x02 \x01(\x0b\x32!.dra_driver.kubewire.RawExtension\"7\n\x06Status\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\x05\"\x1b\n\x0cRawExtension\x12\x0b\n\x03raw\x18\x01 \x01(\x0c')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_driver._proto.kubewire.meta_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_BOOKMARKMETA_ANNOTATIONSENTRY']._loaded_options = None
+  _globals['_BOOKMARKMETA_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_UNKNOWN']._serialized_start=62
   _globals['_UNKNOWN']._serialized_end=179
   _globals['_TYPEMETA']._serialized_start=181
@@ -39,12 +41,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTMETA']._serialized_end=280
   _globals['_OBJECTMETA']._serialized_start=283
   _globals['_OBJECTMETA']._serialized_end=420
-  _globals['_TIME']._serialized_start=422
-  _globals['_TIME']._serialized_end=460
-  _globals['_WATCHEVENT']._serialized_start=462
-  _globals['_WATCHEVENT']._serialized_end=539
-  _globals['_STATUS']._serialized_start=541
-  _globals['_STATUS']._serialized_end=596
-  _globals['_RAWEXTENSION']._serialized_start=598
-  _globals['_RAWEXTENSION']._serialized_end=625
+  _globals['_BOOKMARK']._serialized_start=422
+  _globals['_BOOKMARK']._serialized_end=485
+  _globals['_BOOKMARKMETA']._serialized_start=488
+  _globals['_BOOKMARKMETA']._serialized_end=652
+  _globals['_BOOKMARKMETA_ANNOTATIONSENTRY']._serialized_start=602
+  _globals['_BOOKMARKMETA_ANNOTATIONSENTRY']._serialized_end=652
+  _globals['_TIME']._serialized_start=654
+  _globals['_TIME']._serialized_end=692
+  _globals['_WATCHEVENT']._serialized_start=694
+  _globals['_WATCHEVENT']._serialized_end=771
+  _globals['_STATUS']._serialized_start=773
+  _globals['_STATUS']._serialized_end=828
+  _globals['_RAWEXTENSION']._serialized_start=830
+  _globals['_RAWEXTENSION']._serialized_end=857
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
@@ -45,6 +46,27 @@ class ObjectMeta(_message.Message):
     resourceVersion: str
     deletionTimestamp: Time
     def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., uid: _Optional[str] = ..., resourceVersion: _Optional[str] = ..., deletionTimestamp: _Optional[_Union[Time, _Mapping]] = ...) -> None: ...
+
+class Bookmark(_message.Message):
+    __slots__ = ("metadata",)
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    metadata: BookmarkMeta
+    def __init__(self, metadata: _Optional[_Union[BookmarkMeta, _Mapping]] = ...) -> None: ...
+
+class BookmarkMeta(_message.Message):
+    __slots__ = ("resourceVersion", "annotations")
+    class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RESOURCEVERSION_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    resourceVersion: str
+    annotations: _containers.ScalarMap[str, str]
+    def __init__(self, resourceVersion: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Time(_message.Message):
     __slots__ = ("seconds", "nanos")
