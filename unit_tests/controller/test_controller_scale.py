@@ -254,6 +254,29 @@ class TestSharedVerdicts:
         assert memo.hits == 1 and shared == direct and first.summary == shared.summary
         assert shared.text.startswith("Claim default/c1:") and first.text.startswith("Claim default/c0:")
 
+    def test_workers_asking_at_once_add_the_holdings_up_once(self) -> None:
+        kube = cluster(gpus=2)
+        pending(kube, 2)
+        sums: list[int] = []
+
+        class Slow(Counting):
+            def allocated_state(self, claims: Any, exclude_uid: str | None = None) -> Any:
+                sums.append(1)
+                time.sleep(0.05)
+                return super().allocated_state(claims, exclude_uid)
+
+        ctrl = Controller(kube, settings(), engine=Slow(), clock=FakeClock(), sleep=lambda _s: None)
+        sync(ctrl)
+        claim_ = next(iter(ctrl.claims.store.values()))
+        answers: list[Any] = []
+        threads = [threading.Thread(target=lambda: answers.append(ctrl.accounting.held_by_others(claim_)))
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(sums) == 1 and len(answers) == 8 and len({id(state) for _, state in answers}) == 1
+
     def test_a_new_state_is_evaluated_afresh(self) -> None:
         kube = cluster(gpus=2)
         pending(kube, 3)
