@@ -168,8 +168,6 @@ class Controller:
         self._snapshot = _Snapshot()
         self._inventory_lock = threading.Lock()
         self._engine_lock = threading.Lock()
-        self._inventory_tried = threading.Event()  # the start-up inventory is built, or failed
-        self._queued = threading.Event()  # every claim known at start is queued
         """Evaluations run one at a time: they are CPU-bound (the GIL gives nothing to a second
         one), and the engine's caches need no locking of their own. Writes run in parallel."""
         self._allocation_lock = threading.RLock()
@@ -461,11 +459,8 @@ class Controller:
             if stop.is_set():
                 return
             self._log.warning("informers not synced yet; starting anyway")
-        while not self._inventory_tried.wait(0.2):
-            if stop.is_set():
-                return
+        warm.join()
         self.resync()
-        self._queued.set()
         workers = [threading.Thread(target=self._work, args=(stop, n), name=f"worker-{n}", daemon=True)
                    for n in range(1, WORKERS + 1)]
         for w in workers:
@@ -487,36 +482,29 @@ class Controller:
             w.join(timeout=5)
 
     def _warm_up(self, stop: threading.Event) -> None:
-        """Build the device inventory before the first claim needs it (the workers start once it
-        is built), then, while no claim waits, group its devices the way a claim for one device of
-        each DeviceClass does: at 5,000 nodes these take a second or two each, which would
-        otherwise be the first claims' wait. It starts as soon as the slices are listed, while the
-        other lists still wait for the API server. Later slice changes only rebuild what they
-        touched, when a claim next asks."""
-        try:
-            while not self.slices.synced.wait(0.2):
-                if stop.is_set():
-                    return
-            t0 = time.perf_counter()
-            try:
-                inventory = self.inventory()
-            except Exception as exc:  # the first claim's evaluation reports it, with the claim
-                self._log.warning("cannot build the device inventory yet", error=f"{type(exc).__name__}: {exc}")
+        """Build the device inventory, then group its devices the way a claim for one device of
+        each DeviceClass does, before the workers start: at 5,000 nodes the inventory takes a
+        couple of seconds and each grouping a few tenths, which would otherwise be the first
+        claims' wait. It starts as soon as the slices are listed, while the other lists still wait
+        for the API server. Later slice changes only rebuild what they touched, when a claim next
+        asks."""
+        while not self.slices.synced.wait(0.2):
+            if stop.is_set():
                 return
-            self._log.info("device inventory built", devices=len(inventory.devices),
-                           seconds=round(time.perf_counter() - t0, 3))
-        finally:
-            self._inventory_tried.set()
-        while not self._queued.wait(0.2):  # the claims waiting at start are in the queue
+        t0 = time.perf_counter()
+        try:
+            inventory = self.inventory()
+        except Exception as exc:  # the first claim's evaluation reports it, with the claim
+            self._log.warning("cannot build the device inventory yet", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._log.info("device inventory built", devices=len(inventory.devices),
+                       seconds=round(time.perf_counter() - t0, 3))
+        while not self.classes.synced.wait(0.2):
             if stop.is_set():
                 return
         t0 = time.perf_counter()
         classes = self.class_map()
         for name in sorted(classes):
-            # Idle time only: a backlog, or the first pending claim at start, goes first.
-            while not self.queue.idle():
-                if stop.wait(0.1):
-                    return
             try:
                 with self._engine_lock:
                     self.engine.prime(inventory, name, classes)

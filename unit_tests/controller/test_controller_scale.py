@@ -386,38 +386,6 @@ def test_our_own_allocation_re_explains_the_others() -> None:
     assert "cannot allocate" in ann(kube, "default/c0")[SUMMARY_ANNOTATION]
 
 
-def test_a_claim_pending_at_start_is_explained_before_the_classes_are_grouped() -> None:
-    """Grouping for the DeviceClasses uses idle time: the claims waiting at start go first."""
-    kube = cluster(slices=3)
-    add_claim(kube, claim("c1", count=1, selectors=[{"cel": {"expression": "device.attributes['x'].y == 1"}}]))
-    add_pod(kube, pod("p1", "c1"))
-    order: list[str] = []
-
-    class Recording(Engine):
-        def build_inventory(self, *args: Any, **kwargs: Any) -> Any:
-            order.append("inventory")
-            return super().build_inventory(*args, **kwargs)
-
-        def prime(self, inventory: Any, class_name: str, classes: Any) -> None:
-            order.append("prime")
-            super().prime(inventory, class_name, classes)
-
-        def resolve(self, claim: Any, *args: Any, **kwargs: Any) -> Any:
-            order.append("resolve")
-            return super().resolve(claim, *args, **kwargs)
-
-    ctrl = Controller(kube, settings(), engine=Recording(), sleep=lambda _s: None)
-    stop = threading.Event()
-    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
-    runner.start()
-    deadline = time.monotonic() + 10
-    while "prime" not in order and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stop.set()
-    runner.join(timeout=10)
-    assert order == ["inventory", "resolve", "prime"]
-
-
 def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """At 5,000 nodes building the inventory takes about a second, and grouping its devices for a
     class a few tenths more: the controller does both once its informers have synced, so the first

@@ -234,3 +234,14 @@ class TestWorkQueue:
         q.shutdown()
         t.join(5)
         assert got == [None]
+
+
+def test_memory_freed_by_watch_events_is_handed_back_every_so_many_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_driver.k8s import informer
+
+    trims: list[int] = []
+    monkeypatch.setattr(informer, "_trim", lambda: trims.append(1))
+    inf = Informer(FakeKube(), CLAIMS, Recorder())
+    for i in range(2 * informer.TRIM_EVERY + 1):
+        inf.apply({"type": "ADDED", "object": claim(f"c{i}")})
+    assert len(trims) == 2
