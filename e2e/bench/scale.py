@@ -35,7 +35,7 @@ What is measured at each size
   stopped (and, for our claims/s, no pod for the scheduler): each side is timed alone, since on
   two cores the other's CPU would be timed too.
 * **controller RSS with all informers synced** (VmRSS of a fresh process, once ``/healthz``
-  answers 200 and 2 s after) at three points per size: after the new nodes, after the fill, after
+  answers 200 and its warm-up has ended, and 2 s after) at three points per size: after the new nodes, after the fill, after
   the plain pods. A least-squares fit over devices and claims (a claim's pod moves with it) gives
   their slopes. A plain pod's cost (the controller keeps none) is measured in one process: the
   after-the-fill controller's VmRSS before the plain pods are created and once their watch events
@@ -207,9 +207,12 @@ SMOKE = Plan(sizes=(500,), claims_per_node=2, scheduled_pods=200, plain_pods_per
 # =========================================================================== measurements
 
 def synced_sample(sc: ScaleCluster, label: str, timeout: float = 600) -> tuple[ControllerProcess, dict[str, Any]]:
-    """A fresh controller, its VmRSS 2 s after its informers synced, with the object counts it holds."""
+    """A fresh controller, its VmRSS 2 s after its informers synced and its warm-up ended (the
+    inventory and the DeviceClasses' groupings, built before its workers start), with the object
+    counts it holds."""
     ctl = sc.controller(label)
     synced = ctl.wait_synced(timeout)
+    ctl.wait_warm(timeout)
     time.sleep(2.0)
     mem = ctl.memory_mib()
     sample = {"devices": sc.devices, "claims": sc.claims, "pods": sc.pods, "plain_pods": sc.plain_pods,

@@ -34,6 +34,8 @@ from e2e.tooling import bytecode
 DRIVER = fleet.DRIVER
 CONTROLLER_USER = "scale-bench-controller"
 NO_SCHEDULER = "scale-bench-none"
+WARM_UP_ENDS = ("devices grouped for the DeviceClasses", "cannot build the device inventory yet")
+"""The controller's log events that end its warm-up (``Controller._warm_up``)."""
 """Pods naming this scheduler are never scheduled: their claims stay pending for our controller alone."""
 EXPLANATION = f"{DRIVER}/explanation"
 RESOLVE_HISTOGRAM = "dra_driver_controller_resolve_duration_seconds"
@@ -280,6 +282,17 @@ class ControllerProcess:
                 return time.monotonic() - self.spawned
             time.sleep(0.05)
         raise TimeoutError(f"controller {self.label}: informers not synced {timeout:.0f}s after start")
+
+    def wait_warm(self, timeout: float) -> float:
+        """Seconds from spawn until the controller's warm-up ended (the inventory and the
+        DeviceClasses' groupings built, which its workers wait for; it logs the end)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if any(f'"event": "{e}"' in line for line in self.log_lines() for e in WARM_UP_ENDS):
+                return time.monotonic() - self.spawned
+            time.sleep(0.2)
+        raise TimeoutError(f"controller {self.label}: warm-up not over {timeout:.0f}s after start")
 
     def metrics(self) -> str:
         status, text = self._get("/metrics")

@@ -48,6 +48,9 @@ class FakeController:
     def wait_synced(self, timeout: float) -> float:
         return 1.0
 
+    def wait_warm(self, timeout: float) -> float:
+        return 1.5
+
     def check_alive(self) -> None:
         pass
 
