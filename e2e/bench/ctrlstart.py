@@ -133,6 +133,11 @@ def serve(cluster: Cluster) -> ThreadingHTTPServer:
             if plural not in cluster.kinds:
                 self._not_found()
                 return
+            if query.get("sendInitialEvents") == ["true"]:
+                # No streaming lists here: the controller lists in pages, as from an API server
+                # without WatchList.
+                self._reply(422, b'{"kind":"Status","status":"Failure","reason":"Invalid","code":422}')
+                return
             if query.get("watch") == ["true"]:
                 # An idle watch: headers now, then nothing until the server stops.
                 self.close_connection = True
