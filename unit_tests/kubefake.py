@@ -123,7 +123,7 @@ class FakeKube:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: Reduced | None = None) -> ListResult:
         self._check("list", res, "")
         items = [as_reduced(o, reduced) for o in self._bucket(res).values()
@@ -133,7 +133,7 @@ class FakeKube:
         return ListResult(items, str(self.rv))
 
     def list_claim_allocations(self) -> ListResult:
-        listed = self.list(CLAIMS, resource_version="0")
+        listed = self.list(CLAIMS, cached=True)
         return ListResult([allocation_view(c) for c in listed.items], listed.resource_version)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,

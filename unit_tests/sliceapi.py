@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dra_driver.k8s.client import SLICES, ApiError, ListResult, Resource
+from dra_driver.k8s.informer import INITIAL_EVENTS_END
 
 Obj = dict[str, Any]
 
@@ -69,7 +70,7 @@ class InMemorySliceApi:
         return True
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: object = None) -> ListResult:
         assert res is SLICES and transform is None and reduced is None
         with self._lock:
@@ -151,7 +152,7 @@ class InMemorySliceApi:
             for obj in initial:
                 yield {"type": "ADDED", "object": obj}
             yield {"type": "BOOKMARK", "object": {"metadata": {
-                "resourceVersion": now, "annotations": {"k8s.io/initial-events-end": "true"}}}}
+                "resourceVersion": now, "annotations": {INITIAL_EVENTS_END: "true"}}}}
         while time.monotonic() < deadline:
             with self._cond:
                 if len(self.events) == seen:

@@ -223,7 +223,7 @@ def key_function(projection: Projection) -> Callable[[Device], tuple[Any, ...]]:
     """The tuple of values ``projection`` names, for a device whose CEL input is clean."""
     reads = projection.reads
     assert not reads.whole
-    fields = [(kind, domain, name, f"{domain}/{name}", "/" in domain, "/" not in name) for kind, domain, name in reads.fields]
+    fields = [(kind, domain, name, f"{domain}/{name}") for kind, domain, name in reads.fields]
     domains = list(reads.domains)
 
     def key(dev: Device) -> tuple[Any, ...]:
@@ -234,24 +234,8 @@ def key_function(projection: Projection) -> Callable[[Device], tuple[Any, ...]]:
             parts.append(driver)
         if reads.multi:
             parts.append(dev.allow_multi)
-        for kind, domain, name, qualified, foreign, plain in fields:
-            if foreign:
-                parts.append(NO_DOMAIN)
-                continue
-            published = as_mapping(raw.get(kind))
-            long_entry = published.get(qualified)
-            short_entry = published.get(name) if plain and domain == driver else None
-            if (long_entry is None) == (short_entry is None):
-                # Neither spelling, or both (which one came last matters): the general reading.
-                parts.append(_field_value(published, kind, driver, domain, name, qualified))
-                continue
-            entry = long_entry if long_entry is not None else short_entry
-            if kind == "attributes":
-                value: Any = _remembered(_ATTRIBUTE_VALUES, entry, attribute_value)
-            else:
-                q = _remembered(_QUANTITIES, entry, _quantity)
-                value = None if q is None else (q, None, False) if long_entry is not None else (None, q, False)
-            parts.append(value if value is not None else ABSENT if _has_domain(published, driver, domain) else NO_DOMAIN)
+        for kind, domain, name, qualified in fields:
+            parts.append(_field_value(as_mapping(raw.get(kind)), kind, driver, domain, name, qualified))
         for domain_ in domains:
             parts.append(_domain_value(as_mapping(raw.get(domain_[0])), driver, domain_))
         if projection.capacity:
@@ -300,21 +284,27 @@ def _field_value(raw: Mapping[str, Any], kind: str, driver: str, domain: str, na
 
     Names split at the first ``/`` (an unqualified one belongs to the driver), so a domain with a
     ``/`` is never there. A capacity keeps both spellings that reach the field (``memory`` and
-    ``<driver>/memory``) and which came last, because the explanation reads them in its own order."""
+    ``<driver>/memory``) and which came last, because the explanation reads them in its own order.
+    An entry is read through :func:`_remembered`: devices share equal entries."""
     if "/" in domain:
         return NO_DOMAIN
+    long_entry = raw.get(qualified)
+    short_entry = raw.get(name) if domain == driver and "/" not in name else None
+    value: Any = None
     if kind == "attributes":
-        value: Any = attribute_entry(raw, driver, qualified)
+        if long_entry is not None and short_entry is not None:
+            value = attribute_entry(raw, driver, qualified)  # both published: the later wins
+        elif long_entry is not None or short_entry is not None:
+            value = _remembered(_ATTRIBUTE_VALUES, long_entry if long_entry is not None else short_entry,
+                                attribute_value)
     else:
-        short = name if domain == driver and "/" not in name else None
-        long_q = _quantity(raw.get(qualified))
-        short_q = _quantity(raw.get(short)) if short is not None else None
-        value = None
+        long_q = _remembered(_QUANTITIES, long_entry, _quantity) if long_entry is not None else None
+        short_q = _remembered(_QUANTITIES, short_entry, _quantity) if short_entry is not None else None
         if long_q is not None or short_q is not None:
             long_last = False
-            if long_q is not None and short is not None and short_q is not None:
+            if long_q is not None and short_q is not None:
                 names = list(raw)
-                long_last = names.index(qualified) > names.index(short)
+                long_last = names.index(qualified) > names.index(name)
             value = (long_q, short_q, long_last)
     if value is not None:
         return value

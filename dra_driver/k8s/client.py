@@ -134,14 +134,11 @@ class KubeApi(Protocol):
     """The calls the controller makes; all objects in and out are JSON dicts."""
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: wire.Reduced | None = None) -> ListResult:
-        """Every object; the result's ``resource_version`` is the list's. Without
-        ``resource_version``, a consistent (quorum) read in pages of 500; with one, the API server's
-        watch cache answers in one response with a state at least that new (``"0"``: any, possibly
-        a few milliseconds stale), as client-go's informers list: at 7,000 ResourceSlices a third
-        of the time the pages take, since the server walks its cache again for each page. A version
-        the cache no longer has, or does not have yet, is refused (410 or 504). ``transform``, when
+        """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
+        ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
+        cheaper, possibly a few milliseconds stale, for read-only reports. ``transform``, when
         given, is applied to each item as it is decoded (kind and apiVersion filled in); what it
         returns is listed in its place, and None leaves the item out. ``reduced``: the items may
         come as that schema reads them (:mod:`dra_driver.k8s.wire`) rather than whole; a reader
@@ -150,7 +147,7 @@ class KubeApi(Protocol):
 
     def list_claim_allocations(self) -> ListResult:
         """Every ResourceClaim reduced to its name, namespace, UID and allocated devices
-        (:func:`dra_driver.k8s.wire.allocation_view`), from the watch cache like ``list(resource_version="0")``.
+        (:func:`dra_driver.k8s.wire.allocation_view`), from the watch cache like ``list(cached=True)``.
         For reports that need only what other claims hold; cheaper than ``list`` on big clusters."""
         ...
 
@@ -393,14 +390,14 @@ class RestKubeApi:
     # -- KubeApi
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
-             resource_version: str | None = None, transform: Callable[[Obj], Obj | None] | None = None,
+             cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: wire.Reduced | None = None) -> ListResult:
         items: list[Obj] = []
         cont = ""
         rv = ""
         path = res.path(namespace)
         while True:
-            query = [("resourceVersion", resource_version)] if resource_version is not None else [("limit", "500")]
+            query = [("resourceVersion", "0")] if cached else [("limit", "500")]
             if field_selector:
                 query.append(("fieldSelector", field_selector))
             if cont:

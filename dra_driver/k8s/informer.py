@@ -314,10 +314,9 @@ class Informer:
             try:
                 if self._need_list and self.streaming:
                     self.stream(stop)  # lists (clearing _need_list), then watches
-                elif self._need_list:
-                    self.relist()
-                    self.watch_once(stop)
                 else:
+                    if self._need_list:
+                        self.relist()
                     self.watch_once(stop)
                 backoff = 1.0
             except ApiError as exc:

@@ -237,7 +237,7 @@ def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, n
     pods = [p for p in all_pods if uses_claims(p) or driver_pod(p)] if all_pods is not None else None
     nodes = bundle.attempt("nodes", lambda: api.list(NODES).items)
     leases = bundle.attempt("leases", lambda: [x for x in api.list(LEASES).items if meta(x).get("name") == LEASE_NAME])
-    events = bundle.attempt("events", lambda: api.list(EVENTS, resource_version="0").items)
+    events = bundle.attempt("events", lambda: api.list(EVENTS, cached=True).items)
     for name, doc in (("resourceslices", slices), ("deviceclasses", classes), ("resourceclaims", claims),
                       ("pods", pods), ("controller-leader-lease", leases)):
         if doc is not None:

@@ -352,8 +352,8 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, resource_version="0").items
-        classes = api.list(DEVICE_CLASSES, resource_version="0").items
+        slices = api.list(SLICES, cached=True).items
+        classes = api.list(DEVICE_CLASSES, cached=True).items
         return claim, slices, classes, reads.claims.result()
     finally:
         reads.close()
@@ -366,8 +366,8 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, resource_version="0").items
-        classes = api.list(DEVICE_CLASSES, resource_version="0").items
+        slices = api.list(SLICES, cached=True).items
+        classes = api.list(DEVICE_CLASSES, cached=True).items
         inventory: Future[Inventory] | None = None
         if not is_allocated(claim):
             inventory = Future()
