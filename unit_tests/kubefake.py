@@ -17,11 +17,11 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from dra_driver._proto.kubewire import meta_pb2, pods_pb2
+from dra_driver._proto.kubewire import meta_pb2, pods_pb2, slices_pb2
 from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
 from dra_driver.k8s.informer import INITIAL_EVENTS_END
 from dra_driver.k8s.objects import Obj, key_of
-from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view, pod_refs
+from dra_driver.k8s.wire import Reduced, allocation_view
 
 
 class FakeKube:
@@ -126,7 +126,7 @@ class FakeKube:
              cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
              reduced: Reduced | None = None) -> ListResult:
         self._check("list", res, "")
-        items = [as_reduced(o, reduced) for o in self._bucket(res).values()
+        items = [as_reduced(o, reduced, res) for o in self._bucket(res).values()
                  if (namespace is None or o["metadata"].get("namespace") == namespace) and _selected(o, field_selector)]
         if transform is not None:
             items = [k for o in items if (k := transform(o)) is not None]
@@ -146,15 +146,15 @@ class FakeKube:
             now = self.rv
             for o in list(self._bucket(res).values()):
                 if _selected(o, field_selector):
-                    yield {"type": "ADDED", "object": as_reduced(o, reduced)}
-            yield initial_events_end(str(now), reduced)
+                    yield {"type": "ADDED", "object": as_reduced(o, reduced, res)}
+            yield initial_events_end(str(now), reduced, res)
             resource_version = str(now)
         since = int(resource_version or 0)
         if self.log and since < self.log[0][0] - 1 and since != 0:
             raise ApiError(410, "Expired", "too old resource version")
         for rv, plural, etype, obj in list(self.log):
             if plural == res.plural and rv > since and _selected(obj, field_selector):
-                yield {"type": etype, "object": as_reduced(obj, reduced)}
+                yield {"type": etype, "object": as_reduced(obj, reduced, res)}
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None,
             meanwhile: Callable[[], object] | None = None) -> Obj:
@@ -289,17 +289,29 @@ def _merge(target: Any, patch: Any) -> Any:
     return out
 
 
-def as_reduced(obj: Obj, reduced: Reduced | None) -> Obj:
+def as_reduced(obj: Obj, reduced: Reduced | None, res: Resource) -> Obj:
     """A copy of ``obj`` as a reader with ``reduced`` gets it from the real API server: encoded by
     the real schema, read through ours (so a field the controller reads but the schema does not
-    declare is missing here too)."""
+    declare is missing here too). An object the real schema cannot hold (a test's invalid slice,
+    which the real API server would have refused) arrives as a JSON answer would."""
     if reduced is None:
         return copy.deepcopy(obj)
-    assert reduced is POD_CLAIM_REFS, reduced
-    return pod_refs(pod_message(obj))
+    assert reduced.decode_event is not None, reduced
+    kind, encode = ENCODERS[res.plural]
+    try:
+        raw = encode(obj).SerializeToString()
+    except (KeyError, AttributeError, TypeError, ValueError, json_format.ParseError):
+        return reduced.from_json(copy.deepcopy(obj))
+    return reduced.decode_event(_event("ADDED", kind, raw))["object"]
 
 
-def initial_events_end(version: str, reduced: Reduced | None) -> Obj:
+def _event(etype: str, kind: str, raw: bytes) -> bytes:
+    envelope = meta_pb2.Unknown(typeMeta=meta_pb2.TypeMeta(apiVersion="v1", kind=kind), raw=raw)
+    event = meta_pb2.WatchEvent(type=etype, object=meta_pb2.RawExtension(raw=b"k8s\x00" + envelope.SerializeToString()))
+    return bytes(event.SerializeToString())
+
+
+def initial_events_end(version: str, reduced: Reduced | None, res: Resource) -> Obj:
     """The bookmark that ends a streamed list, as a reader with ``reduced`` gets it: encoded and
     framed as the real API server sends it, read through our schema."""
     meta = {"resourceVersion": version, "annotations": {INITIAL_EVENTS_END: "true"}}
@@ -307,9 +319,7 @@ def initial_events_end(version: str, reduced: Reduced | None) -> Obj:
         return {"type": "BOOKMARK", "object": {"metadata": meta}}
     assert reduced.decode_event is not None
     mark = json_format.ParseDict({"metadata": meta}, meta_pb2.Bookmark()).SerializeToString()
-    envelope = meta_pb2.Unknown(typeMeta=meta_pb2.TypeMeta(apiVersion="v1", kind="Pod"), raw=mark)
-    event = meta_pb2.WatchEvent(type="BOOKMARK", object=meta_pb2.RawExtension(raw=b"k8s\x00" + envelope.SerializeToString()))
-    return reduced.decode_event(event.SerializeToString())
+    return reduced.decode_event(_event("BOOKMARK", ENCODERS[res.plural][0], mark))
 
 
 def pod_message(pod: Obj) -> pods_pb2.Pod:
@@ -319,6 +329,107 @@ def pod_message(pod: Obj) -> pods_pb2.Pod:
     if md.get("deletionTimestamp"):  # Time is a message on the wire, a string in JSON
         md["deletionTimestamp"] = {"seconds": int(datetime.fromisoformat(md["deletionTimestamp"]).timestamp())}
     return json_format.ParseDict(doc, pods_pb2.Pod(), ignore_unknown_fields=True)
+
+
+def _entry(message: Any, key: str, fill: Any) -> bytes:
+    entry = message(key=key)
+    fill(entry.value)
+    return bytes(entry.SerializeToString())
+
+
+def _quantity(q: Any, text: str) -> None:
+    q.string = text
+
+
+def _attribute(value: dict[str, Any]) -> Any:
+    def fill(a: Any) -> None:
+        for kind, v in value.items():
+            if isinstance(v, list):
+                getattr(a, kind).extend(v)
+            else:
+                setattr(a, kind, v)
+    return fill
+
+
+def _capacity(value: dict[str, Any]) -> Any:
+    def fill(c: Any) -> None:
+        c.value.string = value["value"]
+        policy = value.get("requestPolicy")
+        if policy is not None:
+            c.requestPolicy.SetInParent()
+            if policy.get("default") is not None:
+                c.requestPolicy.default.string = policy["default"]
+            for v in policy.get("validValues", []):
+                c.requestPolicy.validValues.add(string=v)
+            for k, v in policy.get("validRange", {}).items():
+                getattr(c.requestPolicy.validRange, k).string = v
+    return fill
+
+
+def _counters(field: Any, counters: dict[str, Any]) -> None:
+    field.extend(_entry(slices_pb2.CounterEntry, k, lambda c, v=v: _quantity(c.value, v["value"]))
+                 for k, v in counters.items())
+
+
+def _selector(message: Any, selector: dict[str, Any]) -> None:
+    message.SetInParent()
+    for term in selector["nodeSelectorTerms"]:
+        t = message.nodeSelectorTerms.add()
+        for kind in ("matchExpressions", "matchFields"):
+            for r in term.get(kind, []):
+                getattr(t, kind).add(key=r["key"], operator=r["operator"], values=r.get("values", []))
+
+
+def _time(message: Any, text: str) -> None:
+    message.seconds = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def slice_message(sl: dict[str, Any]) -> Any:
+    """A JSON slice as the API server encodes it in protobuf (map entries are key/value messages)."""
+    m = slices_pb2.ResourceSlice()
+    md, sp = sl["metadata"], sl["spec"]
+    m.metadata.name, m.metadata.uid = md.get("name", ""), md.get("uid", "")
+    m.metadata.resourceVersion = str(md.get("resourceVersion", ""))
+    if "generation" in md:
+        m.metadata.generation = md["generation"]
+    if "deletionTimestamp" in md:
+        _time(m.metadata.deletionTimestamp, md["deletionTimestamp"])
+    o = m.spec
+    o.driver = sp["driver"]
+    o.pool.name, o.pool.generation, o.pool.resourceSliceCount = (sp["pool"][k] for k in ("name", "generation",
+                                                                                         "resourceSliceCount"))
+    for k in ("nodeName", "allNodes", "perDeviceNodeSelection", "partitionTypeAttribute"):
+        if k in sp:
+            setattr(o, k, sp[k])
+    if "nodeSelector" in sp:
+        _selector(o.nodeSelector, sp["nodeSelector"])
+    o.skipNodeOperations.extend(sp.get("skipNodeOperations", []))
+    for cs in sp.get("sharedCounters", []):
+        _counters(o.sharedCounters.add(name=cs["name"]).counters, cs.get("counters", {}))
+    for d in sp.get("devices", []):
+        dev = o.devices.add(name=d["name"])
+        dev.attributes.extend(_entry(slices_pb2.AttributeEntry, k, _attribute(v)) for k, v in d.get("attributes", {}).items())
+        dev.capacity.extend(_entry(slices_pb2.CapacityEntry, k, _capacity(v)) for k, v in d.get("capacity", {}).items())
+        for c in d.get("consumesCounters", []):
+            consumed = dev.consumesCounters.add(counterSet=c["counterSet"], compatibilityGroups=c.get("compatibilityGroups", []))
+            _counters(consumed.counters, c.get("counters", {}))
+        for k in ("nodeName", "allNodes", "bindsToNode", "allowMultipleAllocations"):
+            if k in d:
+                setattr(dev, k, d[k])
+        if "nodeSelector" in d:
+            _selector(dev.nodeSelector, d["nodeSelector"])
+        for t in d.get("taints", []):
+            taint = dev.taints.add(key=t["key"], value=t.get("value", ""), effect=t["effect"])
+            if "timeAdded" in t:
+                _time(taint.timeAdded, t["timeAdded"])
+        dev.bindingConditions.extend(d.get("bindingConditions", []))
+        dev.bindingFailureConditions.extend(d.get("bindingFailureConditions", []))
+    return m
+
+
+ENCODERS: dict[str, tuple[str, Callable[[Obj], Any]]] = {"pods": ("Pod", pod_message),
+                                                          "resourceslices": ("ResourceSlice", slice_message)}
+"""The resources read in protobuf: their kind and how the real API server's schema encodes one."""
 
 
 def _selected(obj: Obj, field_selector: str | None) -> bool:

@@ -61,7 +61,7 @@ from dra_driver.controller.verdicts import (
     config_only_outcome,
     evaluate,
 )
-from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_view
+from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_reading
 from dra_driver.k8s.claims import (
     annotations_of,
     classes_by_name,
@@ -156,7 +156,7 @@ class Controller:
         # What each store keeps: see dra_driver.controller.views.
         self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view)
         self.pods = Informer(api, PODS, self._on_pod, transform=pod_view, reduced=POD_CLAIM_REFS)
-        self.slices = Informer(api, SLICES, self._on_slice, transform=slice_view())
+        self.slices = Informer(api, SLICES, self._on_slice, reduced=slice_reading())
         self.classes = Informer(api, DEVICE_CLASSES, self._on_class, transform=without_managed_fields)
         self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields)
         self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)

@@ -15,7 +15,8 @@ need nothing from it. Decoded whole, a Pod costs ~21 KiB of memory and an alloca
   without the explanation document (see :func:`claim_view`).
 * **ResourceSlices**: whole, as the engine reads them, but with the many equal attribute, capacity
   and counter values shared (:class:`dra_driver.k8s.compact.Interner`): 39 KiB to 12 KiB for an
-  8-GPU slice, 407 KiB to 55 KiB for 64 dynamic-MIG placements.
+  8-GPU slice, 407 KiB to 55 KiB for 64 dynamic-MIG placements. Read in protobuf
+  (:func:`slice_reading`): the API server encodes 7,000 slices in a third of the time JSON takes.
 * Everything: without ``managedFields``.
 """
 
@@ -25,10 +26,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, OUR_ANNOTATIONS
+from dra_driver.k8s import wire
 from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys
 from dra_driver.k8s.compact import Interner, without_managed_fields
 from dra_driver.k8s.objects import Obj, meta
-from dra_driver.k8s.wire import allocation_view
+from dra_driver.k8s.wire import Reduced, allocation_view
 
 
 def pod_view(pod: Obj) -> Obj | None:
@@ -83,6 +85,12 @@ def holdings(claim: Mapping[str, Any] | None) -> Obj:
 def _share(interner: Interner, parent: Any, field: str) -> None:
     if isinstance(parent, dict) and field in parent:
         parent[field] = interner.share(parent[field])
+
+
+def slice_reading() -> Reduced:
+    """How the slice informer reads slices: in protobuf, values shared as they are decoded
+    (:func:`dra_driver.k8s.wire.slice_reading`); a JSON answer's slices through :func:`slice_view`."""
+    return wire.slice_reading(from_json=slice_view())
 
 
 def slice_view() -> Callable[[Obj], Obj]:

@@ -231,6 +231,16 @@ class _Stream:
     transport: Transport
 
 
+def _reduced_event(from_json: Callable[[Obj], Obj]) -> Callable[[Obj], Obj]:
+    """A JSON watch event's object reduced as the protobuf schema would have read it."""
+    def reduce(event: Obj) -> Obj:
+        obj = event.get("object")
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
+            return {**event, "object": from_json(obj)}
+        return event
+    return reduce
+
+
 def _json_events(resp: http.client.HTTPResponse) -> Iterator[Obj]:
     """The events of a JSON watch stream: newline-delimited, each as soon as its chunk arrives."""
     for line in iter(resp.readline, b""):
@@ -459,6 +469,8 @@ class RestKubeApi:
         try:
             if decode is not None and str(sent.resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
                 events: Iterator[Obj] = map(decode, wire.read_frames(sent.resp))
+            elif reduced is not None:
+                events = map(_reduced_event(reduced.from_json), _json_events(sent.resp))
             else:
                 events = _json_events(sent.resp)
             for event in events:

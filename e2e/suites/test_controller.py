@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.controller.views import pod_view
-from dra_driver.k8s.client import PODS, RestKubeApi
+from dra_driver.controller.views import pod_view, slice_reading, slice_view
+from dra_driver.k8s.client import PODS, SLICES, RestKubeApi
 from dra_driver.k8s.objects import key_of
-from dra_driver.k8s.wire import POD_CLAIM_REFS, allocation_view
+from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view
 from e2e.testbed.clusterview import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
 ALLOCATE_ANNOTATION = f"{DRIVER}/allocate"
@@ -240,6 +240,98 @@ def test_protobuf_pods_read_what_the_controller_needs(bed: Bed, ns: str) -> None
         assert len(as_json) >= 3 and events(reduced=POD_CLAIM_REFS) == as_json
     finally:
         api.close()
+
+
+WIRE_DRIVER = "wire.example.com"
+
+
+def _wire_slices(tag: str) -> list[dict[str, Any]]:
+    """Slices that set every field the protobuf schema declares, in each node selection mode."""
+    def sl(name: str, pool: str, count: int, **spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{tag}-{name}"},
+                "spec": {"driver": WIRE_DRIVER, "pool": {"name": f"{tag}-{pool}", "generation": 1,
+                                                         "resourceSliceCount": count}, **spec}}  # fmt: skip
+
+    attributes = {"model": {"string": "H100"}, "index": {"int": 0}, "zero": {"int": 0}, "healthy": {"bool": True},
+                  "off": {"bool": False}, "driverVersion": {"version": "580.95.5"},
+                  "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}}
+    rich = {"name": "d0", "attributes": attributes, "allowMultipleAllocations": True,
+            "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+                             "default": "10Gi", "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"}}},
+                         "cores": {"value": "8", "requestPolicy": {"default": "1", "validValues": ["1", "2", "4", "8"]}},
+                         "plain": {"value": "1"}},
+            "taints": [{"key": "example.com/broken", "value": "xid-79", "effect": "NoSchedule",
+                        "timeAdded": "2026-11-27T10:00:00Z"},
+                       {"key": "example.com/draining", "effect": "NoExecute"}]}  # fmt: skip
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]},
+                                                             {"key": "gpu", "operator": "Exists"}],
+                                       "matchFields": [{"key": "metadata.name", "operator": "In",
+                                                        "values": [H100_NODE]}]}]}  # fmt: skip
+    return [
+        sl("named", "named", 1, nodeName=H100_NODE, devices=[
+            rich, {"name": "d1", "attributes": {"model": {"string": "H100"}}, "capacity": {"memory": {"value": "80Gi"}}}]),
+        sl("counters", "parts", 2, nodeName=H100_NODE, sharedCounters=[
+            {"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}, "slices": {"value": "7"}}}]),
+        sl("parts", "parts", 2, nodeName=H100_NODE, devices=[
+            {"name": f"mig-{i}", "attributes": {"profile": {"string": "1g.10gb"}},
+             "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}, "slices": {"value": "1"}}}]}
+            for i in range(3)]),
+        sl("selected", "selected", 1, nodeSelector=selector, devices=[{"name": "d0", "attributes": attributes}]),
+        sl("everywhere", "everywhere", 1, allNodes=True, devices=[{"name": "d0"}]),
+        sl("per-device", "per-device", 1, perDeviceNodeSelection=True, devices=[
+            {"name": "on-node", "nodeName": H100_NODE}, {"name": "selected", "nodeSelector": selector},
+            {"name": "anywhere", "allNodes": True}]),
+    ]
+
+
+def test_protobuf_slices_read_what_the_api_server_holds(bed: Bed) -> None:
+    """The controller lists and watches ResourceSlices in protobuf through a schema of our own
+    (``api/proto/kubewire/slices.proto``) and builds their JSON form itself: for every slice in the
+    cluster, and for a watch's events, the spec it builds must equal the JSON the API server
+    writes (as ``slice_view`` keeps it), with every field the schema declares set, in every node
+    selection mode, and the metadata the readers use must agree."""
+    tag = f"wire-{os.getpid()}"
+    docs = _wire_slices(tag)
+    bed.apply(docs)
+    api = RestKubeApi.from_kubeconfig(str(bed.kubeconfig))
+
+    def same(proto: list[dict[str, Any]], whole: list[dict[str, Any]]) -> None:
+        by_name = {s["metadata"]["name"]: s for s in whole}
+        assert {s["metadata"]["name"] for s in proto} == set(by_name)
+        for s in proto:
+            j = by_name[s["metadata"]["name"]]
+            assert s["spec"] == j["spec"], s["metadata"]["name"]
+            assert s["metadata"] == {k: j["metadata"][k] for k in s["metadata"]}
+            assert {"name", "uid", "resourceVersion"} <= set(s["metadata"])
+            assert "creationTimestamp" not in s["metadata"], "read in protobuf, through our schema"
+
+    try:
+        wire = api.list(SLICES, reduced=slice_reading())
+        whole = api.list(SLICES, transform=slice_view())
+        same(wire.items, whole.items)
+        mine = {s["metadata"]["name"]: s for s in wire.items if s["metadata"]["name"].startswith(tag)}
+        assert len(mine) == len(docs)
+        rich = mine[f"{tag}-named"]["spec"]["devices"][0]
+        assert rich["taints"][0]["timeAdded"] == "2026-11-27T10:00:00Z" and rich["allowMultipleAllocations"] is True
+        assert rich["capacity"]["memory"]["requestPolicy"]["validRange"] == {"min": "1Gi", "max": "80Gi", "step": "1Gi"}
+        assert rich["attributes"]["off"] == {"bool": False} and rich["attributes"]["zero"] == {"int": 0}
+
+        def events(**kw: Any) -> list[tuple[str, Any]]:
+            got = []
+            for e in api.watch(SLICES, resource_version=wire.resource_version, timeout_seconds=3, **kw):
+                if e["type"] != "BOOKMARK" and e["object"]["metadata"]["name"].startswith(tag):
+                    got.append((e["type"], e["object"]["spec"], e["object"]["metadata"]["resourceVersion"]))
+            return got
+
+        bed.kubectl("label", "resourceslice", f"{tag}-named", "touched=yes")
+        bed.kubectl("delete", "resourceslice", f"{tag}-everywhere")
+        as_json = events(reduced=Reduced(lambda body: ([], "", ""), from_json=slice_view()))
+        as_proto = events(reduced=slice_reading())
+        assert [t for t, _, _ in as_json] == ["MODIFIED", "DELETED"] and as_proto == as_json
+    finally:
+        api.close()
+        for d in docs:
+            bed.kubectl("delete", "resourceslice", d["metadata"]["name"], "--ignore-not-found", check=False)
 
 
 # --------------------------------------------------------------------------- opt-in allocation

@@ -7,20 +7,22 @@ on the bed (``e2e/suites/test_controller.py``), against kube-apiserver's own pro
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import struct
 from typing import Any
 
 import pytest
-from kubefake import pod_message
+from kubefake import pod_message, slice_message
 
 from dra_driver._proto.kubewire import claims_pb2 as pb
 from dra_driver._proto.kubewire import meta_pb2 as meta
-from dra_driver._proto.kubewire import pods_pb2
-from dra_driver.controller.views import pod_view
+from dra_driver._proto.kubewire import pods_pb2, slices_pb2
+from dra_driver.controller.views import pod_view, slice_reading, slice_view
+from dra_driver.k8s import wire
 from dra_driver.k8s.claims import pod_claim_keys, pod_is_done, pod_node
-from dra_driver.k8s.client import PODS, ApiError
+from dra_driver.k8s.client import PODS, SLICES, ApiError
 from dra_driver.k8s.wire import (
     POD_CLAIM_REFS,
     PROTOBUF,
@@ -244,3 +246,114 @@ def test_a_broken_protobuf_watch_is_a_bad_response(srv: Server) -> None:
     with pytest.raises(ApiError) as err:
         list(srv.api.watch(PODS, resource_version="1", timeout_seconds=5, reduced=POD_CLAIM_REFS))
     assert err.value.status == 0 and "pods" in str(err.value)
+
+
+# --------------------------------------------------------------------------- slices
+
+TIME = "2026-11-27T10:00:00Z"
+SELECTOR = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                                         {"key": "gpu", "operator": "Exists"}],
+                                   "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}
+ATTRIBUTES = {"model": {"string": "H100"}, "index": {"int": 0}, "healthy": {"bool": False},
+              "driverVersion": {"version": "580.95.5"}, "zones": {"strings": ["a", "b"]}, "ids": {"ints": [1, 2]}}
+JSON_SLICES: list[dict[str, Any]] = [
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+     "metadata": {"name": "rich", "uid": "u1", "resourceVersion": "5", "generation": 2, "managedFields": [{"m": 1}]},
+     "spec": {"driver": "gpu.dra-driver.io", "pool": {"name": "n1", "generation": 3, "resourceSliceCount": 1},
+              "nodeName": "n1", "partitionTypeAttribute": "gpu.dra-driver.io/profile", "skipNodeOperations": ["x"],
+              "devices": [
+                  {"name": "d0", "attributes": ATTRIBUTES, "allowMultipleAllocations": False, "bindsToNode": True,
+                   "bindingConditions": ["ready"], "bindingFailureConditions": ["failed"],
+                   "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+                                    "default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}},
+                                "cores": {"value": "8", "requestPolicy": {"default": None, "validValues": ["1", "8"]}},
+                                "plain": {"value": "1"}},
+                   "taints": [{"key": "k", "value": "v", "effect": "NoSchedule", "timeAdded": TIME},
+                              {"key": "k2", "effect": "NoExecute"}]},
+                  {"name": "d1", "attributes": {"model": {"string": "H100"}, "index": {"int": 1}},
+                   "capacity": {"memory": {"value": "80Gi"}},
+                   "consumesCounters": [{"counterSet": "cs", "counters": {"memory": {"value": "10Gi"}},
+                                         "compatibilityGroups": ["g"]}]},
+                  {"name": "d2", "attributes": {"model": {"string": "H100"}, "index": {"int": 1}},
+                   "capacity": {"memory": {"value": "80Gi"}}}]}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+     "metadata": {"name": "counters", "uid": "u2", "resourceVersion": "6", "deletionTimestamp": TIME},
+     "spec": {"driver": "gpu.dra-driver.io", "pool": {"name": "n1", "generation": 0, "resourceSliceCount": 2},
+              "nodeSelector": SELECTOR, "sharedCounters": [{"name": "cs", "counters": {"memory": {"value": "80Gi"}}},
+                                                           {"name": "empty"}]}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "per-device", "uid": "u3",
+                                                                               "resourceVersion": "7"},
+     "spec": {"driver": "gpu.dra-driver.io", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+              "perDeviceNodeSelection": True, "devices": [
+                  {"name": "a", "nodeName": "n1"}, {"name": "b", "nodeSelector": SELECTOR}, {"name": "c", "allNodes": False},
+                  {"name": "odd", "attributes": {"nothing": {}}}]}},
+]
+
+
+def _slice_list(slices: list[dict[str, Any]], cont: str = "") -> bytes:
+    listed = slices_pb2.ResourceSliceList(items=[slice_message(s) for s in slices])
+    listed.metadata.resourceVersion = "42"
+    setattr(listed.metadata, "continue", cont)
+    return _wrapped("ResourceSliceList", listed.SerializeToString(), api_version="resource.k8s.io/v1")
+
+
+def _as_read(sl: dict[str, Any]) -> dict[str, Any]:
+    """What the JSON path keeps of a slice, with the metadata the protobuf schema declares."""
+    kept = slice_view()(copy.deepcopy(sl))
+    kept["metadata"] = {k: v for k, v in kept["metadata"].items()
+                        if k in ("name", "uid", "resourceVersion", "generation", "deletionTimestamp")}
+    return kept
+
+
+def test_protobuf_slices_read_as_their_json_form() -> None:
+    items, rv, cont = slice_reading().decode_list(_slice_list(JSON_SLICES, cont="more"))
+    assert (rv, cont) == ("42", "more")
+    assert items == [_as_read(s) for s in JSON_SLICES]
+    d0 = items[0]["spec"]["devices"][0]
+    assert d0["attributes"]["healthy"] == {"bool": False} and d0["attributes"]["index"] == {"int": 0}, "falsy values stay"
+    assert d0["allowMultipleAllocations"] is False and "allNodes" not in d0
+    assert d0["capacity"]["cores"]["requestPolicy"]["default"] is None, "the API writes a missing default as null"
+    assert items[2]["spec"]["devices"][3]["attributes"]["nothing"] == {}
+
+
+def test_protobuf_slices_share_equal_values_and_maps() -> None:
+    reading = slice_reading()
+    first, = reading.decode_list(_slice_list(JSON_SLICES[:1]))[0]
+    again, = reading.decode_list(_slice_list(JSON_SLICES[:1]))[0]
+    d0, d1, d2 = first["spec"]["devices"]
+    assert d0["attributes"]["model"] is d1["attributes"]["model"] is again["spec"]["devices"][0]["attributes"]["model"]
+    assert d1["attributes"] is d2["attributes"] and d1["capacity"] is d2["capacity"]
+    assert d0["attributes"]["index"] is not d1["attributes"]["index"]
+
+
+def test_slice_decoder_tables_start_afresh_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "SHARED_LIMIT", 2)
+    reading = slice_reading()
+    for _ in range(3):
+        assert reading.decode_list(_slice_list(JSON_SLICES))[0] == [_as_read(s) for s in JSON_SLICES]
+
+
+def test_protobuf_slice_watch_frames_are_events() -> None:
+    reading = slice_reading()
+    assert reading.decode_event is not None
+    raw = slice_message(JSON_SLICES[2]).SerializeToString()
+    end = meta.Bookmark(metadata=meta.BookmarkMeta(resourceVersion="9", annotations={"k8s.io/initial-events-end": "true"}))
+    events = [reading.decode_event(f) for f in read_frames(io.BytesIO(
+        _frame("ADDED", "ResourceSlice", raw) + _frame("BOOKMARK", "ResourceSlice", end.SerializeToString())))]
+    assert events == [{"type": "ADDED", "object": _as_read(JSON_SLICES[2])},
+                      {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9",
+                                                                   "annotations": {"k8s.io/initial-events-end": "true"}}}}]
+    with pytest.raises(WireError, match="expected a ResourceSlice"):
+        reading.decode_event(_frame("ADDED", "Pod", raw)[4:])
+
+
+def test_rest_client_reads_json_slices_as_the_protobuf_schema_would(srv: Server) -> None:
+    """A server or proxy that answers JSON: lists and watch events alike go through the JSON view."""
+    srv.replies.append((200, {"metadata": {"resourceVersion": "9"}, "items": copy.deepcopy(JSON_SLICES)}))
+    listed = srv.api.list(SLICES, reduced=slice_reading())
+    assert [s["spec"] for s in listed.items] == [_as_read(s)["spec"] for s in JSON_SLICES]
+    assert all("managedFields" not in s["metadata"] for s in listed.items)
+    srv.replies.append([json.dumps({"type": "MODIFIED", "object": JSON_SLICES[0]}).encode() + b"\n"])
+    events = list(srv.api.watch(SLICES, resource_version="9", timeout_seconds=5, reduced=slice_reading()))
+    assert [e["object"]["spec"] for e in events] == [_as_read(JSON_SLICES[0])["spec"]]
+    assert "managedFields" not in events[0]["object"]["metadata"]

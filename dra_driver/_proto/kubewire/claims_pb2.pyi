@@ -48,8 +48,8 @@ class DeviceRequestAllocationResult(_message.Message):
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: Quantity
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Quantity, _Mapping]] = ...) -> None: ...
+        value: _meta_pb2.Quantity
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_meta_pb2.Quantity, _Mapping]] = ...) -> None: ...
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -63,11 +63,5 @@ class DeviceRequestAllocationResult(_message.Message):
     device: str
     adminAccess: bool
     shareID: str
-    consumedCapacity: _containers.MessageMap[str, Quantity]
-    def __init__(self, request: _Optional[str] = ..., driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ..., adminAccess: _Optional[bool] = ..., shareID: _Optional[str] = ..., consumedCapacity: _Optional[_Mapping[str, Quantity]] = ...) -> None: ...
-
-class Quantity(_message.Message):
-    __slots__ = ("string",)
-    STRING_FIELD_NUMBER: _ClassVar[int]
-    string: str
-    def __init__(self, string: _Optional[str] = ...) -> None: ...
+    consumedCapacity: _containers.MessageMap[str, _meta_pb2.Quantity]
+    def __init__(self, request: _Optional[str] = ..., driver: _Optional[str] = ..., pool: _Optional[str] = ..., device: _Optional[str] = ..., adminAccess: _Optional[bool] = ..., shareID: _Optional[str] = ..., consumedCapacity: _Optional[_Mapping[str, _meta_pb2.Quantity]] = ...) -> None: ...
