@@ -157,7 +157,6 @@ class _Series:
     """Everything known to have happened, other processes' occurrences included once adopted."""
     written: int = 0
     """What the stored Event says; 0 while it has not been created by this process."""
-    last_seen: float = 0.0
     last_write: float = 0.0
     failures: int = 0
 
@@ -184,26 +183,27 @@ class EventRecorder:
 
     def record(self, regarding: ObjectRef, what: Occurrence) -> None:
         key = (event_namespace(regarding), event_name(regarding, what, self.controller, self.instance))
-        now = self._clock()
         with self._lock:
-            series = self._series.get(key)
+            # Moved to the end: the series stay in the order of their last occurrence, so the
+            # quietest is found from the front, not by a scan of all 1,024 for every new Event
+            # (a backlog of 10,000 claims spent 8% of the controller's time there).
+            series = self._series.pop(key, None)
             if series is None:
                 self._forget_quiet_locked()
-                series = self._series[key] = _Series(regarding, what, occurrences=0)
+                series = _Series(regarding, what, occurrences=0)
+            self._series[key] = series
             series.occurrences += 1
-            series.last_seen = now
             self._dirty.add(key)
         self._wake.set()
 
     def _forget_quiet_locked(self) -> None:
         while len(self._series) >= MAX_SERIES:
-            quiet = [k for k in self._series if k not in self._dirty]
-            if not quiet:
+            oldest = next((k for k in self._series if k not in self._dirty), None)
+            if oldest is None:
                 # Everything is waiting to be written: drop the oldest pending occurrence instead.
-                quiet = [min(self._series, key=lambda k: self._series[k].last_seen)]
-                self._dirty.discard(quiet[0])
-                self._shed(self._series[quiet[0]])
-            oldest = min(quiet, key=lambda k: self._series[k].last_seen)
+                oldest = next(iter(self._series))
+                self._dirty.discard(oldest)
+                self._shed(self._series[oldest])
             del self._series[oldest]
 
     # -- the writer

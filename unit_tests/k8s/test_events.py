@@ -188,3 +188,20 @@ def test_a_burst_beyond_the_pending_limit_is_shed_quietly() -> None:
     assert [e for e in logs if e["log_level"] == "error"] == []
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [(w["event"], w["dropped"]) for w in warnings] == [("Events shed under load", 1), ("Events shed under load", 5)]
+
+
+def test_the_quietest_written_series_is_forgotten_first() -> None:
+    """Past the limit a new series replaces the one that occurred longest ago among those already
+    written; one that occurred again stays remembered."""
+    api, clock = FakeKube(), Clock()
+    rec = recorder(api, clock)
+    refs = [notices.claim_ref(ClaimRef(f"uid-{i}", "ns", f"claim-{i}")) for i in range(MAX_SERIES)]
+    for ref in refs:
+        rec.record(ref, BROKEN)
+    assert rec.write_due() is None and len(stored(api)) == MAX_SERIES
+    clock.now += 60
+    rec.record(refs[0], BROKEN)  # the first one again: now the most recent
+    rec.record(notices.claim_ref(ClaimRef("uid-new", "ns", "claim-new")), BROKEN)
+    remembered = {s.regarding.name for s in rec._series.values()}
+    assert "claim-0" in remembered and "claim-new" in remembered
+    assert "claim-1" not in remembered and "claim-2" in remembered
