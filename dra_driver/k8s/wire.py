@@ -277,23 +277,14 @@ class _SliceDecoder:
         pool = sp.pool
         spec: Obj = {"driver": sp.driver, "pool": {"name": pool.name, "generation": pool.generation,
                                                    "resourceSliceCount": pool.resourceSliceCount}}
-        if sp.HasField("nodeName"):
-            spec["nodeName"] = sp.nodeName
+        _copy_set(spec, sp, _SLICE_SCALARS, ("skipNodeOperations",))
         if sp.HasField("nodeSelector"):
             spec["nodeSelector"] = _node_selector(sp.nodeSelector)
-        if sp.HasField("allNodes"):
-            spec["allNodes"] = sp.allNodes
         if sp.devices:
             device = self.device
             spec["devices"] = [device(d) for d in sp.devices]
-        if sp.HasField("perDeviceNodeSelection"):
-            spec["perDeviceNodeSelection"] = sp.perDeviceNodeSelection
         if sp.sharedCounters:
             spec["sharedCounters"] = [self._with_counters({"name": cs.name}, cs.counters) for cs in sp.sharedCounters]
-        if sp.HasField("partitionTypeAttribute"):
-            spec["partitionTypeAttribute"] = sp.partitionTypeAttribute
-        if sp.skipNodeOperations:
-            spec["skipNodeOperations"] = list(sp.skipNodeOperations)
         return {"apiVersion": SLICE_API_VERSION, "kind": "ResourceSlice", "metadata": meta, "spec": spec}
 
     def device(self, d: _M) -> Obj:
@@ -310,22 +301,11 @@ class _SliceDecoder:
                     consumed["compatibilityGroups"] = list(c.compatibilityGroups)
                 consumes.append(consumed)
             out["consumesCounters"] = consumes
-        if d.HasField("nodeName"):
-            out["nodeName"] = d.nodeName
+        _copy_set(out, d, _DEVICE_SCALARS, ("bindingConditions", "bindingFailureConditions"))
         if d.HasField("nodeSelector"):
             out["nodeSelector"] = _node_selector(d.nodeSelector)
-        if d.HasField("allNodes"):
-            out["allNodes"] = d.allNodes
         if d.taints:
             out["taints"] = [_taint(t) for t in d.taints]
-        if d.HasField("bindsToNode"):
-            out["bindsToNode"] = d.bindsToNode
-        if d.bindingConditions:
-            out["bindingConditions"] = list(d.bindingConditions)
-        if d.bindingFailureConditions:
-            out["bindingFailureConditions"] = list(d.bindingFailureConditions)
-        if d.HasField("allowMultipleAllocations"):
-            out["allowMultipleAllocations"] = d.allowMultipleAllocations
         return out
 
     def _map(self, entries: _M, known: dict[bytes, tuple[str, Any]], parse: Callable[[bytes], tuple[str, Any]]) -> Obj:
@@ -379,6 +359,21 @@ class _SliceDecoder:
         if counters:
             out["counters"] = self._map(counters, self._counters, self._counter)
         return out
+
+
+_SLICE_SCALARS = ("nodeName", "allNodes", "perDeviceNodeSelection", "partitionTypeAttribute")
+_DEVICE_SCALARS = ("nodeName", "allNodes", "bindsToNode", "allowMultipleAllocations")
+
+
+def _copy_set(out: Obj, message: _M, scalars: tuple[str, ...], lists: tuple[str, ...]) -> None:
+    """The pointer fields that are set (an explicit ``false`` too) and the lists that are not empty."""
+    for name in scalars:
+        if message.HasField(name):
+            out[name] = getattr(message, name)
+    for name in lists:
+        items = getattr(message, name)
+        if items:
+            out[name] = list(items)
 
 
 def _listed_attribute(value: _M) -> Obj:

@@ -32,6 +32,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory, quantity_o
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
+from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES, ApiError, ConfigurationError, KubeApi, RestKubeApi
 from dra_driver.k8s.names import parse_namespaced_name
@@ -352,7 +353,7 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, cached=True).items
+        slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
         classes = api.list(DEVICE_CLASSES, cached=True).items
         return claim, slices, classes, reads.claims.result()
     finally:
@@ -366,7 +367,7 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, cached=True).items
+        slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
         classes = api.list(DEVICE_CLASSES, cached=True).items
         inventory: Future[Inventory] | None = None
         if not is_allocated(claim):
