@@ -7,8 +7,9 @@ Each step records its result or its error in ``probe.json``; none stops the othe
 * ``describe``: the devices the plugin would publish, static and dynamic MIG (``devices.json``);
 * ``health``: the NVML event set the health monitor waits on, one wait;
 * ``toolkit``: the driver's edits from nvidia-ctk, for driver root ``/`` and ``/usr/local/nvidia``;
-* per driver root, ``cdi_spec`` (the claim spec the plugin writes for GPU 0, injected by the reference
-  CDI library) and ``container`` (runc runs ``cudacheck`` and nvidia-smi under that injection).
+* per driver root, ``cdi_spec`` (the claim spec the plugin writes for GPU 0, the hook where the chart
+  installs it, injected by the reference CDI library) and ``container`` (runc runs ``cudacheck``
+  and nvidia-smi under that injection).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from unittest.mock import Mock
 
 ROOTS = ("/", "/usr/local/nvidia")
 DRIVER = "gpu.dra-driver.io"
+HOOK = Path(f"/var/lib/dra-driver/{DRIVER}/bin/nvidia-cdi-hook")
+"""Where the chart installs the hook by default (``kubeletPlugin.cdiHook.installDir``): the specs
+the probe records then name the path a node has, not the probe's folder."""
 CONTAINER_SCRIPT = (
     "export PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; "
     "ls /dev/nvidia*; env | grep -E '^(NVIDIA|DRA_)' | sort; /cudacheck; rc=$?; "
@@ -43,6 +47,7 @@ class Probe:
         self.steps: dict[str, dict[str, Any]] = {}
         self.gpus: list[Any] = []
         self.edits: dict[str, dict[str, Any]] = {}
+        self.injected: dict[int, dict[str, Any]] = {}
 
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
         started = time.monotonic()
@@ -115,9 +120,11 @@ class Probe:
     def toolkit(self) -> dict[str, Any]:
         from dra_driver.node.prepare.toolkit import DriverEditsError, ToolkitConfig, generate
 
+        HOOK.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.bin / "nvidia-cdi-hook", HOOK)
         tried: dict[str, Any] = {}
         for root in ROOTS:
-            config = ToolkitConfig(ctk_path=self.bin / "nvidia-ctk", hook_path=self.bin / "nvidia-cdi-hook",
+            config = ToolkitConfig(ctk_path=self.bin / "nvidia-ctk", hook_path=HOOK,
                                    driver_root=Path(root), host_driver_root=Path(root), dev_root=Path("/"))
             try:
                 self.edits[root] = generate(config)
@@ -146,15 +153,11 @@ class Probe:
         proc = subprocess.run([str(self.bin / "cdi-validate"), "-inject", ",".join(ids), str(cdi_dir)],
                               capture_output=True, text=True, check=False)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
-        injected = next(x for x in lines if "inject" in x)
-        self.container(index, injected["oci"])
+        self.injected[index] = next(x for x in lines if "inject" in x)["oci"]
         return {"driver_root": root, "ids": ids, "validate_rc": proc.returncode,
                 "lines": [{k: v for k, v in x.items() if k != "oci"} for x in lines], "stderr": proc.stderr[-2000:]}
 
-    def container(self, index: int, oci: dict[str, Any]) -> None:
-        self.step(f"container-{index}", lambda: self._run_container(index, oci))
-
-    def _run_container(self, index: int, oci: dict[str, Any]) -> dict[str, Any]:
+    def container(self, index: int, oci: dict[str, Any]) -> dict[str, Any]:
         """A runc bundle as containerd builds one: its defaults, then the CDI injection merged in."""
         bundle = Path(f"/tmp/gpuprobe-bundle-{index}")
         shutil.rmtree(bundle, ignore_errors=True)
@@ -188,6 +191,8 @@ class Probe:
         for index, root in enumerate(ROOTS):
             if root in self.edits:
                 self.step(f"cdi_spec-{index}", lambda i=index, r=root: self.cdi_spec(i, r))  # type: ignore[misc]
+            if index in self.injected:
+                self.step(f"container-{index}", lambda i=index: self.container(i, self.injected[i]))  # type: ignore[misc]
         (self.out / "probe.json").write_text(json.dumps(self.steps, indent=1, sort_keys=True, default=str) + "\n")
 
 
