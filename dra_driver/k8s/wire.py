@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -316,18 +316,11 @@ class _SliceDecoder:
             for i, hit in enumerate(hits):
                 if hit is None:
                     raw = entries[i]
-                    hit = hits[i] = parse(raw)
-                    if len(known) >= SHARED_LIMIT:
-                        known.clear()
-                    known[raw] = hit
+                    hits[i] = _kept(known, raw, parse(raw))
         out: Obj = dict(hits)  # type: ignore[arg-type]  # no None is left
         key = (tuple(out), tuple(map(id, out.values())))
         shared = self._maps.get(key)
-        if shared is None:
-            if len(self._maps) >= SHARED_LIMIT:
-                self._maps.clear()
-            shared = self._maps[key] = out
-        return shared
+        return shared if shared is not None else _kept(self._maps, key, out)
 
     def _attribute(self, raw: bytes) -> tuple[str, Any]:
         entry = _parsed(slices_pb2.AttributeEntry(), raw)
@@ -347,18 +340,25 @@ class _SliceDecoder:
         return entry.key, self._flat_value("value", entry.value.value.string)
 
     def _flat_value(self, field: str, scalar: Any) -> Obj:
-        table = self._flat.get(field)
-        if table is None or len(table) >= SHARED_LIMIT:
-            table = self._flat[field] = {}
+        table = self._flat.setdefault(field, {})
         shared = table.get(scalar)
-        if shared is None:
-            shared = table[scalar] = {field: scalar}
-        return shared
+        return shared if shared is not None else _kept(table, scalar, {field: scalar})
 
     def _with_counters(self, out: Obj, counters: _M) -> Obj:
         if counters:
             out["counters"] = self._map(counters, self._counters, self._counter)
         return out
+
+
+_V = TypeVar("_V")
+
+
+def _kept(table: dict[Any, _V], key: Any, value: _V) -> _V:
+    """``value``, remembered under ``key`` in a table that starts afresh at :data:`SHARED_LIMIT`."""
+    if len(table) >= SHARED_LIMIT:
+        table.clear()
+    table[key] = value
+    return value
 
 
 _SLICE_SCALARS = ("nodeName", "allNodes", "perDeviceNodeSelection", "partitionTypeAttribute")
@@ -378,10 +378,7 @@ def _copy_set(out: Obj, message: _M, scalars: tuple[str, ...], lists: tuple[str,
 
 def _listed_attribute(value: _M) -> Obj:
     out: Obj = {}
-    for kind in ("ints", "bools", "strings", "versions"):
-        items = getattr(value, kind)
-        if items:
-            out[kind] = list(items)
+    _copy_set(out, value, (), ("ints", "bools", "strings", "versions"))
     return out
 
 
