@@ -34,9 +34,9 @@ from e2e.tooling import bytecode
 DRIVER = fleet.DRIVER
 CONTROLLER_USER = "scale-bench-controller"
 NO_SCHEDULER = "scale-bench-none"
-WARM_UP_ENDS = ("devices grouped for the DeviceClasses", "cannot build the device inventory yet")
-"""The controller's log events that end its warm-up (``Controller._warm_up``)."""
 """Pods naming this scheduler are never scheduled: their claims stay pending for our controller alone."""
+WARM_UP_ENDS = ("devices held by claims added up", "cannot build the device inventory yet")
+"""The controller's log events that end its warm-up (``Controller._warm_up``)."""
 EXPLANATION = f"{DRIVER}/explanation"
 RESOLVE_HISTOGRAM = "dra_driver_controller_resolve_duration_seconds"
 QUEUE_DEPTH = "dra_driver_controller_workqueue_depth"
