@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from dra_driver import logs
+from dra_driver import logs, memory
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
@@ -542,6 +542,7 @@ def run(settings: ControllerSettings) -> int:
     logs.configure(settings.log_format, settings.log_level)
     log = logs.get("controller", driver=settings.driver_name, identity=settings.identity)
     gc.set_threshold(*GC_THRESHOLDS)
+    memory.limit_arenas()  # before any thread starts: see dra_driver.memory
     try:
         # Idle connections kept: one per worker and per informer's next list, so a burst of writes
         # does not open (and close again) a TLS connection per request.

@@ -24,7 +24,6 @@ per-key exponential retry back-off.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import heapq
 import threading
@@ -33,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dra_driver import logs
+from dra_driver import logs, memory
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
 from dra_driver.k8s.objects import Obj, key_of, resource_version
 from dra_driver.k8s.wire import Reduced
@@ -133,24 +132,10 @@ def _initial_events_end(obj: Obj) -> bool:
 def _trim() -> None:
     """Hand the memory decoding freed back to the system, after each list and every
     :data:`TRIM_EVERY` watch events. Decoded objects are garbage once reduced, but glibc keeps
-    freed memory in the arena of the thread that used it (each informer runs in its own thread),
-    so without this the controller's RSS kept about 1 KiB per pod it had listed and dropped
-    (150,000 pods that need nothing would cost 150 MiB), and 2,000 new pods, with the status
-    updates that follow each, left 20 MiB behind."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    # The process's own symbols include the C library's; ctypes.util.find_library would import
-    # shutil and tempfile into the node plugin, which keeps its imports few for its memory.
-    try:
-        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return None
-
-
-_malloc_trim = _libc_malloc_trim()
+    freed memory in the arena that served it, so without this the controller's RSS kept about
+    1 KiB per pod it had listed and dropped (150,000 pods that need nothing would cost 150 MiB),
+    and 2,000 new pods, with the status updates that follow each, left 20 MiB behind."""
+    memory.trim()
 
 
 class Informer:

@@ -36,11 +36,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from dra_driver import __version__, logs
+from dra_driver import __version__, logs, memory
 from dra_driver.k8s import client as kube
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.node import events as notices
-from dra_driver.node import memory
 from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu

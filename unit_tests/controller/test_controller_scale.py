@@ -446,3 +446,24 @@ def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypa
     assert order == [*before_any_claim, "resolve"], "the claim used the inventory, grouping and sum built at start"
     built = [entry for entry in logs if entry["event"] == "device inventory built"]
     assert len(built) == 1 and built[0]["devices"] == 6
+
+
+def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each thread that decodes in an arena of its own keeps what it freed there: on the scale
+    bench the synced controller grew with every batch of pods it drops; two arenas stop that
+    (dra_driver.memory). The cap holds only for arenas made after it, so it comes first."""
+    from dra_driver import memory
+    from dra_driver.controller import reconciler
+    from dra_driver.k8s.client import ConfigurationError, RestKubeApi
+
+    seen: list[str] = []
+    monkeypatch.setattr(memory, "limit_arenas", lambda arenas=2: seen.append(f"{arenas} arenas") or True)
+
+    def no_cluster(*_args: Any, **_kwargs: Any) -> Any:
+        seen.append("client")
+        raise ConfigurationError("no cluster here")
+
+    monkeypatch.setattr(RestKubeApi, "from_kubeconfig", staticmethod(no_cluster))
+    with pytest.raises(ValueError, match="no cluster here"):
+        reconciler.run(settings())
+    assert seen == ["2 arenas", "client"]

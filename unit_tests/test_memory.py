@@ -1,4 +1,4 @@
-"""glibc malloc tuning of the node plugin."""
+"""glibc malloc tuning of both programs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 # In a child process: the arena limit stays for the life of a process. Freed blocks below one
 # still in use stay in the heap until trimmed, as after a burst of calls.
 CHILD = """
-from dra_driver.node import memory
+from dra_driver import memory
 
 def rss_kib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
