@@ -54,6 +54,23 @@ class Projection:
     reads: Reads
     capacity: bool = False
     flags: bool = False
+    within: tuple[str, ...] = ()
+    """The class selectors (their expressions) a device must pass for its values to be read: the
+    devices they reject are grouped as the class's own projection groups them (:data:`OUTSIDE`)."""
+
+
+OUTSIDE = _Marker("OUTSIDE")
+"""A device the class rejects, in a partition :attr:`Projection.within` the class: the request's
+selectors never see it, so what they read of it need not be read. A GPU class on a fleet with
+dynamic MIG rejects two devices in three."""
+
+
+@dataclass(frozen=True)
+class Coarse:
+    """The class's partition and which of its groups the class accepts, for :func:`partition`."""
+
+    partition: Partition
+    accepted: frozenset[int]
 
 
 class Group:
@@ -157,8 +174,11 @@ class _Partitions:
         self.built: OrderedDict[Projection, Partition] = OrderedDict()
 
 
-def partition(inventory: Inventory, projection: Projection) -> Partition:
-    """The inventory's devices grouped by ``projection`` (built once per inventory and projection)."""
+def partition(inventory: Inventory, projection: Projection,
+              coarse: Callable[[], Coarse] | None = None) -> Partition:
+    """The inventory's devices grouped by ``projection`` (built once per inventory and projection).
+    ``coarse``, required when the projection is :attr:`~Projection.within` a class, gives the
+    class's partition and verdicts, when the partition must be built."""
     cache = inventory.partitions
     if cache is None:
         cache = inventory.partitions = _Partitions()
@@ -168,7 +188,9 @@ def partition(inventory: Inventory, projection: Projection) -> Partition:
         if found is not None:
             cache.built.move_to_end(projection)
             return found
-    built = _build(inventory, projection)
+    if projection.within and coarse is None:
+        raise ValueError("a partition within a class needs the class's partition")
+    built = _build(inventory, projection, coarse() if projection.within and coarse is not None else None)
     with cache.lock:
         cache.built[projection] = built
         while len(cache.built) > MAX_PARTITIONS:
@@ -176,39 +198,50 @@ def partition(inventory: Inventory, projection: Projection) -> Partition:
     return built
 
 
-def _build(inventory: Inventory, projection: Projection) -> Partition:
+def _build(inventory: Inventory, projection: Projection, coarse: Coarse | None) -> Partition:
     devices = inventory.devices
     group_of = array("i", [-1]) * len(devices)
     numbers: dict[tuple[Any, ...], int] = {}
     groups: list[Group] = []
+    outside = coarse.partition.group_of if coarse is not None else None
     for pool in inventory.pools:
         if not pool.usable:
             continue
-        keys = pool_keys(pool, projection)
+        keys = pool_keys(pool, projection, coarse)
         for j, d in enumerate(pool.devices):
             key = keys[j]
             if key is None:
                 continue
+            shared = True
+            if key is OUTSIDE:
+                assert outside is not None
+                key, shared = (OUTSIDE, outside[d.index]), False  # numbered by this inventory's class partition
             g = numbers.get(key)
             if g is None:
                 g = numbers[key] = len(groups)
                 groups.append(Group(key, d))
-            else:
+            elif shared:
                 keys[j] = groups[g].key  # one tuple per group, not per device, kept on the pool
             groups[g].members.append(d.index)
             group_of[d.index] = g
     return Partition(projection, groups, group_of)
 
 
-def pool_keys(pool: Pool, projection: Projection) -> list[tuple[Any, ...] | None]:
+def pool_keys(pool: Pool, projection: Projection, coarse: Coarse | None = None) -> list[Any]:
     """The projection's values for each of the pool's devices (None for a device whose CEL input is
-    not clean). Kept on the pool: an inventory rebuilt after a slice changed takes the unchanged
-    pools over, and with them what was read of their devices."""
+    not clean, :data:`OUTSIDE` for one the class rejects). Kept on the pool: an inventory rebuilt
+    after a slice changed takes the unchanged pools over, and with them what was read of their
+    devices (whether the class rejects a device depends only on what the class reads of it)."""
     kept = pool.keys
     found = kept.get(projection)
     if found is None:
         key_of = key_function(projection)
-        found = [key_of(d) if d.cel_clean else None for d in pool.devices]
+        if coarse is None:
+            found = [key_of(d) if d.cel_clean else None for d in pool.devices]
+        else:
+            class_group, accepted = coarse.partition.group_of, coarse.accepted
+            found = [None if not d.cel_clean else key_of(d) if class_group[d.index] in accepted else OUTSIDE
+                     for d in pool.devices]
         if len(kept) >= MAX_PARTITIONS:
             kept.clear()
         kept[projection] = found

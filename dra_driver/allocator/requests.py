@@ -34,6 +34,9 @@ class Alt:
     capacity: dict[str, Quantity]
     error: str | None = None
     compiled: list[tuple[str, CompiledSelector]] = field(default_factory=list)
+    """The class's selectors, then the request's."""
+    class_selectors: int = 0
+    """How many of ``compiled`` are the class's."""
     class_obj: Mapping[str, Any] | None = None
 
 
@@ -135,6 +138,7 @@ def prepare_alt(alt: Alt, classes: Mapping[str, Mapping[str, Any]]) -> None:
         return
     alt.class_obj = cls
     sources = [(f"class {alt.class_name} selector #{i}", as_mapping(s)) for i, s in enumerate(_class_selectors(cls))]
+    alt.class_selectors = len(sources)
     sources += [(f"request {alt.name} selector #{i}", {"cel": {"expression": e}}) for i, e in enumerate(alt.selectors)]
     for label, sel in sources:
         expr = as_str(as_mapping(sel.get("cel")).get("expression"))

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
 from dra_driver.allocator.capacity import consumption
+from dra_driver.allocator.cel.compile import CompiledSelector
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.cel.reads import NOTHING, Reads, selector_reads
-from dra_driver.allocator.groups import Partition, Projection, outcome, partition
+from dra_driver.allocator.groups import Coarse, Partition, Projection, outcome, partition
 from dra_driver.allocator.inventory import (
     AllocatedState,
     Device,
@@ -366,10 +367,30 @@ class Ctx:
         when a selector reads the whole device (its devices are then looked at one by one)."""
         aid = self.alt_id(alt)
         if aid not in self.partitions:
-            reads = reads_of(tuple(sel.expression for _, sel in alt.compiled))
+            expressions = tuple(sel.expression for _, sel in alt.compiled)
+            reads = reads_of(expressions)
             inv = self.inventory
-            self.partitions[aid] = None if reads.whole else partition(inv, Projection(
-                reads, capacity=bool(alt.capacity or inv.multi), flags=bool(inv.multi or inv.consumers)))
+            flags = bool(inv.multi or inv.consumers)
+            projection = Projection(reads, capacity=bool(alt.capacity or inv.multi), flags=flags)
+            within = expressions[:alt.class_selectors]
+            class_reads = reads_of(within)
+            if reads.whole:
+                self.partitions[aid] = None
+            elif within and len(within) < len(expressions) and not class_reads.whole and class_reads != reads:
+                # The class's grouping is there from the first claim of the class on (the
+                # controller builds it at start): the request's selectors then read only the
+                # devices the class accepts, not every device of the fleet.
+                class_projection = Projection(class_reads, capacity=bool(inv.multi), flags=flags)
+                compiled = alt.compiled[:alt.class_selectors]
+
+                def coarse() -> Coarse:
+                    part = partition(inv, class_projection)
+                    return Coarse(part, frozenset(g for g, group in enumerate(part.groups)
+                                                  if _evaluate_selectors(compiled, group.rep) is None))
+
+                self.partitions[aid] = partition(inv, replace(projection, within=within), coarse)
+            else:
+                self.partitions[aid] = partition(inv, projection)
         return self.partitions[aid]
 
     def group_verdict(self, alt: Alt, part: Partition, g: int) -> Verdict:
@@ -449,7 +470,11 @@ Verdict = tuple[int, "bool | CelError"] | None
 
 
 def _evaluate(alt: Alt, dev: Device) -> Verdict:
-    for i, (_, sel) in enumerate(alt.compiled):
+    return _evaluate_selectors(alt.compiled, dev)
+
+
+def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: Device) -> Verdict:
+    for i, (_, sel) in enumerate(compiled):
         if sel.driver_equals is not None and dev.cel_clean and sel.poisoned is None:
             # What sel.evaluate would answer (the activation's driver is key[0] and it has no
             # error), without building the activation.

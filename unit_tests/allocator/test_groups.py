@@ -292,7 +292,7 @@ def test_a_rebuilt_inventory_reads_only_the_pools_that_changed(monkeypatch: pyte
     res = resolve(claim(MODEL_A, count=4), rebuilt, CLASSES)
     assert res.allocation is not None and res.node == "node-0"
     assert set(read) == {"node-3"}
-    part = rebuilt.partitions.built[next(iter(rebuilt.partitions.built))]
+    part = next(part for projection, part in rebuilt.partitions.built.items() if projection.within)
     assert sorted(len(g.members) for g in part.groups) == [19, 21]  # node-3's first GPU moved to model A
 
 
@@ -404,3 +404,59 @@ def test_counters_in_a_pool_others_consume_are_checked_against_what_is_left() ->
     same(fast, slow)
     assert [c.failed for c in fast.explanation.requests[0].closest] == [
         "counter gpu-0-counter-set/memory exhausted (needs 40Gi, 0 left)"]
+
+
+# ============================================================================ within the class
+
+
+TYPED = [{"metadata": {"name": "gpu"}, "spec": {"selectors": [
+    {"cel": {"expression": f'device.driver == "{D}" && device.attributes["{D}"].type == "gpu"'}}]}}]
+BIG = f'device.capacity["{D}"].memory.compareTo(quantity("100Gi")) >= 0'
+
+
+def _typed_fleet() -> list[dict[str, Any]]:
+    """Per node two GPUs and six MIG devices of different sizes, as a dynamic-MIG node publishes."""
+    def mig(n: int, i: int) -> dict[str, Any]:
+        return gpu(f"mig-{i}", {"type": {"string": "mig"}, "uuid": {"string": f"mig-{n}-{i}"}},
+                   {"memory": {"value": f"{10 * (i + 1)}Gi"}})
+
+    return shared([slice_(f"node-{n}", [*(gpu(f"gpu-{i}", {"type": {"string": "gpu"}, "uuid": {"string": f"{n}-{i}"}},
+                                              {"memory": {"value": "80Gi" if n % 2 else "141Gi"}}) for i in range(2)),
+                                         *(mig(n, i) for i in range(6))]) for n in range(6)])  # fmt: skip
+
+
+def test_the_request_reads_only_the_devices_its_class_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5,000 nodes with dynamic MIG, two devices in three are MIG devices a GPU class rejects:
+    a new request selector reads the others only (2 s against 0.7 at 5,000 nodes for the first
+    claim that asks for memory), and decides and explains exactly as when it reads them all."""
+    def outcome(inv: Any, *selectors: str, count: int = 1) -> tuple[Any, ...]:
+        res = resolve(claim(*selectors, count=count), inv, TYPED)
+        return res.allocation, res.explanation.to_dict(), res.explanation.render()
+
+    read: list[str] = []
+    real = groups.key_function
+
+    def counting(projection: groups.Projection) -> Any:
+        key = real(projection)
+        return (lambda dev: read.append(dev.key[2]) or key(dev)) if projection.within else key
+
+    monkeypatch.setattr(groups, "key_function", counting)
+    inv = build_inventory(_typed_fleet())
+    refined = [outcome(inv, BIG), outcome(inv, BIG, count=3), outcome(inv, BIG, count=2)]
+    assert read and all(name.startswith("gpu-") for name in read), "MIG devices were read for the request"
+    assert len(read) == 12
+    assert refined[0][0] is not None and refined[1][0] is None
+    assert "is false" in refined[1][2]
+
+    # The same claims with the class's and the request's selectors read together, for every device.
+    real_prepare = resolve_module.prepare_alt
+
+    def unrefined(alt: Any, classes: Any) -> None:
+        real_prepare(alt, classes)
+        alt.class_selectors = 0
+
+    monkeypatch.setattr(resolve_module, "prepare_alt", unrefined)
+    read.clear()
+    inv = build_inventory(_typed_fleet())
+    assert [outcome(inv, BIG), outcome(inv, BIG, count=3), outcome(inv, BIG, count=2)] == refined
+    assert not read

@@ -396,9 +396,9 @@ def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypa
     order: list[str] = []
     real_build = groups._build
 
-    def building(inventory: Any, projection: Any) -> Any:
+    def building(inventory: Any, projection: Any, *rest: Any) -> Any:
         order.append("group")
-        return real_build(inventory, projection)
+        return real_build(inventory, projection, *rest)
 
     monkeypatch.setattr(groups, "_build", building)
 
@@ -464,6 +464,9 @@ def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatc
         raise ConfigurationError("no cluster here")
 
     monkeypatch.setattr(RestKubeApi, "from_kubeconfig", staticmethod(no_cluster))
+    # What else run() sets for the whole process stays as the other tests have it.
+    monkeypatch.setattr(reconciler.logs, "configure", lambda *_args: None)
+    monkeypatch.setattr(reconciler.gc, "set_threshold", lambda *_args: None)
     with pytest.raises(ValueError, match="no cluster here"):
         reconciler.run(settings())
     assert seen == ["2 arenas", "client"]
