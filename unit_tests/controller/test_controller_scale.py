@@ -470,3 +470,31 @@ def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatc
     with pytest.raises(ValueError, match="no cluster here"):
         reconciler.run(settings())
     assert seen == ["2 arenas", "client"]
+
+
+def test_workers_start_when_the_informers_are_slow_to_sync() -> None:
+    """The controller gives its informers two minutes, then starts its workers anyway; the warm-up,
+    which waits for the same informers, must not hold them back."""
+    kube = cluster(slices=1)
+    stop = threading.Event()
+
+    class NeverWarm(Controller):
+        def wait_synced(self, stop: threading.Event, timeout: float = 120.0) -> bool:
+            return False  # as after two minutes
+
+        def _warm_up(self, stop: threading.Event) -> None:
+            stop.wait()  # as while a list never ends
+
+    ctrl = NeverWarm(kube, settings(), sleep=lambda _s: None)
+    add_claim(kube, claim("c1", count=9))
+    add_pod(kube, pod("p1", "c1"))
+    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while SUMMARY_ANNOTATION not in ann(kube) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "cannot allocate" in ann(kube).get(SUMMARY_ANNOTATION, "")
+    finally:
+        stop.set()
+        runner.join(timeout=10)
