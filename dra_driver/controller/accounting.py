@@ -100,11 +100,17 @@ class Accounting:
         self._expire()
         uid = uid_of(claim)
         with self._lock:
-            version = self._version
             own = is_allocated(claim) or uid in self._written
-            cached = self._held
         if own:
             return None, self.engine.allocated_state(self.claims(), exclude_uid=uid)
+        return self.held()
+
+    def held(self) -> tuple[int, AllocatedState]:
+        """What all claims hold, at the holdings version it is for: what every claim without
+        devices of its own is evaluated against."""
+        with self._lock:
+            version = self._version
+            cached = self._held
         if cached is not None and cached[0] == version:
             return version, cached[1]
         # One worker adds them up; the others, asking for the same version, wait and take its

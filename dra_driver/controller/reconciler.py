@@ -519,7 +519,7 @@ class Controller:
             if stop.is_set():
                 return
         t0 = time.perf_counter()
-        self.accounting.held_by_others({})
+        self.accounting.held()
         # The inventory and its groupings live as long as the slices stay as they are; left to the
         # cyclic collector, the first full collection after start walks all of them (half a
         # second at 5,000 nodes) in whichever claim's evaluation it falls.
