@@ -376,7 +376,7 @@ class Ctx:
             class_reads = reads_of(within)
             if reads.whole:
                 self.partitions[aid] = None
-            elif within and len(within) < len(expressions) and not class_reads.whole and class_reads != reads:
+            elif within and not class_reads.whole and class_reads != reads:  # the request reads more
                 # The class's grouping is there from the first claim of the class on (the
                 # controller builds it at start): the request's selectors then read only the
                 # devices the class accepts, not every device of the fleet.
