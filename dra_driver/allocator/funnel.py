@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import partial
+from functools import lru_cache, partial
 from itertools import islice
 from typing import Any
 
@@ -22,10 +22,11 @@ from dra_driver.allocator.capacity import capacity_problem, consumption, show
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
 from dra_driver.allocator.groups import Partition
-from dra_driver.allocator.inventory import Device, DeviceKey, key_str
+from dra_driver.allocator.inventory import Device, DeviceKey, Pool, key_str
 from dra_driver.allocator.readings import Reading, describe, readings, values_key
 from dra_driver.allocator.requests import Alt, lookup_attribute, taint_blocking
 from dra_driver.allocator.search import Ctx, Verdict
+from dra_driver.k8s.objects import as_list, as_mapping, as_str
 
 MAX_CLOSEST = 5  # groups of devices shown per request
 MAX_NAMED = 8  # device names kept per group (the first ones and the last)
@@ -278,18 +279,53 @@ def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses:
                     if alive.contains(d):
                         check(d, _counter_reason(ctx, d))
             else:
-                for d in group.alone_unfit(pool_id, partial(_counter_reason_alone, totals=pool.counter_sets)):
+                reason = partial(_counter_reason_alone, pool=pool, answers=_alone_answers(pool.counters_key()))
+                for d in group.alone_unfit(pool_id, reason):
                     check(d, d.counters_alone)
     for d in [d for d in alive.single.values() if d.has_consumes]:
         pool = inventory.pool_of(d)
-        check(d, _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool.counter_sets))
+        check(d, _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool))
     info.stages.append(StageCount("shared counters available", alive.count()))
 
 
-def _counter_reason_alone(d: Device, totals: dict[str, dict[str, Fraction]]) -> str | None:
+def _counter_reason_alone(d: Device, pool: Pool, answers: dict[Any, str] | None = None) -> str | None:
+    """``answers``: :func:`_alone_answers` for ``pool``, when the caller asks for many devices."""
     if d.counters_alone is None:
-        d.counters_alone = _counter_reason(None, d, totals) or ""
+        asked = _asked(d.raw.get("consumesCounters"))
+        if asked is None:
+            d.counters_alone = _counter_reason(None, d, pool.counter_sets) or ""
+        else:
+            table = _alone_answers(pool.counters_key()) if answers is None else answers
+            found = table.get(asked)
+            if found is None:
+                found = table[asked] = _counter_reason(None, d, pool.counter_sets) or ""
+            d.counters_alone = found
     return d.counters_alone or None
+
+
+def _asked(raw: Any) -> tuple[tuple[str, tuple[tuple[str, str | int], ...]], ...] | None:
+    """What a device asks of its pool's counters, as published, hashable; None when a value is
+    neither text nor a number (then it is worked out for the device alone)."""
+    out = []
+    for entry in as_list(raw):
+        entry = as_mapping(entry)
+        counters = []
+        for name, c in as_mapping(entry.get("counters")).items():
+            value = as_mapping(c).get("value")
+            if type(value) is not str and type(value) is not int:
+                return None
+            counters.append((name, value))
+        out.append((as_str(entry.get("counterSet")) or "", tuple(counters)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _alone_answers(totals: tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...]) -> dict[Any, str]:
+    """The answers of :func:`_counter_reason` for a device alone in a pool holding ``totals``, by
+    what the device asks (:func:`_asked`), filled in as they are worked out: shared by every pool
+    holding the same counters. 500 dynamic-MIG nodes ask 76,000 devices, a few hundred distinct
+    questions; parsing each device's counters took 1.7 s of the controller's start."""
+    return {}
 
 
 def _taint_reason(d: Device, alt: Alt) -> str | None:

@@ -196,6 +196,7 @@ class Pool:
     # What selectors read of each device, by projection (allocator.groups.pool_keys): the same
     # for every inventory that takes this pool over.
     keys: dict[Any, list[Any]] = field(default_factory=dict)
+    _counters_key: tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...] | None = None
 
     @property
     def usable(self) -> bool:
@@ -206,6 +207,12 @@ class Pool:
         if self._consumer_keys is None:
             self._consumer_keys = frozenset(d.key for d in self.devices if d.has_consumes)
         return self._consumer_keys
+
+    def counters_key(self) -> tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...]:
+        """The counter sets, hashable: equal for pools that hold the same counters."""
+        if self._counters_key is None:
+            self._counters_key = tuple((cs, tuple(counters.items())) for cs, counters in self.counter_sets.items())
+        return self._counters_key
 
     @property
     def label(self) -> str:

@@ -178,6 +178,10 @@ class EventRecorder:
         self._wake = threading.Event()
         self._series: dict[tuple[str, str], _Series] = {}
         self._dirty: set[tuple[str, str]] = set()
+        self._quiet: dict[tuple[str, str], None] = {}
+        """The series written and not due again, in the order they went quiet: the first is the one
+        to forget. A scan of the series for it instead cost a backlog of 3,000 claims 8% of the
+        controller's time, nearly all 1,024 series waiting to be written."""
         self._shed_since = 0
         self._shed_said: float | None = None
 
@@ -193,18 +197,29 @@ class EventRecorder:
                 series = _Series(regarding, what, occurrences=0)
             self._series[key] = series
             series.occurrences += 1
-            self._dirty.add(key)
+            self._pending_locked(key)
         self._wake.set()
 
     def _forget_quiet_locked(self) -> None:
         while len(self._series) >= MAX_SERIES:
-            oldest = next((k for k in self._series if k not in self._dirty), None)
+            oldest = next(iter(self._quiet), None)
             if oldest is None:
-                # Everything is waiting to be written: drop the oldest pending occurrence instead.
+                # Everything is waiting to be written (or being written): drop the oldest instead.
                 oldest = next(iter(self._series))
-                self._dirty.discard(oldest)
-                self._shed(self._series[oldest])
+                if oldest in self._dirty:
+                    self._dirty.discard(oldest)
+                    self._shed(self._series[oldest])
+            self._quiet.pop(oldest, None)
             del self._series[oldest]
+
+    def _pending_locked(self, key: tuple[str, str]) -> None:
+        if key in self._series:
+            self._dirty.add(key)
+            self._quiet.pop(key, None)
+
+    def _quiet_locked(self, key: tuple[str, str]) -> None:
+        if key in self._series and key not in self._dirty:
+            self._quiet[key] = None
 
     # -- the writer
 
@@ -221,7 +236,8 @@ class EventRecorder:
         """Write the series that are due; seconds until the next one is due, None when none is pending."""
         now = self._clock()
         with self._lock:
-            due = [k for k in self._dirty if force or self._due_at(self._series[k]) <= now]
+            # In the order they occurred, so they go quiet (and are forgotten) in that order too.
+            due = [k for k in self._series if k in self._dirty and (force or self._due_at(self._series[k]) <= now)]
         for key in due:
             self._write(key)
         with self._lock:
@@ -252,7 +268,7 @@ class EventRecorder:
             with self._lock:
                 series.occurrences -= series.written
                 series.written = 0
-                self._dirty.add(key)
+                self._pending_locked(key)
             return
         except Exception as exc:
             series.failures += 1
@@ -261,15 +277,19 @@ class EventRecorder:
                 log.debug("Event dropped: write budget spent", error=str(exc))
                 self._on_throttled()
                 series.failures = 0
+                with self._lock:
+                    self._quiet_locked(key)
                 return
             if series.failures >= ATTEMPTS:
                 self._dropped(series, str(exc))
                 series.failures = 0
                 series.written = max(series.written, 1)  # do not re-create on the next occurrence
+                with self._lock:
+                    self._quiet_locked(key)
                 return
             log.warning("cannot write Event; will retry", error=str(exc), attempt=series.failures)
             with self._lock:
-                self._dirty.add(key)
+                self._pending_locked(key)
             return
         with self._lock:
             series.occurrences += written - want  # adopting another process's count raises it
@@ -277,7 +297,9 @@ class EventRecorder:
             series.failures = 0
             series.last_write = self._clock()
             if series.occurrences > series.written:
-                self._dirty.add(key)
+                self._pending_locked(key)
+            else:
+                self._quiet_locked(key)
 
     def _store(self, namespace: str, name: str, series: _Series, want: int) -> int:
         """Make the stored Event say ``want`` occurrences (more when another process counted some

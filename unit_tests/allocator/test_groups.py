@@ -368,10 +368,10 @@ def test_importing_the_engine_does_not_load_the_cel_command_line_tool() -> None:
 # ============================================================================ shared counters
 
 
-def _partitionable(node: str, consume: str) -> dict[str, Any]:
+def _partitionable(node: str, consume: str, total: str = "80Gi") -> dict[str, Any]:
     return {"metadata": {"name": f"{node}-slice"}, "spec": {
         "driver": D, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-        "sharedCounters": [{"name": "gpu-0-counter-set", "counters": {"memory": {"value": "80Gi"}}}],
+        "sharedCounters": [{"name": "gpu-0-counter-set", "counters": {"memory": {"value": total}}}],
         "devices": [gpu(f"part-{i}", {"model": {"string": "A"}}, consumesCounters=[
             {"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": consume}}}]) for i in range(2)]}}
 
@@ -391,6 +391,20 @@ def test_counters_in_a_pool_nothing_consumes_are_checked_once_per_device() -> No
     resolve(claim(MODEL_A), inv, CLASSES)
     assert [d.counters_alone for d in inv.devices] == [
         "counter gpu-0-counter-set/memory exhausted (needs 100Gi, 80Gi left)"] * 2 + ["", ""]
+
+
+def test_devices_that_ask_the_same_of_pools_holding_different_counters_get_their_own_answer() -> None:
+    """The answer for a device alone is shared by the devices that ask the same of a pool holding
+    the same counters, and by no other."""
+    slices = [_partitionable("node-a", "60Gi"), _partitionable("node-b", "60Gi", total="40Gi"),
+              _partitionable("node-c", "60Gi"), _partitionable("node-d", "60Gi", total="40Gi")]
+    inv = build_inventory(slices)
+    resolve(claim(MODEL_A), inv, CLASSES)
+    short = "counter gpu-0-counter-set/memory exhausted (needs 60Gi, 40Gi left)"
+    assert [d.counters_alone for d in inv.devices] == ["", "", short, short, "", "", short, short]
+    fast, slow = both(claim(MODEL_A, count=2), slices[1:2] + slices[3:], CLASSES)
+    same(fast, slow)
+    assert fast.allocation is None
 
 
 def test_counters_in_a_pool_others_consume_are_checked_against_what_is_left() -> None:
