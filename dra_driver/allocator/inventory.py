@@ -15,7 +15,7 @@ only matches ``allNodes`` / node-selector slices)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
@@ -275,12 +275,13 @@ def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | N
             continue
         groups.setdefault((driver, pool), []).append((sl, i))
     earlier = previous.pool_map if previous is not None else {}
+    checked: dict[int, _Checked] = {}
     devices: list[Device] = []
     pools: list[Pool] = []
     for (driver, name), members in sorted(groups.items()):
         built = _reused(earlier.get((driver, name)), [sl for sl, _ in members], len(devices))
         if built is None:
-            built = _build_pool(driver, name, members)
+            built = _build_pool(driver, name, members, checked)
             for i, dev in enumerate(built.devices):
                 dev.index = len(devices) + i
         pools.append(built)
@@ -335,8 +336,10 @@ def _slice_name(sl: Any, index: int) -> str:
     return as_str(as_mapping(as_mapping(sl).get("metadata")).get("name")) or f"slice-{index}"
 
 
-def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]]) -> Pool:
-    """``sources``: the pool's slices with their positions in the input (which name a slice without a name)."""
+def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]],
+                checked: dict[int, _Checked] | None = None) -> Pool:
+    """``sources``: the pool's slices with their positions in the input (which name a slice without a
+    name); ``checked``: see :func:`_checked`."""
     members = [{**sl, "_index": i} for sl, i in sources]
 
     def generation(sl: Mapping[str, Any]) -> int:
@@ -352,11 +355,12 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
         pool.problems.append(f"pool {pool.label}: incomplete ({len(current)} of {expected} slices of generation {top})")
     seen: set[str] = set()
     for sl in current:
-        _add_slice(pool, sl, seen, pool.problems)
+        _add_slice(pool, sl, seen, pool.problems, {} if checked is None else checked)
     return pool
 
 
-def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list[str]) -> None:
+def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list[str],
+               checked: dict[int, _Checked]) -> None:
     spec = as_mapping(sl["spec"])
     sname = _slice_name(sl, sl["_index"])
     for cs in as_list(spec.get("sharedCounters")):
@@ -379,7 +383,7 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
         problems.append(f"slice {sname}: no node selection set, ignored")
         return
     for raw in as_list(spec.get("devices")):
-        dev = _build_device(pool, sname, as_mapping(raw), problems)
+        dev = _build_device(pool, sname, as_mapping(raw), problems, checked)
         if dev is None:
             continue
         if dev.key[2] in seen:
@@ -421,16 +425,27 @@ def _cel_attribute_ok(kind: str, value: Any) -> bool:
     return kind != "version" or _semver_ok(value)
 
 
-def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str]) -> Device | None:
-    name = as_str(raw.get("name"))
-    if not name:
-        problems.append(f"slice {sname}: device without a name ignored")
-        return None
-    local: list[str] = []
+_Checked = tuple[Any, bool, tuple[str, ...]]
+"""A map's check (:func:`_checked`): the map itself (keeping its id its own), whether the CEL input
+built from it has no error, and the problems found."""
+
+
+def _checked(checked: dict[int, _Checked], value: Any, check: Callable[[Any], tuple[bool, tuple[str, ...]]]) -> _Checked:
+    """``check(value)``, once per map object in a build: decoded slices share equal maps (of 116,000
+    devices at 5,000 nodes, 16 capacity maps and 68,000 attribute maps), and checking every
+    attribute of every device was most of the inventory's build."""
+    found = checked.get(id(value))
+    if found is None:
+        clean, problems = check(value)
+        found = checked[id(value)] = (value, clean, problems)
+    return found
+
+
+def _check_attributes(attributes: Any) -> tuple[bool, tuple[str, ...]]:
+    problems: list[str] = []
     cel_clean = True
-    for aname, aval in as_mapping(raw.get("attributes")).items():
-        # Runs for every attribute of every device on each inventory build: checks only (the
-        # digested map is built when a device needs it), the usual shape first.
+    for aname, aval in as_mapping(attributes).items():
+        # Checks only (the digested map is built when a device needs it), the usual shape first.
         if type(aval) is dict and len(aval) == 1:
             ((kind, value),) = aval.items()
             if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or _semver_ok(value)):
@@ -438,19 +453,37 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         checked = attribute_value(aval)
         if checked is None:
             cel_clean = False
-            local.append(f"attribute {aname}: exactly one value type must be set")
+            problems.append(f"attribute {aname}: exactly one value type must be set")
         elif cel_clean and not _cel_attribute_ok(*checked):
             cel_clean = False
-    for cname, cval in as_mapping(raw.get("capacity")).items():
-        if not _is_quantity(as_mapping(cval).get("value")):
-            cel_clean = False
-            local.append(f"capacity {cname}: invalid quantity")
+    return cel_clean, tuple(problems)
+
+
+def _check_capacity(capacity: Any) -> tuple[bool, tuple[str, ...]]:
+    problems = tuple(f"capacity {cname}: invalid quantity" for cname, cval in as_mapping(capacity).items()
+                     if not _is_quantity(as_mapping(cval).get("value")))
+    return not problems, problems
+
+
+def _check_counters(counters: Any) -> tuple[bool, tuple[str, ...]]:
+    problems = tuple(f"consumesCounters {cname}: invalid quantity" for cname, c in as_mapping(counters).items()
+                     if not _is_quantity(as_mapping(c).get("value")))
+    return not problems, problems
+
+
+def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str],
+                  checked: dict[int, _Checked]) -> Device | None:
+    name = as_str(raw.get("name"))
+    if not name:
+        problems.append(f"slice {sname}: device without a name ignored")
+        return None
+    _, attributes_clean, local = _checked(checked, raw.get("attributes"), _check_attributes)
+    _, capacity_clean, capacity_problems = _checked(checked, raw.get("capacity"), _check_capacity)
+    local += capacity_problems
     # Checked now, digested once needed (Device.consumes).
     entries = as_list(raw.get("consumesCounters"))
     for entry in entries:
-        for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
-            if not _is_quantity(as_mapping(c).get("value")):
-                local.append(f"consumesCounters {cname}: invalid quantity")
+        local += _checked(checked, as_mapping(entry).get("counters"), _check_counters)[2]
     if local:
         problems.extend(f"device {pool.label}/{name}: {p}" for p in local)
     selector = raw.get("nodeSelector")
@@ -462,7 +495,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         per_device_node=False, allow_multi=raw.get("allowMultipleAllocations") is True,
         binds_to_node=raw.get("bindsToNode") is True,
         taints=tuple(as_mapping(t) for t in as_list(taints)) if taints else (),
-        problems=tuple(local), cel_clean=cel_clean, has_consumes=bool(entries),
+        problems=local, cel_clean=attributes_clean and capacity_clean, has_consumes=bool(entries),
     )  # fmt: skip
 
 

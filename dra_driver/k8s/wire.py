@@ -243,6 +243,8 @@ SLICE_API_VERSION = "resource.k8s.io/v1"
 
 SHARED_LIMIT = 50_000
 """Entries in each of the decoder's tables before it starts afresh (what was shared stays shared)."""
+WHOLE_LIMIT = 4096
+"""The same for its tables of whole maps, whose keys are larger (all of a map's entries)."""
 
 
 class _SliceDecoder:
@@ -265,6 +267,13 @@ class _SliceDecoder:
         self._flat: dict[str, dict[Any, Obj]] = {}
         # Maps by key names and the identities of their (shared, so kept alive) values.
         self._maps: dict[tuple[tuple[str, ...], tuple[int, ...]], Obj] = {}
+        # Capacity and counter maps by their entries' bytes: a few dozen distinct ones, each
+        # read thousands of times (attribute maps are mostly distinct: UUIDs, parents' UUIDs).
+        self._whole_capacity: dict[tuple[bytes, ...], Obj] = {}
+        self._whole_counters: dict[tuple[bytes, ...], Obj] = {}
+        # Attribute maps by their bytes within one slice: a dynamic-MIG slice repeats each of its
+        # GPUs' placements of a profile (57 distinct maps for 152 devices); across slices they differ.
+        self._slice_attributes: dict[tuple[bytes, ...], Obj] = {}
 
     def slice(self, sl: _M) -> Obj:
         md = sl.metadata
@@ -281,6 +290,7 @@ class _SliceDecoder:
         if sp.HasField("nodeSelector"):
             spec["nodeSelector"] = _node_selector(sp.nodeSelector)
         if sp.devices:
+            self._slice_attributes = {}
             device = self.device
             spec["devices"] = [device(d) for d in sp.devices]
         if sp.sharedCounters:
@@ -290,9 +300,9 @@ class _SliceDecoder:
     def device(self, d: _M) -> Obj:
         out: Obj = {"name": d.name}
         if d.attributes:
-            out["attributes"] = self._map(d.attributes, self._attributes, self._attribute)
+            out["attributes"] = self._whole(d.attributes, self._slice_attributes, self._attributes, self._attribute)
         if d.capacity:
-            out["capacity"] = self._map(d.capacity, self._capacity, self._capacity_entry)
+            out["capacity"] = self._whole(d.capacity, self._whole_capacity, self._capacity, self._capacity_entry)
         if d.consumesCounters:
             consumes = []
             for c in d.consumesCounters:
@@ -308,6 +318,19 @@ class _SliceDecoder:
             out["taints"] = [_taint(t) for t in d.taints]
         return out
 
+    def _whole(self, entries: _M, maps: dict[tuple[bytes, ...], Obj], known: dict[bytes, tuple[str, Any]],
+               parse: Callable[[bytes], tuple[str, Any]]) -> Obj:
+        """:meth:`_map` for maps that repeat whole, found by all their bytes at once."""
+        raw = tuple(entries)
+        shared = maps.get(raw)
+        if shared is not None:
+            return shared
+        out = self._map(raw, known, parse)
+        if len(maps) >= WHOLE_LIMIT:
+            maps.clear()
+        maps[raw] = out
+        return out
+
     def _map(self, entries: _M, known: dict[bytes, tuple[str, Any]], parse: Callable[[bytes], tuple[str, Any]]) -> Obj:
         # Every attribute of every device comes through here. The lookups and the dict are built
         # by C loops; only an entry not seen before (a UUID, a bus ID) takes a Python step.
@@ -317,6 +340,9 @@ class _SliceDecoder:
                 if hit is None:
                     raw = entries[i]
                     hits[i] = _kept(known, raw, parse(raw))
+            # With an entry not seen before, no map seen before is equal to this one: nothing to
+            # look up, nor worth remembering (a GPU's attributes, with its UUID, are its own).
+            return dict(hits)  # type: ignore[arg-type]  # no None is left
         out: Obj = dict(hits)  # type: ignore[arg-type]  # no None is left
         key = (tuple(out), tuple(map(id, out.values())))
         shared = self._maps.get(key)
@@ -346,7 +372,7 @@ class _SliceDecoder:
 
     def _with_counters(self, out: Obj, counters: _M) -> Obj:
         if counters:
-            out["counters"] = self._map(counters, self._counters, self._counter)
+            out["counters"] = self._whole(counters, self._whole_counters, self._counters, self._counter)
         return out
 
 

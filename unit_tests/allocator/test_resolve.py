@@ -584,6 +584,21 @@ def test_problems_of_pools_taken_over_are_kept() -> None:
     assert second.problems == first.problems and any("gpu-1: capacity memory" in p for p in second.problems)
 
 
+def test_devices_sharing_a_broken_map_each_report_it() -> None:
+    """Decoded slices share equal maps between devices; each device still names its own problems."""
+    attributes = {"model": {"string": "A", "int": 1}, "ok": {"string": "x"}}
+    capacity = {"memory": {"value": "lots"}}
+    devices = [{"name": f"gpu-{i}", "attributes": attributes, "capacity": capacity} for i in range(2)]
+    devices.append({"name": "gpu-2", "attributes": {"model": {"string": "A"}}, "capacity": {"memory": {"value": "8Gi"}}})
+    inv = build_inventory([slice_("node-a", devices)])
+    for name in ("gpu-0", "gpu-1"):
+        d = inv.by_key[(D, "node-a", name)]
+        assert not d.cel_clean
+        assert d.problems == ("attribute model: exactly one value type must be set", "capacity memory: invalid quantity")
+        assert sum(f"/{name}: " in p for p in inv.problems) == 2
+    assert inv.by_key[(D, "node-a", "gpu-2")].cel_clean and not inv.by_key[(D, "node-a", "gpu-2")].problems
+
+
 def test_allocated_state_over_many_claims() -> None:
     claims = [{"metadata": {"uid": f"u{i}"}, "status": {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": D, "pool": f"node-{i // 8}", "device": f"gpu-{i % 8}"}]}}}} for i in range(800)]
