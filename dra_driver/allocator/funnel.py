@@ -284,21 +284,22 @@ def _counter_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses:
                     check(d, d.counters_alone)
     for d in [d for d in alive.single.values() if d.has_consumes]:
         pool = inventory.pool_of(d)
-        check(d, _counter_reason(ctx, d) if ctx.consumed_in(pool) else _counter_reason_alone(d, pool))
+        alone = not ctx.consumed_in(pool)
+        check(d, _counter_reason_alone(d, pool, _alone_answers(pool.counters_key())) if alone else _counter_reason(ctx, d))
     info.stages.append(StageCount("shared counters available", alive.count()))
 
 
-def _counter_reason_alone(d: Device, pool: Pool, answers: dict[Any, str] | None = None) -> str | None:
-    """``answers``: :func:`_alone_answers` for ``pool``, when the caller asks for many devices."""
+def _counter_reason_alone(d: Device, pool: Pool, answers: dict[Any, str]) -> str | None:
+    """``answers``: :func:`_alone_answers` for ``pool`` (looked up once by a caller asking for many
+    devices: the key's hash is not kept)."""
     if d.counters_alone is None:
         asked = _asked(d.raw.get("consumesCounters"))
         if asked is None:
             d.counters_alone = _counter_reason(None, d, pool.counter_sets) or ""
         else:
-            table = _alone_answers(pool.counters_key()) if answers is None else answers
-            found = table.get(asked)
+            found = answers.get(asked)
             if found is None:
-                found = table[asked] = _counter_reason(None, d, pool.counter_sets) or ""
+                found = answers[asked] = _counter_reason(None, d, pool.counter_sets) or ""
             d.counters_alone = found
     return d.counters_alone or None
 

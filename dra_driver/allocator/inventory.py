@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from dra_driver.allocator.cel.compile import DeviceActivation, device_activation
@@ -337,7 +337,7 @@ def _slice_name(sl: Any, index: int) -> str:
 
 
 def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]],
-                checked: dict[int, _Checked] | None = None) -> Pool:
+                checked: dict[int, _Checked]) -> Pool:
     """``sources``: the pool's slices with their positions in the input (which name a slice without a
     name); ``checked``: see :func:`_checked`."""
     members = [{**sl, "_index": i} for sl, i in sources]
@@ -355,7 +355,7 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
         pool.problems.append(f"pool {pool.label}: incomplete ({len(current)} of {expected} slices of generation {top})")
     seen: set[str] = set()
     for sl in current:
-        _add_slice(pool, sl, seen, pool.problems, {} if checked is None else checked)
+        _add_slice(pool, sl, seen, pool.problems, checked)
     return pool
 
 
@@ -459,16 +459,15 @@ def _check_attributes(attributes: Any) -> tuple[bool, tuple[str, ...]]:
     return cel_clean, tuple(problems)
 
 
-def _check_capacity(capacity: Any) -> tuple[bool, tuple[str, ...]]:
-    problems = tuple(f"capacity {cname}: invalid quantity" for cname, cval in as_mapping(capacity).items()
-                     if not _is_quantity(as_mapping(cval).get("value")))
+def _check_quantities(what: str, entries: Any) -> tuple[bool, tuple[str, ...]]:
+    """A capacity or counter map: every entry's ``value`` a quantity."""
+    problems = tuple(f"{what} {name}: invalid quantity" for name, entry in as_mapping(entries).items()
+                     if not _is_quantity(as_mapping(entry).get("value")))
     return not problems, problems
 
 
-def _check_counters(counters: Any) -> tuple[bool, tuple[str, ...]]:
-    problems = tuple(f"consumesCounters {cname}: invalid quantity" for cname, c in as_mapping(counters).items()
-                     if not _is_quantity(as_mapping(c).get("value")))
-    return not problems, problems
+_check_capacity = partial(_check_quantities, "capacity")
+_check_counters = partial(_check_quantities, "consumesCounters")
 
 
 def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str],

@@ -325,25 +325,23 @@ class _SliceDecoder:
         shared = maps.get(raw)
         if shared is not None:
             return shared
-        out = self._map(raw, known, parse)
-        if len(maps) >= WHOLE_LIMIT:
-            maps.clear()
-        maps[raw] = out
-        return out
+        return _kept(maps, raw, self._map(raw, known, parse), WHOLE_LIMIT)
 
     def _map(self, entries: _M, known: dict[bytes, tuple[str, Any]], parse: Callable[[bytes], tuple[str, Any]]) -> Obj:
         # Every attribute of every device comes through here. The lookups and the dict are built
         # by C loops; only an entry not seen before (a UUID, a bus ID) takes a Python step.
         hits: list[tuple[str, Any] | None] = list(map(known.get, entries))
-        if None in hits:
+        fresh = None in hits
+        if fresh:
             for i, hit in enumerate(hits):
                 if hit is None:
                     raw = entries[i]
                     hits[i] = _kept(known, raw, parse(raw))
+        out: Obj = dict(hits)  # type: ignore[arg-type]  # no None is left
+        if fresh:
             # With an entry not seen before, no map seen before is equal to this one: nothing to
             # look up, nor worth remembering (a GPU's attributes, with its UUID, are its own).
-            return dict(hits)  # type: ignore[arg-type]  # no None is left
-        out: Obj = dict(hits)  # type: ignore[arg-type]  # no None is left
+            return out
         key = (tuple(out), tuple(map(id, out.values())))
         shared = self._maps.get(key)
         return shared if shared is not None else _kept(self._maps, key, out)
@@ -379,9 +377,9 @@ class _SliceDecoder:
 _V = TypeVar("_V")
 
 
-def _kept(table: dict[Any, _V], key: Any, value: _V) -> _V:
-    """``value``, remembered under ``key`` in a table that starts afresh at :data:`SHARED_LIMIT`."""
-    if len(table) >= SHARED_LIMIT:
+def _kept(table: dict[Any, _V], key: Any, value: _V, limit: int = SHARED_LIMIT) -> _V:
+    """``value``, remembered under ``key`` in a table that starts afresh at ``limit`` entries."""
+    if len(table) >= limit:
         table.clear()
     table[key] = value
     return value
