@@ -272,7 +272,7 @@ def key_function(projection: Projection) -> Callable[[Device], tuple[Any, ...]]:
         for domain_ in domains:
             parts.append(_domain_value(as_mapping(raw.get(domain_[0])), driver, domain_))
         if projection.capacity:
-            parts.append(_remembered(_SIGNATURES, raw.get("capacity"), _capacity_signature))
+            parts.append(remembered(_SIGNATURES, raw.get("capacity"), _capacity_signature))
         if projection.flags:
             parts.append((dev.allow_multi, dev.has_consumes))
         return tuple(parts)
@@ -289,7 +289,8 @@ _SIGNATURES: dict[int, tuple[Any, Any]] = {}
 MAX_REMEMBERED = 4096  # per table: a handful of shared entries, or a bounded churn of unshared ones
 
 
-def _remembered(table: dict[int, tuple[Any, Any]], entry: Any, read: Callable[[Any], Any]) -> Any:
+def remembered(table: dict[int, tuple[Any, Any]], entry: Any, read: Callable[[Any], Any]) -> Any:
+    """``read(entry)``, worked out once per entry object that ``table`` holds."""
     found = table.get(id(entry))
     if found is not None and found[0] is entry:
         return found[1]
@@ -318,7 +319,7 @@ def _field_value(raw: Mapping[str, Any], kind: str, driver: str, domain: str, na
     Names split at the first ``/`` (an unqualified one belongs to the driver), so a domain with a
     ``/`` is never there. A capacity keeps both spellings that reach the field (``memory`` and
     ``<driver>/memory``) and which came last, because the explanation reads them in its own order.
-    An entry is read through :func:`_remembered`: devices share equal entries."""
+    An entry is read through :func:`remembered`: devices share equal entries."""
     if "/" in domain:
         return NO_DOMAIN
     long_entry = raw.get(qualified)
@@ -328,11 +329,11 @@ def _field_value(raw: Mapping[str, Any], kind: str, driver: str, domain: str, na
         if long_entry is not None and short_entry is not None:
             value = attribute_entry(raw, driver, qualified)  # both published: the later wins
         elif long_entry is not None or short_entry is not None:
-            value = _remembered(_ATTRIBUTE_VALUES, long_entry if long_entry is not None else short_entry,
+            value = remembered(_ATTRIBUTE_VALUES, long_entry if long_entry is not None else short_entry,
                                 attribute_value)
     else:
-        long_q = _remembered(_QUANTITIES, long_entry, _quantity) if long_entry is not None else None
-        short_q = _remembered(_QUANTITIES, short_entry, _quantity) if short_entry is not None else None
+        long_q = remembered(_QUANTITIES, long_entry, _quantity) if long_entry is not None else None
+        short_q = remembered(_QUANTITIES, short_entry, _quantity) if short_entry is not None else None
         if long_q is not None or short_q is not None:
             long_last = False
             if long_q is not None and short_q is not None:
@@ -345,10 +346,15 @@ def _field_value(raw: Mapping[str, Any], kind: str, driver: str, domain: str, na
 
 
 def _quantity(entry: Any) -> Any:
+    """A quantity's value for a group key: an int where it is whole (nearly always), which hashes
+    in a fraction of a Fraction's time; equal values stay equal either way. Grouping hashes one
+    key per device (116,000 at 5,000 nodes)."""
     if entry is None:
         return None
     q = quantity_or_none(as_mapping(entry).get("value"))
-    return q.value if q is not None else None
+    if q is None:
+        return None
+    return q.value.numerator if q.value.denominator == 1 else q.value
 
 
 def _domain_value(raw: Mapping[str, Any], driver: str, domain: Domain) -> Any:

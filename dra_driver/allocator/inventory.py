@@ -196,7 +196,10 @@ class Pool:
     # What selectors read of each device, by projection (allocator.groups.pool_keys): the same
     # for every inventory that takes this pool over.
     keys: dict[Any, list[Any]] = field(default_factory=dict)
-    _counters_key: tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...] | None = None
+    _counters_key: tuple[tuple[str, tuple[tuple[str, Fraction | int], ...]], ...] | None = None
+    # What a device alone asks of these counters, answered (allocator.funnel): shared by the pools
+    # that hold the same counters, found once per pool rather than by hashing its counters per claim.
+    alone_answers: dict[Any, str] | None = None
 
     @property
     def usable(self) -> bool:
@@ -208,10 +211,13 @@ class Pool:
             self._consumer_keys = frozenset(d.key for d in self.devices if d.has_consumes)
         return self._consumer_keys
 
-    def counters_key(self) -> tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...]:
-        """The counter sets, hashable: equal for pools that hold the same counters."""
+    def counters_key(self) -> tuple[tuple[str, tuple[tuple[str, Fraction | int], ...]], ...]:
+        """The counter sets, hashable: equal for pools that hold the same counters. Whole values
+        are ints, which hash in a fraction of a Fraction's time (a dynamic-MIG GPU has dozens)."""
         if self._counters_key is None:
-            self._counters_key = tuple((cs, tuple(counters.items())) for cs, counters in self.counter_sets.items())
+            self._counters_key = tuple(
+                (cs, tuple((name, v.numerator if v.denominator == 1 else v) for name, v in counters.items()))
+                for cs, counters in self.counter_sets.items())
         return self._counters_key
 
     @property
@@ -258,30 +264,68 @@ class Inventory:
         return self.pool_map[(d.key[0], d.key[1])]
 
 
-def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None) -> Inventory:
-    """Group slices into pools (highest generation only) and digest their devices.
+class Prebuilt:
+    """Pools digested from slices as they arrive, before any inventory holds them: the controller
+    starts on them while the API server is still sending the rest (at 5,000 nodes the slices take
+    seconds to arrive, and digesting their 116,000 devices as long again). :func:`build_inventory`
+    takes over those whose slices it is given unchanged (the same objects)."""
 
-    ``previous``, an inventory built earlier (the controller's last one), lends its pools whose
-    slices are unchanged (the same objects, or equal ones), so a slice update costs the digest of
-    its own pool only.
-    """
+    def __init__(self) -> None:
+        self.pools: dict[tuple[str, str], Pool] = {}
+        self._members: dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]] = {}
+        self._added = 0
+        self._checked: dict[int, _Checked] = {}
+
+    def add(self, slices: Sequence[Mapping[str, Any]]) -> None:
+        """Digest the pools of ``slices``, those that arrived after the ones added before: a pool
+        is digested again when another of its slices arrives."""
+        groups, _ = _grouped(slices, start=self._added)
+        self._added += len(slices)
+        for key, members in groups.items():
+            everything = self._members.setdefault(key, [])
+            everything.extend(members)
+            self.pools[key] = _build_pool(*key, everything, self._checked)
+
+
+def _grouped(slices: Iterable[Mapping[str, Any]],
+             start: int = 0) -> tuple[dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]], list[str]]:
+    """Slices (with their positions in the input, from ``start``) by (driver, pool), and the
+    problems of those without."""
     problems: list[str] = []
     groups: dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]] = {}
-    for i, sl in enumerate(slices):
+    for i, sl in enumerate(slices, start):
         spec = as_mapping(as_mapping(sl).get("spec"))
         driver, pool = as_str(spec.get("driver")), as_str(as_mapping(spec.get("pool")).get("name"))
         if not driver or not pool:
             problems.append(f"slice #{i} ({_slice_name(sl, i)}): missing driver or pool name, ignored")
             continue
         groups.setdefault((driver, pool), []).append((sl, i))
+    return groups, problems
+
+
+def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None,
+                    prebuilt: Prebuilt | None = None) -> Inventory:
+    """Group slices into pools (highest generation only) and digest their devices.
+
+    ``previous``, an inventory built earlier (the controller's last one), lends its pools whose
+    slices are unchanged (the same objects, or equal ones), so a slice update costs the digest of
+    its own pool only. ``prebuilt`` lends the pools it digested from the same slice objects; they
+    become this inventory's own, so ``prebuilt`` is spent.
+    """
+    groups, problems = _grouped(slices)
     earlier = previous.pool_map if previous is not None else {}
+    fresh = prebuilt.pools if prebuilt is not None else {}
     checked: dict[int, _Checked] = {}
     devices: list[Device] = []
     pools: list[Pool] = []
     for (driver, name), members in sorted(groups.items()):
-        built = _reused(earlier.get((driver, name)), [sl for sl, _ in members], len(devices))
+        sources = [sl for sl, _ in members]
+        built = _reused(earlier.get((driver, name)), sources, len(devices))
         if built is None:
-            built = _build_pool(driver, name, members, checked)
+            built = fresh.pop((driver, name), None)
+            if built is None or not _same_sources(built, sources):
+                built = _build_pool(driver, name, members, checked)
+            # Numbered in place: no inventory holds a fresh pool yet.
             for i, dev in enumerate(built.devices):
                 dev.index = len(devices) + i
         pools.append(built)
@@ -313,6 +357,14 @@ def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | N
     inventory.node_positions = {n: i for i, n in enumerate(inventory.node_names)}
     inventory.idle_positions = [i for i, n in enumerate(inventory.node_names) if n not in inventory.local]
     return inventory
+
+
+def _same_sources(pool: Pool, members: list[Mapping[str, Any]]) -> bool:
+    """Whether ``pool`` was digested from these very slice objects, all named (an unnamed slice is
+    named in messages by its position, which may differ)."""
+    return len(pool.sources) == len(members) and all(
+        old is new and as_str(as_mapping(as_mapping(new).get("metadata")).get("name"))
+        for old, new in zip(pool.sources, members, strict=True))
 
 
 def _reused(pool: Pool | None, members: list[Mapping[str, Any]], start: int) -> Pool | None:

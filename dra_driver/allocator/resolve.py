@@ -16,6 +16,7 @@ from dra_driver.allocator.inventory import (
     AllocatedState,
     Device,
     Inventory,
+    Prebuilt,
     allocated_state,
     as_nodes,
     build_inventory,
@@ -45,9 +46,11 @@ class Engine:
     """The engine's three entry points as one object, so a caller can be handed another (a spy in
     tests) where it would otherwise call the module's functions."""
 
-    def build_inventory(self, slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None) -> Inventory:
-        """``previous``: an inventory built before, whose per-device work may be reused."""
-        return build_inventory(slices, previous)
+    def build_inventory(self, slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None,
+                        prebuilt: Prebuilt | None = None) -> Inventory:
+        """``previous``: an inventory built before, whose per-device work may be reused;
+        ``prebuilt``: pools digested as the slices arrived."""
+        return build_inventory(slices, previous, prebuilt)
 
     def allocated_state(self, claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:
         return allocated_state(claims, exclude_uid)

@@ -167,6 +167,9 @@ class Informer:
         self.resource_version = ""
         self.streaming = streaming
         """Whether lists are streamed (:meth:`stream`); cleared once the API server refuses."""
+        self.streamed: list[Obj] = []
+        """What a streaming list in progress has received so far (empty otherwise), for a reader
+        that starts work on it before the list ends: it may copy the list, never change it."""
         self._need_list = True
         self._applied = 0  # watch events applied, for _trim
         self.synced = threading.Event()
@@ -192,6 +195,7 @@ class Informer:
         server cannot stream lists: :meth:`run` then lists instead)."""
         t0 = time.monotonic()
         items: list[Obj] = []
+        self.streamed = items
         listing = True
         for event in self.api.watch(
             self.resource, resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
@@ -210,6 +214,7 @@ class Informer:
                 if kept is not None:
                     items.append(kept)
             elif event.get("type") == "BOOKMARK" and _initial_events_end(obj):
+                self.streamed = []
                 self._listed(items, resource_version(obj), t0, streamed=True)
                 items, listing = [], False
         if listing:

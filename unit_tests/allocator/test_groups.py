@@ -27,7 +27,7 @@ from dra_driver.allocator.cel import compile as cel_compile
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import WHOLE, Reads, selector_reads
-from dra_driver.allocator.inventory import AllocatedState, Device, build_inventory
+from dra_driver.allocator.inventory import AllocatedState, Device, Prebuilt, build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.controller.views import slice_view
 from dra_driver.k8s.quantity import parse_quantity
@@ -294,6 +294,37 @@ def test_a_rebuilt_inventory_reads_only_the_pools_that_changed(monkeypatch: pyte
     assert set(read) == {"node-3"}
     part = next(part for projection, part in rebuilt.partitions.built.items() if projection.within)
     assert sorted(len(g.members) for g in part.groups) == [19, 21]  # node-3's first GPU moved to model A
+
+
+def _summary(inv: Any) -> tuple[Any, ...]:
+    return ([(d.key, d.index, d.node_name, d.problems) for d in inv.devices], inv.problems, inv.node_names,
+            [(p.label, p.complete, p.invalid) for p in inv.pools])
+
+
+def test_pools_digested_as_their_slices_arrive_are_taken_over_when_unchanged() -> None:
+    slices = shared([slice_(f"node-{n}", [gpu(f"gpu-{i}", {"model": {"string": "AB"[n % 2]}}) for i in range(2)])
+                     for n in range(8)])  # fmt: skip
+    halves = [slice_("wide", [gpu(f"gpu-{h}{i}", {"model": {"string": "A"}}) for i in range(2)]) for h in "ab"]
+    for h, half in zip("ab", halves, strict=True):
+        half["metadata"]["name"] = f"wide-{h}"
+        half["spec"]["pool"]["resourceSliceCount"] = 2
+    unnamed = slice_("anonymous", [gpu("gpu-0", {"model": {"string": "A"}})])
+    del unnamed["metadata"]["name"]
+    broken = slice_("broken", [gpu("gpu-0", {"model": {"string": "A"}}, {"memory": {"value": "lots"}})])
+    arrived = [*slices[:3], halves[0], *slices[3:6], halves[1], unnamed, broken, *slices[6:]]
+    prebuilt = Prebuilt()
+    for start in range(0, len(arrived), 4):  # the wide pool's two slices come in different batches
+        prebuilt.add(arrived[start:start + 4])
+    assert prebuilt.pools[(D, "wide")].complete
+    early = dict(prebuilt.pools)
+    listed = [*arrived]
+    listed[1] = copy.deepcopy(arrived[1])  # equal, not the same object: digested again
+    inv = build_inventory(listed, prebuilt=prebuilt)
+    assert _summary(inv) == _summary(build_inventory(listed))
+    assert [d.index for d in inv.devices] == list(range(len(inv.devices)))
+    taken = {p.name for p in inv.pools if early.get((p.driver, p.name)) is p}
+    assert taken == {f"node-{n}" for n in range(8) if n != 1} | {"wide", "broken"}
+    assert any("broken" in problem for problem in inv.problems)
 
 
 def test_devices_sharing_entries_read_them_once() -> None:

@@ -498,3 +498,36 @@ def test_workers_start_when_the_informers_are_slow_to_sync() -> None:
     finally:
         stop.set()
         runner.join(timeout=10)
+
+
+def test_pools_are_digested_while_the_slices_arrive() -> None:
+    """At 5,000 nodes the API server takes seconds to send the slices and digesting their devices
+    as long again: the warm-up digests each pool as its slice arrives, and the first inventory
+    takes those pools over instead of digesting them after the last slice."""
+
+    class SlowSlices(FakeKube):
+        def watch(self, res: Any, **kwargs: Any) -> Any:
+            for event in super().watch(res, **kwargs):
+                if res is SLICES and event["type"] == "ADDED":
+                    time.sleep(0.1)  # several of the warm-up's looks per slice
+                yield event
+
+    kube = SlowSlices()
+    for i in range(4):
+        kube.add(SLICES, gpu_slice(f"node-{i}", 2))
+    kube.add(DEVICE_CLASSES, device_class())
+    ctrl, _, _ = make(kube)
+    stop = threading.Event()
+    streaming = threading.Thread(target=ctrl.slices.stream, args=(stop,), daemon=True)
+    with capture_logs() as logs:
+        streaming.start()
+        assert ctrl._prebuild(stop)
+    streaming.join(timeout=10)
+    early = dict(ctrl._prebuilt.pools) if ctrl._prebuilt is not None else {}
+    done = next(e for e in logs if e["event"] == "pools digested while the slices arrived")
+    assert done["slices"] >= 3 and len(early) >= 3
+    inventory = ctrl.inventory()
+    assert [d.index for d in inventory.devices] == list(range(8))
+    taken = [p for p in inventory.pools if early.get((p.driver, p.name)) is p]
+    assert len(taken) == len(early)
+    assert ctrl._prebuilt is None  # spent on the first inventory

@@ -299,8 +299,8 @@ class TestInventoryReuse:
         builds: list[Any] = []
 
         class Recording(SpyEngine):
-            def build_inventory(self, slices: list[Any], previous: Any = None) -> Any:
-                inv = super().build_inventory(slices, previous)
+            def build_inventory(self, slices: list[Any], previous: Any = None, prebuilt: Any = None) -> Any:
+                inv = super().build_inventory(slices, previous, prebuilt)
                 builds.append((inv, previous))
                 return inv
 
