@@ -62,7 +62,7 @@ def clean_ns(bed: Bed) -> Iterator[str]:
     name = f"e2e-{secrets.token_hex(3)}"
     bed.kubectl("create", "namespace", name)
     wait_for(f"default ServiceAccount in {name}",
-             lambda: bed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30)
+             lambda: bed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0)
     yield name
     bed.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200)
 
