@@ -152,9 +152,24 @@ class FakeKube:
         since = int(resource_version or 0)
         if self.log and since < self.log[0][0] - 1 and since != 0:
             raise ApiError(410, "Expired", "too old resource version")
+        # As the API server's watch cache: with a field selector, an object that comes to match it
+        # is ADDED, one that stops matching DELETED.
+        matched: dict[str, bool] = {}
         for rv, plural, etype, obj in list(self.log):
-            if plural == res.plural and rv > since and _selected(obj, field_selector):
-                yield {"type": etype, "object": as_reduced(obj, reduced, res)}
+            if plural != res.plural:
+                continue
+            if not field_selector:
+                if rv > since:
+                    yield {"type": etype, "object": as_reduced(obj, reduced, res)}
+                continue
+            key = key_of(obj)
+            was, now = matched.get(key, False), etype != "DELETED" and _selected(obj, field_selector)
+            matched[key] = now
+            if rv <= since or not (was or now):
+                continue
+            if etype != "DELETED":
+                etype = "DELETED" if not now else "ADDED" if not was else etype
+            yield {"type": etype, "object": as_reduced(obj, reduced, res)}
 
     def get(self, res: Resource, name: str, *, namespace: str | None = None,
             meanwhile: Callable[[], object] | None = None) -> Obj:
