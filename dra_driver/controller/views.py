@@ -4,7 +4,8 @@ A controller beside a 5,000-node cluster sees 150,000 Pods and 20,000 ResourceCl
 need nothing from it. Decoded whole, a Pod costs ~21 KiB of memory and an allocated claim ~9 KiB
 (``e2e/bench/storemem.py`` measures them). So each store keeps only what the controller reads:
 
-* **Pods**: the claim references and the node (what :func:`dra_driver.k8s.claims.pod_claim_keys`
+* **Pods** (only those not running yet: :data:`dra_driver.controller.reconciler.WAITING_PODS`): the
+  claim references and the node (what :func:`dra_driver.k8s.claims.pod_claim_keys`
   and :func:`~dra_driver.k8s.claims.pod_node` read), and nothing for a pod that waits for no claim:
   most pods use no device, and a finished pod waits for nothing. A pod that starts or stops
   waiting for a claim reaches the handler as an add or a delete.
