@@ -549,7 +549,7 @@ class Controller:
             if self.slices.streamed is not arrived:
                 if self.slices.synced.is_set():
                     break  # the list ended after this look began
-                prebuilt, arrived, taken = Prebuilt(), self.slices.streamed, 0  # the last list failed
+                prebuilt, arrived, taken = Prebuilt(), self.slices.streamed, 0  # a list (re)started
             batch = arrived[taken:]
             if batch:
                 prebuilt.add(batch)
