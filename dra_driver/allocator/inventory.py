@@ -36,6 +36,12 @@ def quantity_or_none(value: Any) -> Quantity | None:
         return None
 
 
+def hashable(value: Fraction) -> Fraction | int:
+    """A quantity's value for a hashed key: an int where it is whole (nearly always), which hashes
+    in a fraction of a Fraction's time (Python code); equal values stay equal either way."""
+    return value.numerator if value.denominator == 1 else value
+
+
 def key_str(key: DeviceKey) -> str:
     return "/".join(key)
 
@@ -212,12 +218,11 @@ class Pool:
         return self._consumer_keys
 
     def counters_key(self) -> tuple[tuple[str, tuple[tuple[str, Fraction | int], ...]], ...]:
-        """The counter sets, hashable: equal for pools that hold the same counters. Whole values
-        are ints, which hash in a fraction of a Fraction's time (a dynamic-MIG GPU has dozens)."""
+        """The counter sets, hashable: equal for pools that hold the same counters (a dynamic-MIG
+        GPU has dozens of counters, each value :func:`hashable`)."""
         if self._counters_key is None:
-            self._counters_key = tuple(
-                (cs, tuple((name, v.numerator if v.denominator == 1 else v) for name, v in counters.items()))
-                for cs, counters in self.counter_sets.items())
+            self._counters_key = tuple((cs, tuple((name, hashable(v)) for name, v in counters.items()))
+                                       for cs, counters in self.counter_sets.items())
         return self._counters_key
 
     @property
@@ -359,25 +364,18 @@ def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | N
     return inventory
 
 
-def _same_sources(pool: Pool, members: list[Mapping[str, Any]]) -> bool:
-    """Whether ``pool`` was digested from these very slice objects, all named (an unnamed slice is
-    named in messages by its position, which may differ)."""
+def _same_sources(pool: Pool, members: list[Mapping[str, Any]], *, equal: bool = False) -> bool:
+    """Whether ``pool`` was digested from these slices (the very objects, or with ``equal`` equal
+    ones), all named: an unnamed slice is named in messages by its position, which may differ."""
     return len(pool.sources) == len(members) and all(
-        old is new and as_str(as_mapping(as_mapping(new).get("metadata")).get("name"))
+        (old is new or (equal and old == new)) and as_str(as_mapping(as_mapping(new).get("metadata")).get("name"))
         for old, new in zip(pool.sources, members, strict=True))
 
 
 def _reused(pool: Pool | None, members: list[Mapping[str, Any]], start: int) -> Pool | None:
-    """``pool`` for these slices, its devices numbered from ``start``; None when the slices differ.
-
-    Unnamed slices are never taken over: their names in messages come from their position."""
-    if pool is None or len(pool.sources) != len(members):
+    """``pool`` for these slices, its devices numbered from ``start``; None when the slices differ."""
+    if pool is None or not _same_sources(pool, members, equal=True):
         return None
-    for old, new in zip(pool.sources, members, strict=True):
-        if not as_str(as_mapping(as_mapping(new).get("metadata")).get("name")):
-            return None
-        if old is not new and old != new:
-            return None
     if not pool.devices or pool.devices[0].index == start:
         return pool
     moved = [replace(d, index=start + i) for i, d in enumerate(pool.devices)]

@@ -65,6 +65,16 @@ def pending(kube: FakeKube, n: int, count: int = 3) -> None:
         add_pod(kube, pod(f"p{i}", f"c{i}"))
 
 
+def held(kube: FakeKube, n: int, *, phase: str = "Pending") -> None:
+    """``n`` allocated claims (one of node-a's two GPUs each), each used by a pod in ``phase``."""
+    for i in range(n):
+        c = claim(f"done{i}")
+        c["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.dra-driver.io", "pool": "node-a", "device": f"gpu-{i % 2}"}]}}}
+        add_claim(kube, c)
+        add_pod(kube, pod(f"p-done{i}", f"done{i}", phase=phase))
+
+
 class TestTokenBucket:
     def test_a_burst_then_the_rate(self) -> None:
         now = [0.0]
@@ -299,12 +309,7 @@ def test_claims_that_need_no_work_are_not_queued() -> None:
     """Nor by the pods that use them: at 5,000 nodes 20,000 running pods each hold an allocated
     claim, and the workers would go through all of them beside the start's first explanations."""
     kube = cluster(gpus=2)
-    for i in range(30):
-        c = claim(f"done{i}")
-        c["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.dra-driver.io", "pool": "node-a", "device": f"gpu-{i % 2}"}]}}}
-        add_claim(kube, c)
-        add_pod(kube, pod(f"p-done{i}", f"done{i}"))
+    held(kube, 30)
     pending(kube, 1)
     ctrl, _, _ = make(kube)
     sync(ctrl)
@@ -541,12 +546,7 @@ def test_only_pods_not_yet_running_are_watched() -> None:
     """A running pod's claims are allocated: it can wait for nothing the controller explains. At
     5,000 nodes 150,000 such pods were most of what the controller listed at start."""
     kube = cluster(gpus=2)
-    for i in range(20):
-        c = claim(f"done{i}")
-        c["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.dra-driver.io", "pool": "node-a", "device": f"gpu-{i % 2}"}]}}}
-        add_claim(kube, c)
-        add_pod(kube, pod(f"p-done{i}", f"done{i}", phase="Running"))
+    held(kube, 20, phase="Running")
     pending(kube, 1, count=9)
     ctrl, _, _ = make(kube)
     sync(ctrl)
