@@ -60,6 +60,7 @@ from dra_driver.controller.verdicts import (
     classify,
     config_only_outcome,
     evaluate,
+    pending_classes,
 )
 from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_reading
 from dra_driver.k8s.claims import (
@@ -110,6 +111,8 @@ running, and were most of what the controller listed at start. A pod that starts
 the watch as a deletion (the API server's rule for an object that stops matching the selector)."""
 PREBUILD_EVERY = 0.2
 """Seconds between looks at the slices a streaming list has received so far (see Controller._prebuild)."""
+IDLE_POLL = 0.05
+"""Seconds between looks at the queue while the warm-up waits for the workers to be idle."""
 RESCAN = "rescan:"
 """The queue item that re-evaluates every unallocated claim (see Controller._enqueue_unallocated)."""
 
@@ -198,6 +201,10 @@ class Controller:
             resolve=lambda claim, fresh: self.outcome_for(claim, claims=fresh, require_own_driver=True),
             requeue=lambda claim, delay: self.queue.add_after(_kind_key("claim", key_of(claim)), delay),
             log=self._log, settle_seconds=settle_seconds, sleep=sleep)
+        self._warm = threading.Event()
+        """Set once the warm-up has built what the workers need first (or given up)."""
+        self._working = threading.Event()
+        """Set once the workers run, with the claims of the first resync queued."""
         self._beats = [clock()] * (WORKERS + 1)
         """When the main loop (0) and each worker last came round."""
 
@@ -470,7 +477,7 @@ class Controller:
         warm = threading.Thread(target=self._warm_up, args=(stop,), name="inventory", daemon=True)
         warm.start()
         if self.wait_synced(stop):
-            warm.join()
+            self._warm.wait()
         else:
             if stop.is_set():
                 return
@@ -481,6 +488,7 @@ class Controller:
                    for n in range(1, WORKERS + 1)]
         for w in workers:
             w.start()
+        self._working.set()
         next_resync = self.clock() + self.settings.resync_seconds
         was_leader = self.leadership.is_leader()
         while not stop.wait(1.0):
@@ -498,45 +506,75 @@ class Controller:
             w.join(timeout=5)
 
     def _warm_up(self, stop: threading.Event) -> None:
-        """Build the device inventory, group its devices the way a claim for one device of each
+        """Build the device inventory, group its devices the way a claim for one device of a
         DeviceClass does, and add up what the claims hold, before the workers start: at 5,000
         nodes the inventory takes a couple of seconds, each grouping a few tenths and the sum of
         20,000 claims tens of milliseconds, which would otherwise be the first claims' wait. It
         starts as soon as the slices are listed, while the other lists still wait for the API
-        server. Later slice changes only rebuild what they touched, when a claim next asks."""
-        if not self._prebuild(stop):
-            return
-        t0 = time.perf_counter()
+        server. Later slice changes only rebuild what they touched, when a claim next asks.
+
+        Only the classes that pending claims ask for are grouped before the workers start; the
+        others (the dynamic-MIG class is the costliest: 76,000 partitionable devices at 5,000
+        nodes) once the workers have nothing to do, so that no claim waits for a class it does
+        not use."""
         try:
-            inventory = self.inventory()
-        except Exception as exc:  # the first claim's evaluation reports it, with the claim
-            self._log.warning("cannot build the device inventory yet", error=f"{type(exc).__name__}: {exc}")
-            return
-        self._log.info("device inventory built", devices=len(inventory.devices),
-                       seconds=round(time.perf_counter() - t0, 3))
-        if not _synced((self.classes,), stop):
-            return
+            if not self._prebuild(stop):
+                return
+            t0 = time.perf_counter()
+            try:
+                inventory = self.inventory()
+            except Exception as exc:  # the first claim's evaluation reports it, with the claim
+                self._log.warning("cannot build the device inventory yet", error=f"{type(exc).__name__}: {exc}")
+                return
+            self._log.info("device inventory built", devices=len(inventory.devices),
+                           seconds=round(time.perf_counter() - t0, 3))
+            if not _synced((self.classes, self.claims), stop):
+                return
+            classes = self.class_map()
+            wanted = sorted(pending_classes(self.claims.store.values()) & classes.keys())
+            self._prime(inventory, wanted, classes)
+            t0 = time.perf_counter()
+            self.accounting.held()
+            # The inventory and its groupings live as long as the slices stay as they are; left to
+            # the cyclic collector, the first full collection after start walks all of them (half
+            # a second at 5,000 nodes) in whichever claim's evaluation it falls.
+            gc.freeze()
+            self._log.info("devices held by claims added up", claims=len(self.claims.store),
+                           seconds=round(time.perf_counter() - t0, 3))
+        finally:
+            self._warm.set()
+        rest = sorted(classes.keys() - set(wanted))
+        while not self._working.wait(IDLE_POLL):
+            if stop.is_set():
+                return
+        for name in rest:
+            while not self.queue.idle():
+                if stop.wait(IDLE_POLL):
+                    return
+            classes = self.class_map()
+            if name not in classes:
+                continue
+            try:
+                inventory = self.inventory()  # the slices may have changed meanwhile
+            except Exception:
+                return  # the next claim's evaluation reports it, with the claim
+            self._prime(inventory, [name], classes)
+        gc.freeze()
+        self._log.info("warm-up over", classes=len(classes), grouped_first=len(wanted))
+
+    def _prime(self, inventory: Inventory, names: Sequence[str], classes: dict[str, Obj]) -> None:
+        """Group the devices for each of the DeviceClasses ``names``, one at a time."""
         t0 = time.perf_counter()
-        classes = self.class_map()
-        for name in sorted(classes):
+        for name in names:
             try:
                 with self._engine_lock:
                     self.engine.prime(inventory, name, classes)
             except Exception as exc:  # the class's claims report it, each with the claim
                 self._log.warning("cannot group the devices for a DeviceClass", device_class=name,
                                   error=f"{type(exc).__name__}: {exc}")
-        self._log.info("devices grouped for the DeviceClasses", classes=len(classes),
-                       seconds=round(time.perf_counter() - t0, 3))
-        if not _synced((self.claims,), stop):
-            return
-        t0 = time.perf_counter()
-        self.accounting.held()
-        # The inventory and its groupings live as long as the slices stay as they are; left to the
-        # cyclic collector, the first full collection after start walks all of them (half a
-        # second at 5,000 nodes) in whichever claim's evaluation it falls.
-        gc.freeze()
-        self._log.info("devices held by claims added up", claims=len(self.claims.store),
-                       seconds=round(time.perf_counter() - t0, 3))
+        if names:
+            self._log.info("devices grouped for DeviceClasses", classes=list(names),
+                           seconds=round(time.perf_counter() - t0, 3))
 
     def _prebuild(self, stop: threading.Event) -> bool:
         """Digest the slices' pools as the API server streams them, until they are all listed

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -88,6 +88,12 @@ def claim_class_names(claim: Mapping[str, Any]) -> list[str]:
             if isinstance(sub, Mapping) and sub.get("deviceClassName"):
                 names.append(str(sub["deviceClassName"]))
     return list(dict.fromkeys(names))
+
+
+def pending_classes(claims: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The DeviceClasses that claims not allocated (nor being deleted) ask for: what the first
+    evaluations after a start need grouped."""
+    return {name for c in claims if not is_allocated(c) and not is_deleting(c) for name in claim_class_names(c)}
 
 
 def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Obj], driver: str) -> list[str]:

@@ -465,6 +465,11 @@ class WorkQueue:
         with self._cond:
             return len(self._queue)
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing being processed (delayed adds aside)."""
+        with self._cond:
+            return not self._queue and not self._processing
+
     def pending(self) -> list[str]:
         with self._cond:
             return [*self._queue]

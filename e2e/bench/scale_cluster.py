@@ -35,7 +35,7 @@ DRIVER = fleet.DRIVER
 CONTROLLER_USER = "scale-bench-controller"
 NO_SCHEDULER = "scale-bench-none"
 """Pods naming this scheduler are never scheduled: their claims stay pending for our controller alone."""
-WARM_UP_ENDS = ("devices held by claims added up", "cannot build the device inventory yet")
+WARM_UP_ENDS = ("warm-up over", "cannot build the device inventory yet")
 """The controller's log events that end its warm-up (``Controller._warm_up``)."""
 EXPLANATION = f"{DRIVER}/explanation"
 RESOLVE_HISTOGRAM = "dra_driver_controller_resolve_duration_seconds"
@@ -284,8 +284,8 @@ class ControllerProcess:
         raise TimeoutError(f"controller {self.label}: informers not synced {timeout:.0f}s after start")
 
     def wait_warm(self, timeout: float) -> float:
-        """Seconds from spawn until the controller's warm-up ended (the inventory and the
-        DeviceClasses' groupings built, which its workers wait for; it logs the end)."""
+        """Seconds from spawn until the controller's warm-up ended (the inventory and every
+        DeviceClass's grouping built; it logs the end)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()

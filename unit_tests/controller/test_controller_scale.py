@@ -395,14 +395,9 @@ def test_our_own_allocation_re_explains_the_others() -> None:
     assert "cannot allocate" in ann(kube, "default/c0")[SUMMARY_ANNOTATION]
 
 
-def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 5,000 nodes building the inventory takes about a second, grouping its devices for a class
-    a few tenths more, and adding up what 20,000 claims hold about 60 ms: the controller does all
-    three once its informers have synced, so the first pending claim for one device of a class
-    waits for none of them."""
-    kube = cluster(slices=3)
-    kube.add(DEVICE_CLASSES, device_class("other"))
-    order: list[str] = []
+def _recording_start(monkeypatch: pytest.MonkeyPatch, kube: FakeKube, order: list[str]) -> Controller:
+    """A controller that notes in ``order`` each inventory build, class grouping, sum of holdings
+    and evaluation, in the order they happen."""
     real_build = groups._build
 
     def building(inventory: Any, projection: Any, *rest: Any) -> Any:
@@ -435,13 +430,24 @@ def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypa
             time.sleep(0.05)
             super()._on_slice(old, new)
 
-    ctrl = SlowToHear(kube, settings(), engine=Recording(), sleep=lambda _s: None)
+    return SlowToHear(kube, settings(), engine=Recording(), sleep=lambda _s: None)
+
+
+def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5,000 nodes building the inventory takes about a second, grouping its devices for a class
+    a few tenths more, and adding up what 20,000 claims hold about 60 ms: the controller does all
+    three once its informers have synced, so the first claim for one device of a class waits for
+    none of them."""
+    kube = cluster(slices=3)
+    kube.add(DEVICE_CLASSES, device_class("other"))
+    order: list[str] = []
+    ctrl = _recording_start(monkeypatch, kube, order)
     stop = threading.Event()
     runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
     with capture_logs() as logs:
         runner.start()
         deadline = time.monotonic() + 10
-        while not any(e["event"] == "devices held by claims added up" for e in logs) and time.monotonic() < deadline:
+        while not any(e["event"] == "warm-up over" for e in logs) and time.monotonic() < deadline:
             time.sleep(0.01)
         before_any_claim = list(order)
         add_claim(kube, claim("c1", count=1))
@@ -450,11 +456,40 @@ def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypa
             time.sleep(0.01)
         stop.set()
         runner.join(timeout=10)
-    # Both classes select the same fields, so the second finds the first's grouping.
-    assert before_any_claim == ["inventory", f"prime {CLASS}", "group", "prime other", "held"]
+    # No claim was pending at start, so every class is grouped once the workers are idle. Both
+    # classes select the same fields, so the second finds the first's grouping.
+    assert before_any_claim == ["inventory", "held", f"prime {CLASS}", "group", "prime other"]
     assert order == [*before_any_claim, "resolve"], "the claim used the inventory, grouping and sum built at start"
     built = [entry for entry in logs if entry["event"] == "device inventory built"]
     assert len(built) == 1 and built[0]["devices"] == 6
+
+
+def test_the_claims_pending_at_start_wait_only_for_their_own_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 5,000 nodes the dynamic-MIG class's grouping takes a second (76,000 partitionable
+    devices); a claim pending at start for a GPU must not wait for it, nor for any class it does
+    not use: those are grouped once the workers have nothing left to do."""
+    kube = cluster(slices=3)
+    other = device_class("other")
+    other["spec"]["selectors"].append({"cel": {"expression": "device.attributes.exists(a, true) || true"}})
+    kube.add(DEVICE_CLASSES, other)
+    add_claim(kube, claim("c1", count=9))  # unsatisfiable: 6 GPUs
+    add_pod(kube, pod("p1", "c1"))
+    order: list[str] = []
+    ctrl = _recording_start(monkeypatch, kube, order)
+    stop = threading.Event()
+    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
+    with capture_logs() as logs:
+        runner.start()
+        deadline = time.monotonic() + 10
+        while not any(e["event"] == "warm-up over" for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+        runner.join(timeout=10)
+    assert order[:4] == ["inventory", f"prime {CLASS}", "group", "held"], order
+    assert order.index("resolve") < order.index("prime other"), order
+    assert "cannot allocate" in ann(kube, "default/c1")[SUMMARY_ANNOTATION]
+    over = [e for e in logs if e["event"] == "warm-up over"]
+    assert over and over[0]["grouped_first"] == 1
 
 
 def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatch: pytest.MonkeyPatch) -> None:
