@@ -282,14 +282,30 @@ class Prebuilt:
         self._checked: dict[int, _Checked] = {}
 
     def add(self, slices: Sequence[Mapping[str, Any]]) -> None:
-        """Digest the pools of ``slices``, those that arrived after the ones added before: a pool
-        is digested again when another of its slices arrives."""
+        """Digest the pools of ``slices``, those that arrived after the ones added before, once
+        their newest generation is all there: a dynamic-MIG pool's four slices come in different
+        batches, and digesting it at each of them cost start-up twice the digest of the fleet. A
+        pool left incomplete is digested by :func:`build_inventory`; one that grows again (a new
+        generation) is digested again."""
         groups, _ = _grouped(slices, start=self._added)
         self._added += len(slices)
         for key, members in groups.items():
             everything = self._members.setdefault(key, [])
             everything.extend(members)
-            self.pools[key] = _build_pool(*key, everything, self._checked)
+            if _all_there(everything):
+                self.pools[key] = _build_pool(*key, everything, self._checked)
+
+
+def _generation(sl: Mapping[str, Any]) -> int:
+    return as_int(as_mapping(as_mapping(as_mapping(sl).get("spec")).get("pool")).get("generation")) or 0
+
+
+def _all_there(members: Sequence[tuple[Mapping[str, Any], int]]) -> bool:
+    """Whether the newest generation among a pool's slices has as many as it says it has."""
+    top = max(_generation(sl) for sl, _ in members)
+    current = [sl for sl, _ in members if _generation(sl) == top]
+    expected = as_int(as_mapping(as_mapping(as_mapping(current[0]).get("spec")).get("pool")).get("resourceSliceCount"))
+    return len(current) == expected
 
 
 def _grouped(slices: Iterable[Mapping[str, Any]],
@@ -392,11 +408,8 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
     name); ``checked``: see :func:`_checked`."""
     members = [{**sl, "_index": i} for sl, i in sources]
 
-    def generation(sl: Mapping[str, Any]) -> int:
-        return as_int(as_mapping(as_mapping(sl["spec"]).get("pool")).get("generation")) or 0
-
-    top = max(generation(sl) for sl in members)
-    current = sorted((sl for sl in members if generation(sl) == top), key=lambda s: _slice_name(s, s["_index"]))
+    top = max(_generation(sl) for sl in members)
+    current = sorted((sl for sl in members if _generation(sl) == top), key=lambda s: _slice_name(s, s["_index"]))
     expected = as_int(as_mapping(as_mapping(current[0]["spec"]).get("pool")).get("resourceSliceCount")) or 0
     pool = Pool(driver, name, top, expected, [_slice_name(s, s["_index"]) for s in current],
                 complete=len(current) == expected, invalid=None, counter_sets={},

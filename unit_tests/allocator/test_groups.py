@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from dra_driver.allocator import groups, search
+from dra_driver.allocator import groups, inventory, search
 from dra_driver.allocator import resolve as resolve_module
 from dra_driver.allocator.cel import compile as cel_compile
 from dra_driver.allocator.cel.compile import compile_selector
@@ -313,9 +313,13 @@ def test_pools_digested_as_their_slices_arrive_are_taken_over_when_unchanged() -
     broken = slice_("broken", [gpu("gpu-0", {"model": {"string": "A"}}, {"memory": {"value": "lots"}})])
     arrived = [*slices[:3], halves[0], *slices[3:6], halves[1], unnamed, broken, *slices[6:]]
     prebuilt = Prebuilt()
-    for start in range(0, len(arrived), 4):  # the wide pool's two slices come in different batches
-        prebuilt.add(arrived[start:start + 4])
+    with mock.patch.object(inventory, "_build_pool", wraps=inventory._build_pool) as digests:
+        for start in range(0, len(arrived), 4):  # the wide pool's two slices come in different batches
+            prebuilt.add(arrived[start:start + 4])
+            if start == 0:
+                assert (D, "wide") not in prebuilt.pools, "half a pool is not digested"
     assert prebuilt.pools[(D, "wide")].complete
+    assert [c.args[1] for c in digests.call_args_list].count("wide") == 1, "digested once, when all there"
     early = dict(prebuilt.pools)
     listed = [*arrived]
     listed[1] = copy.deepcopy(arrived[1])  # equal, not the same object: digested again
