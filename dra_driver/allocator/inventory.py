@@ -296,15 +296,21 @@ class Prebuilt:
                 self.pools[key] = _build_pool(*key, everything, self._checked)
 
 
-def _generation(sl: Mapping[str, Any]) -> int:
-    return as_int(as_mapping(as_mapping(as_mapping(sl).get("spec")).get("pool")).get("generation")) or 0
+def _pool_field(sl: Mapping[str, Any], name: str) -> int:
+    return as_int(as_mapping(as_mapping(as_mapping(sl).get("spec")).get("pool")).get(name)) or 0
+
+
+def _newest(slices: Iterable[Mapping[str, Any]]) -> tuple[int, list[Mapping[str, Any]], int]:
+    """A pool's newest generation, its slices among ``slices``, and how many it says it has."""
+    members = list(slices)
+    top = max(_pool_field(sl, "generation") for sl in members)
+    current = [sl for sl in members if _pool_field(sl, "generation") == top]
+    return top, current, _pool_field(current[0], "resourceSliceCount")
 
 
 def _all_there(members: Sequence[tuple[Mapping[str, Any], int]]) -> bool:
     """Whether the newest generation among a pool's slices has as many as it says it has."""
-    top = max(_generation(sl) for sl, _ in members)
-    current = [sl for sl, _ in members if _generation(sl) == top]
-    expected = as_int(as_mapping(as_mapping(as_mapping(current[0]).get("spec")).get("pool")).get("resourceSliceCount"))
+    _, current, expected = _newest(sl for sl, _ in members)
     return len(current) == expected
 
 
@@ -408,9 +414,8 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
     name); ``checked``: see :func:`_checked`."""
     members = [{**sl, "_index": i} for sl, i in sources]
 
-    top = max(_generation(sl) for sl in members)
-    current = sorted((sl for sl in members if _generation(sl) == top), key=lambda s: _slice_name(s, s["_index"]))
-    expected = as_int(as_mapping(as_mapping(current[0]["spec"]).get("pool")).get("resourceSliceCount")) or 0
+    top, newest, expected = _newest(members)
+    current = sorted(newest, key=lambda s: _slice_name(s, s["_index"]))
     pool = Pool(driver, name, top, expected, [_slice_name(s, s["_index"]) for s in current],
                 complete=len(current) == expected, invalid=None, counter_sets={},
                 sources=tuple(sl for sl, _ in sources))  # fmt: skip

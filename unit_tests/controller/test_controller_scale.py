@@ -3,10 +3,12 @@ one evaluation for many copies of a claim, and a throttled API server."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -433,6 +435,24 @@ def _recording_start(monkeypatch: pytest.MonkeyPatch, kube: FakeKube, order: lis
     return SlowToHear(kube, settings(), engine=Recording(), sleep=lambda _s: None)
 
 
+@contextlib.contextmanager
+def _warmed_up(ctrl: Controller) -> Iterator[list[dict[str, Any]]]:
+    """``ctrl`` running, its logs captured, once its warm-up is over (every class grouped), or
+    after 10 s; stopped on the way out."""
+    stop = threading.Event()
+    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
+    with capture_logs() as logs:
+        runner.start()
+        deadline = time.monotonic() + 10
+        while not any(e["event"] == "warm-up over" for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            yield logs
+        finally:
+            stop.set()
+            runner.join(timeout=10)
+
+
 def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """At 5,000 nodes building the inventory takes about a second, grouping its devices for a class
     a few tenths more, and adding up what 20,000 claims hold about 60 ms: the controller does all
@@ -441,21 +461,13 @@ def test_the_inventory_is_built_and_grouped_before_the_first_claim_asks(monkeypa
     kube = cluster(slices=3)
     kube.add(DEVICE_CLASSES, device_class("other"))
     order: list[str] = []
-    ctrl = _recording_start(monkeypatch, kube, order)
-    stop = threading.Event()
-    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
-    with capture_logs() as logs:
-        runner.start()
-        deadline = time.monotonic() + 10
-        while not any(e["event"] == "warm-up over" for e in logs) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with _warmed_up(_recording_start(monkeypatch, kube, order)) as logs:
         before_any_claim = list(order)
         add_claim(kube, claim("c1", count=1))
         add_pod(kube, pod("p1", "c1"))
+        deadline = time.monotonic() + 10
         while "resolve" not in order and time.monotonic() < deadline:
             time.sleep(0.01)
-        stop.set()
-        runner.join(timeout=10)
     # No claim was pending at start, so every class is grouped once the workers are idle. Both
     # classes select the same fields, so the second finds the first's grouping.
     assert before_any_claim == ["inventory", "held", f"prime {CLASS}", "group", "prime other"]
@@ -475,16 +487,8 @@ def test_the_claims_pending_at_start_wait_only_for_their_own_class(monkeypatch: 
     add_claim(kube, claim("c1", count=9))  # unsatisfiable: 6 GPUs
     add_pod(kube, pod("p1", "c1"))
     order: list[str] = []
-    ctrl = _recording_start(monkeypatch, kube, order)
-    stop = threading.Event()
-    runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
-    with capture_logs() as logs:
-        runner.start()
-        deadline = time.monotonic() + 10
-        while not any(e["event"] == "warm-up over" for e in logs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        stop.set()
-        runner.join(timeout=10)
+    with _warmed_up(_recording_start(monkeypatch, kube, order)) as logs:
+        pass
     assert order[:4] == ["inventory", f"prime {CLASS}", "group", "held"], order
     assert order.index("resolve") < order.index("prime other"), order
     assert "cannot allocate" in ann(kube, "default/c1")[SUMMARY_ANNOTATION]
