@@ -426,8 +426,10 @@ def slice_message(sl: dict[str, Any]) -> Any:
         dev.attributes.extend(_entry(slices_pb2.AttributeEntry, k, _attribute(v)) for k, v in d.get("attributes", {}).items())
         dev.capacity.extend(_entry(slices_pb2.CapacityEntry, k, _capacity(v)) for k, v in d.get("capacity", {}).items())
         for c in d.get("consumesCounters", []):
-            consumed = dev.consumesCounters.add(counterSet=c["counterSet"], compatibilityGroups=c.get("compatibilityGroups", []))
+            consumed = slices_pb2.DeviceCounterConsumption(counterSet=c["counterSet"],
+                                                           compatibilityGroups=c.get("compatibilityGroups", []))
             _counters(consumed.counters, c.get("counters", {}))
+            dev.consumesCounters.append(consumed.SerializeToString())
         for k in ("nodeName", "allNodes", "bindsToNode", "allowMultipleAllocations"):
             if k in d:
                 setattr(dev, k, d[k])

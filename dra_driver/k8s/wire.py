@@ -29,7 +29,8 @@ At 5,000 nodes the API server streamed the 7,000 slices as JSON in 24 s on the s
 2-core machine, in protobuf in 8.4 s. :func:`slice_reading` reads them in protobuf through
 ``api/proto/kubewire/slices.proto`` and yields each slice as the dict its JSON form decodes to
 (spec whole; of the metadata name, uid, resourceVersion, generation, deletionTimestamp), with the
-equal attribute, capacity and counter values of all devices shared as they are built, as
+equal attribute, capacity and counter values of all devices, and equal lists of counter
+consumptions, shared as they are built, as
 :class:`dra_driver.k8s.compact.Interner` shares them after JSON is decoded.
 """
 
@@ -271,6 +272,9 @@ class _SliceDecoder:
         # read thousands of times (attribute maps are mostly distinct: UUIDs, parents' UUIDs).
         self._whole_capacity: dict[tuple[bytes, ...], Obj] = {}
         self._whole_counters: dict[tuple[bytes, ...], Obj] = {}
+        # Devices' lists of counter consumptions by their entries' bytes: a dynamic-MIG placement
+        # asks the same of its GPU's counter set on every node with that GPU.
+        self._consumes: dict[tuple[bytes, ...], list[Obj]] = {}
         # Attribute maps by their bytes within one slice: a dynamic-MIG slice repeats each of its
         # GPUs' placements of a profile (57 distinct maps for 152 devices); across slices they differ.
         self._slice_attributes: dict[tuple[bytes, ...], Obj] = {}
@@ -304,12 +308,10 @@ class _SliceDecoder:
         if d.capacity:
             out["capacity"] = self._whole(d.capacity, self._whole_capacity, self._capacity, self._capacity_entry)
         if d.consumesCounters:
-            consumes = []
-            for c in d.consumesCounters:
-                consumed = self._with_counters({"counterSet": c.counterSet}, c.counters)
-                if c.compatibilityGroups:
-                    consumed["compatibilityGroups"] = list(c.compatibilityGroups)
-                consumes.append(consumed)
+            raw = tuple(d.consumesCounters)
+            consumes = self._consumes.get(raw)
+            if consumes is None:
+                consumes = _kept(self._consumes, raw, list(map(self._consumption, raw)), WHOLE_LIMIT)
             out["consumesCounters"] = consumes
         _copy_set(out, d, _DEVICE_SCALARS, ("bindingConditions", "bindingFailureConditions"))
         if d.HasField("nodeSelector"):
@@ -367,6 +369,13 @@ class _SliceDecoder:
         table = self._flat.setdefault(field, {})
         shared = table.get(scalar)
         return shared if shared is not None else _kept(table, scalar, {field: scalar})
+
+    def _consumption(self, raw: bytes) -> Obj:
+        c = _parsed(slices_pb2.DeviceCounterConsumption(), raw)
+        consumed = self._with_counters({"counterSet": c.counterSet}, c.counters)
+        if c.compatibilityGroups:
+            consumed["compatibilityGroups"] = list(c.compatibilityGroups)
+        return consumed
 
     def _with_counters(self, out: Obj, counters: _M) -> Obj:
         if counters:

@@ -326,6 +326,24 @@ def test_protobuf_slices_share_equal_values_and_maps() -> None:
     assert d0["attributes"]["index"] is not d1["attributes"]["index"]
 
 
+def test_devices_asking_the_same_of_their_counters_share_what_they_ask() -> None:
+    def placement(name: str, memory: str, groups: list[str]) -> dict[str, Any]:
+        return {"name": name, "consumesCounters": [
+            {"counterSet": "gpu-0", "counters": {"memory": {"value": memory}, "slice-0": {"value": "1"}}},
+            {"counterSet": "gpu-0-extra", **({"compatibilityGroups": groups} if groups else {})}]}
+    sl = copy.deepcopy(JSON_SLICES[2])
+    sl["spec"]["devices"] = [placement("a", "10Gi", ["g"]), placement("b", "10Gi", ["g"]), placement("c", "20Gi", ["g"]),
+                             placement("d", "10Gi", [])]
+    reading = slice_reading()
+    first, = reading.decode_list(_slice_list([sl]))[0]
+    again, = reading.decode_list(_slice_list([sl]))[0]
+    assert first == _as_read(sl)
+    a, b, c, d = (dev["consumesCounters"] for dev in first["spec"]["devices"])
+    assert a is b is again["spec"]["devices"][0]["consumesCounters"], "equal consumptions are read once"
+    assert c is not a and d is not a and c[1] == a[1] and d[1] != a[1]
+    assert d[0]["counters"] is a[0]["counters"], "their counter maps are shared as before"
+
+
 def test_slice_decoder_tables_start_afresh_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wire, "SHARED_LIMIT", 2)
     reading = slice_reading()

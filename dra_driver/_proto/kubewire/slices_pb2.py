@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dra_driver._proto.kubewire import meta_pb2 as dra__driver_dot___proto_dot_kubewire_dot_meta__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'dra_driver/_proto/kubewire/slices.proto\x12\x13\x64ra_driver.kubewire\x1a%dra_driver/_proto/kubewire/meta.proto\"w\n\x11ResourceSliceList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\x31\n\x05items\x18\x02 \x03(\x0b\x32\".dra_driver.kubewire.ResourceSlice\"w\n\rResourceSlice\x12\x30\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.dra_driver.kubewire.SliceMeta\x12\x34\n\x04spec\x18\x02 \x01(\x0b\x32&.dra_driver.kubewire.ResourceSliceSpec\"\x89\x01\n\tSliceMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x03\x12\x34\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"\xf4\x02\n\x11ResourceSliceSpec\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12/\n\x04pool\x18\x02 \x01(\x0b\x32!.dra_driver.kubewire.ResourcePool\x12\x10\n\x08nodeName\x18\x03 \x01(\t\x12\x37\n\x0cnodeSelector\x18\x04 \x01(\x0b\x32!.dra_driver.kubewire.NodeSelector\x12\x10\n\x08\x61llNodes\x18\x05 \x01(\x08\x12,\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1b.dra_driver.kubewire.Device\x12\x1e\n\x16perDeviceNodeSelection\x18\x07 \x01(\x08\x12\x37\n\x0esharedCounters\x18\x08 \x03(\x0b\x32\x1f.dra_driver.kubewire.CounterSet\x12\x1e\n\x16partitionTypeAttribute\x18\t \x01(\t\x12\x1a\n\x12skipNodeOperations\x18\n \x03(\t\"L\n\x0cResourcePool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x1a\n\x12resourceSliceCount\x18\x03 \x01(\x03\"\x88\x03\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nattributes\x18\x02 \x03(\x0c\x12\x10\n\x08\x63\x61pacity\x18\x03 \x03(\x0c\x12G\n\x10\x63onsumesCounters\x18\x04 \x03(\x0b\x32-.dra_driver.kubewire.DeviceCounterConsumption\x12\x10\n\x08nodeName\x18\x05 \x01(\t\x12\x37\n\x0cnodeSelector\x18\x06 \x01(\x0b\x32!.dra_driver.kubewire.NodeSelector\x12\x10\n\x08\x61llNodes\x18\x07 \x01(\x08\x12\x30\n\x06taints\x18\x08 \x03(\x0b\x32 .dra_driver.kubewire.DeviceTaint\x12\x13\n\x0b\x62indsToNode\x18\t \x01(\x08\x12\x19\n\x11\x62indingConditions\x18\n \x03(\t\x12 \n\x18\x62indingFailureConditions\x18\x0b \x03(\t\x12 \n\x18\x61llowMultipleAllocations\x18\x0c \x01(\x08\"R\n\x0e\x41ttributeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x33\n\x05value\x18\x02 \x01(\x0b\x32$.dra_driver.kubewire.DeviceAttribute\"\x9e\x01\n\x0f\x44\x65viceAttribute\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x11\n\x07version\x18\x05 \x01(\tH\x00\x12\x0c\n\x04ints\x18\x06 \x03(\x03\x12\r\n\x05\x62ools\x18\x07 \x03(\x08\x12\x0f\n\x07strings\x18\x08 \x03(\t\x12\x10\n\x08versions\x18\t \x03(\tB\x07\n\x05value\"P\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.dra_driver.kubewire.DeviceCapacity\"\x81\x01\n\x0e\x44\x65viceCapacity\x12,\n\x05value\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x41\n\rrequestPolicy\x18\x02 \x01(\x0b\x32*.dra_driver.kubewire.CapacityRequestPolicy\"\xc0\x01\n\x15\x43\x61pacityRequestPolicy\x12.\n\x07\x64\x65\x66\x61ult\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x32\n\x0bvalidValues\x18\x03 \x03(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x43\n\nvalidRange\x18\x04 \x01(\x0b\x32/.dra_driver.kubewire.CapacityRequestPolicyRange\"\xa1\x01\n\x1a\x43\x61pacityRequestPolicyRange\x12*\n\x03min\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12*\n\x03max\x18\x02 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12+\n\x04step\x18\x03 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\"]\n\x18\x44\x65viceCounterConsumption\x12\x12\n\ncounterSet\x18\x01 \x01(\t\x12\x10\n\x08\x63ounters\x18\x02 \x03(\x0c\x12\x1b\n\x13\x63ompatibilityGroups\x18\x03 \x03(\t\",\n\nCounterSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x63ounters\x18\x02 \x03(\x0c\"H\n\x0c\x43ounterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.dra_driver.kubewire.Counter\"7\n\x07\x43ounter\x12,\n\x05value\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\"g\n\x0b\x44\x65viceTaint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\x12,\n\ttimeAdded\x18\x04 \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"P\n\x0cNodeSelector\x12@\n\x11nodeSelectorTerms\x18\x01 \x03(\x0b\x32%.dra_driver.kubewire.NodeSelectorTerm\"\x9d\x01\n\x10NodeSelectorTerm\x12\x46\n\x10matchExpressions\x18\x01 \x03(\x0b\x32,.dra_driver.kubewire.NodeSelectorRequirement\x12\x41\n\x0bmatchFields\x18\x02 \x03(\x0b\x32,.dra_driver.kubewire.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'dra_driver/_proto/kubewire/slices.proto\x12\x13\x64ra_driver.kubewire\x1a%dra_driver/_proto/kubewire/meta.proto\"w\n\x11ResourceSliceList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\x31\n\x05items\x18\x02 \x03(\x0b\x32\".dra_driver.kubewire.ResourceSlice\"w\n\rResourceSlice\x12\x30\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.dra_driver.kubewire.SliceMeta\x12\x34\n\x04spec\x18\x02 \x01(\x0b\x32&.dra_driver.kubewire.ResourceSliceSpec\"\x89\x01\n\tSliceMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x12\n\ngeneration\x18\x07 \x01(\x03\x12\x34\n\x11\x64\x65letionTimestamp\x18\t \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"\xf4\x02\n\x11ResourceSliceSpec\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12/\n\x04pool\x18\x02 \x01(\x0b\x32!.dra_driver.kubewire.ResourcePool\x12\x10\n\x08nodeName\x18\x03 \x01(\t\x12\x37\n\x0cnodeSelector\x18\x04 \x01(\x0b\x32!.dra_driver.kubewire.NodeSelector\x12\x10\n\x08\x61llNodes\x18\x05 \x01(\x08\x12,\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x1b.dra_driver.kubewire.Device\x12\x1e\n\x16perDeviceNodeSelection\x18\x07 \x01(\x08\x12\x37\n\x0esharedCounters\x18\x08 \x03(\x0b\x32\x1f.dra_driver.kubewire.CounterSet\x12\x1e\n\x16partitionTypeAttribute\x18\t \x01(\t\x12\x1a\n\x12skipNodeOperations\x18\n \x03(\t\"L\n\x0cResourcePool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x1a\n\x12resourceSliceCount\x18\x03 \x01(\x03\"\xd9\x02\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nattributes\x18\x02 \x03(\x0c\x12\x10\n\x08\x63\x61pacity\x18\x03 \x03(\x0c\x12\x18\n\x10\x63onsumesCounters\x18\x04 \x03(\x0c\x12\x10\n\x08nodeName\x18\x05 \x01(\t\x12\x37\n\x0cnodeSelector\x18\x06 \x01(\x0b\x32!.dra_driver.kubewire.NodeSelector\x12\x10\n\x08\x61llNodes\x18\x07 \x01(\x08\x12\x30\n\x06taints\x18\x08 \x03(\x0b\x32 .dra_driver.kubewire.DeviceTaint\x12\x13\n\x0b\x62indsToNode\x18\t \x01(\x08\x12\x19\n\x11\x62indingConditions\x18\n \x03(\t\x12 \n\x18\x62indingFailureConditions\x18\x0b \x03(\t\x12 \n\x18\x61llowMultipleAllocations\x18\x0c \x01(\x08\"R\n\x0e\x41ttributeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x33\n\x05value\x18\x02 \x01(\x0b\x32$.dra_driver.kubewire.DeviceAttribute\"\x9e\x01\n\x0f\x44\x65viceAttribute\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x11\n\x07version\x18\x05 \x01(\tH\x00\x12\x0c\n\x04ints\x18\x06 \x03(\x03\x12\r\n\x05\x62ools\x18\x07 \x03(\x08\x12\x0f\n\x07strings\x18\x08 \x03(\t\x12\x10\n\x08versions\x18\t \x03(\tB\x07\n\x05value\"P\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.dra_driver.kubewire.DeviceCapacity\"\x81\x01\n\x0e\x44\x65viceCapacity\x12,\n\x05value\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x41\n\rrequestPolicy\x18\x02 \x01(\x0b\x32*.dra_driver.kubewire.CapacityRequestPolicy\"\xc0\x01\n\x15\x43\x61pacityRequestPolicy\x12.\n\x07\x64\x65\x66\x61ult\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x32\n\x0bvalidValues\x18\x03 \x03(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12\x43\n\nvalidRange\x18\x04 \x01(\x0b\x32/.dra_driver.kubewire.CapacityRequestPolicyRange\"\xa1\x01\n\x1a\x43\x61pacityRequestPolicyRange\x12*\n\x03min\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12*\n\x03max\x18\x02 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\x12+\n\x04step\x18\x03 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\"]\n\x18\x44\x65viceCounterConsumption\x12\x12\n\ncounterSet\x18\x01 \x01(\t\x12\x10\n\x08\x63ounters\x18\x02 \x03(\x0c\x12\x1b\n\x13\x63ompatibilityGroups\x18\x03 \x03(\t\",\n\nCounterSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x63ounters\x18\x02 \x03(\x0c\"H\n\x0c\x43ounterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.dra_driver.kubewire.Counter\"7\n\x07\x43ounter\x12,\n\x05value\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.Quantity\"g\n\x0b\x44\x65viceTaint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\x12,\n\ttimeAdded\x18\x04 \x01(\x0b\x32\x19.dra_driver.kubewire.Time\"P\n\x0cNodeSelector\x12@\n\x11nodeSelectorTerms\x18\x01 \x03(\x0b\x32%.dra_driver.kubewire.NodeSelectorTerm\"\x9d\x01\n\x10NodeSelectorTerm\x12\x46\n\x10matchExpressions\x18\x01 \x03(\x0b\x32,.dra_driver.kubewire.NodeSelectorRequirement\x12\x41\n\x0bmatchFields\x18\x02 \x03(\x0b\x32,.dra_driver.kubewire.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,33 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOURCEPOOL']._serialized_start=860
   _globals['_RESOURCEPOOL']._serialized_end=936
   _globals['_DEVICE']._serialized_start=939
-  _globals['_DEVICE']._serialized_end=1331
-  _globals['_ATTRIBUTEENTRY']._serialized_start=1333
-  _globals['_ATTRIBUTEENTRY']._serialized_end=1415
-  _globals['_DEVICEATTRIBUTE']._serialized_start=1418
-  _globals['_DEVICEATTRIBUTE']._serialized_end=1576
-  _globals['_CAPACITYENTRY']._serialized_start=1578
-  _globals['_CAPACITYENTRY']._serialized_end=1658
-  _globals['_DEVICECAPACITY']._serialized_start=1661
-  _globals['_DEVICECAPACITY']._serialized_end=1790
-  _globals['_CAPACITYREQUESTPOLICY']._serialized_start=1793
-  _globals['_CAPACITYREQUESTPOLICY']._serialized_end=1985
-  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_start=1988
-  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_end=2149
-  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_start=2151
-  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_end=2244
-  _globals['_COUNTERSET']._serialized_start=2246
-  _globals['_COUNTERSET']._serialized_end=2290
-  _globals['_COUNTERENTRY']._serialized_start=2292
-  _globals['_COUNTERENTRY']._serialized_end=2364
-  _globals['_COUNTER']._serialized_start=2366
-  _globals['_COUNTER']._serialized_end=2421
-  _globals['_DEVICETAINT']._serialized_start=2423
-  _globals['_DEVICETAINT']._serialized_end=2526
-  _globals['_NODESELECTOR']._serialized_start=2528
-  _globals['_NODESELECTOR']._serialized_end=2608
-  _globals['_NODESELECTORTERM']._serialized_start=2611
-  _globals['_NODESELECTORTERM']._serialized_end=2768
-  _globals['_NODESELECTORREQUIREMENT']._serialized_start=2770
-  _globals['_NODESELECTORREQUIREMENT']._serialized_end=2842
+  _globals['_DEVICE']._serialized_end=1284
+  _globals['_ATTRIBUTEENTRY']._serialized_start=1286
+  _globals['_ATTRIBUTEENTRY']._serialized_end=1368
+  _globals['_DEVICEATTRIBUTE']._serialized_start=1371
+  _globals['_DEVICEATTRIBUTE']._serialized_end=1529
+  _globals['_CAPACITYENTRY']._serialized_start=1531
+  _globals['_CAPACITYENTRY']._serialized_end=1611
+  _globals['_DEVICECAPACITY']._serialized_start=1614
+  _globals['_DEVICECAPACITY']._serialized_end=1743
+  _globals['_CAPACITYREQUESTPOLICY']._serialized_start=1746
+  _globals['_CAPACITYREQUESTPOLICY']._serialized_end=1938
+  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_start=1941
+  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_end=2102
+  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_start=2104
+  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_end=2197
+  _globals['_COUNTERSET']._serialized_start=2199
+  _globals['_COUNTERSET']._serialized_end=2243
+  _globals['_COUNTERENTRY']._serialized_start=2245
+  _globals['_COUNTERENTRY']._serialized_end=2317
+  _globals['_COUNTER']._serialized_start=2319
+  _globals['_COUNTER']._serialized_end=2374
+  _globals['_DEVICETAINT']._serialized_start=2376
+  _globals['_DEVICETAINT']._serialized_end=2479
+  _globals['_NODESELECTOR']._serialized_start=2481
+  _globals['_NODESELECTOR']._serialized_end=2561
+  _globals['_NODESELECTORTERM']._serialized_start=2564
+  _globals['_NODESELECTORTERM']._serialized_end=2721
+  _globals['_NODESELECTORREQUIREMENT']._serialized_start=2723
+  _globals['_NODESELECTORREQUIREMENT']._serialized_end=2795
 # @@protoc_insertion_point(module_scope)

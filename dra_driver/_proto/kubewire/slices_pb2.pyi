@@ -88,7 +88,7 @@ class Device(_message.Message):
     name: str
     attributes: _containers.RepeatedScalarFieldContainer[bytes]
     capacity: _containers.RepeatedScalarFieldContainer[bytes]
-    consumesCounters: _containers.RepeatedCompositeFieldContainer[DeviceCounterConsumption]
+    consumesCounters: _containers.RepeatedScalarFieldContainer[bytes]
     nodeName: str
     nodeSelector: NodeSelector
     allNodes: bool
@@ -97,7 +97,7 @@ class Device(_message.Message):
     bindingConditions: _containers.RepeatedScalarFieldContainer[str]
     bindingFailureConditions: _containers.RepeatedScalarFieldContainer[str]
     allowMultipleAllocations: bool
-    def __init__(self, name: _Optional[str] = ..., attributes: _Optional[_Iterable[bytes]] = ..., capacity: _Optional[_Iterable[bytes]] = ..., consumesCounters: _Optional[_Iterable[_Union[DeviceCounterConsumption, _Mapping]]] = ..., nodeName: _Optional[str] = ..., nodeSelector: _Optional[_Union[NodeSelector, _Mapping]] = ..., allNodes: _Optional[bool] = ..., taints: _Optional[_Iterable[_Union[DeviceTaint, _Mapping]]] = ..., bindsToNode: _Optional[bool] = ..., bindingConditions: _Optional[_Iterable[str]] = ..., bindingFailureConditions: _Optional[_Iterable[str]] = ..., allowMultipleAllocations: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., attributes: _Optional[_Iterable[bytes]] = ..., capacity: _Optional[_Iterable[bytes]] = ..., consumesCounters: _Optional[_Iterable[bytes]] = ..., nodeName: _Optional[str] = ..., nodeSelector: _Optional[_Union[NodeSelector, _Mapping]] = ..., allNodes: _Optional[bool] = ..., taints: _Optional[_Iterable[_Union[DeviceTaint, _Mapping]]] = ..., bindsToNode: _Optional[bool] = ..., bindingConditions: _Optional[_Iterable[str]] = ..., bindingFailureConditions: _Optional[_Iterable[str]] = ..., allowMultipleAllocations: _Optional[bool] = ...) -> None: ...
 
 class AttributeEntry(_message.Message):
     __slots__ = ("key", "value")
