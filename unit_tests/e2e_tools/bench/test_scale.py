@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,27 @@ def test_the_last_planned_size_keeps_its_backlog_and_needs_no_other(fake: dict[s
     assert fake["backlogs"][-1] == ("5000", 10_000, False, 5000)
     assert doc["backlog_at_once"]["claims"] == 10_000
     assert all(c.proc is None for c in fake["clusters"][0].started)
+
+
+def test_the_startup_row_is_the_median_of_fresh_processes_taken_in_turn(
+        fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench import scale
+
+    ages = iter([9.0, 3.0, 5.0])
+    real = FakeCluster.controller
+
+    def controller(self: FakeCluster, label: str) -> FakeController:
+        ctl = real(self, label)
+        if "startup" in label:
+            ctl.spawned = time.monotonic() - next(ages)  # explained that long after its spawn
+        return ctl
+
+    monkeypatch.setattr(FakeCluster, "controller", controller)
+    doc = scale.run_curve(scale.Plan(sizes=(500,), profile=False), tmp_path, log=lambda line: None)
+    (sc,) = fake["clusters"]
+    starts = [c for c in sc.started if "startup" in c.label]
+    assert [c.label for c in starts] == ["500-startup-0", "500-startup-1", "500-startup-2"]
+    assert all(c.proc is None for c in starts), "each is stopped before the next starts"
+    startup = doc["runs"][0]["startup"]
+    assert [round(s["explained_s"]) for s in startup["samples"]] == [9, 3, 5]
+    assert startup["explained_s"] == pytest.approx(5.0, abs=0.5) and startup["synced_s"] == 1.0
