@@ -271,11 +271,7 @@ def probe(sc: ScaleCluster, ctl: ControllerProcess, name: str, spec: dict[str, A
     create(sc.api, CLAIMS, claim_body(name, spec), NS_PROBE)
     deadline = t0 + timeout
     if unsat:
-        while not sc.has_explanation(NS_PROBE, name):
-            ctl.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"probe {name}: no explanation after {timeout:.0f}s")
-            time.sleep(0.02)
+        wait_explained(sc, ctl, name, deadline, f"probe {name}: no explanation after {timeout:.0f}s", every=0.02)
     after = _quiet(ctl, before, deadline)
     seen_s = time.monotonic() - t0
     mem1 = ctl.memory_mib()
@@ -285,6 +281,17 @@ def probe(sc: ScaleCluster, ctl: ControllerProcess, name: str, spec: dict[str, A
             "rss_before_mib": round(mem0["VmRSS"], 1), "rss_after_mib": round(mem1["VmRSS"], 1),
             "peak_growth_mib": round(mem1["VmHWM"] - mem0["VmRSS"], 1),
             "rss_growth_mib": round(mem1["VmRSS"] - mem0["VmRSS"], 1)}
+
+
+def wait_explained(sc: ScaleCluster, ctl: ControllerProcess, name: str, deadline: float, late: str, *,
+                   every: float) -> None:
+    """Until the probe claim ``name`` carries its explanation; TimeoutError ``late`` after
+    ``deadline`` (monotonic), the controller's own error if it exits."""
+    while not sc.has_explanation(NS_PROBE, name):
+        ctl.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(late)
+        time.sleep(every)
 
 
 def py_spy() -> str | None:
@@ -438,12 +445,8 @@ def startup_phase(sc: ScaleCluster, nodes: int, samples: int, retire: Callable[[
         create(sc.api, CLAIMS, claim_body(name, UNSAT_SHAPES["memory-1ti"]), NS_PROBE)
         ctl = sc.controller(f"{nodes}-startup-{i}")
         synced = ctl.wait_synced(600)
-        deadline = time.monotonic() + 600
-        while not sc.has_explanation(NS_PROBE, name):
-            ctl.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"startup at {nodes} nodes: the pending claim was not explained in 600 s")
-            time.sleep(0.05)
+        wait_explained(sc, ctl, name, time.monotonic() + 600,
+                       f"startup at {nodes} nodes: the pending claim was not explained in 600 s", every=0.05)
         explained = time.monotonic() - ctl.spawned
         retire(ctl)
         sc.remove(NS_PROBE, [name])
