@@ -368,6 +368,15 @@ def test_dockerfile_shape() -> None:
     assert "*" in ignore and "!dra_driver/" in ignore and "!pyproject.toml" in ignore
 
 
+def test_the_license_travels_with_the_image_and_the_chart() -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert (DEPLOY / "helm" / "dra-driver" / "LICENSE").read_text() == license_text
+    runtime = (DEPLOY / "image" / "Dockerfile").read_text().split("AS runtime", 1)[1]
+    assert re.search(r"^COPY LICENSE /licenses/LICENSE$", runtime, re.M)
+    assert "!LICENSE" in (ROOT / ".dockerignore").read_text().split()
+
+
 # ---- Helm ---------------------------------------------------------------------------------------
 
 def _helm_module() -> ModuleType:
