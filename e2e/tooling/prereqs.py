@@ -25,11 +25,12 @@ GO_INSTALL = "https://go.dev/doc/install"
 
 
 def _go_problem() -> str | None:
-    """Go must be at least the newest ``go`` line among the pins (readonly builds cannot switch toolchain)."""
+    """Go must be at least the newest ``go`` line among the pins (readonly builds cannot switch toolchain),
+    except those of a tool that names its own toolchain: the go command fetches that one."""
     if shutil.which("go") is None:
         return f"the Go toolchain (go) is not on PATH: {GO_INSTALL}"
     have = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
-    need = max((_go_line(t.folder / "go.mod") for t in gotools.TOOLS.values()), key=_version_tuple)
+    need = max((_go_line(t.folder / "go.mod") for t in gotools.TOOLS.values() if not t.toolchain), key=_version_tuple)
     if _version_tuple(have.removeprefix("go")) < _version_tuple(need):
         return f"Go {need} or newer is needed by the pinned tools; this machine has {have}: {GO_INSTALL}"
     return None

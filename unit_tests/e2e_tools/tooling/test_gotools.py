@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -158,3 +160,83 @@ def test_our_own_command_key_follows_its_source(pins: Path) -> None:
     source = pins / "baseline-driver" / "main.go"
     source.write_text(source.read_text() + "\n// changed\n")
     assert gotools.cache_key(["baseline-driver"]) != key, "a changed baseline driver must rebuild"
+
+
+# What `go mod tidy -e` printed on 2026-11-28 for kube-scheduler v1.38.0-beta.0 (the proxy refused k8s.io/ktesting).
+KTESTING_REFUSED = """go: downloading k8s.io/api v0.38.0-beta.0
+go: k8s.io/kubernetes/cmd/kube-scheduler imports
+\tk8s.io/kubernetes/cmd/kube-scheduler/app imports
+\tk8s.io/client-go/tools/cache tested by
+\tk8s.io/client-go/tools/cache.test imports
+\tk8s.io/ktesting: k8s.io/ktesting@v0.38.0-beta.0: {refused}
+\tserver response: This module version is not available.
+go: k8s.io/kubernetes/cmd/kube-scheduler imports
+\tk8s.io/kubernetes/pkg/scheduler/framework tested by
+\tk8s.io/kubernetes/pkg/scheduler/framework.test imports
+\tk8s.io/ktesting/initoption: k8s.io/ktesting@v0.38.0-beta.0: {refused}
+\tserver response: This module version is not available.
+""".format(refused="reading https://proxy.golang.org/k8s.io/ktesting/@v/v0.38.0-beta.0.zip: 403 Forbidden")
+BUILD_IMPORT_REFUSED = """go: k8s.io/kubernetes/cmd/kube-apiserver imports
+\tk8s.io/apiextensions-apiserver/pkg/apiserver imports
+\tk8s.io/apiextensions-api/v1: k8s.io/apiextensions-api@v0.38.0-beta.0: {refused}
+""".format(refused="reading https://proxy.golang.org/k8s.io/apiextensions-api/@v/v0.38.0-beta.0.info: 403 Forbidden")
+
+
+def test_tidy_tolerates_only_named_modules_imported_by_tests_of_dependencies() -> None:
+    assert gotools.untolerated_tidy_errors(KTESTING_REFUSED, ["k8s.io/ktesting"]) == []
+    assert len(gotools.untolerated_tidy_errors(KTESTING_REFUSED, ["k8s.io/apiextensions-api"])) == 2
+    # A refused module that a command itself imports is never tolerated, even when named.
+    both = KTESTING_REFUSED + BUILD_IMPORT_REFUSED
+    errors = gotools.untolerated_tidy_errors(both, ["k8s.io/ktesting", "k8s.io/apiextensions-api"])
+    assert len(errors) == 1 and "kube-apiserver imports" in errors[0]
+    # A module whose name only starts like a tolerated one is another module.
+    assert gotools.untolerated_tidy_errors(KTESTING_REFUSED, ["k8s.io/ktest"]) != []
+
+
+def test_a_toolchain_is_set_for_its_tool_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOTOOLCHAIN", raising=False)
+    assert gotools.tool_env(gotools.TOOLS["kubernetes-1.38"])["GOTOOLCHAIN"] == "go1.27.3"
+    for name, tool in gotools.TOOLS.items():
+        if name != "kubernetes-1.38":
+            assert gotools.tool_env(tool)["GOTOOLCHAIN"] == "local", name
+    # Its go line is newer than the machine's Go may be: make prereqs asks only for what the others need.
+    assert prereqs._go_line(gotools.TOOLS["kubernetes-1.38"].folder / "go.mod") == "1.27.0"
+
+
+def test_a_toolchain_is_part_of_its_tools_key(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = gotools.cache_key(["kubernetes-1.38"])
+    bumped = dataclasses.replace(gotools.TOOLS["kubernetes-1.38"], toolchain="go1.27.4")
+    monkeypatch.setitem(gotools.TOOLS, "kubernetes-1.38", bumped)
+    assert gotools.cache_key(["kubernetes-1.38"]) != key
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (a prerequisite of make test)")
+def test_prereqs_ask_for_the_machines_go_only_for_tools_without_their_own_toolchain() -> None:
+    have = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+    if prereqs._version_tuple(have) >= (1, 27):
+        pytest.skip(f"this machine's {have} satisfies the 1.38 pin's go line anyway")
+    assert prereqs._go_problem() is None
+
+
+def test_a_repin_keeps_our_own_replaces(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make pin TOOL=kubernetes-1.38@<next tag>` writes upstream's replaces, then ours, every time."""
+    upstream = pins / "upstream.mod"
+    upstream.write_text("module k8s.io/kubernetes\n\ngo 1.27.0\n\nreplace k8s.io/api => ./staging/src/k8s.io/api\n")
+    monkeypatch.setattr(gotools, "_have", lambda cmd: True)
+    monkeypatch.setattr(gotools, "_download", lambda spec, env: {"GoMod": str(upstream)})
+    monkeypatch.setattr(gotools, "_tidy", lambda tool: None)
+    gotools.pin("kubernetes-1.38", "v1.38.0-rc.0")
+    gomod = (pins / "kubernetes-1.38" / "go.mod").read_text()
+    assert gotools._replaces(gomod) == [
+        ("k8s.io/api", "k8s.io/api v0.38.0-rc.0"),
+        ("sigs.k8s.io/structured-merge-diff/v7", "sigs.k8s.io/structured-merge-diff/v7 v7.0.0")]
+    assert gotools.directive(gomod, "tool") == ["k8s.io/kubernetes/cmd/kube-scheduler"]
+    assert gotools.requirements(gomod) == {"k8s.io/kubernetes": "v1.38.0-rc.0"}
+    assert "\ngo 1.27.0\n" in gomod
+
+
+def test_a_tag_the_proxy_does_not_serve_is_named_with_the_proxys_reason() -> None:
+    stdout = json.dumps({"Path": "k8s.io/kubernetes", "Version": "v1.38.0-rc.0",
+                         "Error": "k8s.io/kubernetes@v1.38.0-rc.0: invalid version: unknown revision v1.38.0-rc.0"})
+    assert gotools.download_error(stdout, "") == "k8s.io/kubernetes@v1.38.0-rc.0: invalid version: unknown revision v1.38.0-rc.0"
+    assert gotools.download_error("", "go: network unreachable\n") == "go: network unreachable"
