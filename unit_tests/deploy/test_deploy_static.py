@@ -310,7 +310,12 @@ def test_kind_config() -> None:
     for gate in ("DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints", "DRAPrioritizedList",
                  "DRAAdminAccess", "DRAExtendedResource", "DRAResourceClaimDeviceStatus"):
         assert gates.get(gate) is True, gate
-    assert cfg["runtimeConfig"]["resource.k8s.io/v1beta1"] == "true"
+    # Valid on 1.38 too: the gate it removed, the gates it locked on, the API version it no longer serves.
+    assert "DynamicResourceAllocation" not in gates
+    assert all(gates.get(gate, True) is True for gate in (
+        "DRAPartitionableDevices", "DRADeviceBindingConditions", "DRADeviceTaints", "DRADeviceTaintRules"))
+    assert "resource.k8s.io/v1beta1" not in cfg["runtimeConfig"]
+    assert cfg["runtimeConfig"]["resource.k8s.io/v1beta2"] == "true"
     patches = "\n".join(cfg["containerdConfigPatches"])
     assert re.search(r"enable_cdi\s*=\s*true", patches)
 
