@@ -175,7 +175,10 @@ class KubeApi(Protocol):
         not raise. It is not called when the request could not be sent."""
         ...
 
-    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj: ...
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None, dry_run: bool = False) -> Obj:
+        """POST. ``dry_run``: validated and admitted but not stored (the node plugin asks which
+        device of a refused ResourceSlice the API server refuses)."""
+        ...
 
     def replace(self, res: Resource, body: Obj) -> Obj:
         """PUT; ``metadata.resourceVersion`` in ``body`` is the optimistic-concurrency precondition."""
@@ -499,8 +502,8 @@ class RestKubeApi:
         obj: Obj = self._json("GET", res.path(namespace, name), meanwhile=_once(meanwhile) if meanwhile else None)
         return obj
 
-    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
-        obj: Obj = self._json("POST", res.path(namespace), body=body)
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None, dry_run: bool = False) -> Obj:
+        obj: Obj = self._json("POST", res.path(namespace), body=body, query=[("dryRun", "All")] if dry_run else None)
         return obj
 
     def replace(self, res: Resource, body: Obj) -> Obj:

@@ -97,9 +97,9 @@ class WriteLimitedApi:
 
     # -- writes pay
 
-    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None, dry_run: bool = False) -> Obj:
         self._pay(res)
-        return self.api.create(res, body, namespace=namespace)
+        return self.api.create(res, body, namespace=namespace, dry_run=dry_run)
 
     def replace(self, res: Resource, body: Obj) -> Obj:
         self._pay(res)

@@ -1,8 +1,9 @@
 """What the node plugin tells operators through Events, and where they look for it.
 
 On the **Node** (``kubectl describe node``): a quarantined checkpoint, a GPU backend that is not
-available, a device turning unhealthy or recovering, a stale claim cleaned up, rolling updates on a
-kubelet too old for them. On the
+available, a device turning unhealthy or recovering, a device withheld from the ResourceSlices
+because the API server would refuse it, a stale claim cleaned up, rolling updates on a kubelet too
+old for them. On the
 **ResourceClaim** (``kubectl describe resourceclaim``): a failed prepare, with the error the
 kubelet received. Reporting controller ``gpu.dra-driver.io/kubelet-plugin``, instance = the node
 name; :class:`dra_driver.k8s.events.EventRecorder` folds repeats into one series.
@@ -16,6 +17,7 @@ from dra_driver import CONFIG_API_GROUP
 from dra_driver.k8s.client import CLAIMS
 from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
 from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.publish.checker import Violation
 from dra_driver.node.publish.health import HealthChange
 
 REPORTING_CONTROLLER = f"{CONFIG_API_GROUP}/kubelet-plugin"
@@ -37,6 +39,14 @@ def health_changed(change: HealthChange) -> Occurrence:
     if change.recovered:
         return Occurrence("Normal", "DeviceRecovered", "MonitorHealth", change.describe())
     return Occurrence("Warning", "DeviceUnhealthy", "MonitorHealth", change.describe())
+
+
+def device_withheld(device: str, problems: list[Violation]) -> Occurrence:
+    why = "; ".join(f"{v.field}: {v.message} (rule {v.rule})" if v.field else f"{v.message} (rule {v.rule})"
+                    for v in problems)
+    return Occurrence("Warning", "DeviceWithheld", "PublishResourceSlices",
+                      f"device {device} is not published, the node's other devices are: the API server would "
+                      f"refuse it: {why}")
 
 
 def stale_claim_unprepared(claim: ClaimRef, error: str | None) -> Occurrence:

@@ -59,6 +59,10 @@ class PluginMetrics:
                                     "ResourceSlice writes to the API server, by operation", ["operation"], registry=r)
         self.slice_errors = Counter(f"{PREFIX}_resourceslice_publish_errors_total",
                                     "Failed attempts to publish the node's ResourceSlices", registry=r)
+        self.devices_withheld = Gauge(
+            f"{PREFIX}_devices_withheld",
+            "Devices left out of the node's ResourceSlices because the API server would refuse them (or did), "
+            "by the first rule each breaks", ["reason"], registry=r)
         self.nvml_errors = Counter(f"{PREFIX}_nvml_errors_total", "Failed NVML calls, by NVML function", ["function"],
                                    registry=r)
         self.xid_events = Counter(f"{PREFIX}_xid_events_total", "XID events seen, by XID code (ignored ones included)",

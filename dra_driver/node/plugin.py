@@ -254,7 +254,8 @@ def run(settings: PluginSettings) -> int:
         check_kubelet_version(api, settings.node_name, events, log)
     ownership = PublisherLock(settings.state_dir / PUBLISHER_LOCK_FILE, settings.node_name)
     ownership.try_take()  # now, so that health changes found at start-up are told when this one publishes
-    publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership)
+    publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership,
+                               on_withheld=lambda device, why: events.on_node(notices.device_withheld(device, why)))
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
                                            settings.consumable_shares)
     publisher.update(devices_json, counters_json)
@@ -270,7 +271,7 @@ def run(settings: PluginSettings) -> int:
         try:
             healthz = probe.serve_healthz(settings.health_port,
                                           lambda: probe.check(servers.registration_socket, settings.driver_name),
-                                          pages={"/metrics": METRICS.page})
+                                          pages={"/metrics": METRICS.page}, degraded_fn=publisher.degraded)
             log.info("serving /healthz and /metrics", port=settings.health_port)
         except OSError as exc:
             # The kubelet's sockets matter more than the probes: keep serving it, say why loudly.

@@ -2,6 +2,15 @@
 
 Exit 0 when the registration socket answers GetInfo as a DRA plugin and the DRA socket it names
 accepts a connection; otherwise exit 1 with one line saying what is wrong.
+
+The plugin's HTTP port answers the same check on ``/healthz`` and ``/livez``. ``/readyz`` adds
+whether publishing is degraded (a device withheld from the ResourceSlices because the API server
+would refuse it). Degraded is *not ready*, never *not alive*: the chart's liveness and startup probes
+stay on the socket check, so the kubelet does not restart a plugin that serves the node's other
+GPUs (a restart would publish the same devices and withhold the same one), while ``kubectl get
+pods`` shows the pod 0/1 Ready and a DaemonSet rollout stops at the node, where the
+``DeviceWithheld`` Event on the Node and ``dra_driver_plugin_devices_withheld`` say why. The kubelet
+keeps calling a plugin that is not Ready: registration goes through the sockets, not readiness.
 """
 
 from __future__ import annotations
@@ -46,18 +55,29 @@ def main(registration_socket: str, driver_name: str) -> int:
     return 0
 
 
+READY_PATH = "/readyz"
+
+
 def serve_healthz(port: int, check_fn: Callable[[], str | None], host: str = "0.0.0.0",
-                  pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None) -> httpserve.Server:
-    """``GET /healthz``: 200 when ``check_fn`` finds nothing wrong, else 503 with the problem;
-    ``pages`` adds more paths (``/metrics``), each answering ``(body, content type)``."""
-    def health() -> tuple[int, bytes, str]:
-        problem = check_fn()
+                  pages: Mapping[str, Callable[[], tuple[bytes, str]]] | None = None,
+                  degraded_fn: Callable[[], str | None] | None = None) -> httpserve.Server:
+    """``GET /healthz`` (and ``/livez``): 200 when ``check_fn`` finds nothing wrong, else 503 with
+    the problem; ``/readyz`` also asks ``degraded_fn``. ``pages`` adds more paths (``/metrics``),
+    each answering ``(body, content type)``."""
+    def answer(problem: str | None) -> tuple[int, bytes, str]:
         return (503, f"{problem}\n".encode(), "text/plain") if problem else (200, b"ok\n", "text/plain")
+
+    def health() -> tuple[int, bytes, str]:
+        return answer(check_fn())
+
+    def ready() -> tuple[int, bytes, str]:
+        return answer(check_fn() or (degraded_fn() if degraded_fn is not None else None))
 
     def ok(page: Callable[[], tuple[bytes, str]]) -> httpserve.Page:
         return lambda: (200, *page())
 
     routes: dict[str, httpserve.Page] = {path: health for path in httpserve.HEALTH_PATHS}
+    routes[READY_PATH] = ready
     routes.update({path: ok(page) for path, page in (pages or {}).items()})
     server = httpserve.bind(host, port, routes)
     httpserve.serve_in_background(server, "healthz")

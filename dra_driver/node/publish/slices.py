@@ -12,7 +12,15 @@
 * obsolete slices (older generation, unparsable or out-of-range index, duplicates, other pools)
   are deleted first, with UID + resourceVersion preconditions;
 * counter sets go in their own slices (1.35+ rejects ``sharedCounters`` next to ``devices``);
-  devices are split at 128 per slice, 64 when a slice has taints or ``consumesCounters``.
+  devices are split at 128 per slice, 64 when a slice has taints, ``consumesCounters`` or
+  list-valued attributes;
+* a device the API server would refuse is left out, never the node: every device passes
+  :mod:`~dra_driver.node.publish.checker` first, and when a write is refused anyway (422 Invalid)
+  the device to blame is found (the refusal's ``causes`` name ``spec.devices[i]``; otherwise by
+  bisecting the slice's devices with server-side dry runs) and left out too, until its content
+  changes. Each withheld device is logged and told as an Event on the Node (``DeviceWithheld``)
+  once, counted in ``dra_driver_plugin_devices_withheld{reason}``, and makes :meth:`degraded`
+  say so (the plugin's ``/readyz``).
 
 :func:`plan` is pure (and heavily unit-tested); :class:`SlicePublisher` does the I/O through
 :class:`dra_driver.k8s.client.KubeApi`, follows changes with a :class:`dra_driver.k8s.informer.Informer`
@@ -22,11 +30,12 @@ and counts every API request it makes.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +45,7 @@ from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import meta
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.publish.checker import RULES, Violation, partition
 from dra_driver.node.publish.ownership import PublisherLock
 
 Obj = dict[str, Any]
@@ -70,8 +80,14 @@ class PoolOwner:
         return self.node_name
 
 
+_LIST_VALUES = ("bools", "ints", "strings", "versions")
+
+
 def _advanced(device: Mapping[str, Any]) -> bool:
-    return bool(device.get("taints")) or bool(device.get("consumesCounters"))
+    """Whether the device lowers its slice's limit to 64 (the API server's ``maxDevicesFor``)."""
+    return bool(device.get("taints")) or bool(device.get("consumesCounters")) or any(
+        isinstance(value, Mapping) and any(value.get(k) is not None for k in _LIST_VALUES)
+        for value in (device.get("attributes") or {}).values())
 
 
 def split_into_slices(devices: Sequence[Obj], shared_counters: Sequence[Obj]) -> list[SliceContent]:
@@ -368,6 +384,51 @@ def dropped_features(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list
     return gates or ["unknown"]
 
 
+# --- writes the API server refuses ---------------------------------------------------------------
+
+_DEVICE_FIELD = re.compile(r"^spec\.devices\[(\d+)\](?:\.(.*))?$")
+
+
+def refused_devices(devices: Sequence[Mapping[str, Any]], details: Mapping[str, Any]) -> dict[str, Violation]:
+    """The devices a 422's ``details.causes`` blame, by name: each cause whose ``field`` is
+    ``spec.devices[i]…``. Empty when no cause names a device."""
+    blamed: dict[str, Violation] = {}
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    for cause in causes if isinstance(causes, list) else []:
+        match = _DEVICE_FIELD.match(str(cause.get("field", ""))) if isinstance(cause, Mapping) else None
+        if match is None or int(match.group(1)) >= len(devices):
+            continue
+        name = str(devices[int(match.group(1))].get("name", ""))
+        blamed.setdefault(name, Violation(name, "api-server-refused", match.group(2) or "",
+                                          str(cause.get("message", "")) or "refused by the API server"))
+    return blamed
+
+
+def bisect_refused(devices: Sequence[Obj], accepts: Callable[[list[Obj]], bool]) -> list[Obj]:
+    """The devices that the API server refuses, each alone or in any company, found by asking
+    ``accepts`` (a server-side dry run of a slice with just those devices) about halves: a few
+    dry runs per bad device instead of one per device."""
+    if not devices or accepts(list(devices)):
+        return []
+    if len(devices) == 1:
+        return list(devices)
+    middle = len(devices) // 2
+    return bisect_refused(devices[:middle], accepts) + bisect_refused(devices[middle:], accepts)
+
+
+def _fingerprint(device: Mapping[str, Any]) -> str:
+    return json.dumps(device, sort_keys=True, default=str)
+
+
+def withheld_summary(withheld: Mapping[str, Sequence[Violation]]) -> str | None:
+    """One line for ``/readyz``: which devices are withheld and why; None when none is."""
+    if not withheld:
+        return None
+    parts = [f"{name} ({', '.join(sorted({v.rule for v in problems}))})" for name, problems in withheld.items()]
+    return (f"publishing degraded: {len(parts)} device(s) withheld from the ResourceSlices because the API "
+            f"server would refuse them: {'; '.join(parts)}")
+
+
 # --- the publisher -------------------------------------------------------------------------------
 
 _log = logs.get("slices")
@@ -382,11 +443,15 @@ class SlicePublisher:
     after errors. ``requests`` counts API requests by verb. With an ``ownership`` lock it writes
     nothing until it holds the lock (:mod:`~dra_driver.node.publish.ownership`); :meth:`update`
     keeps the desired state meanwhile.
+
+    ``on_withheld(name, violations)`` hears of each device left out, once per device and set of
+    rules, from the instance that writes (so two instances do not tell it twice).
     """
 
     def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, node_uid: str | None = None,
                  resync_interval: float = 300.0, sync_delay: float = 1.0, watch_timeout: int = 300,
-                 max_backoff: float = 30.0, ownership: PublisherLock | None = None) -> None:
+                 max_backoff: float = 30.0, ownership: PublisherLock | None = None,
+                 on_withheld: Callable[[str, list[Violation]], None] | None = None) -> None:
         self.api = api
         self.ownership = ownership
         self.driver_name = driver_name
@@ -405,6 +470,12 @@ class SlicePublisher:
         self._accepted: dict[int, SliceContent] = {}
         self._devices: list[Obj] = []
         self._counters: list[Obj] = []
+        self.on_withheld = on_withheld
+        self.withheld: dict[str, list[Violation]] = {}
+        """The devices left out of the slices now, by name, with what they break."""
+        self._refused: dict[str, tuple[str, list[Violation]]] = {}
+        """Devices the API server refused although the checker passed them: name -> (content, why)."""
+        self._told: dict[str, frozenset[str]] = {}
         self._min_generation = 0
         self._wake = threading.Event()
         self._due: float | None = None
@@ -416,20 +487,37 @@ class SlicePublisher:
     # -- desired state ----------------------------------------------------------------------------
 
     def update(self, devices_json: Sequence[Obj], shared_counters_json: Sequence[Obj] = ()) -> None:
-        """Replace the desired devices and counter sets; a sync follows promptly (``run``)."""
+        """Replace the desired devices and counter sets; a sync follows promptly (``run``). A
+        device the API server would refuse is left out (:attr:`withheld`)."""
         devices = copy.deepcopy(list(devices_json))
         counters = copy.deepcopy(list(shared_counters_json))
-        slices = split_into_slices(devices, counters)
-        validate_pool(slices)
         with self._lock:
-            self._devices, self._counters = devices, counters
-            self._desired = slices
-            self._accepted = {}
+            self._set_desired(devices, counters)
         self.request_sync(0.0)
+
+    def _set_desired(self, devices: list[Obj], counters: list[Obj]) -> None:
+        current = {str(d.get("name", "")): _fingerprint(d) for d in devices if isinstance(d, Mapping)}
+        refused = {name: (content, why) for name, (content, why) in self._refused.items()
+                   if current.get(name) == content}  # a refusal holds until the device changes
+        split = partition(devices, self.driver_name, {name: why for name, (_, why) in refused.items()})
+        slices = split_into_slices(split.publish, counters)
+        validate_pool(slices)
+        self._devices, self._counters, self._refused = devices, counters, refused
+        self._desired = slices
+        self._accepted = {}
+        self.withheld = split.withheld
+        reasons = Counter(problems[0].rule for problems in split.withheld.values())
+        for rule in RULES:
+            METRICS.devices_withheld.labels(reason=rule).set(reasons.get(rule, 0))
+
+    def degraded(self) -> str | None:
+        """Why publishing is degraded (devices withheld), or None."""
+        with self._lock:
+            return withheld_summary(self.withheld)
 
     @property
     def devices(self) -> list[Obj]:
-        """A copy of the desired devices (edit and pass back to :meth:`update`)."""
+        """A copy of the desired devices, withheld ones included (edit and pass back to :meth:`update`)."""
         with self._lock:
             return copy.deepcopy(self._devices)
 
@@ -458,9 +546,15 @@ class SlicePublisher:
         owner = PoolOwner(self.driver_name, self.node_name, self.node_uid)
         self.requests["list"] += 1
         existing = self.api.list(SLICES, field_selector=self.field_selector).items
+        self._tell_withheld()
         result = plan(desired, existing, owner, min_generation=self._min_generation)
         for op in result.ops:
-            self._apply(op)
+            try:
+                self._apply(op)
+            except ApiError as exc:
+                if exc.status == 422 and self._blame(op, exc):
+                    self._tell_withheld()
+                raise
         self._min_generation = max(self._min_generation, result.generation)
         self.last_plan = result
         if result.ops:
@@ -493,6 +587,56 @@ class SlicePublisher:
                 self._own_versions.clear()
             self._own_versions.add(rv)
         self._check_dropped(op.index, op.body, stored)
+
+    def _blame(self, op: Op, exc: ApiError) -> bool:
+        """Leave out the devices a refused write is to blame on; whether any was found."""
+        devices = list(_spec(op.body or {}).get("devices") or [])
+        blamed = refused_devices(devices, exc.details)
+        if not blamed and devices:
+            blamed = {str(d.get("name", "")): Violation(str(d.get("name", "")), "api-server-refused", "",
+                                                        f"a dry run of this device alone was refused: {exc.message}")
+                      for d in bisect_refused(devices, lambda subset: self._dry_run_accepts(op, subset))}
+        if not blamed:
+            return False
+        with self._lock:
+            for name, why in blamed.items():
+                device = next((d for d in self._devices if d.get("name") == name), None)
+                if device is not None:
+                    self._refused[name] = (_fingerprint(device), [why])
+            self._set_desired(self._devices, self._counters)
+        return True
+
+    def _dry_run_accepts(self, op: Op, devices: list[Obj]) -> bool:
+        assert op.body is not None
+        spec = dict(_spec(op.body), devices=devices)
+        body = {"apiVersion": API_VERSION, "kind": KIND, "spec": spec,
+                "metadata": {"generateName": f"{self.driver_name}-{self.node_name}-check-"}}
+        self.requests["create"] += 1
+        try:
+            self.api.create(SLICES, body, dry_run=True)
+        except ApiError as exc:
+            if exc.status == 422:
+                return False
+            raise
+        return True
+
+    def _tell_withheld(self) -> None:
+        """Log, and tell ``on_withheld``, each device newly withheld (or withheld for new reasons)."""
+        with self._lock:
+            withheld = {name: list(problems) for name, problems in self.withheld.items()}
+        told: dict[str, frozenset[str]] = {}
+        for name, problems in withheld.items():
+            told[name] = frozenset(v.describe() for v in problems)
+            if self._told.get(name) == told[name]:
+                continue
+            self._log.warning("a device is withheld from the ResourceSlices: the API server would refuse it",
+                              device=name, rules=sorted({v.rule for v in problems}),
+                              problems=[f"{v.field}: {v.message}" for v in problems])
+            if self.on_withheld is not None:
+                self.on_withheld(name, problems)
+        for name in sorted(set(self._told) - set(told)):
+            self._log.info("a device withheld before is published again", device=name)
+        self._told = told
 
     def _check_dropped(self, index: int, sent: Obj, stored: Obj) -> None:
         gates = dropped_features(sent, stored)
