@@ -53,12 +53,12 @@ import yaml
 
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelError
-from dra_driver.allocator.inventory import build_inventory
+from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
 from dra_driver.k8s.quantity import parse_quantity
-from e2e.suites import scenarios
+from e2e.suites import scenarios, scenarios_names
 
 LABEL = "diff.dra-driver.io/scenario"
 BATCH_LABEL = "diff.dra-driver.io/batch"
@@ -129,6 +129,26 @@ def make_case(seed: int, features: frozenset[str] = scenarios.DEFAULT_FEATURES, 
                 rules=rules or SchedulerRules())
 
 
+def make_names_case(seed: int, rules: SchedulerRules | None = None) -> Case:
+    """A case of the family aimed at the 1.38 rules (:mod:`e2e.suites.scenarios_names`)."""
+    nodes = (f"diff-{seed}-n0", f"diff-{seed}-n1")
+    ns = f"diff-{seed}"
+    return Case(seed, scenarios_names.generate(seed, nodes=nodes, namespace=ns), ns, nodes,
+                rules=rules or SchedulerRules())
+
+
+def chance_on(case: Case) -> list[str]:
+    """Names whose value the scheduler of the case's rules reads at random: a selector reading an
+    attribute or capacity that a device publishes both as ``x`` and ``<driver>/x``, before 1.38.
+    Such a scenario has no one right answer on that scheduler, so it is left out of its count."""
+    return scenarios.cel_reads_both_spellings(case.scenario) if not _qualified_names(case.rules) else []
+
+
+def _qualified_names(rules: SchedulerRules) -> bool:
+    """Whether the scheduler resolves names by (domain, name) and compares versions as semver (1.38)."""
+    return rules.minor >= 38
+
+
 def scenario_features(enabled: frozenset[str]) -> frozenset[str]:
     """The generator's features a scheduler with the structured.Features ``enabled`` supports."""
     wanted = scenarios.DEFAULT_FEATURES | {"taint-none", "shares"}
@@ -169,12 +189,19 @@ def _with_labels(obj: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str,
 
 
 def setup_objects(case: Case, batch: str) -> list[dict[str, Any]]:
-    """Namespace, nodes, class and slices: everything the claim's pod will be scheduled against."""
+    """Namespace, nodes, class, slices and other claims (their allocations are written by
+    :func:`held_status_patches`): everything the claim's pod will be scheduled against."""
     labels = _labels(case, batch)
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": case.namespace, "labels": labels}}
+    held = [{k: v for k, v in _with_labels(c, labels).items() if k != "status"} for c in case.scenario.allocated]
     return [ns, *node_objects(case, batch),
             *(_with_labels(c, labels) for c in case.scenario.classes),
-            *(_with_labels(s, labels) for s in case.scenario.slices)]  # fmt: skip
+            *(_with_labels(s, labels) for s in case.scenario.slices), *held]  # fmt: skip
+
+
+def held_status_patches(case: Case) -> list[tuple[str, str, str]]:
+    """(namespace, claim, merge patch) writing each already allocated claim's status."""
+    return [(case.namespace, c["metadata"]["name"], json.dumps({"status": c["status"]})) for c in case.scenario.allocated]
 
 
 def workload_objects(case: Case, batch: str) -> list[dict[str, Any]]:
@@ -200,8 +227,8 @@ def workload_objects(case: Case, batch: str) -> list[dict[str, Any]]:
 
 def _resolve(case: Case, nodes: Sequence[str]) -> Resolution:
     s = case.scenario
-    return resolve(s.claim, build_inventory(s.slices), s.classes, nodes=[node_object(case, n, "") for n in nodes],
-                   rules=case.rules)
+    return resolve(s.claim, build_inventory(s.slices), s.classes, allocated_state(s.allocated),
+                   nodes=[node_object(case, n, "") for n in nodes], rules=case.rules)
 
 
 def run_engine(case: Case) -> None:
@@ -249,17 +276,44 @@ def _matches(expressions: Iterable[str], device: Any) -> str | None:
     return None
 
 
-def _attribute(device: Mapping[str, Any], driver: str, name: str) -> Any:
+def _attribute(device: Mapping[str, Any], driver: str, name: str, semver_equal: bool = False) -> Any:
+    """(type, value) of the attribute a constraint compares; the driver's domain wins over the
+    unqualified spelling in every version.  ``semver_equal`` (1.38): a version as semver's
+    equality sees it, without its build metadata."""
     domain, _, ident = name.rpartition("/")
     attrs = device.get("attributes", {})
     raw = attrs.get(name) or (attrs.get(ident) if domain == driver else None)
     if raw is None:
         return None
-    return next(iter(raw.items()))
+    kind, value = next(iter(raw.items()))
+    return (kind, value.partition("+")[0]) if kind == "version" and semver_equal else (kind, value)
 
 
-def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node: str | None) -> list[str]:
-    """Everything an allocation must satisfy, read from the scenario's own objects."""
+def _published_name(name: str, published: Mapping[str, Any], driver: str, resolved: bool) -> str | None:
+    """The capacity of a device that a request's ``name`` means: the same key, or with ``resolved``
+    (1.38) the other spelling in the device's driver's domain, the qualified one first."""
+    if not resolved:
+        return name if name in published else None
+    ident = name.removeprefix(f"{driver}/")
+    return next((k for k in (f"{driver}/{ident}", ident) if k in published), None)
+
+
+def _held_by_shares(s: scenarios.Scenario) -> dict[tuple[str, str, str], str]:
+    """Devices other claims hold a share of, and the first such claim."""
+    out: dict[tuple[str, str, str], str] = {}
+    for claim in s.allocated:
+        for res in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", []):
+            if res.get("shareID") is not None:
+                out.setdefault((res["driver"], res["pool"], res["device"]), claim["metadata"]["name"])
+    return out
+
+
+def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node: str | None,
+                     rules: SchedulerRules | None = None) -> list[str]:
+    """Everything an allocation must satisfy, read from the scenario's own objects (where
+    scheduler versions differ, as ``rules`` decide)."""
+    qualified = _qualified_names(rules or SchedulerRules())
+    held = _held_by_shares(s)
     problems: list[str] = []
     inventory = build_inventory(s.slices)
     raw_devices = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): (sl, d)
@@ -297,6 +351,8 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
                 shared[(key, cname)] = shared.get((key, cname), 0) + parse_quantity(q).value
         elif key in seen:
             problems.append(f"{label}: allocated twice")
+        elif qualified and key in held:
+            problems.append(f"{label}: exclusive, but claim {held[key]} still holds a share of it")
         elif res.get("shareID") is not None or res.get("consumedCapacity"):
             problems.append(f"{label}: shareID or consumedCapacity on a device that cannot be shared")
         seen.add(key)
@@ -352,7 +408,8 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
         for base in scope:
             for _, _, dev in by_request.get(base, []):
                 sl, raw = raw_devices[dev.key]
-                found.append(json.dumps(_attribute(raw, sl["spec"]["driver"], c.get("matchAttribute") or c["distinctAttribute"])))
+                name = c.get("matchAttribute") or c["distinctAttribute"]
+                found.append(json.dumps(_attribute(raw, sl["spec"]["driver"], name, semver_equal=qualified)))
         if "matchAttribute" in c and (len(set(found)) > 1 or "null" in found):
             problems.append(f"matchAttribute {c['matchAttribute']} over {sorted(scope)}: values {sorted(set(found))}")
         if "distinctAttribute" in c and (len(set(found)) < len(found) or "null" in found):
@@ -407,7 +464,7 @@ class ClaimWatch:
     """
 
     def __init__(self, kubectl_cmd: Sequence[str], batch: str) -> None:
-        self.allocations: dict[str, dict[str, Any]] = {}
+        self.allocations: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, claim)
         self._proc = subprocess.Popen([*kubectl_cmd, "get", "resourceclaims", "-A", "-l", f"{BATCH_LABEL}={batch}",
                                        "-w", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -426,7 +483,7 @@ class ClaimWatch:
                 buf = buf.lstrip()[end:]
                 alloc = obj.get("status", {}).get("allocation")
                 if alloc:
-                    self.allocations.setdefault(obj["metadata"]["namespace"], alloc)
+                    self.allocations.setdefault((obj["metadata"]["namespace"], obj["metadata"]["name"]), alloc)
 
     def stop(self) -> None:
         self._proc.terminate()
@@ -469,6 +526,8 @@ def _run_batch(kubectl: Kubectl, watch: ClaimWatch, cases: Sequence[Case], batch
         return len(slices) == want_slices and want_sa <= have_sa
 
     _wait("slices and service accounts of batch " + batch, ready, 60)
+    for ns, name, patch in (p for c in cases for p in held_status_patches(c)):
+        kubectl("patch", "resourceclaim", name, "-n", ns, "--subresource=status", "--type=merge", "-p", patch)
     time.sleep(1.0)  # the scheduler's informers trail the API server a little; the settle rule covers the rest
     work = [o for c in cases for o in workload_objects(c, batch)]
     kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(work))
@@ -476,11 +535,12 @@ def _run_batch(kubectl: Kubectl, watch: ClaimWatch, cases: Sequence[Case], batch
     deadline = time.monotonic() + timeout
     while True:
         now = time.monotonic()
-        claims = {c["metadata"]["namespace"]: c for c in _items(kubectl, "resourceclaims", batch)}
+        claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in _items(kubectl, "resourceclaims", batch)}
         pods = {p["metadata"]["namespace"]: p for p in _items(kubectl, "pods", batch)}
         for ns, case in by_ns.items():
-            claim, pod = claims.get(ns, {}), pods.get(ns, {})
-            alloc = watch.allocations.get(ns) or claim.get("status", {}).get("allocation")
+            key = (ns, case.claim_name)
+            claim, pod = claims.get(key, {}), pods.get(ns, {})
+            alloc = watch.allocations.get(key) or claim.get("status", {}).get("allocation")
             if alloc:
                 case.scheduler_verdict, case.scheduler_allocation = "allocated", alloc
                 case.scheduler_node = _selected_node(alloc) or pod.get("spec", {}).get("nodeName")
@@ -534,13 +594,13 @@ def judge(case: Case) -> None:
             ours = dict(_resolve(case, [node]).explanation.failure)
         case.problems += compare_failures(ours, theirs)
     elif case.scheduler_verdict == "unschedulable":
-        reasons = dra_node_reasons(case.scheduler_message)
-        if reasons != {CANNOT_ALLOCATE: len(case.nodes)}:
-            case.problems.append(f"scheduler's per-node reasons {reasons}, expected {CANNOT_ALLOCATE!r} "
-                                 f"on all {len(case.nodes)} nodes: {case.scheduler_message}")  # fmt: skip
+        reasons, expected = dra_node_reasons(case.scheduler_message), expected_node_reasons(case)
+        if reasons != expected:
+            case.problems.append(f"scheduler's per-node reasons {reasons}, expected {expected}: {case.scheduler_message}")
         if case.engine_failure.get("request"):
             case.problems += [f"engine: {p}" for p in
-                              check_unsatisfiable_request(case.scenario, case.engine_failure["request"], case.nodes)]
+                              check_unsatisfiable_request(case.scenario, case.engine_failure["request"], case.nodes,
+                                                          case.rules)]
     elif case.scheduler_allocation is not None:
         engine = case.engine_allocation
         if case.scheduler_node != case.engine_node:
@@ -558,7 +618,7 @@ def judge(case: Case) -> None:
 
 
 def _checked(case: Case, allocation: Mapping[str, Any], node: str | None) -> list[str]:
-    problems = check_allocation(case.scenario, allocation, node)
+    problems = check_allocation(case.scenario, allocation, node, case.rules)
     if case.rules.distinct_latest_only and not _distinct_136_violations(case.scenario, allocation):
         # Breaking the API's distinctAttribute is the 1.36 rule where the allocation keeps that
         # rule (replayed in the order the results were added).
@@ -568,7 +628,9 @@ def _checked(case: Case, allocation: Mapping[str, Any], node: str | None) -> lis
 
 _CLAIM_REQUEST = re.compile(r"claim [^ ,:]+, (?:sub)?request ([^ :]+): (.*)", re.DOTALL)
 _SELECTOR = re.compile(r"(?:claim [^ ,:]+|class ([^ :]+)): selector #(\d+)(?: on device ([^ :]+))?: CEL runtime error: ")
-_DEVICE = re.compile(r"cannot add device ([^ ]+) because")
+# The device a request's error names: a constraint not met, and from 1.38 an attribute value a
+# constraint cannot compare, or a capacity request that cannot be resolved (a full device ID only).
+_DEVICE = re.compile(r"cannot add device ([^ ]+) because|(?:^|for )device ([^ /:]+/[^ /:]+/[^ :]+): ")
 
 
 def scheduler_failure(message: str) -> dict[str, str]:
@@ -582,7 +644,7 @@ def scheduler_failure(message: str) -> dict[str, str]:
         out["request"] = m.group(1)
         dev = _DEVICE.search(m.group(2))
         if dev:
-            out["device"] = dev.group(1)
+            out["device"] = dev.group(1) or dev.group(2)
         return out
     m = _SELECTOR.match(text)
     if m:
@@ -619,21 +681,66 @@ def compare_failures(engine: Mapping[str, str], scheduler: Mapping[str, str]) ->
     return [f"first failure differs in {k}: engine {a!r}, scheduler {b!r}" for k, (a, b) in differ.items()]
 
 
+_INCOMPLETE = re.compile(r"claim [^ ,]+, request ([^ :]+): asks for all devices, but resource pool (\S+) "
+                         r"is currently being updated")
+_NODE_REASON = re.compile(r"(\d+) (.+?)(?:, (?=\d+ )|$)")
+
+
 def dra_node_reasons(message: str) -> dict[str, int]:
     """The per-node reasons of an unschedulable pod's condition other than the pods' nodeSelector
-    (``0/50 nodes are available: 2 cannot allocate all claims, 48 node(s) didn't match ...``)."""
+    (``0/50 nodes are available: 2 cannot allocate all claims, 48 node(s) didn't match ...``).  A
+    reason may hold commas itself (1.38 names an ``All`` request's incomplete pool, which fails only
+    its node: ``1 claim ns/c, request r0: asks for all devices, but resource pool d/p is currently
+    being updated``); such a reason is shortened to :func:`incomplete_pool_reason`."""
     head = message.split(" nodes are available: ", 1)[-1].split(". ", 1)[0].rstrip(".")
     out: dict[str, int] = {}
-    for part in head.split(", "):
-        count, _, reason = part.partition(" ")
-        if count.isdigit() and "node affinity/selector" not in reason:
-            out[reason] = out.get(reason, 0) + int(count)
+    for count, reason in _NODE_REASON.findall(head):
+        if "node affinity/selector" in reason:
+            continue
+        m = _INCOMPLETE.fullmatch(reason)
+        reason = incomplete_pool_reason(m.group(2), m.group(1)) if m else reason
+        out[reason] = out.get(reason, 0) + int(count)
     return out
 
 
-def _could_hold(raw: Mapping[str, Any], requests: Mapping[str, Any]) -> bool:
-    """Whether a device can take a request's capacity on its own (the requestPolicy read directly)."""
+def incomplete_pool_reason(pool: str, request: str) -> str:
+    return f"incomplete pool {pool} for request {request} (All)"
+
+
+def expected_node_reasons(case: Case) -> dict[str, int]:
+    """The per-node reasons of an unschedulable verdict: the allocator found nothing on each node,
+    except (1.38) on a node with an incomplete pool, where the claim's first ``All`` request fails
+    that node by name before any search."""
+    out: dict[str, int] = {}
+    first_all = next((r["name"] for r in case.scenario.claim["spec"]["devices"]["requests"]
+                      if r.get("exactly", {}).get("allocationMode") == "All"), None)  # fmt: skip
+    incomplete = _incomplete_pools(case.scenario)
+    for node in case.nodes:
+        pool = incomplete.get(node) if _qualified_names(case.rules) and first_all else None
+        reason = incomplete_pool_reason(pool, first_all) if pool and first_all else CANNOT_ALLOCATE
+        out[reason] = out.get(reason, 0) + 1
+    return out
+
+
+def _incomplete_pools(s: scenarios.Scenario) -> dict[str, str]:
+    """node -> ``driver/pool`` of a pool on that node with fewer slices than it declares."""
+    present: dict[tuple[str, str], int] = {}
+    for sl in s.slices:
+        key = (sl["spec"]["driver"], sl["spec"]["pool"]["name"])
+        present[key] = present.get(key, 0) + 1
+    return {sl["spec"]["nodeName"]: "/".join(key) for sl in s.slices
+            for key in [(sl["spec"]["driver"], sl["spec"]["pool"]["name"])]
+            if sl["spec"]["pool"]["resourceSliceCount"] > present[key]}  # fmt: skip
+
+
+def _could_hold(raw: Mapping[str, Any], asked: Mapping[str, Any], driver: str, resolved: bool) -> bool:
+    """Whether a device can take a request's capacity on its own (the requestPolicy read directly);
+    ``resolved``: request names resolved against the device's driver (1.38)."""
     published = raw.get("capacity", {})
+    names = {name: _published_name(name, published, driver, resolved) for name in asked}
+    if None in names.values():
+        return False
+    requests = {names[name]: v for name, v in asked.items()}
     if requests and not raw.get("allowMultipleAllocations"):
         return all(name in published and parse_quantity(v).value <= parse_quantity(published[name]["value"]).value
                    for name, v in requests.items())  # fmt: skip
@@ -664,9 +771,13 @@ def _could_hold(raw: Mapping[str, Any], requests: Mapping[str, Any]) -> bool:
     return True
 
 
-def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequence[str]) -> list[str]:
+def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequence[str],
+                                rules: SchedulerRules | None = None) -> list[str]:
     """Problems if the engine's "no node can satisfy ``request``" is wrong: a node with enough
-    devices for one of its alternatives, judged from the spec (selectors, taints, capacity)."""
+    devices for one of its alternatives, judged from the spec (selectors, taints, capacity, and
+    from 1.38 on, exclusive devices other claims still hold shares of)."""
+    qualified = _qualified_names(rules or SchedulerRules())
+    in_use = set(_held_by_shares(s)) if qualified else set()
     inventory = build_inventory(s.slices)
     raw = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): d
            for sl in s.slices for d in sl["spec"].get("devices", [])}  # fmt: skip
@@ -682,7 +793,8 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
         for node in nodes:
             fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
                    and _matches(exprs, d) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
-                   and _could_hold(raw[d.key], wanted)]  # fmt: skip
+                   and _could_hold(raw[d.key], wanted, d.key[0], qualified)
+                   and (d.key not in in_use or raw[d.key].get("allowMultipleAllocations"))]  # fmt: skip
             if len(fit) >= body.get("count", 1):
                 problems.append(f"says no node can satisfy request {request}, but {node} has {len(fit)} devices "
                                 f"for {body.get('name', request)} (count {body.get('count', 1)})")  # fmt: skip

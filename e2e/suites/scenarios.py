@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_FEATURES", "DRIVER", "Scenario", "generate", "generate_many", "validate_scenario"]
+__all__ = ["DEFAULT_FEATURES", "DRIVER", "MODELS", "SHARE_AMOUNTS", "Scenario", "both_spellings",
+           "cel_reads_both_spellings", "device_class", "generate", "generate_many", "make_device", "make_shareable",
+           "make_slice", "validate_scenario"]
 
 DRIVER = "gpu.dra-driver.io"
 # Feature areas the generator may use; drop one for clusters with the gate off.
@@ -25,10 +27,13 @@ DEFAULT_FEATURES = frozenset({"selectors", "all", "constraints", "firstAvailable
 # requests (when "shares" is a feature), so that any long enough corpus holds a known share of them.
 SHARE_PERIOD, SHARE_SEEDS = 5, 2
 
-_MODELS = ("H100", "A100", "L4")
+MODELS = ("H100", "A100", "L4")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Semantic versions as the 1.37 API server checks them: no limit on a number's digits (1.38 has one).
+_SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
 _SELECTORS = (
     'device.attributes["gpu.dra-driver.io"].model == "{model}"',
     'device.attributes["gpu.dra-driver.io"].model != "{model}"',
@@ -46,7 +51,7 @@ _NO_SUCH_MODEL = 'device.attributes["gpu.dra-driver.io"].model == "B200"'
 # Shareable devices' capacity: the name as published (unqualified or with the driver's domain,
 # which the scheduler treats as two different names) and the requestPolicy variants.
 _CAPACITY_NAMES = ("memory", "gpu.dra-driver.io/memory")
-_SHARE_AMOUNTS = ("1Gi", "7Gi", "10Gi", "25Gi", "40Gi", "41Gi", "64Gi", "100Gi")
+SHARE_AMOUNTS = ("1Gi", "7Gi", "10Gi", "25Gi", "40Gi", "41Gi", "64Gi", "100Gi")
 
 
 @dataclass
@@ -56,10 +61,44 @@ class Scenario:
     classes: list[dict[str, Any]]
     claim: dict[str, Any]
     features: list[str] = field(default_factory=list)
+    # Other claims of the scenario's namespace, already allocated: each with the ``status`` to
+    # write through the status subresource once the claim exists.
+    allocated: list[dict[str, Any]] = field(default_factory=list)
 
     def describe(self) -> str:
         reqs = self.claim["spec"]["devices"]["requests"]
-        return f"seed {self.seed}: {len(self.slices)} slices, {len(reqs)} requests, features {','.join(self.features)}"
+        held = f", {len(self.allocated)} allocated claims" if self.allocated else ""
+        return (f"seed {self.seed}: {len(self.slices)} slices, {len(reqs)} requests{held}, "
+                f"features {','.join(self.features)}")
+
+    def selectors(self) -> list[str]:
+        """Every CEL expression the scheduler evaluates for the claim: its classes' and its requests'."""
+        exprs = [x["cel"]["expression"] for c in self.classes for x in c["spec"].get("selectors", [])]
+        for req in self.claim["spec"]["devices"]["requests"]:
+            for body in [req["exactly"]] if "exactly" in req else req["firstAvailable"]:
+                exprs += [x["cel"]["expression"] for x in body.get("selectors", [])]
+        return exprs
+
+
+def both_spellings(s: Scenario) -> set[str]:
+    """Names a device publishes both unqualified (``x``) and in its driver's domain (``<driver>/x``),
+    as attribute or as capacity."""
+    out: set[str] = set()
+    for sl in s.slices:
+        driver = sl["spec"]["driver"]
+        for dev in sl["spec"].get("devices", []):
+            for keys in (dev.get("attributes", {}), dev.get("capacity", {})):
+                out |= {k for k in keys if "/" not in k and f"{driver}/{k}" in keys}
+    return out
+
+
+def cel_reads_both_spellings(s: Scenario) -> list[str]:
+    """Names published both ways that a selector of the claim reads.  The 1.36 and 1.37 schedulers
+    build CEL's attribute map from both entries in the map's random order, so which value such a
+    selector sees is chance; 1.38 always reads ``<driver>/x``.  Judged from the text: a selector
+    that mentions the name at all counts."""
+    names = both_spellings(s)
+    return sorted(n for n in names if any(re.search(rf"\b{re.escape(n)}\b", e) for e in s.selectors()))
 
 
 def generate(
@@ -78,7 +117,7 @@ def generate(
     for node in nodes:
         slices.extend(_node_slices(rng, prefix, node, features, used))
     class_name = f"{prefix}-gpu"
-    classes = [_device_class(class_name)]
+    classes = [device_class(class_name)]
     claim = _claim(rng, prefix, class_name, namespace, features, used)
     return Scenario(seed, slices, classes, claim, sorted(used))
 
@@ -92,27 +131,27 @@ def _node_slices(rng: random.Random, prefix: str, node: str, features: frozenset
     # Share scenarios keep nodes small, so that several shares must meet on one device.
     n = rng.randint(1, 3) if "shares" in features else rng.randint(1, 8)
     partitioned = "counters" in features and "shares" not in features and rng.random() < 0.3
-    devices = [_device(rng, i, n, features, used) for i in range(n)]
+    devices = [make_device(rng, i, n, features, used) for i in range(n)]
     counter_slice: dict[str, Any] | None = None
     if partitioned:
         used.add("counters")
         # Separate slice for the counters (required in 1.35+); two partitions per GPU.
-        counter_slice = _slice(f"{pool}-counters", pool, node, 2, [])
+        counter_slice = make_slice(f"{pool}-counters", pool, node, 2, [])
         counter_slice["spec"]["sharedCounters"] = [
             {"name": f"gpu-{i}-counters", "counters": {"memory": {"value": "80Gi"}}} for i in range(n)
         ]
         devices = []
         for i in range(n):
             for half in range(2):
-                dev = _device(rng, i, n, features, used)
+                dev = make_device(rng, i, n, features, used)
                 dev["name"] = f"gpu-{i}-part-{half}"
                 dev["consumesCounters"] = [{"counterSet": f"gpu-{i}-counters", "counters": {"memory": {"value": "48Gi"}}}]
                 devices.append(dev)
-    device_slice = _slice(f"{pool}-devices", pool, node, 2 if counter_slice else 1, devices)
+    device_slice = make_slice(f"{pool}-devices", pool, node, 2 if counter_slice else 1, devices)
     return [device_slice] + ([counter_slice] if counter_slice else [])
 
 
-def _slice(name: str, pool: str, node: str, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
+def make_slice(name: str, pool: str, node: str, count: int, devices: list[dict[str, Any]]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "driver": DRIVER,
         "nodeName": node,
@@ -123,11 +162,11 @@ def _slice(name: str, pool: str, node: str, count: int, devices: list[dict[str, 
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
 
 
-def _device(rng: random.Random, index: int, total: int, features: frozenset[str], used: set[str]) -> dict[str, Any]:
+def make_device(rng: random.Random, index: int, total: int, features: frozenset[str], used: set[str]) -> dict[str, Any]:
     dev: dict[str, Any] = {
         "name": f"gpu-{index}",
         "attributes": {
-            "model": {"string": rng.choice(_MODELS)},
+            "model": {"string": rng.choice(MODELS)},
             "index": {"int": index},
             "numaNode": {"int": 0 if index < max(total // 2, 1) else 1},
             "driverVersion": {"version": rng.choice(("535.104.5", "550.54.15", "560.1.0"))},
@@ -141,11 +180,11 @@ def _device(rng: random.Random, index: int, total: int, features: frozenset[str]
         effects = ["NoSchedule", "NoExecute"] + (["None"] if "taint-none" in features else [])
         dev["taints"] = [{"key": "gpu.dra-driver.io/unhealthy", "value": "xid", "effect": rng.choice(effects)}]
     if "shares" in features and rng.random() < 0.7:  # the rest stay ordinary devices among shareable ones
-        _make_shareable(rng, dev, used)
+        make_shareable(rng, dev, used)
     return dev
 
 
-def _make_shareable(rng: random.Random, dev: dict[str, Any], used: set[str]) -> None:
+def make_shareable(rng: random.Random, dev: dict[str, Any], used: set[str]) -> None:
     used.add("shares")
     total = dev["capacity"]["memory"]["value"]
     cap: dict[str, Any] = {"value": total}
@@ -166,7 +205,7 @@ def _make_shareable(rng: random.Random, dev: dict[str, Any], used: set[str]) -> 
     dev["allowMultipleAllocations"] = True
 
 
-def _device_class(name: str) -> dict[str, Any]:
+def device_class(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -178,7 +217,7 @@ def _device_class(name: str) -> dict[str, Any]:
 def _selector(rng: random.Random) -> dict[str, Any]:
     template = rng.choice(_SELECTORS)
     expr = template.format(
-        model=rng.choice(_MODELS), mem=rng.choice(("20Gi", "40Gi", "64Gi")), index=rng.randint(1, 6),
+        model=rng.choice(MODELS), mem=rng.choice(("20Gi", "40Gi", "64Gi")), index=rng.randint(1, 6),
         version=rng.choice(("535.0.0", "550.0.0")), prefix=rng.choice(("h", "a", "l")),
     )  # fmt: skip
     return {"cel": {"expression": expr}}
@@ -201,7 +240,7 @@ def _exact(rng: random.Random, class_name: str, features: frozenset[str], used: 
     if "shares" in features and rng.random() < 0.75:
         name = rng.choice(_CAPACITY_NAMES)
         used.add("share-request-qualified" if "/" in name else "share-request")
-        body["capacity"] = {"requests": {name: rng.choice(_SHARE_AMOUNTS)}}
+        body["capacity"] = {"requests": {name: rng.choice(SHARE_AMOUNTS)}}
         if body["allocationMode"] == "ExactCount" and rng.random() < 0.3:
             body["count"] = rng.choice((2, 3))  # several shares of one device, on a small node
     return body
@@ -297,16 +336,27 @@ def validate_scenario(s: Scenario) -> list[str]:
                 problems.append(f"device {d['name']}: too many attributes")
             for key in [*d.get("attributes", {}), *d.get("capacity", {})]:
                 _check_key(key, problems)
+            for key, value in d.get("attributes", {}).items():
+                if "version" in value and not _SEMVER.fullmatch(value["version"]):
+                    problems.append(f"device {d['name']}: attribute {key} {value['version']!r} is not a semantic version")
     for name, specs in pools.items():
+        # A pool may declare more slices than it has (one still being published: the API server
+        # accepts that, the scheduler calls the pool incomplete), never fewer.
         counts = {sp["pool"]["resourceSliceCount"] for sp in specs}
-        if counts != {len(specs)}:
-            problems.append(f"pool {name}: resourceSliceCount {counts} != {len(specs)} slices")
+        if len(counts) != 1 or min(counts) < len(specs):
+            problems.append(f"pool {name}: resourceSliceCount {counts} for {len(specs)} slices")
         names = [d["name"] for sp in specs for d in sp.get("devices", [])]
         if len(names) != len(set(names)):
             problems.append(f"pool {name}: duplicate device names")
     for cls in s.classes:
         _check_name("class name", cls["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
     _check_name("claim name", s.claim["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
+    for held in s.allocated:
+        _check_name("claim name", held["metadata"]["name"], _DNS_SUBDOMAIN, 253, problems)
+        results = held.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+        spec_requests = {r["name"] for r in held["spec"]["devices"]["requests"]}
+        if not results or any(r["request"] not in spec_requests for r in results):
+            problems.append(f"allocated claim {held['metadata']['name']}: results must name its requests")
     for req in s.claim["spec"]["devices"]["requests"]:
         _check_name("request name", req["name"], _DNS_LABEL, 63, problems)
         bodies = [req["exactly"]] if "exactly" in req else req["firstAvailable"]
