@@ -85,13 +85,15 @@ class Probe:
                  "mig": [g.mig_capable, g.mig_enabled], "profiles": [p.name for p in g.mig_profiles]} for g in self.gpus]
 
     def describe(self) -> dict[str, int]:
-        from dra_driver.node.describe.devices import check_device_limits, describe, enumerate_devices
+        from dra_driver.node.describe.devices import describe, enumerate_devices
+        from dra_driver.node.publish.checker import check_device
 
         out = {}
         for dynamic in (False, True):
             devices, counters = describe(enumerate_devices(self.gpus, dynamic), DRIVER, dynamic)
             for device in devices:
-                check_device_limits(device)
+                problems = check_device(device, DRIVER)
+                assert not problems, [v.describe() for v in problems]
             out["dynamic" if dynamic else "static"] = {"devices": devices, "sharedCounters": counters}
         (self.out / "devices.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
         return {mode: len(v["devices"]) for mode, v in out.items()}

@@ -96,10 +96,9 @@ def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, Alloc
 
 # --- describe: allocatable devices → resource.k8s.io/v1 Device dicts -----------------------------
 
-MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
+"""Bytes, as the API server counts them."""
 MAX_COUNTERS_PER_SET = 32
-MAX_CONSUMES_COUNTERS = 2
 STANDARD_PREFIX = "resource.kubernetes.io/"
 ATTR_PCI_BUS_ID = STANDARD_PREFIX + "pciBusID"
 ATTR_PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
@@ -113,15 +112,29 @@ _SEMVER = re.compile(
 
 
 def to_semver(version: str) -> str:
-    """``580.95.05`` → ``580.95.5``, ``9.0`` → ``9.0.0``, ``13.0`` → ``13.0.0`` (valid semver 2.0.0)."""
+    """``580.95.05`` → ``580.95.5``, ``9.0`` → ``9.0.0``, ``13.0`` → ``13.0.0`` (valid semver 2.0.0).
+
+    A fourth and later number go into the build metadata: ``6.19.14.31400000`` →
+    ``6.19.14+31400000``, which orders and compares by its first three numbers (Kubernetes 1.38
+    ignores build metadata in matchAttribute, as semver does).
+    """
     parts = version.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
         raise ValueError(f"cannot express version {version!r} as semver")
-    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
-    result = ".".join(numbers)
+    numbers = [str(int(p)) for p in parts[:3]] + ["0"] * (3 - len(parts[:3]))
+    result = ".".join(numbers) + (f"+{'.'.join(parts[3:])}" if len(parts) > 3 else "")
     if not _SEMVER.match(result) or len(result) > MAX_ATTRIBUTE_VALUE_LENGTH:
         raise ValueError(f"cannot express version {version!r} as semver")
     return result
+
+
+def _version(text: str) -> dict[str, str]:
+    """A version attribute. One that cannot be expressed as semver is published as it is, so that
+    the publisher's checker withholds the device and says why (rather than the plugin stopping)."""
+    try:
+        return {"version": to_semver(text)}
+    except ValueError:
+        return {"version": text}
 
 
 def is_semver(text: str) -> bool:
@@ -129,7 +142,9 @@ def is_semver(text: str) -> bool:
 
 
 def _string(value: str) -> dict[str, Any]:
-    return {"string": value[:MAX_ATTRIBUTE_VALUE_LENGTH]}
+    """A string attribute, cut to the API server's 64 bytes at a character boundary."""
+    cut = value.encode("utf-8", "surrogatepass")[:MAX_ATTRIBUTE_VALUE_LENGTH]
+    return {"string": cut.decode("utf-8", "ignore")}
 
 
 def _common_attributes(gpu: Gpu) -> dict[str, dict[str, Any]]:
@@ -137,9 +152,9 @@ def _common_attributes(gpu: Gpu) -> dict[str, dict[str, Any]]:
         "productName": _string(gpu.product_name),
         "brand": _string(gpu.brand),
         "architecture": _string(gpu.architecture),
-        "cudaComputeCapability": {"version": to_semver(gpu.cuda_compute_capability)},
-        "driverVersion": {"version": to_semver(gpu.driver_version)},
-        "cudaDriverVersion": {"version": to_semver(gpu.cuda_driver_version)},
+        "cudaComputeCapability": _version(gpu.cuda_compute_capability),
+        "driverVersion": _version(gpu.driver_version),
+        "cudaDriverVersion": _version(gpu.cuda_driver_version),
         ATTR_PCI_BUS_ID: _string(gpu.pci.bus_id),
     }
     if gpu.pci.pcie_root is not None:
@@ -253,7 +268,6 @@ def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
         memory, multiprocessors = device_totals(device)
         capacity = shared_capacity(memory, multiprocessors, shares)
     result["capacity"] = capacity
-    check_device_limits(result)
     return result
 
 
@@ -285,29 +299,3 @@ def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic
         if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
             raise ValueError(f"counter set {counter_set['name']} has more than {MAX_COUNTERS_PER_SET} counters")
     return devices_json, list(counter_sets.values())
-
-
-def check_device_limits(device: Mapping[str, Any]) -> None:
-    """Raise ValueError when a Device dict breaks a resource.k8s.io/v1 validation limit."""
-    name = device.get("name", "")
-    if not is_dns_label(name):
-        raise ValueError(f"device name {name!r} is not a DNS label")
-    attrs = device.get("attributes", {}) or {}
-    capacity = device.get("capacity", {}) or {}
-    if len(attrs) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise ValueError(f"device {name}: {len(attrs) + len(capacity)} attributes+capacities, "
-                         f"limit {MAX_ATTRIBUTES_AND_CAPACITIES}")
-    for key, value in attrs.items():
-        if len(value) != 1:
-            raise ValueError(f"device {name}: attribute {key} must have exactly one value type")
-        ((kind, v),) = value.items()
-        if kind in ("string", "version") and len(v) > MAX_ATTRIBUTE_VALUE_LENGTH:
-            raise ValueError(f"device {name}: attribute {key} longer than {MAX_ATTRIBUTE_VALUE_LENGTH}")
-        if kind == "version" and not is_semver(v):
-            raise ValueError(f"device {name}: attribute {key} value {v!r} is not semver")
-    consumes = device.get("consumesCounters") or []
-    if len(consumes) > MAX_CONSUMES_COUNTERS:
-        raise ValueError(f"device {name}: more than {MAX_CONSUMES_COUNTERS} consumesCounters entries")
-    for entry in consumes:
-        if len(entry.get("counters", {})) > MAX_COUNTERS_PER_SET:
-            raise ValueError(f"device {name}: more than {MAX_COUNTERS_PER_SET} counters in one entry")

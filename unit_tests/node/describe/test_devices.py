@@ -1,5 +1,6 @@
 import itertools
 import re
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -11,7 +12,6 @@ from dra_driver.node.describe.devices import (
     ATTR_PCI_BUS_ID,
     ATTR_PCIE_ROOT,
     AllocatableDevice,
-    check_device_limits,
     describe,
     enumerate_devices,
     is_semver,
@@ -20,6 +20,7 @@ from dra_driver.node.describe.devices import (
 )
 from dra_driver.node.discovery.model import Gpu, MigPlacement
 from dra_driver.node.discovery.simulated import SimulatedBackend
+from dra_driver.node.publish.checker import check_device
 
 DRIVER = "gpu.example.com"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -35,7 +36,10 @@ def test_semver() -> None:
     assert to_semver("9.0") == "9.0.0"
     assert to_semver("13.0") == "13.0.0"
     assert to_semver("535") == "535.0.0"
-    for bad in ("", "1.2.3.4", "v1.0", "1.x"):
+    # A fourth number is build metadata: valid, and ordered by the first three.
+    assert to_semver("6.19.14.31400000") == "6.19.14+31400000"
+    assert to_semver("1.2.3.04.5") == "1.2.3+04.5"
+    for bad in ("", "v1.0", "1.x", "1..2", "١.٢"):
         with pytest.raises(ValueError):
             to_semver(bad)
     assert is_semver("1.0.0") and not is_semver("01.0.0") and not is_semver("1.0")
@@ -144,7 +148,7 @@ def test_limits_hold(profile: str, dynamic: bool) -> None:
     names = [d["name"] for d in devices]
     assert len(names) == len(set(names))
     for d in devices:
-        check_device_limits(d)
+        assert check_device(d, DRIVER) == []
         assert len(d["attributes"]) + len(d["capacity"]) <= 32
         for key, value in d["attributes"].items():
             ((kind, v),) = value.items()
@@ -158,20 +162,19 @@ def test_limits_hold(profile: str, dynamic: bool) -> None:
         assert all(DNS_LABEL.match(c) for c in cs["counters"])
 
 
-def test_check_limits_rejects() -> None:
-    base: dict[str, Any] = {"name": "gpu-0", "attributes": {}, "capacity": {}}
-    too_many = dict(base, attributes={f"a{i}": {"int": i} for i in range(33)})
-    with pytest.raises(ValueError, match="attributes"):
-        check_device_limits(too_many)
-    with pytest.raises(ValueError, match="semver"):
-        check_device_limits(dict(base, attributes={"v": {"version": "1.0"}}))
-    with pytest.raises(ValueError, match="longer"):
-        check_device_limits(dict(base, attributes={"s": {"string": "x" * 65}}))
-    for name in ("GPU_0", "gpu-0\n", "gpu-", "x" * 64):
-        with pytest.raises(ValueError, match="DNS label"):
-            check_device_limits(dict(base, name=name))
-    with pytest.raises(ValueError, match="consumesCounters"):
-        check_device_limits(dict(base, consumesCounters=[{}, {}, {}]))
+def test_a_version_that_is_no_semver_is_published_as_it_is_for_the_checker_to_withhold() -> None:
+    gpu = replace(gpus("mixed-l4-t4")[0], driver_version="580.95.x")
+    (device,), _ = describe(enumerate_devices([gpu], False), DRIVER, False)
+    assert device["attributes"]["driverVersion"] == {"version": "580.95.x"}
+    assert [v.rule for v in check_device(device, DRIVER)] == ["version"]
+
+
+def test_long_strings_are_cut_to_64_bytes_not_characters() -> None:
+    gpu = replace(gpus("mixed-l4-t4")[0], product_name="é" * 40 + "x", architecture="a" * 70)
+    (device,), _ = describe(enumerate_devices([gpu], False), DRIVER, False)
+    assert device["attributes"]["productName"] == {"string": "é" * 32}
+    assert device["attributes"]["architecture"] == {"string": "a" * 64}
+    assert check_device(device, DRIVER) == []
 
 
 def _consumption(device: dict[str, Any]) -> dict[str, Fraction]:

@@ -22,7 +22,6 @@ import pytest
 
 from dra_driver.node.describe.devices import (
     ATTR_NUMA_NODE,
-    check_device_limits,
     describe,
     enumerate_devices,
     gpu_device_name,
@@ -32,6 +31,7 @@ from dra_driver.node.discovery.dump import load_gpus
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
+from dra_driver.node.publish.checker import check_device
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "h100-real"
 MIB = 2**20
@@ -97,7 +97,7 @@ def test_the_real_h100_publishes_valid_devices(gpu: Gpu, smi: str) -> None:
     static, no_counters = describe(enumerate_devices([gpu], False), "gpu.dra-driver.io", False)
     assert no_counters == []
     [whole] = static
-    check_device_limits(whole)
+    assert check_device(whole, "gpu.dra-driver.io") == []
     attrs = whole["attributes"]
     assert whole["name"] == gpu_device_name(gpu) == "gpu-0"
     assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
@@ -115,7 +115,7 @@ def test_the_real_h100_publishes_valid_devices(gpu: Gpu, smi: str) -> None:
     placements = sum(len(p["placements"]) for p in smi_profiles(smi).values())
     assert len(dynamic) == 1 + placements == 26
     for device in dynamic:
-        check_device_limits(device)
+        assert check_device(device, "gpu.dra-driver.io") == []
     [counter_set] = counter_sets
     assert counter_set["counters"]["multiprocessors"] == {"value": "132"}
     assert counter_set["counters"]["memory"] == {"value": "81559Mi"}
