@@ -120,3 +120,61 @@ def test_detached_bed_up_and_down(tmp_path: Path) -> None:
     assert not listening(ours), f"sockets still listening after down: {listening(ours)}"
     assert ports
     assert not workdir.exists()
+
+
+NEXT_DRIVER = "next.testbed.example.com"
+
+
+def next_scheduler_manifests(node: str) -> list[dict[str, object]]:
+    """One device on one node, a class for it, a claim for one device and a pod that uses the claim."""
+    return [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "next"},
+         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NEXT_DRIVER}"'}}]}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-next"},
+         "spec": {"driver": NEXT_DRIVER, "nodeName": node,
+                  "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "testbed"}}}]}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "one", "namespace": "default"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "next"}}]}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "uses-one", "namespace": "default"},
+         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "one"}],
+                  "containers": [{"name": "c", "image": "testbed.invalid/pause", "resources": {"claims": [{"name": "gpu"}]}}]}},
+    ]
+
+
+@pytest.mark.next
+@pytest.mark.skipif(binaries.scheduler_minor() is None,
+                    reason=f"another minor's kube-scheduler not asked for ({binaries.SCHEDULER_ENV}=1.38: make e2e-next)")
+def test_another_minors_scheduler_allocates_beside_the_control_plane(tmp_path: Path) -> None:
+    """The mixed bed: the control plane of the default minor, the kube-scheduler of the next one, which
+    accepts the bed's flags and gates and allocates a claim on a slice as the pod is scheduled."""
+    minor = binaries.scheduler_minor()
+    assert minor is not None
+    with cluster.running(nodes=("n1",), workdir=tmp_path / "bed") as bed:
+        assert bed.scheduler_minor == minor
+        assert bed.scheduler_version == binaries.scheduler_version(minor)
+        assert bed.scheduler_version.startswith(f"v{minor}.")
+        server = json.loads(bed.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+        assert server == binaries.kubernetes_version() != bed.scheduler_version
+        running = Path(f"/proc/{bed.procs['kube-scheduler'].pid}/exe").resolve()
+        assert running == binaries.ensure_scheduler(minor, log=False).resolve()
+
+        bed.kubectl("apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                               "items": next_scheduler_manifests("n1")}))
+
+        def allocation() -> dict[str, object] | None:
+            claim = json.loads(bed.kubectl("get", "resourceclaim", "one", "-n", "default", "-o", "json").stdout)
+            found: dict[str, object] | None = claim.get("status", {}).get("allocation")
+            return found
+
+        allocated = wait_for("the claim to be allocated by the kube-scheduler", allocation, 60)
+        allocated.pop("allocationTimestamp", None)
+        assert allocated == {
+            "devices": {"results": [{"request": "gpu", "driver": NEXT_DRIVER, "pool": "n1", "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+        }
+        wait_for("the pod to be bound to n1", lambda: bed.kubectl(
+            "get", "pod", "uses-one", "-n", "default", "-o", "jsonpath={.spec.nodeName}").stdout == "n1", 30)
+        exited = {name: proc.returncode for name, proc in bed.procs.items() if proc.poll() is not None}
+        assert exited == {}, f"exited: {exited}; a flag or gate it does not know stops a component (logs in {bed.logs})"

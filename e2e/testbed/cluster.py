@@ -1,6 +1,7 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
 
-Every process runs from the binaries built by ``binaries.py``. Ports are chosen at random so two
+Every process runs from the binaries built by ``binaries.py``; the kube-scheduler may be another
+pinned minor's (``scheduler_minor``, ``DRA_TESTBED_SCHEDULER``). Ports are chosen at random so two
 beds can coexist, and each child is tied to its parent (PR_SET_PDEATHSIG) when the bed is owned by
 a test run, so an interrupted run leaves nothing behind. A detached bed (``make cluster-up``) is
 torn down from its pid file.
@@ -31,6 +32,9 @@ from typing import Any
 
 from e2e.tooling import binaries
 
+# Valid on every minor the bed runs, 1.36 to 1.38: 1.38 removed DynamicResourceAllocation (naming it
+# stops a component from starting) and locked DRAPartitionableDevices, DRADeviceBindingConditions,
+# DRADeviceTaints and DRADeviceTaintRules on (setting one false is an error).
 FEATURE_GATES = {
     "DRAPartitionableDevices": True,
     "DRAConsumableCapacity": True,
@@ -131,6 +135,11 @@ class Cluster:
     """Token users besides the admin, in no group of their own (RBAC and API Priority and Fairness
     see them as themselves, not as system:masters): :meth:`user_kubeconfig`."""
     user_tokens: dict[str, str] = field(default_factory=dict)
+    scheduler_minor: str | None = field(default_factory=binaries.scheduler_minor)
+    """Another pinned minor's kube-scheduler beside this control plane (e.g. ``"1.38"``); None: the
+    control plane's own. Defaults to what ``DRA_TESTBED_SCHEDULER`` asks for."""
+    scheduler_version: str = ""
+    """What the running kube-scheduler's ``--version`` says (``v1.38.0-beta.0``), once started."""
 
     @property
     def kubeconfig(self) -> Path:
@@ -198,6 +207,8 @@ class Cluster:
                 f"--feature-gates={feature_gate_flag()}",
                 *self.controller_manager_args,
             ])
+            scheduler = self._scheduler_binary()
+            self.scheduler_version = binary_version(scheduler)
             self._start("kube-scheduler", [
                 f"--kubeconfig={self.kubeconfig}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
@@ -206,8 +217,8 @@ class Cluster:
                 "--leader-elect=false",
                 f"--feature-gates={feature_gate_flag()}",
                 *self.scheduler_args,
-            ])
-            phase("kube-controller-manager and kube-scheduler started")
+            ], binary=scheduler)
+            phase(f"kube-controller-manager and kube-scheduler {self.scheduler_version} started")
             self.register_nodes()
             phase(f"nodes registered: {', '.join(self.nodes)}")
             self._wait_default_service_account(deadline=started + timeout)
@@ -263,10 +274,15 @@ class Cluster:
             *self.apiserver_args,
         ])
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _scheduler_binary(self) -> Path:
+        if self.scheduler_minor is None:
+            return self.bin_dir / binaries.SCHEDULER
+        return binaries.ensure_scheduler(self.scheduler_minor)
+
+    def _start(self, name: str, args: list[str], binary: Path | None = None) -> None:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until exit
         self.procs[name] = subprocess.Popen(
-            [str(self.bin_dir / name), *args],
+            [str(binary or self.bin_dir / name), *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent if self.tie_to_parent else None,
             start_new_session=not self.tie_to_parent,
@@ -344,6 +360,16 @@ class Cluster:
         self._write_state()
 
 
+def binary_version(binary: Path) -> str:
+    """The release a Kubernetes binary says it is (``Kubernetes v1.38.0-beta.0`` -> ``v1.38.0-beta.0``)."""
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False, timeout=30)
+    words = proc.stdout.split()
+    if proc.returncode != 0 or len(words) != 2 or words[0] != "Kubernetes":
+        raise RuntimeError(f"{binary} --version did not name a Kubernetes release "
+                           f"(exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-500:]}")
+    return words[1]
+
+
 def stop_detached(workdir: Path) -> None:
     """Stop a bed started by another process (``make cluster-down``), from its pid file."""
     state_file = workdir / "state.json"
@@ -388,11 +414,12 @@ def _task_states(pid: int) -> list[str]:
 
 @contextlib.contextmanager
 def running(nodes: tuple[str, ...] = DEFAULT_NODES, workdir: Path | None = None,
-            keep: Callable[[], bool] = lambda: False) -> Iterator[Cluster]:
-    """A bed for the duration of a with-block (pytest fixtures use this)."""
+            keep: Callable[[], bool] = lambda: False, scheduler_minor: str | None = None) -> Iterator[Cluster]:
+    """A bed for the duration of a with-block (pytest fixtures use this); ``scheduler_minor`` as on
+    :class:`Cluster`, by default what ``DRA_TESTBED_SCHEDULER`` asks for."""
     owned = workdir is None
     path = workdir or Path(tempfile.mkdtemp(prefix="dra-testbed-"))
-    cluster = Cluster(workdir=path, nodes=nodes)
+    cluster = Cluster(workdir=path, nodes=nodes, scheduler_minor=scheduler_minor or binaries.scheduler_minor())
     cluster.start()
     try:
         yield cluster
@@ -422,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         print(f"cluster-up failed: {exc}", file=sys.stderr)
         return 1
-    print(f"test bed ready in {time.monotonic() - started:.1f}s: nodes {', '.join(nodes)}")
+    print(f"test bed ready in {time.monotonic() - started:.1f}s: nodes {', '.join(nodes)}; "
+          f"kube-scheduler {cluster.scheduler_version}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
 

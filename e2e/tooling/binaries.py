@@ -4,7 +4,9 @@ Both come from committed Go modules (``e2e/tooling/gotools/{kubernetes,kubernete
 built by ``gotools`` with ``-mod=readonly`` and cached under a key that hashes the pins.
 
 The bed runs the current minor; ``DRA_TESTBED_KUBERNETES=1.36`` makes it run the oldest supported
-minor instead (``make e2e-oldest`` runs the smoke subset that way).
+minor instead (``make e2e-oldest`` runs the smoke subset that way). ``DRA_TESTBED_SCHEDULER=1.38``
+runs the kube-scheduler of another minor beside that control plane (``make e2e-next``): only that
+minor's scheduler is built, besides the control plane's own binaries.
 """
 
 from __future__ import annotations
@@ -15,16 +17,44 @@ from pathlib import Path
 
 from e2e.tooling import gotools
 
-# Supported minors -> the gotools tool that pins them; the first is the default.
+# Supported minors -> the gotools tool that pins them; the first is the default. Once 1.38.0 builds
+# whole (docs/testbed.md, "Kubernetes 1.38"), its tool builds every command and the one line that
+# makes it the default is this one: {"1.38": "kubernetes-1.38", "1.37": "kubernetes", "1.36": ...}.
 MINORS = {"1.37": "kubernetes", "1.36": "kubernetes-1.36"}
 MINOR_ENV = "DRA_TESTBED_KUBERNETES"
+# Minors whose pin builds kube-scheduler alone: the registry does not serve the rest of 1.38 yet.
+SCHEDULER_ONLY_MINORS = {"1.38": "kubernetes-1.38"}
+SCHEDULER_ENV = "DRA_TESTBED_SCHEDULER"
+SCHEDULER = "kube-scheduler"
 
 
-def kubernetes_tool() -> str:
+def kubernetes_minor() -> str:
     minor = os.environ.get(MINOR_ENV) or next(iter(MINORS))
     if minor not in MINORS:
         raise gotools.ToolError(f"{MINOR_ENV}={minor!r} is not a supported minor; use one of {', '.join(MINORS)}")
-    return MINORS[minor]
+    return minor
+
+
+def kubernetes_tool() -> str:
+    return MINORS[kubernetes_minor()]
+
+
+def scheduler_tool(minor: str) -> str:
+    """The tool whose kube-scheduler is that minor's; a bad minor is refused, naming the ones there are."""
+    tools = {**MINORS, **SCHEDULER_ONLY_MINORS}
+    if minor not in tools:
+        raise gotools.ToolError(f"kube-scheduler {minor!r} is not a pinned minor; use one of {', '.join(tools)}")
+    return tools[minor]
+
+
+def scheduler_minor() -> str | None:
+    """The minor of the kube-scheduler asked for beside the control plane (``DRA_TESTBED_SCHEDULER``), if
+    it is not the control plane's own."""
+    minor = os.environ.get(SCHEDULER_ENV) or None
+    if minor is None:
+        return None
+    scheduler_tool(minor)
+    return None if minor == kubernetes_minor() else minor
 
 
 def tools() -> tuple[str, str]:
@@ -32,8 +62,13 @@ def tools() -> tuple[str, str]:
 
 
 def kubernetes_version() -> str:
-    """The Kubernetes release the bed runs, e.g. ``v1.37.2``."""
+    """The Kubernetes release the bed's control plane runs, e.g. ``v1.37.2``."""
     return gotools.TOOLS[kubernetes_tool()].version()
+
+
+def scheduler_version(minor: str | None) -> str:
+    """The release of the kube-scheduler the bed runs with this scheduler minor (None: the control plane's)."""
+    return gotools.TOOLS[scheduler_tool(minor)].version() if minor else kubernetes_version()
 
 
 def bin_dir() -> Path:
@@ -41,8 +76,18 @@ def bin_dir() -> Path:
 
 
 def ensure(log: bool = True) -> Path:
-    """Return the directory holding every binary, building what is missing."""
-    return gotools.ensure(tools(), log=log)
+    """Return the directory holding the control plane's binaries, building what is missing, and build
+    the kube-scheduler ``DRA_TESTBED_SCHEDULER`` asks for."""
+    out = gotools.ensure(tools(), log=log)
+    minor = scheduler_minor()
+    if minor:
+        ensure_scheduler(minor, log=log)
+    return out
+
+
+def ensure_scheduler(minor: str, log: bool = True) -> Path:
+    """The kube-scheduler binary of this minor, built from its pin if not yet cached."""
+    return gotools.ensure([scheduler_tool(minor)], log=log) / SCHEDULER
 
 
 def main(argv: list[str] | None = None) -> int:
