@@ -63,13 +63,57 @@ def violates(value: Quantity, policy: Mapping[str, Any]) -> bool:
     return bool(valid) and value.value not in valid
 
 
-def missing_capacity(dev: Device, requests: Mapping[str, Quantity]) -> str | None:
+def capacities(dev: Device, qualified: bool = False) -> dict[str, tuple[Quantity, Mapping[str, Any]]]:
+    """The device's capacities by published name (1.36, 1.37) or, with the rules'
+    ``qualified_names`` (1.38), by fully-qualified name (:attr:`Device.qualified_capacity`)."""
+    if not qualified:
+        return dev.capacity
+    return {name: (value, policy) for name, (value, policy, _) in dev.qualified_capacity.items()}
+
+
+def status_name(dev: Device, name: str, qualified: bool = False) -> str:
+    """The ``consumedCapacity`` key of a capacity :func:`capacities` calls ``name``: as the device
+    published it (1.38 ``capacityNameForStatus``; up to 1.37 the names are as published anyway)."""
+    return dev.qualified_capacity[name][2] if qualified else name
+
+
+def _qualify(dev: Device, name: str) -> str:
+    return name if "/" in name else f"{dev.key[0]}/{name}"
+
+
+def missing_capacity(dev: Device, requests: Mapping[str, Quantity], qualified: bool = False) -> str | None:
     """The first capacity ``requests`` names that ``dev`` does not publish, else None.
 
-    Names are compared exactly as written, with no driver domain added to either side, like the
-    scheduler's requestsContainNonExistCapacity: ``<driver>/memory`` does not name ``memory``.
-    Such a device is skipped (not an error): another device may publish the name."""
+    Up to 1.37 names are compared exactly as written, with no driver domain added to either side,
+    like the scheduler's requestsContainNonExistCapacity: ``<driver>/memory`` does not name
+    ``memory``; 1.38 (``qualified``) resolves both sides against the device's driver.  Such a
+    device is skipped (not an error): another device may publish the name."""
+    if qualified:
+        found = dev.qualified_capacity
+        return next((name for name in requests if _qualify(dev, name) not in found), None)
     return next((name for name in requests if name not in dev.capacity), None)
+
+
+def requested_twice(dev: Device, requests: Mapping[str, Quantity], qualified: bool = False) -> str | None:
+    """1.38's error for a request that names one of the device's capacities both ways (``memory``
+    and ``<driver>/memory``: resolveCapacityRequests, #142202), None when it does not, or when a
+    name is missing on the device (the device is then skipped).  Up to 1.37 the two are different
+    names and never an error."""
+    if not qualified or len(requests) < 2 or missing_capacity(dev, requests, qualified) is not None:
+        return None
+    seen: dict[str, str] = {}
+    for name in requests:
+        key = _qualify(dev, name)
+        if key in seen:
+            ident = key.partition("/")[2]
+            return f"capacity \"{ident}\" requested both as \"{name}\" and as \"{seen[key]}\""
+        seen[key] = name
+    return None
+
+
+def _resolved(dev: Device, requests: Mapping[str, Quantity], qualified: bool) -> dict[str, Quantity]:
+    """``requests`` keyed like :func:`capacities` (their names checked already)."""
+    return {_qualify(dev, name): q for name, q in requests.items()} if qualified else dict(requests)
 
 
 def _amount(requested: Quantity | None, total: Quantity, policy: Mapping[str, Any]) -> Quantity:
@@ -79,16 +123,18 @@ def _amount(requested: Quantity | None, total: Quantity, policy: Mapping[str, An
     return default if default is not None else total
 
 
-def consumption(dev: Device, requests: Mapping[str, Quantity]) -> dict[str, Quantity] | None:
-    """Capacity a request would consume on ``dev`` (per published name), None if impossible.
+def consumption(dev: Device, requests: Mapping[str, Quantity], qualified: bool = False) -> dict[str, Quantity] | None:
+    """Capacity a request would consume on ``dev`` (keyed like :func:`capacities`), None if
+    impossible (or, 1.38, an error: :func:`requested_twice`).
 
     Every capacity the device publishes is consumed, the unrequested ones at the policy's default
     or in full, and each amount must satisfy the requestPolicy and fit the total."""
-    if missing_capacity(dev, requests) is not None:
+    if missing_capacity(dev, requests, qualified) is not None or requested_twice(dev, requests, qualified):
         return None
+    wanted = _resolved(dev, requests, qualified)
     out: dict[str, Quantity] = {}
-    for name, (total, policy) in dev.capacity.items():
-        value = _amount(requests.get(name), total, policy)
+    for name, (total, policy) in capacities(dev, qualified).items():
+        value = _amount(wanted.get(name), total, policy)
         if (policy and violates(value, policy)) or value.value > total.value:
             return None
         out[name] = value
@@ -113,23 +159,28 @@ def policy_text(policy: Mapping[str, Any]) -> str:
     return f"default {show(default.value)}" if default is not None else "no restriction"
 
 
-def capacity_problem(dev: Device, requests: Mapping[str, Quantity]) -> str | None:
+def capacity_problem(dev: Device, requests: Mapping[str, Quantity], qualified: bool = False) -> str | None:
     """Why ``requests`` cannot be consumed on ``dev`` at all, telling a requestPolicy that forbids
     the amount from an amount larger than the device; None when :func:`consumption` succeeds."""
-    missing = missing_capacity(dev, requests)
+    missing = missing_capacity(dev, requests, qualified)
     if missing is not None:
         published = ", ".join(f"`{n}`" for n in dev.capacity) or "no capacity"
         return f"capacity `{missing}` is not published by this device; it publishes {published}"
-    for name, (total, policy) in dev.capacity.items():
-        requested = requests.get(name)
+    twice = requested_twice(dev, requests, qualified)
+    if twice is not None:
+        return f"{twice}, an error to kube-scheduler 1.38"
+    wanted = _resolved(dev, requests, qualified)
+    for name, (total, policy) in capacities(dev, qualified).items():
+        requested = wanted.get(name)
         value = _amount(requested, total, policy)
+        shown = status_name(dev, name, qualified)
         asked = f"asked {show(requested.value)}" if requested is not None else (
             f"not requested, so it would consume {show(value.value)}")
         if policy and violates(value, policy):
-            return f"{name}: {asked}, which the device's requestPolicy does not allow ({policy_text(policy)})"
+            return f"{shown}: {asked}, which the device's requestPolicy does not allow ({policy_text(policy)})"
         if value.value > total.value:
             rounded = f" → {show(value.value)}" if requested is not None and value.value != requested.value else ""
-            return f"{name}: {asked}{rounded}, more than the device's {show(total.value)}"
+            return f"{shown}: {asked}{rounded}, more than the device's {show(total.value)}"
     return None
 
 

@@ -18,7 +18,7 @@ from functools import lru_cache, partial
 from itertools import islice
 from typing import Any
 
-from dra_driver.allocator.capacity import capacity_problem, consumption, show
+from dra_driver.allocator.capacity import capacities, capacity_problem, consumption, show, status_name
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
 from dra_driver.allocator.groups import Partition, remembered
@@ -162,7 +162,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
 
     stage("taints tolerated", lambda d: _taint_reason(d, alt), inventory.tainted)
     if alt.capacity or alive.any(lambda d: d.allow_multi):
-        _capacity_stage(info, alt, alive, losses)
+        _capacity_stage(info, alt, alive, losses, ctx.rules.qualified_names)
     shared = [d for k in ctx.allocated.shared if (d := inventory.by_key.get(k)) is not None and d.allow_multi]
     if any(alive.contains(d) for d in shared):
         stage("capacity left by other claims", lambda d: _shared_reason(ctx, d, alt), sorted(shared, key=lambda d: d.index))
@@ -217,18 +217,18 @@ def _note_cel_errors(info: RequestExplanation, ctx: Ctx, label: str, errors: lis
         info.cel_errors.append(CelIssue(label, err.expression, err.message, key_str(ctx.inventory.devices[i].key)))
 
 
-def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses: list[Loss]) -> None:
+def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses: list[Loss], qualified: bool) -> None:
     # The groups agree on capacities and policies (Projection.capacity), so one check is all a group needs.
     number = len(info.stages)
     part = alive.part
     for g in list(alive.groups):
         assert part is not None
-        problem = capacity_problem(part.groups[g].rep, alt.capacity)
+        problem = capacity_problem(part.groups[g].rep, alt.capacity, qualified)
         if problem is not None:
             losses.append(Loss(number, problem, alive.members(g)))
             del alive.groups[g]
     for d in list(alive.single.values()):
-        problem = capacity_problem(d, alt.capacity)
+        problem = capacity_problem(d, alt.capacity, qualified)
         if problem is not None:
             losses.append(Loss(number, problem, [d.index]))
             del alive.single[d.index]
@@ -237,7 +237,7 @@ def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses
 
 def _allocated_stage(info: RequestExplanation, ctx: Ctx, alive: Survivors, losses: list[Loss]) -> None:
     number = len(info.stages)
-    allocated = ctx.allocated.devices
+    allocated = ctx.taken_keys()
     devices = ctx.inventory.devices
     part = alive.part
     for g in alive.groups:
@@ -355,18 +355,22 @@ def _taint_reason(d: Device, alt: Alt) -> str | None:
 def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
     """What other claims' shares leave of a shareable device, when this request no longer fits:
     ``memory: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi``."""
-    used = ctx.allocated.shared.get(d.key)
-    need = consumption(d, alt.capacity)
+    qualified = ctx.rules.qualified_names
+    used = ctx.allocated.shared_by(qualified).get(d.key)
+    need = consumption(d, alt.capacity, qualified)
     if not used or need is None:
         return None
+    totals = capacities(d, qualified)
     for name, amount in need.items():
-        total = d.capacity[name][0].value
+        total = totals[name][0].value
         taken = used.get(name, Fraction(0))
         if taken + amount.value > total:
             owners = ", ".join(ctx.allocated.consumers.get(d.key, [])) or "other claims"
-            asked = alt.capacity.get(name)
+            shown = status_name(d, name, qualified)
+            asked = next((q for n, q in alt.capacity.items()
+                          if (f"{d.key[0]}/{n}" if qualified and "/" not in n else n) == name), None)
             rounded = f" (asked {show(asked.value)})" if asked is not None and asked.value != amount.value else ""
-            return f"{name}: {show(taken)} of {show(total)} consumed by {owners}; need {show(amount.value)}{rounded}"
+            return f"{shown}: {show(taken)} of {show(total)} consumed by {owners}; need {show(amount.value)}{rounded}"
     return None
 
 
@@ -478,7 +482,7 @@ def _competing_requests(ctx: Ctx) -> list[str]:
                 continue
             for d in funnel_state[1].devices():
                 if d.allow_multi and d.index not in taken:
-                    need = consumption(d, alt.capacity)
+                    need = consumption(d, alt.capacity, ctx.rules.qualified_names)
                     if need is not None:
                         taken.add(d.index)
                         users.setdefault(d.index, []).append((alt, {k: v.value for k, v in need.items()}))
@@ -487,15 +491,16 @@ def _competing_requests(ctx: Ctx) -> list[str]:
         if len(wanted) < 2:
             continue
         dev = ctx.inventory.devices[index]
-        used = ctx.allocated.shared.get(dev.key, {})
-        for name, (total, _) in dev.capacity.items():
+        qualified = ctx.rules.qualified_names
+        used = ctx.allocated.shared_by(qualified).get(dev.key, {})
+        for name, (total, _) in capacities(dev, qualified).items():
             asked = [(alt, need.get(name, Fraction(0))) for alt, need in wanted]
             before = used.get(name, Fraction(0))
             if before + sum(a for _, a in asked) <= total.value:
                 continue
             first, *rest = asked
             parts = [f"{first[0].name} takes {show(first[1])}"] + [f"{alt.name} would take {show(a)}" for alt, a in rest]
-            line = f"{key_str(dev.key)} {name}: {', '.join(parts)} of {show(total.value)}"
+            line = f"{key_str(dev.key)} {status_name(dev, name, qualified)}: {', '.join(parts)} of {show(total.value)}"
             if before:
                 owners = ", ".join(ctx.allocated.consumers.get(dev.key, [])) or "other claims"
                 line += f", with {show(before)} already consumed by {owners}"

@@ -31,7 +31,6 @@ from dra_driver.allocator.inventory import (
     DeviceKey,
     Inventory,
     Pool,
-    attribute_entry,
     attribute_value,
     hashable,
     quantity_or_none,
@@ -52,6 +51,7 @@ class _Marker:
 
 ABSENT = _Marker("ABSENT")  # the field is not published, others of its domain are
 NO_DOMAIN = _Marker("NO_DOMAIN")  # nothing of the field's domain is published
+BOTH = _Marker("BOTH")  # a name is published both unqualified and qualified with the driver
 
 
 @dataclass(frozen=True)
@@ -336,7 +336,11 @@ def _field_value(raw: Mapping[str, Any], kind: str, driver: str, domain: str, na
     value: Any = None
     if kind == "attributes":
         if long_entry is not None and short_entry is not None:
-            value = attribute_entry(raw, driver, qualified)  # both published: the later wins
+            # Both published: both values and which came last, as for a capacity (which of them
+            # the field holds depends on the scheduler version, see device_activation).
+            names = list(raw)
+            value = (BOTH, attribute_value(long_entry), attribute_value(short_entry),
+                     names.index(qualified) > names.index(name))
         elif long_entry is not None or short_entry is not None:
             value = remembered(_ATTRIBUTE_VALUES, long_entry if long_entry is not None else short_entry,
                                 attribute_value)
@@ -366,11 +370,20 @@ def _quantity(entry: Any) -> Any:
 def _domain_value(raw: Mapping[str, Any], driver: str, domain: Domain) -> Any:
     kind, wanted = domain
     merged: dict[str, Any] = {}
+    spelled: list[tuple[str, Any]] = []
+    twice = False
     for name, entry in raw.items():
         if _domain_of(name, driver) != wanted:
             continue
         ident = name.partition("/")[2] if "/" in name else name
-        merged[ident] = attribute_value(entry) if kind == "attributes" else _quantity(entry)
+        value = attribute_value(entry) if kind == "attributes" else _quantity(entry)
+        twice = twice or ident in merged
+        merged[ident] = value
+        spelled.append((name, value))
+    if twice:
+        # One identifier published both ways: the entries as published, in order (which of them
+        # the domain's map holds depends on the scheduler version, see device_activation).
+        return (BOTH, tuple(spelled))
     return tuple(sorted(merged.items())) if merged else NO_DOMAIN
 
 
@@ -387,23 +400,25 @@ def _capacity_signature(raw: Any) -> tuple[Any, ...]:
 
 Outcome = bool | CelRuntimeError
 
-_OUTCOMES: OrderedDict[tuple[str, tuple[Any, ...]], Outcome] = OrderedDict()
+_OUTCOMES: OrderedDict[tuple[str, bool, tuple[Any, ...]], Outcome] = OrderedDict()
 _OUTCOMES_LOCK = threading.Lock()
 
 
-def outcome(sel: CompiledSelector, dev: Device) -> Outcome:
+def outcome(sel: CompiledSelector, dev: Device, qualified_first: bool = False) -> Outcome:
     """``sel`` on ``dev``: True, False, or the runtime error. Cached by the values the selector reads
-    for a device with a clean CEL input (a poisoned selector is never looked up: it fails)."""
+    for a device with a clean CEL input (a poisoned selector is never looked up: it fails).
+    ``qualified_first``: see :func:`device_activation` (the rules' ``qualified_names``)."""
     cacheable = dev.cel_clean and not sel.reads.whole and sel.poisoned is None
     if cacheable:
-        key = (sel.expression, read_key(dev, sel.reads))
+        key = (sel.expression, qualified_first, read_key(dev, sel.reads))
         with _OUTCOMES_LOCK:
             found = _OUTCOMES.get(key)
         if found is not None:
             return found
     result: Outcome
     try:
-        result = sel.evaluate(_activation(dev, sel.reads) if cacheable else dev.activation)
+        result = sel.evaluate(_activation(dev, sel.reads, qualified_first) if cacheable
+                              else dev.activation_for(qualified_first))
     except CelRuntimeError as exc:
         result = exc
     if cacheable and sel.poisoned is None:
@@ -414,14 +429,14 @@ def outcome(sel: CompiledSelector, dev: Device) -> Outcome:
     return result
 
 
-def _activation(dev: Device, reads: Reads) -> DeviceActivation:
+def _activation(dev: Device, reads: Reads, qualified_first: bool) -> DeviceActivation:
     """The device's CEL input with only what ``reads`` names (the outcome depends on nothing else):
     a device publishing a dozen attributes costs the conversion of one or two."""
     driver = dev.key[0]
     attributes = as_mapping(dev.raw.get("attributes"))
     capacity = as_mapping(dev.raw.get("capacity"))
     return device_activation(driver, _subset(attributes, driver, reads, "attributes"),
-                             _subset(capacity, driver, reads, "capacity"), dev.allow_multi)
+                             _subset(capacity, driver, reads, "capacity"), dev.allow_multi, qualified_first)
 
 
 def _subset(raw: Mapping[str, Any], driver: str, reads: Reads, kind: str) -> dict[str, Any]:

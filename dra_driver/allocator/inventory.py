@@ -75,6 +75,7 @@ class Device:
     has_consumes: bool = False
     _attributes: dict[str, tuple[str, Any]] | None = None
     _capacity: dict[str, tuple[Quantity, Mapping[str, Any]]] | None = None
+    _qualified_capacity: dict[str, tuple[Quantity, Mapping[str, Any], str]] | None = None
     _consumes: list[tuple[str, dict[str, Fraction]]] | None = None
     # Why the device's counters do not fit its pool when nothing else consumes any ("" when they
     # do), known once asked (allocator.funnel).
@@ -91,9 +92,9 @@ class Device:
     def capacity(self) -> dict[str, tuple[Quantity, Mapping[str, Any]]]:
         """Published name, exactly as written in the slice -> (value, requestPolicy).
 
-        Not qualified: the scheduler looks capacity names up as written
+        Not qualified: kube-scheduler 1.36 and 1.37 look capacity names up as written
         (requestsContainNonExistCapacity), so ``memory`` and ``<driver>/memory`` are two different
-        capacities to it."""
+        capacities to them (1.38: :attr:`qualified_capacity`)."""
         if self._capacity is None:
             self._capacity = _digest_capacity(as_mapping(self.raw.get("capacity")))
         return self._capacity
@@ -113,8 +114,27 @@ class Device:
     @property
     def activation(self) -> DeviceActivation:
         """The device's CEL input, built anew on each call: callers evaluate one device of a group."""
+        return self.activation_for(False)
+
+    def activation_for(self, qualified_first: bool) -> DeviceActivation:
+        """:attr:`activation` as a scheduler with or without the rules' ``qualified_names`` reads it."""
         return device_activation(self.key[0], as_mapping(self.raw.get("attributes")), as_mapping(self.raw.get("capacity")),
-                                 self.allow_multi)
+                                 self.allow_multi, qualified_first)
+
+    @property
+    def qualified_capacity(self) -> dict[str, tuple[Quantity, Mapping[str, Any], str]]:
+        """Fully-qualified name -> (value, requestPolicy, the name as published), as kube-scheduler
+        1.38 reads a device: an unqualified name is in the driver's domain, and where both
+        ``memory`` and ``<driver>/memory`` are published the qualified one wins."""
+        if self._qualified_capacity is None:
+            out: dict[str, tuple[Quantity, Mapping[str, Any], str]] = {}
+            for name, (value, policy) in self.capacity.items():
+                if "/" in name:
+                    out[name] = (value, policy, name)
+                elif f"{self.key[0]}/{name}" not in self.capacity:
+                    out[f"{self.key[0]}/{name}"] = (value, policy, name)
+            self._qualified_capacity = out
+        return self._qualified_capacity
 
 
 _ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
@@ -136,26 +156,34 @@ def attribute_value(av: Any) -> tuple[str, Any] | None:
     return found
 
 
+def published_attribute(raw: Mapping[str, Any], driver: str, name: str) -> Any:
+    """The entry a fully-qualified attribute ``name`` finds in ``raw``: ``name`` as published, else
+    its short form where the domain is the driver's; None when neither is there. The qualified
+    spelling wins where both are published, as in the scheduler's constraint lookup of every
+    version (1.37 ``lookupAttribute``, 1.38 ``DeviceAttributes.Lookup``)."""
+    entry = raw.get(name)
+    if entry is not None:
+        return entry
+    if name.startswith(driver) and name[len(driver):len(driver) + 1] == "/":
+        short = name[len(driver) + 1:]
+        if "/" not in short:
+            return raw.get(short)
+    return None
+
+
 def attribute_entry(raw: Mapping[str, Any], driver: str, name: str) -> tuple[str, Any] | None:
     """What ``_digest_attributes(driver, raw).get(name)`` holds, reading only the entries that can
-    hold it: ``name`` as published, and its short form for the driver's own domain (the later of the
-    two wins, as in the digest)."""
-    short = name[len(driver) + 1:] if name.startswith(driver) and name[len(driver):len(driver) + 1] == "/" else None
-    if short is not None and "/" in short:
-        short = None
-    long_value, short_value = raw.get(name), raw.get(short) if short is not None else None
-    if long_value is None and short_value is None:
-        return None
-    if long_value is not None and short_value is not None:
-        last = next(k for k in reversed(list(raw)) if k in (name, short))  # both published: the later wins
-        return attribute_value(raw[last])
-    return attribute_value(long_value if long_value is not None else short_value)
+    hold it (see :func:`published_attribute`)."""
+    entry = published_attribute(raw, driver, name)
+    return attribute_value(entry) if entry is not None else None
 
 
 def _digest_attributes(driver: str, raw: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     out: dict[str, tuple[str, Any]] = {}
     for aname, aval in raw.items():
         value = attribute_value(aval)
+        if "/" not in aname and f"{driver}/{aname}" in raw:
+            continue  # the qualified spelling wins
         if value is not None:
             out[aname if "/" in aname else f"{driver}/{aname}"] = value
     return out
@@ -467,7 +495,8 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
 
 
 @lru_cache(maxsize=4096)
-def _semver_ok(text: str) -> bool:
+def semver_ok(text: str) -> bool:
+    """Whether ``text`` is a version the scheduler's semver parses."""
     try:
         parse_semver(text)
     except SemverError:
@@ -490,7 +519,7 @@ def _cel_attribute_ok(kind: str, value: Any) -> bool:
     ``value`` without an error (the same checks; ``test_fuzz_slices`` holds the two to agreeing)."""
     if not isinstance(value, _ATTRIBUTE_TYPES[kind]) or (kind == "int" and isinstance(value, bool)):
         return False
-    return kind != "version" or _semver_ok(value)
+    return kind != "version" or semver_ok(value)
 
 
 _Checked = tuple[Any, bool, tuple[str, ...]]
@@ -516,7 +545,7 @@ def _check_attributes(attributes: Any) -> tuple[bool, tuple[str, ...]]:
         # Checks only (the digested map is built when a device needs it), the usual shape first.
         if type(aval) is dict and len(aval) == 1:
             ((kind, value),) = aval.items()
-            if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or _semver_ok(value)):
+            if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or semver_ok(value)):
                 continue
         checked = attribute_value(aval)
         if checked is None:
@@ -574,8 +603,19 @@ class AllocatedState:
     """What other claims hold: exclusive devices and consumed shared capacity."""
 
     devices: set[DeviceKey] = field(default_factory=set)
+    # Consumed capacity of shared devices, keyed as the results wrote it (1.36, 1.37) ...
     shared: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
+    # ... and by fully-qualified name (1.38: NewDeviceConsumedCapacity, where a result's entry
+    # qualified with the device's driver wins over its unqualified twin).
+    shared_qualified: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
     consumers: dict[DeviceKey, list[str]] = field(default_factory=dict)  # namespace/name of the claims sharing a device
+    # Claims with a negative consumedCapacity: namespace/name -> what kube-scheduler 1.38 says of
+    # it (allocateddevices.go consumedCapacityError).
+    invalid: dict[str, str] = field(default_factory=dict)
+
+    def shared_by(self, qualified: bool) -> dict[DeviceKey, dict[str, Fraction]]:
+        """:attr:`shared` or, with the rules' ``qualified_names``, :attr:`shared_qualified`."""
+        return self.shared_qualified if qualified else self.shared
 
 
 def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None = None) -> AllocatedState:
@@ -584,9 +624,13 @@ def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None
         meta = as_mapping(as_mapping(claim).get("metadata"))
         if exclude_uid is not None and meta.get("uid") == exclude_uid:
             continue
+        owner = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '?'}"
         allocation = as_mapping(as_mapping(as_mapping(claim).get("status")).get("allocation"))
-        results = as_mapping(allocation.get("devices")).get("results")
-        for res in as_list(results):
+        results = as_list(as_mapping(allocation.get("devices")).get("results"))
+        negative = _negative_capacity(owner, results)
+        if negative is not None:
+            state.invalid[owner] = negative
+        for res in results:
             res = as_mapping(res)
             if res.get("adminAccess") is True:
                 continue  # admin access never blocks other users
@@ -595,15 +639,36 @@ def allocated_state(claims: Iterable[Mapping[str, Any]], exclude_uid: str | None
                 state.devices.add(key)
                 continue
             used = state.shared.setdefault(key, {})
+            qualified = state.shared_qualified.setdefault(key, {})
             owners = state.consumers.setdefault(key, [])
-            owner = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '?'}"
             if owner not in owners:
                 owners.append(owner)
+            mine: dict[str, Fraction] = {}
             for cname, val in as_mapping(res.get("consumedCapacity")).items():
                 q = quantity_or_none(val)
-                if q is not None:  # keyed as written, like the device's capacity (see Device.capacity)
-                    used[cname] = used.get(cname, Fraction(0)) + q.value
+                if q is None:
+                    continue
+                used[cname] = used.get(cname, Fraction(0)) + q.value  # keyed as written (see Device.capacity)
+                if "/" in cname or f"{key[0]}/{cname}" not in mine:
+                    mine[cname if "/" in cname else f"{key[0]}/{cname}"] = q.value
+            for cname, value in mine.items():
+                qualified[cname] = qualified.get(cname, Fraction(0)) + value
     return state
+
+
+def _negative_capacity(owner: str, results: list[Any]) -> str | None:
+    """kube-scheduler 1.38's complaint about a claim with a negative consumedCapacity (every
+    result, names in order), None when it has none."""
+    for res in results:
+        res = as_mapping(res)
+        consumed = as_mapping(res.get("consumedCapacity"))
+        for cname in sorted(consumed):
+            q = quantity_or_none(consumed[cname])
+            if q is not None and q.value < 0:
+                device = "/".join(as_str(res.get(k)) or "" for k in ("driver", "pool", "device"))
+                return (f"claim {owner}, device {device}: consumed capacity \"{cname}\" must not be negative, "
+                        f"got {consumed[cname]}")
+    return None
 
 
 def as_nodes(nodes: Sequence[Any] | None, inventory: Inventory) -> list[Node]:

@@ -12,8 +12,12 @@ from dra_driver.allocator.cel.compile import CompiledSelector, compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError
 from dra_driver.allocator.inventory import (
     Device,
+    key_str,
+    published_attribute,
     quantity_or_none,
+    semver_ok,
 )
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.objects import as_int, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
 
@@ -179,8 +183,34 @@ def taint_blocking(dev: Device, alt: Alt) -> Mapping[str, Any] | None:
     return None
 
 
-def lookup_attribute(dev: Device, name: str) -> tuple[str, Any] | None:
-    # Keys are fully qualified (unqualified ones under the driver's domain), which is the
-    # scheduler's lookup rule.  Versions compare as strings there too: semver 2.0 demands the
-    # minimal spelling.
-    return dev.attribute(name)
+class UnsupportedAttribute(Exception):
+    """kube-scheduler 1.38: a constraint met an attribute whose value it cannot compare."""
+
+
+def lookup_attribute(dev: Device, name: str, rules: SchedulerRules | None = None) -> tuple[str, Any] | None:
+    """The value a matchAttribute/distinctAttribute constraint on ``name`` compares, None when the
+    device lacks it.
+
+    Keys are fully qualified (unqualified ones under the driver's domain, the qualified spelling
+    winning), which is the scheduler's lookup rule.  Up to 1.37 versions compare as strings
+    (semver 2.0 demands the minimal spelling) and a value of another type (a list) counts as
+    missing.  With ``rules`` of 1.38 versions compare without their build metadata (semver
+    ``Equals``) and such a value raises :class:`UnsupportedAttribute`."""
+    value = dev.attribute(name)
+    if rules is None or not (rules.constraint_type_errors or rules.versions_ignore_build):
+        return value
+    if rules.constraint_type_errors and (value is None or not _comparable(*value)):
+        if value is not None or published_attribute(as_mapping(dev.raw.get("attributes")), dev.key[0], name) is not None:
+            raise UnsupportedAttribute(f"device {key_str(dev.key)}: unsupported attribute value for {name}")
+        return None
+    if value is not None and value[0] == "version" and rules.versions_ignore_build and isinstance(value[1], str):
+        return ("version", value[1].partition("+")[0])
+    return value
+
+
+def _comparable(kind: str, value: Any) -> bool:
+    """Whether the scheduler's conversion gives a value its constraints compare: a string, an
+    int, a bool, or a version semver parses (another value becomes nil, or a list)."""
+    if kind == "version":
+        return isinstance(value, str) and semver_ok(value)
+    return isinstance(value, {"string": str, "int": int, "bool": bool}[kind])

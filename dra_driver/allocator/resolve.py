@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.allocator.capacity import rounding_note
+from dra_driver.allocator.capacity import capacities, rounding_note, status_name
 from dra_driver.allocator.explanation import Explanation, ResultNote
 from dra_driver.allocator.funnel import explain_failure, funnel
 from dra_driver.allocator.groups import Group
@@ -27,6 +27,7 @@ from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import MAX_RESULTS, SCHEDULER_ABORTS, SHARE_NS, Abort, Ctx, Search
 from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
+from dra_driver.k8s.quantity import Quantity
 
 # =========================================================================== resolution
 
@@ -106,6 +107,9 @@ def _resolve(
     rules: SchedulerRules,
 ) -> Resolution:
     errors = explanation.errors
+    if rules.negative_capacity_fails and allocated.invalid:
+        errors.append(negative_capacity_error(allocated))
+        return Resolution(None, explanation)
     requests = parse_requests(claim, errors)
     constraints = parse_constraints(claim, errors, distinct_latest_only=rules.distinct_latest_only)
     for alts in requests:
@@ -126,7 +130,8 @@ def _resolve(
     # The scheduler filters every candidate node and one fatal error anywhere fails the pod, so
     # a success only counts once no other node can produce such an error.  Only All requests
     # and CEL runtime errors can; other claims keep the first-fit shortcut.
-    fatal_possible = any(a.mode == "All" for alts in requests for a in alts) or ctx.cel_error_seen()
+    fatal_possible = (any(a.mode == "All" for alts in requests for a in alts) or ctx.cel_error_seen()
+                      or _fatal_by_rules(ctx))
     narrow = None if fatal_possible else node_filter(ctx, whole_list=nodes is None)
     visit: Sequence[int] = narrow.visit if narrow is not None and narrow.visit is not None else range(len(node_list))
     found: tuple[Search, Node, int] | None = None
@@ -184,6 +189,31 @@ def _resolve(
 NOT_ENOUGH = "not enough suitable devices"
 
 
+def negative_capacity_error(allocated: AllocatedState) -> str:
+    """What kube-scheduler 1.38 says while claims with a negative consumedCapacity are allocated
+    (``allocateddevices.go``): the first of their complaints, by text, naming the claim."""
+    complaints = sorted(allocated.invalid.values())
+    more = f" (and {len(complaints) - 1} more claims with invalid consumed capacity)" if len(complaints) > 1 else ""
+    return (f"gather allocation state: {complaints[0]}{more}; {SCHEDULER_ABORTS} for every claim while that "
+            "claim is allocated (kube-scheduler 1.38, DRAConsumableCapacity on): fix or delete it")
+
+
+def _fatal_by_rules(ctx: Ctx) -> bool:
+    """Whether the 1.38 rules may end the attempt on some node: a constraint over devices whose
+    attributes do not all convert cleanly (an attribute it cannot compare), or a request naming a
+    capacity both unqualified and qualified."""
+    rules = ctx.rules
+    if rules.constraint_type_errors and ctx.constraints and ctx.inventory.unclean:
+        return True
+    if rules.qualified_names:
+        for alts in ctx.requests:
+            for alt in alts:
+                short = {n for n in alt.capacity if "/" not in n}
+                if any("/" in n and n.partition("/")[2] in short for n in alt.capacity):
+                    return True
+    return False
+
+
 @dataclass
 class NodeFilter:
     """Which nodes can fit, known before searching any (see :func:`node_filter`)."""
@@ -214,7 +244,7 @@ def node_filter(ctx: Ctx, whole_list: bool) -> NodeFilter | None:
     if any(a.error or a.mode != "ExactCount" for alts in ctx.requests for a in alts):
         return None
     devices = inventory.devices
-    allocated = ctx.allocated.devices
+    allocated = ctx.taken_keys()
     # Per request, per alternative: how many it asks for, whether in-use devices count (admin
     # access), and the devices its selectors accept, by node (and in groups, for visit below).
     accepted: list[list[tuple[int, bool, list[dict[str, list[Device]]]]]] = []
@@ -361,9 +391,12 @@ def _success(ctx: Ctx, search: Search, node: Node, explanation: Explanation) -> 
             entry["shareID"] = str(uuid.uuid5(SHARE_NS, f"{uid}/{res.alt.name}/{key_str(res.dev.key)}/{n}"))
             note.share = True
             if res.consumed:
-                entry["consumedCapacity"] = {k: str(v) for k, v in res.consumed.items()}
-                note.consumption = [rounding_note(k, res.alt.capacity.get(k), v.value, res.dev.capacity[k][1])
-                                    for k, v in res.consumed.items()]  # fmt: skip
+                qualified = ctx.rules.qualified_names
+                published = capacities(res.dev, qualified)
+                asked = _asked(res.alt.capacity, res.dev.key[0], qualified)
+                entry["consumedCapacity"] = {status_name(res.dev, k, qualified): str(v) for k, v in res.consumed.items()}
+                note.consumption = [rounding_note(status_name(res.dev, k, qualified), asked.get(k), v.value,
+                                                  published[k][1]) for k, v in res.consumed.items()]  # fmt: skip
         results.append(entry)
         explanation.results.append(note)
     allocation: dict[str, Any] = {"devices": {"results": results, "config": _configs(ctx, search)}}
@@ -380,6 +413,13 @@ def _success(ctx: Ctx, search: Search, node: Node, explanation: Explanation) -> 
         for info in explanation.requests:
             info.chosen = info.chosen or info.request == name
     return Resolution(allocation, explanation, node.name)
+
+
+def _asked(requests: Mapping[str, Quantity], driver: str, qualified: bool) -> dict[str, Quantity]:
+    """A request's capacity amounts keyed like :func:`capacities` of a device of ``driver``."""
+    if not qualified:
+        return dict(requests)
+    return {name if "/" in name else f"{driver}/{name}": q for name, q in requests.items()}
 
 
 def _configs(ctx: Ctx, search: Search) -> list[dict[str, Any]]:

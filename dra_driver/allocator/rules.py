@@ -3,24 +3,55 @@
 The scheduler's structured allocator (``k8s.io/dynamic-resource-allocation``,
 ``structured/internal/``) exists in three variants; ``structured.NewAllocator`` takes the first,
 most stable one whose supported features cover the features the scheduler's DRA gates enable
-(``dynamicresources.go``, ``structured.Features{...}``):
+(``dynamicresources.go``, ``structured.Features{...}``).  What each variant supports depends on
+the version (``SupportedFeatures`` of each variant):
 
-- ``stable``: AdminAccess, PrioritizedList, PartitionableDevices, DeviceTaints;
-- ``incubating``: those plus DeviceBindingAndStatus (DRADeviceBindingConditions *and*
-  DRAResourceClaimDeviceStatus), ConsumableCapacity, and in 1.37 FractionalCapacityRange;
+- ``stable``: AdminAccess, PrioritizedList, PartitionableDevices, DeviceTaints; in 1.38 also
+  DeviceBindingAndStatus, ConsumableCapacity and FractionalCapacityRange;
+- ``incubating``: the 1.38 stable set (1.36 without FractionalCapacityRange); in 1.38 also the
+  alpha features, like ``experimental``;
 - ``experimental``: everything, including the alpha ListTypeAttributes (1.36) and in 1.37
   OptionalNodeOperations, DerivedAttributes and CompatibilityGroups.
 
-The engine mirrors **incubating** (v0.36.3 and v0.37.2) with all of its features on: consumable
-capacity, partitionable devices, device taints, prioritized lists and admin access.  That is the
-variant a 1.36 or 1.37 scheduler runs with the default gates (DRAConsumableCapacity and
-DRADeviceBindingConditions are beta and on) and with the local bed's gates
-(``e2e/testbed/cluster.py`` FEATURE_GATES).  Under gates that select ``stable`` (consumable
-capacity or binding conditions off) the claims the engine handles differently cannot be written
-(the API server drops capacity requests and ``allowMultipleAllocations`` with the gate off);
-under ``experimental`` (an alpha gate on) the engine does not know list-typed attributes,
-derived attributes or compatibility groups.  Binding conditions are not modelled: the engine
-never writes ``bindingConditions`` into a result.
+So the version and the gates choose the variant together: with the default gates (and the local
+bed's, ``e2e/testbed/cluster.py`` FEATURE_GATES) a 1.36 or 1.37 scheduler runs **incubating**
+(v0.36.3, v0.37.2), a 1.38 scheduler **stable** (v0.38).  :func:`mirrored_variant` names the one
+the engine mirrors for a minor; :class:`SchedulerRules` holds where those decide differently.
+Under gates that select the older ``stable`` (consumable capacity or binding conditions off, 1.36
+and 1.37) the claims the engine handles differently cannot be written (the API server drops
+capacity requests and ``allowMultipleAllocations`` with the gate off); under ``experimental``
+(an alpha gate on) the engine does not know list-typed attributes, derived attributes or
+compatibility groups.  Binding conditions are not modelled: the engine never writes
+``bindingConditions`` into a result.
+
+What 1.38's ``stable`` decides differently from 1.37's ``incubating`` (read in the v0.38.0-beta.0
+source; :class:`SchedulerRules` ``qualified_names`` and the properties after it):
+
+- attributes and capacities are keyed by (domain, identifier), an unqualified name in the
+  device's driver's domain; a device publishing both ``x`` and ``<driver>/x`` is read as
+  ``<driver>/x`` (``api/conversion.go``), in CEL as in constraints.  1.37's CEL saw either, by Go
+  map order (the engine takes the later one as published); its constraints already preferred the
+  qualified name (``lookupAttribute``), and so does the engine under every version;
+- capacity requests resolve against the device's driver (``memory`` is ``<driver>/memory``); one
+  capacity requested both ways is an error that ends the attempt (``resolveCapacityRequests``); a
+  request for a capacity the device lacks skips the device, as before;
+- ``consumedCapacity`` is written under the name as the device published it
+  (``capacityNameForStatus``), and other claims' consumption is added up per (domain, identifier),
+  a driver-qualified entry of one result winning over its unqualified twin
+  (``NewDeviceConsumedCapacity``);
+- matchAttribute/distinctAttribute compare versions with semver ``Equals`` (build metadata
+  ignored), and an attribute present with a value they cannot compare (a list, a version semver
+  cannot parse) is an error that ends the attempt instead of a skipped device;
+- ``allocationMode: All`` beside an incomplete or invalid pool fails that node only
+  (``ErrFailedAllocationOnNode``);
+- a device that no longer allows multiple allocations is in use while shares of it are allocated
+  (``deviceCapacityInUse``), except to admin access;
+- the plugin (``allocateddevices.go``): while any allocated claim has a negative
+  ``consumedCapacity``, gathering the allocated state fails, so with DRAConsumableCapacity on
+  every pod with a claim to allocate fails PreFilter, whatever the claim asks.
+
+Unchanged (compared in the source): the combination walk of ``allocateOne``, the claim's result
+limit and its overflow checks, first fit, device order, counters charged once per shared device.
 """
 
 from __future__ import annotations
@@ -28,8 +59,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-MIRRORED_VARIANT = "incubating"
 
 # Scheduler feature (structured.Features) <- the gates that enable it.
 _FEATURE_GATES: dict[str, tuple[str, ...]] = {
@@ -45,23 +74,45 @@ _FEATURE_GATES: dict[str, tuple[str, ...]] = {
     "DerivedAttributes": ("DRADerivedAttributes",),
     "CompatibilityGroups": ("DRADeviceCompatibilityGroups",),
 }
-_STABLE = frozenset({"AdminAccess", "PrioritizedList", "PartitionableDevices", "DeviceTaints"})
-_INCUBATING = _STABLE | {"DeviceBindingAndStatus", "ConsumableCapacity", "FractionalCapacityRange"}
-# Gates on by default (kubernetes pkg/features/kube_features.go of v1.36.3 and v1.37.2); the
-# features a minor version does not know are absent.
+_BASIC = frozenset({"AdminAccess", "PrioritizedList", "PartitionableDevices", "DeviceTaints"})
+_SHARING = _BASIC | {"DeviceBindingAndStatus", "ConsumableCapacity", "FractionalCapacityRange"}
+_EVERYTHING = frozenset(_FEATURE_GATES)
+# What each variant supports, per minor (SupportedFeatures of structured/internal/<variant>).
+_VARIANTS: dict[int, tuple[tuple[str, frozenset[str]], ...]] = {
+    36: (("stable", _BASIC), ("incubating", _SHARING), ("experimental", _EVERYTHING)),
+    37: (("stable", _BASIC), ("incubating", _SHARING), ("experimental", _EVERYTHING)),
+    38: (("stable", _SHARING), ("incubating", _EVERYTHING), ("experimental", _EVERYTHING)),
+}
+_DEFAULT_37 = frozenset({"DRAAdminAccess", "DRAPrioritizedList", "DRAPartitionableDevices", "DRADeviceTaints",
+                         "DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus", "DRAConsumableCapacity",
+                         "DRAFractionalCapacityRange"})  # fmt: skip
+# Gates on by default (kubernetes pkg/features/kube_features.go of v1.36.3, v1.37.2 and
+# v1.38.0-beta.0); the features a minor version does not know are absent.
 _DEFAULT_ON: dict[int, frozenset[str]] = {
-    36: frozenset({"DRAAdminAccess", "DRAPrioritizedList", "DRAPartitionableDevices", "DRADeviceTaints",
-                   "DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus", "DRAConsumableCapacity"}),
-    37: frozenset({"DRAAdminAccess", "DRAPrioritizedList", "DRAPartitionableDevices", "DRADeviceTaints",
-                   "DRADeviceBindingConditions", "DRAResourceClaimDeviceStatus", "DRAConsumableCapacity",
-                   "DRAFractionalCapacityRange"}),
+    36: _DEFAULT_37 - {"DRAFractionalCapacityRange"},
+    37: _DEFAULT_37,
+    38: _DEFAULT_37,
+}
+# Gates locked to their default (LockToDefault): setting them otherwise stops the component.
+_LOCKED: dict[int, frozenset[str]] = {
+    36: frozenset({"DRAAdminAccess"}),
+    37: frozenset({"DRAAdminAccess", "DRAPrioritizedList", "DRAResourceClaimDeviceStatus"}),
+    38: frozenset({"DRAAdminAccess", "DRAPrioritizedList", "DRAResourceClaimDeviceStatus", "DRAPartitionableDevices",
+                   "DRADeviceBindingConditions", "DRADeviceTaints", "DRADeviceTaintRules"}),
 }  # fmt: skip
 _KNOWN: dict[int, frozenset[str]] = {
-    36: frozenset(_FEATURE_GATES) - {"FractionalCapacityRange", "OptionalNodeOperations", "DerivedAttributes",
-                                     "CompatibilityGroups"},
-    37: frozenset(_FEATURE_GATES),
-}  # fmt: skip
+    36: _EVERYTHING - {"FractionalCapacityRange", "OptionalNodeOperations", "DerivedAttributes", "CompatibilityGroups"},
+    37: _EVERYTHING,
+    38: _EVERYTHING,
+}
+OLDEST_MINOR = min(_DEFAULT_ON)
 NEWEST_MINOR = max(_DEFAULT_ON)
+KNOWN_MINORS = tuple(sorted(_DEFAULT_ON))
+
+
+def known_minor(minor: int) -> int:
+    """``minor`` within the minors the engine knows: an older one is the oldest, a newer the newest."""
+    return min(max(minor, OLDEST_MINOR), NEWEST_MINOR)
 
 
 def parse_minor(version: str) -> int | None:
@@ -70,49 +121,73 @@ def parse_minor(version: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def locked_gates(minor: int = NEWEST_MINOR) -> frozenset[str]:
+    """The DRA gates a scheduler of ``1.<minor>`` holds at their default whatever the flags say."""
+    return _LOCKED[known_minor(minor)]
+
+
 def scheduler_features(gates: Mapping[str, bool], minor: int = NEWEST_MINOR) -> frozenset[str]:
-    """The structured.Features a scheduler of ``1.<minor>`` enables under ``gates`` (the rest at their defaults)."""
-    defaults = _DEFAULT_ON[min(max(minor, min(_DEFAULT_ON)), NEWEST_MINOR)]
-    known = _KNOWN[min(max(minor, min(_KNOWN)), NEWEST_MINOR)]
+    """The structured.Features a scheduler of ``1.<minor>`` enables under ``gates`` (the rest at
+    their defaults; a locked gate at its default, as a component that starts at all has it)."""
+    defaults = _DEFAULT_ON[known_minor(minor)]
+    known = _KNOWN[known_minor(minor)]
+    locked = _LOCKED[known_minor(minor)]
 
     def on(gate: str) -> bool:
-        return gates.get(gate, gate in defaults)
+        return gate in defaults if gate in locked else gates.get(gate, gate in defaults)
 
     return frozenset(f for f, needs in _FEATURE_GATES.items() if f in known and all(on(g) for g in needs))
 
 
-def scheduler_variant(features: frozenset[str]) -> str:
-    """The allocator variant structured.NewAllocator picks for ``features``."""
-    if features <= _STABLE:
-        return "stable"
-    if features <= _INCUBATING:
-        return "incubating"
+def scheduler_variant(features: frozenset[str], minor: int = NEWEST_MINOR) -> str:
+    """The allocator variant structured.NewAllocator of ``1.<minor>`` picks for ``features``."""
+    for variant, supported in _VARIANTS[known_minor(minor)]:
+        if features <= supported:
+            return variant
     return "experimental"
+
+
+def mirrored_variant(minor: int = NEWEST_MINOR) -> str:
+    """The variant the engine mirrors for ``1.<minor>``: what that scheduler runs with its default gates."""
+    return scheduler_variant(scheduler_features({}, minor), minor)
+
+
+MIRRORED_VARIANT = mirrored_variant()
+"""The variant mirrored for the newest minor the engine knows (see :func:`mirrored_variant`)."""
 
 
 @dataclass(frozen=True)
 class SchedulerRules:
-    """Where the incubating allocator of two scheduler versions decides differently; the engine
-    follows the version it is given (the newest by default).
+    """Where the allocators of scheduler versions decide differently; the engine follows the
+    version it is given (the newest it knows by default, see the module's text for 1.38).
 
     - ``distinct_latest_only`` (1.36): distinctAttribute keeps one value per request name, that
       of the request's latest device, and a removal forgets the request's value, so a device is
       only compared with the latest device of each request and values 0, 1, 0 pass.  1.37 compares
       with every device of the constraint, as the API says.
-    - ``claim_limit_per_request`` (1.37): the claim's minimal result count is checked against the
-      limit of 32 request by request, naming the request that crosses it, before later requests
-      are validated; 1.36 checks the sum after validating every request.
-    - ``all_sized_by_static_capacity`` (1.37): an ``All`` request is sized against each device's
-      total capacity, so a device other claims' shares have filled stays in it and the request
-      fails; 1.36 leaves such a device out.
+    - ``claim_limit_per_request`` (1.37 on): the claim's minimal result count is checked against
+      the limit of 32 request by request, naming the request that crosses it, before later
+      requests are validated; 1.36 checks the sum after validating every request.
+    - ``all_sized_by_static_capacity`` (1.37 on): an ``All`` request is sized against each
+      device's total capacity, so a device other claims' shares have filled stays in it and the
+      request fails; 1.36 leaves such a device out.
+    - 1.38 on: ``qualified_names``, ``versions_ignore_build``, ``constraint_type_errors``,
+      ``all_fails_node_only``, ``shares_block_exclusive``, ``negative_capacity_fails``.
     """
 
     minor: int = NEWEST_MINOR
 
     @classmethod
     def for_version(cls, version: str | None) -> SchedulerRules:
+        """The rules of a gitVersion: an older minor than the engine knows gets the oldest rules,
+        a newer or unreadable one the newest."""
         minor = parse_minor(version) if version else None
-        return cls(minor) if minor is not None else cls()
+        return cls(known_minor(minor)) if minor is not None else cls()
+
+    @property
+    def label(self) -> str:
+        """``kube-scheduler 1.38 (stable allocator)``."""
+        return f"kube-scheduler 1.{self.minor} ({mirrored_variant(self.minor)} allocator)"
 
     @property
     def distinct_latest_only(self) -> bool:
@@ -125,3 +200,35 @@ class SchedulerRules:
     @property
     def all_sized_by_static_capacity(self) -> bool:
         return self.minor >= 37
+
+    @property
+    def qualified_names(self) -> bool:
+        """Attributes and capacities by (domain, identifier), the qualified spelling winning;
+        capacity requests resolved against the device's driver, ``consumedCapacity`` written as
+        published."""
+        return self.minor >= 38
+
+    @property
+    def versions_ignore_build(self) -> bool:
+        """matchAttribute/distinctAttribute compare versions without their build metadata."""
+        return self.minor >= 38
+
+    @property
+    def constraint_type_errors(self) -> bool:
+        """An attribute a constraint cannot compare ends the attempt (else the device is skipped)."""
+        return self.minor >= 38
+
+    @property
+    def all_fails_node_only(self) -> bool:
+        """``All`` beside an incomplete or invalid pool fails that node, not the attempt."""
+        return self.minor >= 38
+
+    @property
+    def shares_block_exclusive(self) -> bool:
+        """A device that does not allow multiple allocations is in use while shares of it are."""
+        return self.minor >= 38
+
+    @property
+    def negative_capacity_fails(self) -> bool:
+        """A negative ``consumedCapacity`` on any allocated claim fails every allocation."""
+        return self.minor >= 38

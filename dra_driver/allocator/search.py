@@ -10,7 +10,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from dra_driver.allocator.capacity import consumption
+from dra_driver.allocator.capacity import capacities, consumption, requested_twice
 from dra_driver.allocator.cel.compile import CompiledSelector
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.cel.reads import NOTHING, Reads, selector_reads
@@ -27,6 +27,7 @@ from dra_driver.allocator.inventory import (
 from dra_driver.allocator.requests import (
     Alt,
     Constraint,
+    UnsupportedAttribute,
     lookup_attribute,
     taint_blocking,
 )
@@ -112,14 +113,16 @@ class Search:
                 for pool in self.ctx.inventory.pools:
                     if not pool.usable and any(on_node(d, self.node) for d in pool.devices):
                         state = "being updated (incomplete)" if not pool.complete else f"invalid ({pool.invalid})"
+                        # 1.38 fails this node only (#141898), 1.36 and 1.37 the whole attempt.
                         raise Abort(f"request {alt.name}: asks for all devices, but resource pool {pool.label} is {state}",
-                                    request=alt.name)  # fmt: skip
+                                    fatal=not rules.all_fails_node_only, request=alt.name)  # fmt: skip
                 # Sized before anything is allocated: against the devices' totals (1.37), or with
                 # other claims' shares taken off (1.36).
                 static = rules.all_sized_by_static_capacity
+                q = rules.qualified_names
                 self.all_devices[id(alt)] = [
-                    d for d in self.devices if self.ctx.selectable(alt, d)
-                    and (consumption(d, alt.capacity) if static else self.capacity_fits(d, alt)) is not None]  # fmt: skip
+                    d for d in self.devices if self.ctx.selectable(alt, d) and self.ctx.capacity_named(alt, d)
+                    and (consumption(d, alt.capacity, q) if static else self.capacity_fits(d, alt)) is not None]  # fmt: skip
                 sizes.append(len(self.all_devices[id(alt)]))
             if rules.claim_limit_per_request and min(sizes) > MAX_RESULTS - minimum:
                 raise Abort(f"request {alts[0].base}: adding {min(sizes)} devices exceeds the claim limit of {MAX_RESULTS}, "
@@ -197,14 +200,14 @@ class Search:
             return False
         if alt.admin:
             return self.allocating[dev.key] > 0
-        return dev.key in self.ctx.allocated.devices or self.allocating[dev.key] > 0
+        return self.ctx.taken(dev) or self.allocating[dev.key] > 0
 
     def eligible(self, alt: Alt, dev: Device) -> bool:
         # Same order as the scheduler: "in use" is cheap and checked before selectors,
-        # so a CEL error on a device that is in use never surfaces.
+        # so a CEL error on a device that is in use never surfaces; then the capacity names.
         if self.in_use(alt, dev):
             return False
-        return self.ctx.selectable(alt, dev)
+        return self.ctx.selectable(alt, dev) and self.ctx.capacity_named(alt, dev)
 
     def allocate(self, alt: Alt, dev: Device, must: bool) -> Any:
         """Tentatively allocate; returns an undo callable or None."""
@@ -222,12 +225,17 @@ class Search:
         # request (``must``) a constraint that rejects the device is an error even where its
         # capacity would not have fitted either.
         added: list[Constraint] = []
+        rules = self.ctx.rules
         for c in self.ctx.constraints:
             if not c.applies(alt):
                 continue
-            if not _constraint_add(c, alt, dev):
+            try:
+                fits = _constraint_add(c, alt, dev, rules)
+            except UnsupportedAttribute as exc:
+                raise Abort(f"request {alt.name}: {exc}", request=alt.name, device=dev.key) from None
+            if not fits:
                 for a in added:
-                    _constraint_remove(a, alt, dev)
+                    _constraint_remove(a, alt, dev, rules)
                 if use_counters:
                     self.release_counters(dev)
                 if must:
@@ -238,7 +246,7 @@ class Search:
         consumed = self.capacity_fits(dev, alt)
         if consumed is None:
             for a in added:
-                _constraint_remove(a, alt, dev)
+                _constraint_remove(a, alt, dev, rules)
             if use_counters:
                 self.release_counters(dev)
             return None
@@ -253,7 +261,7 @@ class Search:
         def undo() -> None:
             self.results.pop()
             for a in added:
-                _constraint_remove(a, alt, dev)
+                _constraint_remove(a, alt, dev, rules)
             if dev.allow_multi:
                 cur = self.capacity[dev.key]
                 for k, v in consumed.items():
@@ -268,15 +276,19 @@ class Search:
         return undo
 
     def capacity_fits(self, dev: Device, alt: Alt) -> dict[str, Quantity] | None:
-        consumed = consumption(dev, alt.capacity)
+        """What ``alt`` consumes on ``dev`` with what others hold of it, keyed like
+        :func:`capacities` under the context's rules; None when it does not fit."""
+        qualified = self.ctx.rules.qualified_names
+        consumed = consumption(dev, alt.capacity, qualified)
         if consumed is None:
             return None
         if not dev.allow_multi:
             return consumed
-        before = self.ctx.allocated.shared.get(dev.key, {})
+        before = self.ctx.allocated.shared_by(qualified).get(dev.key, {})
         now = self.capacity.get(dev.key, {})
+        totals = capacities(dev, qualified)
         for name, value in consumed.items():
-            if before.get(name, 0) + now.get(name, 0) + value.value > dev.capacity[name][0].value:
+            if before.get(name, 0) + now.get(name, 0) + value.value > totals[name][0].value:
                 return None
         return consumed
 
@@ -302,8 +314,9 @@ class Search:
                 used[cs][name] -= value
 
 
-def _constraint_add(c: Constraint, alt: Alt, dev: Device) -> bool:
-    attr = lookup_attribute(dev, c.attribute)
+def _constraint_add(c: Constraint, alt: Alt, dev: Device, rules: SchedulerRules) -> bool:
+    """Raises :class:`UnsupportedAttribute` (1.38) for a value the constraint cannot compare."""
+    attr = lookup_attribute(dev, c.attribute, rules)
     if attr is None:
         return False
     if c.kind == "match":
@@ -325,8 +338,8 @@ def _constraint_add(c: Constraint, alt: Alt, dev: Device) -> bool:
     return True
 
 
-def _constraint_remove(c: Constraint, alt: Alt, dev: Device) -> None:
-    attr = lookup_attribute(dev, c.attribute)
+def _constraint_remove(c: Constraint, alt: Alt, dev: Device, rules: SchedulerRules) -> None:
+    attr = lookup_attribute(dev, c.attribute, rules)
     if c.kind == "match":
         c.members -= 1
     elif c.latest_only:
@@ -382,11 +395,12 @@ class Ctx:
                 # devices the class accepts, not every device of the fleet.
                 class_projection = Projection(class_reads, capacity=bool(inv.multi), flags=flags)
                 compiled = alt.compiled[:alt.class_selectors]
+                qualified = self.rules.qualified_names
 
                 def coarse() -> Coarse:
                     part = partition(inv, class_projection)
                     return Coarse(part, frozenset(g for g, group in enumerate(part.groups)
-                                                  if _evaluate_selectors(compiled, group.rep) is None))
+                                                  if _evaluate_selectors(compiled, group.rep, qualified) is None))
 
                 self.partitions[aid] = partition(inv, replace(projection, within=within), coarse)
             else:
@@ -396,7 +410,7 @@ class Ctx:
     def group_verdict(self, alt: Alt, part: Partition, g: int) -> Verdict:
         key = (self.alt_id(alt), g)
         if key not in self.group_verdicts:
-            self.group_verdicts[key] = _evaluate(alt, part.groups[g].rep)
+            self.group_verdicts[key] = _evaluate(alt, part.groups[g].rep, self.rules.qualified_names)
         return self.group_verdicts[key]
 
     def verdict(self, alt: Alt, dev: Device) -> Verdict:
@@ -409,7 +423,7 @@ class Ctx:
                 return self.group_verdict(alt, part, g)
         key = (self.alt_id(alt), dev.index)
         if key not in self.verdicts:
-            self.verdicts[key] = _evaluate(alt, dev)
+            self.verdicts[key] = _evaluate(alt, dev, self.rules.qualified_names)
         return self.verdicts[key]
 
     def cel_error_seen(self) -> bool:
@@ -428,9 +442,37 @@ class Ctx:
         return False
 
     def raises(self, alt: Alt, dev: Device) -> bool:
-        """Whether evaluating ``alt``'s selectors on ``dev`` is a CEL runtime error."""
+        """Whether looking at ``dev`` for ``alt`` ends the attempt: a CEL runtime error, or (1.38)
+        a capacity the request names twice."""
         v = self.verdict(alt, dev)
-        return v is not None and isinstance(v[1], CelError)
+        if v is not None:
+            return isinstance(v[1], CelError)
+        return bool(alt.capacity) and requested_twice(dev, alt.capacity, self.rules.qualified_names) is not None
+
+    def capacity_named(self, alt: Alt, dev: Device) -> bool:
+        """True, or (1.38) the error of a request that names one of the device's capacities both
+        ways, raised for the first device the search looks at after its selectors."""
+        if alt.capacity and self.rules.qualified_names:
+            twice = requested_twice(dev, alt.capacity, True)
+            if twice is not None:
+                raise Abort(f"request {alt.name}: checking capacity for device {key_str(dev.key)}: {twice}",
+                            request=alt.name, device=dev.key)
+        return True
+
+    def taken(self, dev: Device) -> bool:
+        """Whether another claim holds ``dev``, a device that does not allow multiple allocations,
+        for anyone but admin access: allocated to it, or (1.38, #140798) shared by other claims
+        while the device still allowed it."""
+        key = dev.key
+        return key in self.allocated.devices or (self.rules.shares_block_exclusive and key in self.allocated.shared)
+
+    def taken_keys(self) -> set[DeviceKey] | frozenset[DeviceKey]:
+        """The keys of the devices :meth:`taken` is true for (when they do not allow multiple allocations)."""
+        if not self.rules.shares_block_exclusive or not self.allocated.shared:
+            return self.allocated.devices
+        by_key = self.inventory.by_key
+        return self.allocated.devices | {k for k in self.allocated.shared
+                                         if (d := by_key.get(k)) is not None and not d.allow_multi}
 
     def consumed_in(self, pool: Pool) -> bool:
         """Whether other claims' devices of ``pool`` may consume its counters."""
@@ -469,11 +511,13 @@ def reads_of(expressions: tuple[str, ...]) -> Reads:
 Verdict = tuple[int, "bool | CelError"] | None
 
 
-def _evaluate(alt: Alt, dev: Device) -> Verdict:
-    return _evaluate_selectors(alt.compiled, dev)
+def _evaluate(alt: Alt, dev: Device, qualified_first: bool) -> Verdict:
+    return _evaluate_selectors(alt.compiled, dev, qualified_first)
 
 
-def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: Device) -> Verdict:
+def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: Device,
+                        qualified_first: bool = False) -> Verdict:
+    """``qualified_first``: the rules' ``qualified_names`` (see :func:`device_activation`)."""
     for i, (_, sel) in enumerate(compiled):
         if sel.driver_equals is not None and dev.cel_clean and sel.poisoned is None:
             # What sel.evaluate would answer (the activation's driver is key[0] and it has no
@@ -481,7 +525,7 @@ def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: D
             if dev.key[0] != sel.driver_equals:
                 return (i, False)
             continue
-        result = outcome(sel, dev)
+        result = outcome(sel, dev, qualified_first)
         if result is not True:
             return (i, result)
     return None

@@ -55,9 +55,9 @@ def claim(*selectors: str, count: int = 1, **extra: Any) -> dict[str, Any]:
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}}
 
 
-def _direct(sel: Any, dev: Device) -> bool | CelRuntimeError:
+def _direct(sel: Any, dev: Device, qualified_first: bool = False) -> bool | CelRuntimeError:
     try:
-        return bool(sel.evaluate(dev.activation))
+        return bool(sel.evaluate(dev.activation_for(qualified_first)))
     except CelRuntimeError as exc:
         return exc
 

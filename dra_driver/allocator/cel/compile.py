@@ -262,12 +262,18 @@ def device_activation(
     attributes: Mapping[str, Any] | None,
     capacity: Mapping[str, Any] | None,
     allow_multiple_allocations: bool = False,
+    qualified_first: bool = False,
 ) -> DeviceActivation:
-    """Build the ``device`` variable from API-shaped attribute and capacity maps."""
+    """Build the ``device`` variable from API-shaped attribute and capacity maps.
+
+    Where a device publishes both ``x`` and ``<driver>/x``, the later of the two as published
+    fills the field, or with ``qualified_first`` (kube-scheduler 1.38) always ``<driver>/x``."""
     attrs: dict[str, dict[str, Any]] = {}
     caps: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
     for name, raw in _items(attributes):
+        if qualified_first and _shadowed(str(name), driver, attributes):
+            continue
         try:
             value = _attribute_value(raw)
         except ValueError as exc:
@@ -276,6 +282,8 @@ def device_activation(
         domain, ident = split_qualified_name(str(name), driver)
         attrs.setdefault(domain, {})[ident] = value
     for name, raw in _items(capacity):
+        if qualified_first and _shadowed(str(name), driver, capacity):
+            continue
         try:
             value = raw.get("value") if type(raw) is dict or isinstance(raw, Mapping) else None
             q = parse_quantity(value)  # type: ignore[arg-type]
@@ -291,6 +299,11 @@ def device_activation(
         "allowMultipleAllocations": bool(allow_multiple_allocations),
     }
     return DeviceActivation(variables, "; ".join(errors) or None)
+
+
+def _shadowed(name: str, driver: str, entries: Mapping[str, Any] | None) -> bool:
+    """Whether ``name`` is unqualified and ``entries`` also hold it as ``<driver>/name``, which wins."""
+    return "/" not in name and entries is not None and f"{driver}/{name}" in entries
 
 
 def _items(value: Mapping[str, Any] | None) -> Iterable[tuple[str, Any]]:
