@@ -578,6 +578,20 @@ def comparable(allocation: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def outcome(verdict: str | None, allocation: Mapping[str, Any] | None) -> str:
+    """One scenario's decision, to compare two schedulers (or rule sets) on it: the verdict and,
+    when allocated, each result's request, device, consumedCapacity and share.  Not the pool:
+    which of several fitting nodes a scheduler takes is its scoring's choice."""
+    if verdict != "allocated" or allocation is None:
+        return str(verdict)
+    rows = [{k: v for k, v in row.items() if k not in ("driver", "pool")} for row in comparable(allocation)]
+    return "allocated " + json.dumps(rows, sort_keys=True)
+
+
+def engine_outcome(case: Case) -> str:
+    return outcome(case.engine_verdict, case.engine_allocation)
+
+
 def judge(case: Case) -> None:
     """Fill ``case.problems``: the exact comparison, and invalid allocations on either side."""
     if case.scheduler_verdict is None:

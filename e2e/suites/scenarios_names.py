@@ -165,7 +165,7 @@ def _dual_attribute(rng: random.Random, s: Scenario, nodes: tuple[str, ...], cla
 
 
 def _capacity_names(rng: random.Random, s: Scenario, nodes: tuple[str, ...], class_name: str) -> None:
-    variant = ("one-way", "both-ways", "both-ways")[_variant(s.seed, 3)]
+    variant = ("one-way", "both-ways")[_variant(s.seed, 2)]
     s.features.append(f"names:capacity-names/{variant}")
 
     def devices(_: str) -> list[dict[str, Any]]:

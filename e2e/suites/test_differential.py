@@ -1,16 +1,28 @@
-"""Our allocator against the real kube-scheduler, scenario by scenario (issue 4).
+"""Our allocator against the real kube-scheduler, scenario by scenario (issues 4 and 42).
 
 A dedicated control plane (no kubelets, no plugins, no controller of ours) so the generated
 slices meet nothing else; see ``e2e/suites/differential.py`` for how one scenario is staged and judged.
 
-- default: a sample of ``DIFF_SCENARIOS`` (50) scenarios, 20 of them with shares;
-- ``--long``: the full corpus of 600 (240 with shares), recorded in ``e2e/results/differential.json``.
-``DIFF_SEED`` moves the first seed (the corpus is otherwise fixed, so failures reproduce).
+Two sets of scenarios, on whichever kube-scheduler the bed runs (1.37 by default; the 1.38
+scheduler beside the 1.37 control plane with ``DRA_TESTBED_SCHEDULER=1.38``, ``make e2e-next``):
 
+- the corpus (``e2e.suites.scenarios``): by default a sample of ``DIFF_SCENARIOS`` (50), 20 of them
+  with shares; ``--long``: all 600 (240 with shares);
+- the family aimed at the 1.38 rules (``e2e.suites.scenarios_names``): all 240, every time.
+
+``DIFF_SEED`` moves the corpus's first seed (it is otherwise fixed, so failures reproduce).
 Agreement is exact (``diff.judge``): verdict class, the first failure as far as the scheduler names
-it, and, where both allocate, every result.  The engine decides with the rules of the server's
-version (``SchedulerRules``); the scenarios use only what the bed's feature gates enable, and the
-test fails at once if those gates select another allocator variant than the one the engine mirrors.
+it, and, where both allocate, every result.  The engine decides with the rules of the
+**scheduler's** version (``SchedulerRules``), read from the binary the bed started; the scenarios
+use only what the bed's feature gates enable, and the test fails at once if those gates select
+another allocator variant than the one the engine mirrors for that version.  On 1.36 and 1.37, a
+scenario whose selector reads a name a device publishes both as ``x`` and ``<driver>/x`` has no one
+right answer (CEL reads either) and is left out of the count (``diff.chance_on``).
+
+With ``--long`` the figures go to ``e2e/results/``: ``differential.json`` (the corpus on 1.37),
+``differential-names.json`` (the family on 1.37) and ``differential-1.38.json`` (both on 1.38), each
+with the scenarios where the engine decides differently under the 1.37 and 1.38 rules, and the last
+one also with those where the two real schedulers did (from the other files' outcomes).
 """
 
 from __future__ import annotations
@@ -21,14 +33,15 @@ import platform
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver.allocator.rules import MIRRORED_VARIANT, SchedulerRules, parse_minor, scheduler_features, scheduler_variant
+from dra_driver.allocator.rules import SchedulerRules, mirrored_variant, parse_minor, scheduler_features, scheduler_variant
 from e2e.suites import differential as diff
-from e2e.suites import scenarios
+from e2e.suites import scenarios, scenarios_names
 from e2e.testbed import cluster as cluster_mod
 from e2e.testbed.cluster import FEATURE_GATES, Cluster
 from e2e.testbed.clusterview import REPO
@@ -36,9 +49,12 @@ from e2e.testbed.clusterview import REPO
 BATCH = 25
 FULL = 600
 FULL_SHARES = 200
-RESULTS = REPO / "e2e" / "results" / "differential.json"
+RESULTS = REPO / "e2e" / "results"
+# The scheduler minor the mixed bed runs beside the default control plane, when asked for.
+NEXT_SCHEDULER = os.environ.get("DRA_TESTBED_SCHEDULER", "")
 
 pytestmark = pytest.mark.testbed_only
+next_only = pytest.mark.skipif(not NEXT_SCHEDULER, reason="needs the 1.38 scheduler: DRA_TESTBED_SCHEDULER=1.38 (make e2e-next)")
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +67,27 @@ def _kubectl_cmd(cluster: Cluster) -> list[str]:
     return [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
 
 
-def run_corpus(cluster: Cluster, first_seed: int, count: int) -> dict[str, Any]:
+MakeCase = Callable[[int, SchedulerRules], diff.Case]
+
+
+def corpus_cases(features: frozenset[str]) -> MakeCase:
+    return lambda seed, rules: diff.make_case(seed, features, rules)
+
+
+def run_corpus(cluster: Cluster, first_seed: int, count: int, family: str = "corpus") -> dict[str, Any]:
+    """Stage ``count`` scenarios from ``first_seed`` (``family``: "corpus" or "names") and judge them."""
     started = time.monotonic()
-    version = _server_version(cluster)
+    version = scheduler_version(cluster)
     minor = parse_minor(version)
-    assert minor is not None, f"cannot read the API server's version: {version!r}"
+    assert minor is not None, f"cannot read the kube-scheduler's version: {version!r}"
     enabled = scheduler_features(FEATURE_GATES, minor)
-    variant = scheduler_variant(enabled)
-    assert variant == MIRRORED_VARIANT, (
-        f"the bed's gates {FEATURE_GATES} select the scheduler's {variant} allocator; the engine mirrors {MIRRORED_VARIANT}")
-    features = diff.scenario_features(enabled)
-    rules = SchedulerRules(minor)
-    cases = [diff.make_case(seed, features, rules) for seed in range(first_seed, first_seed + count)]
+    variant = scheduler_variant(enabled, minor)
+    assert variant == mirrored_variant(minor), (
+        f"the bed's gates {FEATURE_GATES} select the 1.{minor} scheduler's {variant} allocator; "
+        f"the engine mirrors {mirrored_variant(minor)}")
+    rules = SchedulerRules.for_version(version)
+    make: MakeCase = corpus_cases(diff.scenario_features(enabled)) if family == "corpus" else diff.make_names_case
+    cases = [make(seed, rules) for seed in range(first_seed, first_seed + count)]
     for case in cases:
         problems = scenarios.validate_scenario(case.scenario)
         assert not problems, f"seed {case.seed}: generator produced objects the API server would reject: {problems}"
@@ -75,29 +100,67 @@ def run_corpus(cluster: Cluster, first_seed: int, count: int) -> dict[str, Any]:
             diff.cleanup_batch(cluster.kubectl, batch)
     for case in cases:
         diff.judge(case)
-    agreements = [c for c in cases if c.agrees]
+    excluded = [c for c in cases if diff.chance_on(c)]
+    counted = [c for c in cases if not diff.chance_on(c)]
+    agreements = [c for c in counted if c.agrees]
     features: Counter[str] = Counter(f for c in cases for f in c.scenario.features)
+    between = engine_between_versions(make, [c.seed for c in cases])
     return {
-        "kubernetes": version,
+        "family": family,
+        "kubernetes": server_version(cluster),
+        "scheduler": version,
+        "rules": rules.minor,
         "allocator_variant": variant,
         "scheduler_features": sorted(enabled),
         "python": platform.python_version(),
         "first_seed": first_seed,
-        "scenarios": len(cases),
-        "share_scenarios": sum("shares" in c.scenario.features for c in cases),
+        "scenarios": len(counted),
+        "excluded_reads_either_spelling": {"count": len(excluded), "seeds": [c.seed for c in excluded]},
+        "share_scenarios": sum("shares" in c.scenario.features for c in counted),
         "agreements": len(agreements),
-        "disagreements": [c.record() for c in cases if not c.agrees],
-        "failures_compared": {v: sum(c.scheduler_verdict == v and c.agrees for c in cases)
+        "disagreements": [c.record() for c in counted if not c.agrees],
+        "failures_compared": {v: sum(c.scheduler_verdict == v and c.agrees for c in counted)
                               for v in ("error", "unschedulable")},
-        "feasible": {"engine": sum(c.engine_feasible for c in cases),
-                     "scheduler": sum(c.scheduler_verdict == "allocated" for c in cases)},
-        "scheduler_verdicts": dict(Counter(str(c.scheduler_verdict) for c in cases)),
+        "feasible": {"engine": sum(c.engine_feasible for c in counted),
+                     "scheduler": sum(c.scheduler_verdict == "allocated" for c in counted)},
+        "scheduler_verdicts": dict(Counter(str(c.scheduler_verdict) for c in counted)),
         "features": dict(sorted(features.items())),
+        "engine_differs_between_versions": between,
+        "outcomes": {str(c.seed): diff.outcome(c.scheduler_verdict, c.scheduler_allocation) for c in cases},
         "seconds": round(time.monotonic() - started, 1),
     }  # fmt: skip
 
 
-def _server_version(cluster: Cluster) -> str:
+def engine_between_versions(make: MakeCase, seeds: list[int]) -> dict[str, Any]:
+    """The scenarios the engine decides differently under the 1.37 and the 1.38 rules, by feature."""
+    differ = []
+    for seed in seeds:
+        old, new = make(seed, SchedulerRules(37)), make(seed, SchedulerRules(38))
+        diff.run_engine(old)
+        diff.run_engine(new)
+        if diff.engine_outcome(old) != diff.engine_outcome(new):
+            differ.append((seed, old.scenario.features))
+    by: Counter[str] = Counter(f for _, features in differ for f in features if f.startswith("names:"))
+    return {"count": len(differ), "seeds": [seed for seed, _ in differ], "by_feature": dict(sorted(by.items()))}
+
+
+def schedulers_between_versions(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The scenarios the two real schedulers decided differently (each run's recorded outcomes)."""
+    seeds = sorted(set(old["outcomes"]) & set(new["outcomes"]), key=int)
+    differ = [s for s in seeds if old["outcomes"][s] != new["outcomes"][s]]
+    return {"compared": len(seeds), "count": len(differ), "seeds": [int(s) for s in differ],
+            "schedulers": [old["scheduler"], new["scheduler"]]}  # fmt: skip
+
+
+def scheduler_version(cluster: Cluster) -> str:
+    """The gitVersion of the kube-scheduler binary the bed started (``kube-scheduler --version``)."""
+    proc = cluster.procs.get("kube-scheduler")
+    binary = str(proc.args[0]) if proc is not None and isinstance(proc.args, list) else str(cluster.bin_dir / "kube-scheduler")
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30)
+    return out.stdout.strip().rpartition(" ")[2] or "unknown"
+
+
+def server_version(cluster: Cluster) -> str:
     out = subprocess.run([*_kubectl_cmd(cluster), "version", "-o", "json"], capture_output=True, text=True, check=False)
     try:
         return str(json.loads(out.stdout)["serverVersion"]["gitVersion"])
@@ -106,34 +169,105 @@ def _server_version(cluster: Cluster) -> str:
 
 
 def _assert_agreement(summary: dict[str, Any]) -> None:
-    details = "\n".join(f"seed {d['seed']}: {d['problems']}" for d in summary["disagreements"][:10])
+    details = "\n".join(f"seed {d['seed']} ({d['describe']}): {d['problems']}" for d in summary["disagreements"][:10])
     assert summary["agreements"] == summary["scenarios"], (
-        f"{len(summary['disagreements'])} of {summary['scenarios']} scenarios disagree:\n{details}")
+        f"{len(summary['disagreements'])} of {summary['scenarios']} scenarios disagree with {summary['scheduler']}:\n{details}")
     # A corpus where one verdict dominates proves little: both must occur.
     assert 0 < summary["feasible"]["scheduler"] < summary["scenarios"], summary["feasible"]
 
 
-def test_engine_agrees_with_scheduler_sample(diff_bed: Cluster) -> None:
+def _result_file(summary: dict[str, Any]) -> Path:
+    if summary["rules"] >= 38:
+        return RESULTS / "differential-1.38.json"
+    return RESULTS / ("differential.json" if summary["family"] == "corpus" else "differential-names.json")
+
+
+def _write(summary: dict[str, Any]) -> None:
+    """Record a full run; a 1.38 run holds both families, each beside the 1.37 run's difference."""
+    path = _result_file(summary)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if summary["rules"] < 38:
+        path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        return
+    old_path = RESULTS / ("differential.json" if summary["family"] == "corpus" else "differential-names.json")
+    if old_path.exists():
+        summary = {**summary, "schedulers_differ": schedulers_between_versions(json.loads(old_path.read_text()), summary)}
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    recorded[summary["family"]] = summary
+    path.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+
+
+def _corpus_sample(cluster: Cluster) -> None:
     count = int(os.environ.get("DIFF_SCENARIOS", "50"))
-    first = int(os.environ.get("DIFF_SEED", "0"))
-    summary = run_corpus(diff_bed, first, count)
+    summary = run_corpus(cluster, int(os.environ.get("DIFF_SEED", "0")), count)
     if count >= FULL:
         _write(summary)
     _assert_agreement(summary)
 
 
-@pytest.mark.long
-@pytest.mark.timeout(1800)  # 600 scenarios in 24 batches: longer than the suite's 300 s per test
-def test_engine_agrees_with_scheduler_full(diff_bed: Cluster) -> None:
-    summary = run_corpus(diff_bed, int(os.environ.get("DIFF_SEED", "0")), FULL)
+def _corpus_full(cluster: Cluster) -> None:
+    summary = run_corpus(cluster, int(os.environ.get("DIFF_SEED", "0")), FULL)
     _write(summary)
     _assert_agreement(summary)
     assert summary["share_scenarios"] >= FULL_SHARES, summary["share_scenarios"]
 
 
-def _write(summary: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+def _names_family(cluster: Cluster, config: pytest.Config) -> None:
+    summary = run_corpus(cluster, scenarios_names.FIRST_SEED, scenarios_names.FAMILY_SIZE, family="names")
+    if config.getoption("--long"):
+        _write(summary)
+    _assert_agreement(summary)
+    if summary["rules"] < 38:
+        # Only the selectors that read a name published both ways are left out, and the family has some.
+        assert 0 < summary["excluded_reads_either_spelling"]["count"] < scenarios_names.FAMILY_SIZE // 4, summary
+    # The proof that the engine's switch does something: the family is decided differently by the rule sets.
+    assert summary["engine_differs_between_versions"]["count"] > 0, summary["engine_differs_between_versions"]
+
+
+@pytest.mark.timeout(600)
+def test_engine_agrees_with_scheduler_sample(diff_bed: Cluster) -> None:
+    _corpus_sample(diff_bed)
+
+
+@pytest.mark.timeout(900)  # 240 scenarios in 10 batches: longer than the suite's 300 s per test
+def test_names_family_agrees_with_scheduler(diff_bed: Cluster, pytestconfig: pytest.Config) -> None:
+    _names_family(diff_bed, pytestconfig)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)  # 600 scenarios in 24 batches: longer than the suite's 300 s per test
+def test_engine_agrees_with_scheduler_full(diff_bed: Cluster) -> None:
+    _corpus_full(diff_bed)
+
+
+def _assert_next_scheduler(cluster: Cluster) -> None:
+    version = scheduler_version(cluster)
+    assert (parse_minor(version) or 0) >= 38, f"DRA_TESTBED_SCHEDULER={NEXT_SCHEDULER} but the bed runs kube-scheduler {version}"
+
+
+@pytest.mark.next
+@next_only
+@pytest.mark.timeout(600)
+def test_engine_agrees_with_next_scheduler_sample(diff_bed: Cluster) -> None:
+    _assert_next_scheduler(diff_bed)
+    _corpus_sample(diff_bed)
+
+
+@pytest.mark.next
+@next_only
+@pytest.mark.timeout(900)
+def test_names_family_agrees_with_next_scheduler(diff_bed: Cluster, pytestconfig: pytest.Config) -> None:
+    _assert_next_scheduler(diff_bed)
+    _names_family(diff_bed, pytestconfig)
+
+
+@pytest.mark.next
+@next_only
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_engine_agrees_with_next_scheduler_full(diff_bed: Cluster) -> None:
+    _assert_next_scheduler(diff_bed)
+    _corpus_full(diff_bed)
 
 
 def test_checker_rejects_wrong_allocations() -> None:
@@ -304,9 +438,110 @@ def test_a_request_the_engine_calls_unsatisfiable_is_rechecked() -> None:
 
 
 def test_scenarios_follow_the_gates() -> None:
-    assert scheduler_variant(scheduler_features(FEATURE_GATES, 36)) == MIRRORED_VARIANT
-    assert scheduler_variant(scheduler_features(FEATURE_GATES, 37)) == MIRRORED_VARIANT
+    assert scheduler_variant(scheduler_features(FEATURE_GATES, 36), 36) == mirrored_variant(36) == "incubating"
+    assert scheduler_variant(scheduler_features(FEATURE_GATES, 37), 37) == mirrored_variant(37) == "incubating"
+    assert scheduler_variant(scheduler_features(FEATURE_GATES, 38), 38) == mirrored_variant(38) == "stable"
     off = scheduler_features({**FEATURE_GATES, "DRAConsumableCapacity": False, "DRADeviceBindingConditions": False}, 36)
-    assert scheduler_variant(off) == "stable" and "shares" not in diff.scenario_features(off)
-    assert scheduler_variant(scheduler_features({**FEATURE_GATES, "DRAListTypeAttributes": True}, 36)) == "experimental"
+    assert scheduler_variant(off, 36) == "stable" and "shares" not in diff.scenario_features(off)
+    listed = scheduler_features({**FEATURE_GATES, "DRAListTypeAttributes": True}, 36)
+    assert scheduler_variant(listed, 36) == "experimental"
     assert "shares" in diff.scenario_features(scheduler_features(FEATURE_GATES, 36))
+
+
+# --------------------------------------------------------------------------- the judge under the 1.38 rules
+
+
+def _names_case(feature: str, rules: SchedulerRules) -> diff.Case:
+    """The family's first case with ``names:<feature>``."""
+    return next(c for c in (diff.make_names_case(s, rules) for s in range(scenarios_names.FIRST_SEED, 10**6))
+                if f"names:{feature}" in c.scenario.features)  # fmt: skip
+
+
+def test_an_all_request_beside_an_incomplete_pool_fails_its_node_alone_from_138() -> None:
+    old, new = (_names_case("all-incomplete/one", SchedulerRules(minor)) for minor in (37, 38))
+    pool = f"{scenarios.DRIVER}/s{new.seed}-{new.nodes[0]}"
+    reason = (f"claim {new.namespace}/{new.claim_name}, request r0: asks for all devices, but resource pool {pool} "
+              "is currently being updated")  # fmt: skip
+    message = (f"0/50 nodes are available: 1 cannot allocate all claims, 1 {reason}, 48 node(s) didn't match Pod's node "
+               "affinity/selector. still not schedulable, preemption: 0/50 nodes are available: 50 Preemption is not "
+               "helpful for scheduling.")  # fmt: skip
+    incomplete = diff.incomplete_pool_reason(pool, "r0")
+    assert diff.dra_node_reasons(message) == {diff.CANNOT_ALLOCATE: 1, incomplete: 1}
+    assert diff.expected_node_reasons(old) == {diff.CANNOT_ALLOCATE: 2}
+    assert diff.expected_node_reasons(new) == {diff.CANNOT_ALLOCATE: 1, incomplete: 1}
+    for case, agrees in ((new, True), (old, False)):
+        diff.run_engine(case)
+        case.engine_allocation, case.engine_aborts, case.engine_failure = None, False, {}
+        case.scheduler_verdict, case.scheduler_message = "unschedulable", message
+        diff.judge(case)
+        assert case.agrees == agrees, case.problems
+
+
+def test_versions_are_compared_as_the_schedulers_version_does() -> None:
+    def dev(name: str, version: str) -> dict[str, Any]:
+        return {"name": name, "attributes": {"driverVersion": {"version": version}}}
+
+    s, _ = _three_numa_devices()
+    s.slices[0]["spec"]["devices"] = [dev("a", "570.86.10+a"), dev("b", "570.86.10+b")]
+    s.claim["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "k", "count": 2}
+    alloc = {"devices": {"results": [{"request": "r", "driver": scenarios.DRIVER, "pool": "p", "device": n}
+                                     for n in ("a", "b")]}}  # fmt: skip
+    s.claim["spec"]["devices"]["constraints"] = [{"matchAttribute": f"{scenarios.DRIVER}/driverVersion"}]
+    assert any("matchAttribute" in p for p in diff.check_allocation(s, alloc, "n", SchedulerRules(37)))
+    assert diff.check_allocation(s, alloc, "n", SchedulerRules(38)) == []
+    s.claim["spec"]["devices"]["constraints"] = [{"distinctAttribute": f"{scenarios.DRIVER}/driverVersion"}]
+    assert diff.check_allocation(s, alloc, "n", SchedulerRules(37)) == []
+    assert any("distinctAttribute" in p for p in diff.check_allocation(s, alloc, "n", SchedulerRules(38)))
+
+
+def test_a_share_left_on_an_exclusive_device_blocks_it_from_138() -> None:
+    case = _names_case("exclusive-shares", SchedulerRules(38))
+    held = case.scenario.allocated[0]["status"]["allocation"]["devices"]["results"][0]
+    alloc = {"devices": {"results": [{"request": "r0", "driver": held["driver"], "pool": held["pool"],
+                                      "device": held["device"]}]}}  # fmt: skip
+    node = case.nodes[0]
+    case.scenario.claim["spec"]["devices"]["requests"][0]["exactly"]["count"] = 1
+    assert any("still holds a share" in p for p in diff.check_allocation(case.scenario, alloc, node, SchedulerRules(38)))
+    assert not any("share" in p for p in diff.check_allocation(case.scenario, alloc, node, SchedulerRules(37)))
+    # The same device does not count for "no node can satisfy r0" from 1.38 on.
+    one_device = [d for d in case.scenario.slices[0]["spec"]["devices"] if d["name"] == held["device"]]
+    case.scenario.slices[0]["spec"]["devices"] = one_device
+    case.scenario.slices[1]["spec"]["devices"] = []
+    case.scenario.claim["spec"]["devices"]["requests"][0]["exactly"].pop("selectors", None)
+    assert diff.check_unsatisfiable_request(case.scenario, "r0", case.nodes, SchedulerRules(37))
+    assert diff.check_unsatisfiable_request(case.scenario, "r0", case.nodes, SchedulerRules(38)) == []
+
+
+def test_capacity_requests_are_resolved_against_the_device_from_138() -> None:
+    s, _ = _three_numa_devices()
+    for dev in s.slices[0]["spec"]["devices"]:
+        dev["capacity"] = {f"{scenarios.DRIVER}/memory": dev["capacity"]["memory"]}
+    # "memory" is not a capacity these devices publish under 1.37; from 1.38 it is <driver>/memory.
+    assert diff.check_unsatisfiable_request(s, "r", ("n",), SchedulerRules(37)) == []
+    assert diff.check_unsatisfiable_request(s, "r", ("n",), SchedulerRules(38))
+
+
+def test_consumed_capacity_keys_and_errors_are_compared_as_written() -> None:
+    written = {"devices": {"results": [{"request": "r", "driver": scenarios.DRIVER, "pool": "p", "device": "a",
+                                        "shareID": "x", "consumedCapacity": {"memory": "8Gi"}}]}}  # fmt: skip
+    qualified = json.loads(json.dumps(written).replace('"memory"', f'"{scenarios.DRIVER}/memory"'))
+    assert diff.comparable(written) != diff.comparable(qualified)
+    moved = json.loads(json.dumps(written).replace('"pool": "p"', '"pool": "q"'))
+    assert diff.outcome("allocated", written) == diff.outcome("allocated", moved) != diff.outcome("allocated", qualified)
+    assert diff.outcome("error", None) != diff.outcome("unschedulable", None)
+    # 1.38's errors that name a device: a value a constraint cannot compare, a capacity asked for both ways.
+    device = f"{scenarios.DRIVER}/p/gpu-1"
+    uncomparable = (f'running "DynamicResources" filter plugin: claim d/c, request r0: device {device}: unsupported '
+                    f"attribute value for {scenarios.DRIVER}/firmwareVersion")  # fmt: skip
+    both = (f'running "DynamicResources" filter plugin: claim d/c, request r0: checking capacity for device {device}: '
+            'capacity "memory" requested both as "memory" and as "gpu.dra-driver.io/memory"')  # fmt: skip
+    for message in (uncomparable, both):
+        assert diff.scheduler_failure(message) == {"request": "r0", "device": device}
+
+
+def test_selectors_that_read_either_spelling_are_left_out_before_138_only() -> None:
+    chance = [c for c in (diff.make_names_case(s, SchedulerRules(37)) for s in
+                          range(scenarios_names.FIRST_SEED, scenarios_names.FIRST_SEED + scenarios_names.FAMILY_SIZE))
+              if diff.chance_on(c)]  # fmt: skip
+    assert chance and all(scenarios_names.rule_of(c.seed) == "dual-attribute" for c in chance)
+    assert not any(diff.chance_on(diff.make_names_case(c.seed, SchedulerRules(38))) for c in chance)
