@@ -592,10 +592,20 @@ class SlicePublisher:
         """Leave out the devices a refused write is to blame on; whether any was found."""
         devices = list(_spec(op.body or {}).get("devices") or [])
         blamed = refused_devices(devices, exc.details)
-        if not blamed and devices:
-            blamed = {str(d.get("name", "")): Violation(str(d.get("name", "")), "api-server-refused", "",
-                                                        f"a dry run of this device alone was refused: {exc.message}")
-                      for d in bisect_refused(devices, lambda subset: self._dry_run_accepts(op, subset))}
+        # Without a cause naming a device, bisect; but only when the slice without devices is
+        # accepted: otherwise the devices are not what the API server refuses.
+        if not blamed and devices and self._dry_run_refusal(op, []) is None:
+            alone: dict[str, str] = {}
+
+            def accepts(subset: list[Obj]) -> bool:
+                refusal = self._dry_run_refusal(op, subset)
+                if refusal is not None and len(subset) == 1:
+                    alone[str(subset[0].get("name", ""))] = refusal
+                return refusal is None
+
+            for d in bisect_refused(devices, accepts):
+                name = str(d.get("name", ""))
+                blamed[name] = Violation(name, "api-server-refused", "", alone.get(name, exc.message))
         if not blamed:
             return False
         with self._lock:
@@ -606,7 +616,9 @@ class SlicePublisher:
             self._set_desired(self._devices, self._counters)
         return True
 
-    def _dry_run_accepts(self, op: Op, devices: list[Obj]) -> bool:
+    def _dry_run_refusal(self, op: Op, devices: list[Obj]) -> str | None:
+        """What the API server says of ``op``'s slice holding just ``devices``, in a server-side dry
+        run (nothing is stored); None when it accepts it."""
         assert op.body is not None
         spec = dict(_spec(op.body), devices=devices)
         body = {"apiVersion": API_VERSION, "kind": KIND, "spec": spec,
@@ -616,9 +628,9 @@ class SlicePublisher:
             self.api.create(SLICES, body, dry_run=True)
         except ApiError as exc:
             if exc.status == 422:
-                return False
+                return exc.message or "refused"
             raise
-        return True
+        return None
 
     def _tell_withheld(self) -> None:
         """Log, and tell ``on_withheld``, each device newly withheld (or withheld for new reasons)."""
