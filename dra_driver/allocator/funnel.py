@@ -18,7 +18,14 @@ from functools import lru_cache, partial
 from itertools import islice
 from typing import Any
 
-from dra_driver.allocator.capacity import capacities, capacity_problem, consumption, show, status_name
+from dra_driver.allocator.capacity import (
+    capacities,
+    capacity_problem,
+    consumption,
+    requested_twice,
+    show,
+    status_name,
+)
 from dra_driver.allocator.cel.errors import CelError
 from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
 from dra_driver.allocator.groups import Partition, remembered
@@ -219,17 +226,19 @@ def _note_cel_errors(info: RequestExplanation, ctx: Ctx, label: str, errors: lis
 
 def _capacity_stage(info: RequestExplanation, alt: Alt, alive: Survivors, losses: list[Loss], qualified: bool) -> None:
     # The groups agree on capacities and policies (Projection.capacity), so one check is all a group needs.
+    # A device the request names a capacity of twice stays: the search stops at it with an error (1.38).
     number = len(info.stages)
     part = alive.part
     for g in list(alive.groups):
         assert part is not None
-        problem = capacity_problem(part.groups[g].rep, alt.capacity, qualified)
-        if problem is not None:
+        rep = part.groups[g].rep
+        problem = capacity_problem(rep, alt.capacity, qualified)
+        if problem is not None and requested_twice(rep, alt.capacity, qualified) is None:
             losses.append(Loss(number, problem, alive.members(g)))
             del alive.groups[g]
     for d in list(alive.single.values()):
         problem = capacity_problem(d, alt.capacity, qualified)
-        if problem is not None:
+        if problem is not None and requested_twice(d, alt.capacity, qualified) is None:
             losses.append(Loss(number, problem, [d.index]))
             del alive.single[d.index]
     info.stages.append(StageCount("capacity fits", alive.count()))

@@ -1,12 +1,14 @@
 """Claim resolution with kube-scheduler semantics (dra_driver.allocation)."""
 
 import json
+from functools import partial
 from typing import Any
 
 import pytest
 
 from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.allocator.resolve import resolve as resolve_
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
 from e2e.bench.synthetic import benchmark_resolve
@@ -342,9 +344,11 @@ def shareable(name: str, capacity: dict[str, Any]) -> dict[str, Any]:
     return dev(name, allowMultipleAllocations=True, capacity=capacity)
 
 
-def test_capacity_names_are_looked_up_exactly_as_written() -> None:
-    # Like the scheduler (requestsContainNonExistCapacity): no driver domain is added to either
+def test_capacity_names_are_looked_up_exactly_as_written_up_to_137() -> None:
+    # Like the 1.37 scheduler (requestsContainNonExistCapacity): no driver domain is added to either
     # side, so "<driver>/memory" does not name a device's "memory"; the device is skipped.
+    # (1.38: test_rules_138.py.)
+    resolve = partial(resolve_, rules=SchedulerRules(37))
     plain = shareable("gpu-0", {"memory": {"value": "80Gi"}})
     qualified = shareable("gpu-1", {f"{D}/memory": {"value": "80Gi"}})
     inv = build_inventory([slice_("node-a", [plain])])
@@ -383,7 +387,8 @@ def test_all_request_checks_constraints_before_capacity() -> None:
     assert res.allocation is None and not any(SCHEDULER_ABORTS in e for e in res.explanation.errors)
 
 
-def test_capacity_spelled_both_ways_is_two_capacities() -> None:
+def test_capacity_spelled_both_ways_is_two_capacities_up_to_137() -> None:
+    resolve = partial(resolve_, rules=SchedulerRules(37))
     both = shareable("gpu-0", {"memory": {"value": "80Gi"}, f"{D}/memory": {"value": "40Gi"}})
     inv = build_inventory([slice_("node-a", [both])])
     res = resolve(claim(request(capacity={"requests": {"memory": "50Gi", f"{D}/memory": "30Gi"}})), inv, CLASSES)
