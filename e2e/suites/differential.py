@@ -141,12 +141,7 @@ def chance_on(case: Case) -> list[str]:
     """Names whose value the scheduler of the case's rules reads at random: a selector reading an
     attribute or capacity that a device publishes both as ``x`` and ``<driver>/x``, before 1.38.
     Such a scenario has no one right answer on that scheduler, so it is left out of its count."""
-    return scenarios.cel_reads_both_spellings(case.scenario) if not _qualified_names(case.rules) else []
-
-
-def _qualified_names(rules: SchedulerRules) -> bool:
-    """Whether the scheduler resolves names by (domain, name) and compares versions as semver (1.38)."""
-    return rules.minor >= 38
+    return scenarios.cel_reads_both_spellings(case.scenario) if not case.rules.qualified_names else []
 
 
 def scenario_features(enabled: frozenset[str]) -> frozenset[str]:
@@ -312,8 +307,8 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
                      rules: SchedulerRules | None = None) -> list[str]:
     """Everything an allocation must satisfy, read from the scenario's own objects (where
     scheduler versions differ, as ``rules`` decide)."""
-    qualified = _qualified_names(rules or SchedulerRules())
-    held = _held_by_shares(s)
+    rules = rules or SchedulerRules()
+    held = _held_by_shares(s) if rules.shares_block_exclusive else {}
     problems: list[str] = []
     inventory = build_inventory(s.slices)
     raw_devices = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): (sl, d)
@@ -351,7 +346,7 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
                 shared[(key, cname)] = shared.get((key, cname), 0) + parse_quantity(q).value
         elif key in seen:
             problems.append(f"{label}: allocated twice")
-        elif qualified and key in held:
+        elif key in held:
             problems.append(f"{label}: exclusive, but claim {held[key]} still holds a share of it")
         elif res.get("shareID") is not None or res.get("consumedCapacity"):
             problems.append(f"{label}: shareID or consumedCapacity on a device that cannot be shared")
@@ -409,7 +404,7 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
             for _, _, dev in by_request.get(base, []):
                 sl, raw = raw_devices[dev.key]
                 name = c.get("matchAttribute") or c["distinctAttribute"]
-                found.append(json.dumps(_attribute(raw, sl["spec"]["driver"], name, semver_equal=qualified)))
+                found.append(json.dumps(_attribute(raw, sl["spec"]["driver"], name, semver_equal=rules.versions_ignore_build)))
         if "matchAttribute" in c and (len(set(found)) > 1 or "null" in found):
             problems.append(f"matchAttribute {c['matchAttribute']} over {sorted(scope)}: values {sorted(set(found))}")
         if "distinctAttribute" in c and (len(set(found)) < len(found) or "null" in found):
@@ -730,7 +725,7 @@ def expected_node_reasons(case: Case) -> dict[str, int]:
                       if r.get("exactly", {}).get("allocationMode") == "All"), None)  # fmt: skip
     incomplete = _incomplete_pools(case.scenario)
     for node in case.nodes:
-        pool = incomplete.get(node) if _qualified_names(case.rules) and first_all else None
+        pool = incomplete.get(node) if case.rules.all_fails_node_only and first_all else None
         reason = incomplete_pool_reason(pool, first_all) if pool and first_all else CANNOT_ALLOCATE
         out[reason] = out.get(reason, 0) + 1
     return out
@@ -790,8 +785,8 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
     """Problems if the engine's "no node can satisfy ``request``" is wrong: a node with enough
     devices for one of its alternatives, judged from the spec (selectors, taints, capacity, and
     from 1.38 on, exclusive devices other claims still hold shares of)."""
-    qualified = _qualified_names(rules or SchedulerRules())
-    in_use = set(_held_by_shares(s)) if qualified else set()
+    rules = rules or SchedulerRules()
+    in_use = set(_held_by_shares(s)) if rules.shares_block_exclusive else set()
     inventory = build_inventory(s.slices)
     raw = {(sl["spec"]["driver"], sl["spec"]["pool"]["name"], d["name"]): d
            for sl in s.slices for d in sl["spec"].get("devices", [])}  # fmt: skip
@@ -807,7 +802,7 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
         for node in nodes:
             fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
                    and _matches(exprs, d) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
-                   and _could_hold(raw[d.key], wanted, d.key[0], qualified)
+                   and _could_hold(raw[d.key], wanted, d.key[0], rules.qualified_names)
                    and (d.key not in in_use or raw[d.key].get("allowMultipleAllocations"))]  # fmt: skip
             if len(fit) >= body.get("count", 1):
                 problems.append(f"says no node can satisfy request {request}, but {node} has {len(fit)} devices "

@@ -145,8 +145,10 @@ def _dual_attribute(rng: random.Random, s: Scenario, nodes: tuple[str, ...], cla
         for dev in out:
             attrs = dev["attributes"]
             roll = rng.random()
-            if roll < 0.7:  # both spellings, different values
+            if roll < 0.7:  # both spellings, different values, either one first
                 attrs[f"{DRIVER}/{name}"] = other(attrs[name])
+                if rng.random() < 0.5:
+                    dev["attributes"] = {f"{DRIVER}/{name}": attrs.pop(f"{DRIVER}/{name}"), **attrs}
             elif roll < 0.85:  # the qualified spelling alone
                 attrs[f"{DRIVER}/{name}"] = attrs.pop(name)
         return out

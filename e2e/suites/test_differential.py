@@ -45,16 +45,17 @@ from e2e.suites import scenarios, scenarios_names
 from e2e.testbed import cluster as cluster_mod
 from e2e.testbed.cluster import FEATURE_GATES, Cluster
 from e2e.testbed.clusterview import REPO
+from e2e.tooling import binaries
 
 BATCH = 25
 FULL = 600
 FULL_SHARES = 200
 RESULTS = REPO / "e2e" / "results"
-# The scheduler minor the mixed bed runs beside the default control plane, when asked for.
-NEXT_SCHEDULER = os.environ.get("DRA_TESTBED_SCHEDULER", "")
 
 pytestmark = pytest.mark.testbed_only
-next_only = pytest.mark.skipif(not NEXT_SCHEDULER, reason="needs the 1.38 scheduler: DRA_TESTBED_SCHEDULER=1.38 (make e2e-next)")
+# The tests marked next run against the next minor's kube-scheduler, only when the bed is asked for it.
+next_only = pytest.mark.skipif(binaries.scheduler_minor() is None,
+                               reason=f"needs the next minor's kube-scheduler ({binaries.SCHEDULER_ENV}=1.38: make e2e-next)")
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +154,9 @@ def schedulers_between_versions(old: dict[str, Any], new: dict[str, Any]) -> dic
 
 
 def scheduler_version(cluster: Cluster) -> str:
-    """The gitVersion of the kube-scheduler binary the bed started (``kube-scheduler --version``)."""
-    proc = cluster.procs.get("kube-scheduler")
-    binary = str(proc.args[0]) if proc is not None and isinstance(proc.args, list) else str(cluster.bin_dir / "kube-scheduler")
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30)
-    return out.stdout.strip().rpartition(" ")[2] or "unknown"
+    """The gitVersion of the kube-scheduler the bed started (its ``--version``), which may be another
+    minor's than the API server's (the mixed bed)."""
+    return cluster.scheduler_version or "unknown"
 
 
 def server_version(cluster: Cluster) -> str:
@@ -242,7 +241,8 @@ def test_engine_agrees_with_scheduler_full(diff_bed: Cluster) -> None:
 
 def _assert_next_scheduler(cluster: Cluster) -> None:
     version = scheduler_version(cluster)
-    assert (parse_minor(version) or 0) >= 38, f"DRA_TESTBED_SCHEDULER={NEXT_SCHEDULER} but the bed runs kube-scheduler {version}"
+    asked = binaries.scheduler_minor()
+    assert asked and parse_minor(version) == parse_minor(asked), f"asked for kube-scheduler {asked}, the bed runs {version}"
 
 
 @pytest.mark.next
