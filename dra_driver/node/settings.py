@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.gpuconfig import Strategy
+from dra_driver.k8s.names import is_driver_name
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
 from dra_driver.node.discovery.select import BackendChoice
 from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SocketPaths, socket_paths
@@ -105,6 +106,48 @@ def instance_pod_uid(rolling_update: bool, pod_uid: str | None) -> str | None:
     return pod_uid
 
 
+UNIX_PATH_MAX = 108
+"""The kubelet (1.38) refuses an endpoint of this many bytes or more."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def socket_problem(path: Path) -> str | None:
+    """Why the 1.38 kubelet would refuse ``path`` as a plugin endpoint (k/k #140837), or None: it
+    must be absolute, shorter than 108 bytes, and plain, i.e. ``unix:`` + path reads back as the same
+    path through URL parsing (gRPC dials it that way), so no ``%``, ``?``, ``#``, control characters or
+    leading ``//`` (a host)."""
+    text = str(path)
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if not text.startswith("/"):
+        return "must be an absolute path"
+    if size >= UNIX_PATH_MAX:
+        return f"must be shorter than {UNIX_PATH_MAX} bytes, is {size}"
+    odd = sorted({c for c in text if c in "%?#"} | ({"a control character"} if _CONTROL.search(text) else set()))
+    if odd:
+        return f"must be a plain path: no {', '.join(odd)} (unix:PATH must read back unchanged as a URL)"
+    if text.startswith("//"):
+        return "must be a plain path: a leading // reads as a host in unix://HOST/PATH"
+    return None
+
+
+def registration_problems(driver_name: str, sockets: SocketPaths, rolling_update: bool) -> list[str]:
+    """What the 1.38 kubelet would refuse at registration, each naming the flag to change: the driver
+    name (the CSI driver-name rule) and both socket paths."""
+    problems = []
+    if not is_driver_name(driver_name):
+        problems.append(f"--driver-name {driver_name!r} must be at most 63 characters and a DNS-1123 subdomain "
+                        "(lower case after lower-casing: letters, digits, '-' and '.'); the kubelet refuses "
+                        "to register any other name")
+    pod = " and --pod-uid" if rolling_update else ""
+    for what, flag, path in (("DRA socket", "--kubelet-plugins-dir", sockets.dra),
+                             ("registration socket", "--kubelet-registry-dir", sockets.registration)):
+        problem = socket_problem(path)
+        if problem:
+            problems.append(f"the {what} {str(path)!r} (from {flag}, --driver-name{pod}) {problem}; the kubelet "
+                            "refuses to register such an endpoint")
+    return problems
+
+
 def registration_socket_from_env(environ: Mapping[str, str], driver: str) -> Path:
     """The registration socket of the plugin of ``driver`` running with ``environ`` (``dra-driver
     probe`` in the plugin's container): KUBELET_REGISTRY_DIR, ROLLING_UPDATE and POD_UID as the
@@ -194,7 +237,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         raise ValueError(
             f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
     instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
-    return PluginSettings(
+    settings = PluginSettings(
         node_name=args.node_name,
         driver_name=args.driver_name,
         backend=args.gpu_backend,
@@ -227,3 +270,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         rolling_update=bool(args.rolling_update),
         pod_uid=args.pod_uid or None,
     )
+    problems = registration_problems(settings.driver_name, settings.sockets, settings.rolling_update)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return settings
