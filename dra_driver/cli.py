@@ -10,7 +10,8 @@ import os
 import sys
 
 from dra_driver import __version__
-from dra_driver.config import add_shared_arguments
+from dra_driver.allocator.rules import RULE_CHOICES
+from dra_driver.config import add_scheduler_rules_argument, add_shared_arguments
 from dra_driver.controller import settings as controller_settings
 from dra_driver.node import settings as plugin_settings
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("claim", help="NAMESPACE/NAME of the ResourceClaim")
     add_shared_arguments(explain, driver_name=False)
     explain.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    add_scheduler_rules_argument(explain, RULE_CHOICES)
     bundle = sub.add_parser("debug-bundle", help="write a tar.gz with what a bug report needs (redacted)")
     add_shared_arguments(bundle)
     bundle.add_argument("--output", "-o", default=None,
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             return probe.main(str(socket), args.driver_name)
         from dra_driver.tools import explain
 
-        return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output)
+        return explain.main(args.claim, kubeconfig=args.kubeconfig, output=args.output,
+                            scheduler_rules=args.scheduler_rules)
     except KeyboardInterrupt:
         return 130
     except ValueError as exc:

@@ -26,3 +26,11 @@ def add_shared_arguments(parser: argparse.ArgumentParser, *, kubeconfig: bool = 
     if kubeconfig:
         parser.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                             help="kubeconfig; in-cluster config, then ~/.kube/config, when unset [KUBECONFIG]")
+
+
+def add_scheduler_rules_argument(parser: argparse.ArgumentParser, choices: tuple[str, ...]) -> None:
+    """``--scheduler-rules``: which kube-scheduler version's allocation rules the engine follows
+    (``choices``: ``auto`` and the minors the engine knows, dra_driver.allocator.rules)."""
+    parser.add_argument("--scheduler-rules", default=env("SCHEDULER_RULES", "auto"), choices=list(choices),
+                        help="Decide as the kube-scheduler of this Kubernetes version does; auto: the API server's "
+                             "version, re-read now and then [SCHEDULER_RULES]")

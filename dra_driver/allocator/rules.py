@@ -232,3 +232,30 @@ class SchedulerRules:
     def negative_capacity_fails(self) -> bool:
         """A negative ``consumedCapacity`` on any allocated claim fails every allocation."""
         return self.minor >= 38
+
+
+AUTO = "auto"
+RULE_CHOICES = (AUTO, *(f"1.{m}" for m in KNOWN_MINORS))
+"""What ``--scheduler-rules`` accepts: ``auto`` (the API server's version) or a minor the engine knows."""
+
+
+def choose_rules(choice: str, version: str | None) -> tuple[SchedulerRules, str | None]:
+    """The rules for ``--scheduler-rules`` ``choice`` on a cluster whose API server says
+    ``version`` (its gitVersion; None when it could not be read), and a warning where ``auto``
+    had to guess: an unreadable version or a minor the engine does not know gets the newest
+    rules, a minor older than the oldest the oldest rules."""
+    if choice != AUTO:
+        if choice not in RULE_CHOICES:
+            raise ValueError(f"scheduler rules must be one of {', '.join(RULE_CHOICES)}, got {choice!r}")
+        return SchedulerRules(int(choice.split(".")[1])), None
+    minor = parse_minor(version) if version else None
+    if minor is None:
+        rules = SchedulerRules()
+        return rules, (f"cannot tell the API server's Kubernetes version ({version or 'not read'}): deciding as "
+                       f"{rules.label}")
+    rules = SchedulerRules(known_minor(minor))
+    if minor > NEWEST_MINOR:
+        return rules, f"Kubernetes {version} is newer than the engine knows: deciding as {rules.label}"
+    if minor < OLDEST_MINOR:
+        return rules, f"Kubernetes {version} is older than the engine supports: deciding as {rules.label}"
+    return rules, None

@@ -50,6 +50,7 @@ from dra_driver.controller.keys import (
 )
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
 from dra_driver.controller.reporting import Reporter
+from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.settings import ControllerSettings
 from dra_driver.controller.verdicts import (
     Action,
@@ -148,7 +149,10 @@ class Controller:
         settle_seconds: float = ALLOCATION_SETTLE_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
         events: EventRecorder | None = None,
+        server_version: Callable[[], str] | None = None,
     ) -> None:
+        """``server_version``: the API server's gitVersion, for ``--scheduler-rules auto`` (without
+        it, the newest rules the engine knows)."""
         self.settings = settings
         self.driver = settings.driver_name
         self.engine = engine or Engine()
@@ -192,6 +196,7 @@ class Controller:
         found current. A claim whose resourceVersion and inputs are unchanged is not evaluated
         again, however often resyncs and rescans queue it."""
         self._log = logs.get("controller")
+        self.rules = RulesSource(settings.scheduler_rules, server_version, clock, self._log)
         self.accounting = Accounting(self.claims.store, self.engine, clock, lambda: self.queue.add(RESCAN))
         self.reporter = Reporter(self.api, self.events, driver=self.driver, leadership=self.leadership,
                                  metrics=self.metrics, accounting=self.accounting, log=self._log)
@@ -292,7 +297,10 @@ class Controller:
         return [p for k in keys if (p := self.pods.store.get(k)) is not None]
 
     def resync(self) -> None:
-        """Enqueue everything that may need attention (periodically and on becoming leader)."""
+        """Enqueue everything that may need attention (periodically and on becoming leader), with
+        the scheduler rules re-read when due: a change of rules re-explains every pending claim
+        (their inputs, :meth:`_inputs`, name the rules)."""
+        self.rules.refresh()
         for c in self.claims.store.values():
             if not is_allocated(c) or any(a in annotations_of(c) for a in OUR_ANNOTATIONS) or is_deleting(c):
                 self.queue.add(_kind_key("claim", key_of(c)))
@@ -355,12 +363,13 @@ class Controller:
             pinned = {n for p in pods if (n := pod_node(p))}
             if len(pinned) == 1 and len(pods) == 1:
                 nodes = sorted(pinned)
+            rules = self.rules.current()
             memo = None
             if holdings_version is not None and not require_own_driver:
-                memo = (self._verdicts, (slices_version, classes_version, holdings_version))
+                memo = (self._verdicts, (slices_version, classes_version, holdings_version, rules))
             with self._engine_lock:
                 return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
-                                require_own_driver=require_own_driver, memo=memo)
+                                require_own_driver=require_own_driver, memo=memo, rules=rules)
         finally:
             self.metrics.resolve_seconds.observe(time.perf_counter() - t0)
 
@@ -461,7 +470,7 @@ class Controller:
         pods = self.waiting_pods(key)
         with self._lock:
             return (self._slices_version, self._classes_version, self.accounting.version,
-                    tuple(sorted({n for p in pods if (n := pod_node(p))})), len(pods))
+                    tuple(sorted({n for p in pods if (n := pod_node(p))})), len(pods), self.rules.current())
 
     # -- running
 
@@ -651,7 +660,8 @@ def run(settings: ControllerSettings) -> int:
         )
         leadership = elector
         threads.append(elector.start(stop))
-    controller = Controller(api, settings, leadership=leadership, metrics=metrics)
+    controller = Controller(api, settings, leadership=leadership, metrics=metrics,
+                            server_version=lambda: str(api.server_version().get("gitVersion", "")))
     threads.append(controller.events.start(stop))
     server: MetricsServer | None = None
     if settings.metrics_port:

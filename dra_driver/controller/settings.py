@@ -6,7 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from dra_driver.config import add_shared_arguments, env, env_flag
+from dra_driver.allocator.rules import AUTO, RULE_CHOICES
+from dra_driver.config import add_scheduler_rules_argument, add_shared_arguments, env, env_flag
 from dra_driver.controller import fence
 from dra_driver.k8s.names import parse_namespaced_name
 
@@ -35,6 +36,8 @@ class ControllerSettings:
     allocation_ledger: tuple[str, str]
     max_writes_per_second: float = DEFAULT_MAX_WRITES_PER_SECOND
     """Writes to the API server at most this often, on average; a second's worth may go at once."""
+    scheduler_rules: str = AUTO
+    """Whose allocation rules the engine follows: ``auto`` (the API server's version) or ``1.37``..."""
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,7 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
     add("--allocation-ledger", default=env("ALLOCATION_LEDGER"),
         help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
              "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")
+    add_scheduler_rules_argument(parser, RULE_CHOICES)
 
 
 def controller_settings(args: argparse.Namespace) -> ControllerSettings:
@@ -76,6 +80,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         resync_seconds=float(args.resync_seconds),
         allocation_ledger=_ledger_ref(args.allocation_ledger, args.leader_election_namespace),
         max_writes_per_second=float(args.max_writes_per_second),
+        scheduler_rules=str(args.scheduler_rules),
     )
 
 

@@ -12,6 +12,7 @@ import orjson
 
 from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine, Resolution
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_CHARS, OUR_ANNOTATIONS, wants_controller_allocation
 from dra_driver.gpuconfig import decode
 from dra_driver.k8s.claims import (
@@ -222,16 +223,17 @@ def claim_label(claim: Mapping[str, Any]) -> str:
 
 
 def _resolved(engine: Engine, claim: Obj, inventory: Inventory, classes: Mapping[str, Obj], allocated: AllocatedState,
-              nodes: list[str] | None, memo: tuple[VerdictMemo, Hashable] | None,
+              nodes: list[str] | None, memo: tuple[VerdictMemo, Hashable] | None, rules: SchedulerRules | None,
               ) -> tuple[Resolution, Callable[[], dict[str, Any]] | None]:
-    """The engine's answer, and for a memoised one how to have its explanation's annotation form."""
+    """The engine's answer, and for a memoised one how to have its explanation's annotation form
+    (the memo's state must tell the rules apart)."""
     if memo is None:
-        return engine.resolve(claim, inventory, classes, allocated, nodes), None
+        return engine.resolve(claim, inventory, classes, allocated, nodes, rules), None
     cache, state = memo
     key = memo_key(claim, nodes)
     known = cache.get(state, key)
     if known is None:
-        res = engine.resolve(claim, inventory, classes, allocated, nodes)
+        res = engine.resolve(claim, inventory, classes, allocated, nodes, rules)
         cache.put(state, key, res)
         return res, None
     label = claim_label(claim)
@@ -249,13 +251,15 @@ def evaluate(
     nodes: list[str] | None = None,
     require_own_driver: bool = False,
     memo: tuple[VerdictMemo, Hashable] | None = None,
+    rules: SchedulerRules | None = None,
 ) -> Outcome:
     """Resolve ``claim`` and validate its config; never raises for bad input. ``memo``: a
-    :class:`VerdictMemo` and the state ``allocated`` and ``inventory`` are from, for a claim that
-    is only explained and holds no devices."""
+    :class:`VerdictMemo` and the state ``allocated``, ``inventory`` and ``rules`` are from, for a
+    claim that is only explained and holds no devices; ``rules``: the scheduler version to decide
+    as (the newest the engine knows by default)."""
     errors = tuple(claim_config_errors(claim, classes, driver))
     try:
-        res, known_doc = _resolved(engine, claim, inventory, classes, allocated, nodes, memo)
+        res, known_doc = _resolved(engine, claim, inventory, classes, allocated, nodes, memo, rules)
         expl = res.explanation
         summary = str(expl.summary)
         allocation = res.allocation

@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
+from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.config import env
 from dra_driver.k8s.client import (
     CLAIMS,
@@ -227,7 +228,9 @@ class Bundle:
         return None
 
 
-def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, nodes_of_interest: list[str]) -> None:
+def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, nodes_of_interest: list[str],
+                    rules: SchedulerRules | None = None) -> None:
+    """``rules``: the scheduler version the explanations decide as (the newest the engine knows by default)."""
     slices = bundle.attempt("resourceslices", lambda: [s for s in api.list(SLICES).items if ours(s, driver)])
     classes = bundle.attempt("deviceclasses", lambda: api.list(DEVICE_CLASSES).items)
     claims = bundle.attempt("resourceclaims", lambda: api.list(CLAIMS).items)
@@ -245,14 +248,14 @@ def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, n
     if nodes is not None:
         bundle.add_json("cluster/nodes.json", [node_summary(n) for n in nodes])
     if claims is not None and slices is not None and classes is not None:
-        bundle.add_json("cluster/explanations.json", explanations(claims, slices, classes, engine, driver, bundle))
+        bundle.add_json("cluster/explanations.json", explanations(claims, slices, classes, engine, driver, bundle, rules))
     if events is not None:
         collected = [*(slices or []), *(claims or []), *(pods or []), *(classes or [])]
         bundle.add_json("cluster/events.json", related_events(events, collected, nodes_of_interest))
 
 
 def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engine: Engine, driver: str,
-                 bundle: Bundle) -> dict[str, Any]:
+                 bundle: Bundle, rules: SchedulerRules | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # One inventory for every claim; build_report takes it as a finished (or failed) future.
     inventory: Future[Inventory] = Future()
@@ -264,7 +267,8 @@ def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engin
         m = meta(claim)
         key = f"{m.get('namespace')}/{m.get('name')}"
         try:
-            out[key] = build_report(claim, slices, classes, claims, engine=engine, driver=driver, inventory=inventory)
+            out[key] = build_report(claim, slices, classes, claims, engine=engine, driver=driver, inventory=inventory,
+                                    rules=rules)
         except Exception as exc:  # one claim the engine cannot handle must not lose the others
             out[key] = {"state": "error", "text": f"{type(exc).__name__}: {exc}"}
     if len(claims) > MAX_EXPLAINED_CLAIMS:
@@ -402,7 +406,11 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
     if api is not None:
         try:
             server_version = bundle.attempt("API server version", api.server_version)
-            collect_cluster(bundle, api, driver, Engine(), [node] if node else [])
+            version = server_version.get("gitVersion") if isinstance(server_version, dict) else None
+            rules, warning = choose_rules(AUTO, str(version) if version else None)
+            if warning:
+                bundle.problems.append(f"scheduler rules: {warning}")
+            collect_cluster(bundle, api, driver, Engine(), [node] if node else [], rules)
         finally:
             api.close()
     if node:

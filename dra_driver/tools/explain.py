@@ -8,9 +8,10 @@ resolution as the controller (other claims' allocations count as used) and print
 * ``unsatisfiable``: the engine's explanation.
 
 A share (a result on a device that allows multiple allocations) says what it consumes and why
-(``memory: asked 7Gi → consumes 8Gi (step 8Gi)``).  Where the cluster's kube-scheduler is known to
-decide otherwise than the API says (1.36 and distinctAttribute, see
-:class:`dra_driver.allocator.rules.SchedulerRules`), the report says what that scheduler does.
+(``memory: asked 7Gi → consumes 8Gi (step 8Gi)``).  The claim is decided as the cluster's own
+kube-scheduler decides it: with the rules of the API server's version (``--scheduler-rules auto``,
+see :func:`dra_driver.allocator.rules.choose_rules`) or of the version named, and the report says
+which (``rules: kube-scheduler 1.38 (stable allocator)``).
 
 Opaque configuration of this driver that does not decode is reported too. ``-o json`` prints a
 document with the same content. Every failure (bad name, claim not found, cluster unreachable,
@@ -28,9 +29,9 @@ from typing import Any, TextIO
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
-from dra_driver.allocator.inventory import AllocatedState, Inventory, quantity_or_none
+from dra_driver.allocator.inventory import Inventory, quantity_or_none
 from dra_driver.allocator.resolve import Engine
-from dra_driver.allocator.rules import SchedulerRules
+from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
@@ -139,36 +140,17 @@ def _canonical(value: Any) -> str:
     return show(q.value) if q is not None else str(value)
 
 
-def _distinct_constraints(claim: Mapping[str, Any]) -> bool:
-    spec = claim.get("spec")
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    return any(isinstance(c, Mapping) and c.get("distinctAttribute")
-               for c in (devices.get("constraints") if isinstance(devices, Mapping) else None) or [])  # fmt: skip
-
-
-def scheduler_note(claim: Obj, inv: Inventory, classes: Mapping[str, Obj], allocated: AllocatedState, engine: Engine,
-                   allocation: Mapping[str, Any] | None, version: str) -> str | None:  # fmt: skip
-    """Where the cluster's scheduler is known to decide otherwise than the API says: the 1.36
-    distinctAttribute rule (three or more devices under one constraint), replayed."""
-    rules = SchedulerRules.for_version(version)
-    if not rules.distinct_latest_only or not _distinct_constraints(claim):
-        return None
-    theirs = engine.resolve(claim, inv, classes, allocated, rules=rules)
-    if _picked(theirs.allocation) == _picked(allocation):
-        return None
-    why = ("its distinctAttribute check compares each device only with the latest device of each request "
-           "(fixed in 1.37)")
-    if theirs.allocation is None:
-        return f"kube-scheduler {version} is known to decide otherwise: it will not allocate this claim; {why}"
-    devices = ", ".join(f"{r[0]}: {r[1]}" for r in _picked(theirs.allocation))
-    where = f" on node {theirs.node}" if theirs.node else ""
-    return f"kube-scheduler {version} is known to decide otherwise: it would allocate {devices}{where}; {why}"
-
-
-def _picked(allocation: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    return [(str(r.get("request")), f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}")
-            for r in (devices.get("results") if isinstance(devices, Mapping) else None) or [] if isinstance(r, Mapping)]
+def rules_for(choice: str, server_version: Callable[[], str] | None) -> tuple[SchedulerRules, str | None]:
+    """The rules ``--scheduler-rules`` ``choice`` means here, and a warning where ``auto`` had to
+    guess; the version is asked only for ``auto`` (without a way to ask: the newest rules)."""
+    if choice != AUTO or server_version is None:
+        return choose_rules(choice, None)[0], None
+    try:
+        version: str | None = server_version()
+    except Exception as exc:  # the rules then say what they had to assume
+        rules, warning = choose_rules(choice, None)
+        return rules, f"{warning} ({type(exc).__name__}: {exc})"
+    return choose_rules(choice, version)
 
 
 def build_report(
@@ -180,19 +162,21 @@ def build_report(
     engine: Engine,
     driver: str = DEFAULT_DRIVER_NAME,
     inventory: Future[Inventory] | None = None,
-    server_version: Callable[[], str] | None = None,
+    rules: SchedulerRules | None = None,
 ) -> dict[str, Any]:
     """The JSON document ``explain`` prints (the text form renders the same data).
 
-    ``inventory``, when given, is ``engine.build_inventory(slices)`` already started (or failed).
-    ``server_version`` is asked only for a claim whose verdict a known scheduler behaviour can change.
+    ``inventory``, when given, is ``engine.build_inventory(slices)`` already started (or failed);
+    ``rules``: the scheduler version to decide as (the newest the engine knows by default).
     """
+    rules = rules or SchedulerRules()
     m = meta(claim)
     nodes = slice_devices(slices)
     class_map = classes_by_name(classes)
     report: dict[str, Any] = {
         "claim": f"{m.get('namespace')}/{m.get('name')}",
         "uid": uid_of(claim),
+        "rules": rules.label,
     }
     if is_allocated(claim):
         allocation = status_of(claim).get("allocation")
@@ -217,12 +201,7 @@ def build_report(
     except Exception as exc:
         outcome = Outcome(Verdict.ERROR, f"cannot build the device inventory: {exc}", text=str(exc))
     else:
-        outcome = evaluate(engine, claim, inv, class_map, allocated, driver=driver)
-        if server_version is not None and outcome.verdict in (Verdict.SATISFIABLE, Verdict.UNSATISFIABLE) \
-                and _distinct_constraints(claim):
-            note = scheduler_note(claim, inv, class_map, allocated, engine, outcome.allocation, server_version())
-            if note:
-                report["schedulerNote"] = note
+        outcome = evaluate(engine, claim, inv, class_map, allocated, driver=driver, rules=rules)
     report["summary"] = outcome.summary
     if outcome.config_errors:
         report["configErrors"] = list(outcome.config_errors)
@@ -267,9 +246,11 @@ def render_text(report: Mapping[str, Any]) -> str:
         if text and text != report.get("summary"):
             lines.append("")
             lines.append(text)
-    if report.get("schedulerNote"):
+    if report.get("rules"):
         lines.append("")
-        lines.append(f"note: {report['schedulerNote']}")
+        lines.append(f"rules: {report['rules']}")
+    if report.get("rulesWarning"):
+        lines.append(f"warning: {report['rulesWarning']}")
     errors = report.get("configErrors") or []
     if errors:
         lines.append("")
@@ -361,7 +342,7 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list
 
 
 def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
-                  driver: str = DEFAULT_DRIVER_NAME, server_version: Callable[[], str] | None = None) -> dict[str, Any]:
+                  driver: str = DEFAULT_DRIVER_NAME, rules: SchedulerRules | None = None) -> dict[str, Any]:
     """:func:`fetch` and :func:`build_report`, with the inventory built while the claims list is
     still on its way (not at all for an allocated claim, whose report needs none)."""
     reads = _Reads(api, namespace, name)
@@ -377,7 +358,7 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
             except Exception as exc:  # build_report reports it like its own failure
                 inventory.set_exception(exc)
         return build_report(claim, slices, classes, reads.claims.result(), engine=engine, driver=driver,
-                            inventory=inventory, server_version=server_version)
+                            inventory=inventory, rules=rules)
     finally:
         reads.close()
 
@@ -393,8 +374,10 @@ def main(
     out: TextIO | None = None,
     err: TextIO | None = None,
     server_version: Callable[[], str] | None = None,
+    scheduler_rules: str = AUTO,
 ) -> int:
-    """``server_version``: the API server's version where ``api`` is given (else the client asks)."""
+    """``server_version``: the API server's version where ``api`` is given (else the client asks);
+    ``scheduler_rules``: ``auto`` (that version's rules) or a minor such as ``1.37``."""
     stdout = out or sys.stdout
     stderr = err or sys.stderr
     owned: RestKubeApi | None = None
@@ -407,8 +390,10 @@ def main(
             api = owned
             rest = owned
             server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
-        report = explain_claim(api, namespace, name, engine=engine or Engine(), driver=driver,
-                               server_version=server_version)
+        rules, warning = rules_for(scheduler_rules, server_version)
+        report = explain_claim(api, namespace, name, engine=engine or Engine(), driver=driver, rules=rules)
+        if warning:
+            report["rulesWarning"] = warning
     except ExplainError as exc:
         print(f"dra-driver explain: {exc}", file=stderr)
         return 1

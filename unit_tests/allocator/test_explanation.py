@@ -183,13 +183,13 @@ def test_the_136_distinct_attribute_rule_is_replayed() -> None:
     assert [r["device"] for r in old.allocation["devices"]["results"]] == ["gpu-0", "gpu-1", "gpu-2"]
 
 
-def test_explain_says_when_the_clusters_scheduler_decides_otherwise() -> None:
-    # Issue 20: from the API server's version; asked only for a claim with distinctAttribute.
+def test_explain_decides_with_the_clusters_scheduler_rules() -> None:
+    # Issue 20, then 42: the rules come from the API server's version unless named.
     inv_slices = [node("node-1", [gpu(i, numa={"int": n}) for i, n in enumerate((0, 1, 0))])]
     _, c = three_numa_nodes()
     asked: list[str] = []
 
-    def run(version: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def run(version: str, obj: dict[str, Any], choice: str = "auto", output: str = "json") -> Any:
         kube = FakeKube()
         for s in inv_slices:
             kube.add(SLICES, s)
@@ -201,15 +201,20 @@ def test_explain_says_when_the_clusters_scheduler_decides_otherwise() -> None:
             asked.append(version)
             return version
 
-        assert explain.main("ns/c", output="json", api=kube, out=out, server_version=server_version) == 0  # type: ignore[arg-type]
-        doc: dict[str, Any] = json.loads(out.getvalue())
-        return doc
+        assert explain.main("ns/c", output=output, api=kube, out=out, server_version=server_version,  # type: ignore[arg-type]
+                            scheduler_rules=choice) == 0
+        return json.loads(out.getvalue()) if output == "json" else out.getvalue()
 
     doc = run("v1.36.3", c)
-    assert doc["state"] == "unsatisfiable"
-    assert doc["schedulerNote"].startswith("kube-scheduler v1.36.3 is known to decide otherwise: it would allocate "
-                                           f"r0: {D}/node-1/gpu-0, r0: {D}/node-1/gpu-1, r0: {D}/node-1/gpu-2 on node node-1")
-    assert "schedulerNote" not in run("v1.37.2", c)
+    assert doc["state"] == "satisfiable"  # 1.36 compares gpu-2 (0) only with gpu-1 (1)
+    assert doc["rules"] == "kube-scheduler 1.36 (incubating allocator)" and "rulesWarning" not in doc
+    doc = run("v1.37.2", c)
+    assert doc["state"] == "unsatisfiable" and doc["rules"] == "kube-scheduler 1.37 (incubating allocator)"
+    assert "rules: kube-scheduler 1.38 (stable allocator)" in run("v1.38.0", c, output="text")
     asked.clear()
-    plain = claim(req("r0", count=3))
-    assert "schedulerNote" not in run("v1.36.3", plain) and asked == []  # no constraint: the version is not read
+    doc = run("v1.36.3", c, choice="1.37")
+    assert doc["state"] == "unsatisfiable" and asked == []  # named: the version is not read
+    doc = run("v1.41.0", c)
+    assert doc["rules"] == "kube-scheduler 1.38 (stable allocator)"
+    assert doc["rulesWarning"] == ("Kubernetes v1.41.0 is newer than the engine knows: deciding as "
+                                   "kube-scheduler 1.38 (stable allocator)")

@@ -46,10 +46,6 @@ class GpuModel:
         return bool(self.mig_profiles)
 
     @property
-    def memory_slice_count(self) -> int:
-        return max((p.start + p.size for prof in self.mig_profiles for p in prof.placements), default=0)
-
-    @property
     def compute_slice_count(self) -> int:
         return max((prof.compute_slices for prof in self.mig_profiles), default=0)
 

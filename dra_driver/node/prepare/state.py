@@ -188,11 +188,6 @@ class DeviceState:
 
     # -- queries / updates
 
-    def set_devices(self, devices: Mapping[str, AllocatableDevice]) -> None:
-        """Replace the node's allocatable devices (prepared claims are not touched)."""
-        with self._lock:
-            self._devices = dict(devices)
-
     @property
     def checkpoint(self) -> CheckpointStore:
         """The store; after start-up it says whether recovery had to quarantine the file."""
