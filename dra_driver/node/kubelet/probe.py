@@ -5,12 +5,16 @@ accepts a connection; otherwise exit 1 with one line saying what is wrong.
 
 The plugin's HTTP port answers the same check on ``/healthz`` and ``/livez``. ``/readyz`` adds
 whether publishing is degraded (a device withheld from the ResourceSlices because the API server
-would refuse it). Degraded is *not ready*, never *not alive*: the chart's liveness and startup probes
-stay on the socket check, so the kubelet does not restart a plugin that serves the node's other
-GPUs (a restart would publish the same devices and withhold the same one), while ``kubectl get
-pods`` shows the pod 0/1 Ready and a DaemonSet rollout stops at the node, where the
-``DeviceWithheld`` Event on the Node and ``dra_driver_plugin_devices_withheld`` say why. The kubelet
-keeps calling a plugin that is not Ready: registration goes through the sockets, not readiness.
+would refuse it), with the devices and rules in its body. Degraded is *not ready*, never *not
+alive*: the liveness and startup probes stay on the socket check, so the kubelet does not restart a
+plugin that serves the node's other GPUs (a restart would withhold the same device again). The
+kubelet keeps calling a plugin that is not Ready: registration goes through the sockets.
+
+The chart wires a readiness probe to ``/readyz`` only on request
+(``kubeletPlugin.probes.readiness.enabled``): with the default surge rollout a new pod that is not
+Ready is never replaced-into, so one degraded node would stop the DaemonSet's rollout everywhere,
+the rollout of a fix included. What an operator sees by default is the ``DeviceWithheld`` Event on
+the Node, ``dra_driver_plugin_devices_withheld{reason}`` (the one to alert on) and the log line.
 """
 
 from __future__ import annotations
