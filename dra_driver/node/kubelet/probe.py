@@ -11,9 +11,9 @@ plugin that serves the node's other GPUs (a restart would withhold the same devi
 kubelet keeps calling a plugin that is not Ready: registration goes through the sockets.
 
 The chart wires a readiness probe to ``/readyz`` only on request
-(``kubeletPlugin.probes.readiness.enabled``): with the default surge rollout a new pod that is not
-Ready is never replaced-into, so one degraded node would stop the DaemonSet's rollout everywhere,
-the rollout of a fix included. What an operator sees by default is the ``DeviceWithheld`` Event on
+(``kubeletPlugin.probes.readiness.enabled``): with the default surge rollout the old pod goes only
+once the new one is Ready, so one degraded node would stop the DaemonSet's rollout everywhere, the
+rollout of a fix included. What an operator sees by default is the ``DeviceWithheld`` Event on
 the Node, ``dra_driver_plugin_devices_withheld{reason}`` (the one to alert on) and the log line.
 """
 
