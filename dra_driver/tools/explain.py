@@ -103,7 +103,12 @@ def _consumption(claim: Mapping[str, Any], result: Mapping[str, Any], device: Ma
             continue
         entry = published.get(name) if isinstance(published, Mapping) else None
         policy = entry.get("requestPolicy") if isinstance(entry, Mapping) else None
-        notes.append(rounding_note(str(name), quantity_or_none(asked.get(name)), q.value,
+        # 1.38 writes the name as published and accepts it requested either way.
+        driver = str(result.get("driver", ""))
+        key = str(name)
+        spellings = (key, key.removeprefix(f"{driver}/") if "/" in key else f"{driver}/{key}")
+        wanted = next((asked[n] for n in spellings if n in asked), None)
+        notes.append(rounding_note(str(name), quantity_or_none(wanted), q.value,
                                    policy if isinstance(policy, Mapping) else {}))  # fmt: skip
     return notes
 
