@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start(progress=progress)
         progress("starting node plugins, kubelet peers, controller")
         fleet.start()
-        (WORKDIR / "fleet.json").write_text(json.dumps(fleet.procs.pids()))
+        (WORKDIR / "fleet.json").write_text(json.dumps(fleet.procs.identities()))
         bed = Bed(kubeconfig=cluster.kubeconfig, kubectl_bin=str(bin_dir / "kubectl"), fleet=fleet, cluster=cluster)
         bed.apply(load_manifests(DEVICECLASSES) + fence_manifests())
         for node in cluster.nodes:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from e2e.testbed import pids
 from e2e.tooling import gotools
 
 # Debian's dockerd 20.10 and its own CLI: that CLI still builds with BuildKit built in (secrets,
@@ -174,6 +175,11 @@ def _pidfile() -> Path:
     return exec_root() / "dockerd.pid"
 
 
+def _identity_file() -> Path:
+    """The daemon this bed started (:class:`pids.Identity`), beside the pid file dockerd writes."""
+    return exec_root() / "dockerd.identity"
+
+
 def responding() -> bool:
     if not socket_path().exists():
         return False
@@ -201,8 +207,11 @@ def up() -> dict[str, str]:
            "--storage-driver=overlay2", "--add-runtime", f"capwrap={wrapper}", "--default-runtime", "capwrap",
            "--log-level", "warn"]
     with log.open("ab") as out:
-        subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                         env={**os.environ, "PATH": f"{bin_dir()}:{os.environ.get('PATH', '')}"})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PATH": f"{bin_dir()}:{os.environ.get('PATH', '')}"})
+    started = pids.identify(proc.pid)
+    if started is not None:  # else it died at once: the wait below reports its log
+        _identity_file().write_text(json.dumps(started.to_json()))
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if responding():
@@ -213,23 +222,40 @@ def up() -> dict[str, str]:
         START_TIMEOUT_S, log, "\n  ".join(tail)))
 
 
+def _started_daemon(pid: int) -> pids.Identity | None:
+    """The dockerd at ``pid`` if this bed started it; None for any other process."""
+    try:
+        recorded = pids.from_json(json.loads(_identity_file().read_text()))
+    except FileNotFoundError:
+        # Started by a bed from before identities were recorded (the daemon outlives checkouts):
+        # only a dockerd that writes this very pid file is ours.
+        args = pids.command_line(pid) or []
+        return pids.identify(pid) if args[:1] == [DOCKERD] and str(_pidfile()) in args else None
+    except ValueError:
+        return None
+    return recorded if recorded is not None and recorded.pid == pid and pids.is_running(recorded) else None
+
+
 def down() -> None:
     try:
         pid = int(_pidfile().read_text().strip())
     except (FileNotFoundError, ValueError):
         return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    if pids.start_time(pid) is None:
+        return
+    daemon = _started_daemon(pid)
+    if daemon is None:
+        print(f"docker: not stopping pid {pid} of {_pidfile()}: it is not the dockerd this bed started "
+              f"(see {_identity_file()})", file=sys.stderr)
+        return
+    if not pids.send(daemon, signal.SIGTERM):
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not pids.is_running(daemon):
             return
         time.sleep(0.3)
-    os.kill(pid, signal.SIGKILL)
+    pids.send(daemon, signal.SIGKILL)
 
 
 def image_exists(tag: str) -> bool:

@@ -6,16 +6,17 @@ moved under the node's own directory so several nodes share one machine.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from e2e.testbed import mocknvml
+from e2e.testbed import mocknvml, pids
 from e2e.testbed.cluster import die_with_parent, free_port, stop_process
 from e2e.tooling import bytecode
 
@@ -134,6 +135,8 @@ class Processes:
     logs: Path
     detached: bool = False
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started: dict[str, pids.Identity] = field(default_factory=dict)
+    """What each pid named when it started: what :func:`stop_detached` checks before signalling."""
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -145,24 +148,30 @@ class Processes:
                 start_new_session=self.detached,
             )
         self.procs[name] = proc
+        started = pids.identify(proc.pid)
+        if started is not None:  # else it exited at once: check_alive reports it
+            self.started[name] = started
         return proc
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name, None)
+        self.started.pop(name, None)
         if proc and proc.poll() is None:
             proc.send_signal(sig)
             proc.wait(timeout=15)
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
+        self.started.pop(name, None)
         stop_process(proc, timeout=15)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):
             self.stop(name)
 
-    def pids(self) -> dict[str, int]:
-        return {k: p.pid for k, p in self.procs.items()}
+    def identities(self) -> dict[str, dict[str, Any]]:
+        """The running processes, as :func:`stop_detached` (another process) reads them from a file."""
+        return {k: started.to_json() for k, started in self.started.items()}
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -244,7 +253,12 @@ class NodeFleet:
         self.procs.stop_all()
 
 
-def stop_detached(pids: dict[str, int]) -> None:
-    for pid in pids.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+def stop_detached(recorded: Mapping[str, object]) -> None:
+    """Stop processes a detached fleet left running, from what :meth:`Processes.identities` wrote;
+    a pid that names another process by now is left alone."""
+    for name, value in recorded.items():
+        started = pids.from_json(value)
+        if started is None:
+            print(f"not stopping {name} ({value!r}): recorded without its start time", file=sys.stderr)
+            continue
+        pids.send(started, signal.SIGTERM, group=True)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.testbed import images
+from e2e.testbed import images, pids
 from e2e.testbed.cluster import FEATURE_GATES, free_port
 from e2e.testbed.nodes import DRIVER_NAME, REPO, Processes
 from e2e.tooling import binaries, bytecode, gotools, runtime
@@ -448,7 +448,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         return log.read_text(errors="replace").count("registered with the kubelet") if log.exists() else 0
 
     def _write_state(self) -> None:
-        state = {"pids": self.procs.pids(), "root": str(self.root), "node": self.node_name,
+        state = {"pids": self.procs.identities(), "root": str(self.root), "node": self.node_name,
                  "kubeconfig": str(self.kubeconfig), "kubelet_port": self.kubelet_port, "timings": self.timings}
         (self.root / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -523,17 +523,14 @@ def stop_detached(root: Path) -> None:
     if not state_file.exists():
         return
     state = json.loads(state_file.read_text())
-    pids: dict[str, int] = state.get("pids", {})
+    recorded: dict[str, object] = state.get("pids", {})
     for name in ("plugin", "kubelet", "containerd"):
-        pid = pids.get(name)
-        if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+        started = pids.from_json(recorded.get(name))
+        if started is not None and pids.send(started, signal.SIGTERM, group=True):
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            while time.monotonic() < deadline and pids.is_running(started):
                 time.sleep(0.1)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            pids.send(started, signal.SIGKILL, group=True)
     cleanup_root(root)
     kubeconfig = state.get("kubeconfig")
     if kubeconfig and Path(kubeconfig).exists():
