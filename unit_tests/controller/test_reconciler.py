@@ -282,11 +282,12 @@ class SpyEngine(Engine):
         self.calls: list[str] = []
         self.raise_on_resolve = raise_on_resolve
 
-    def resolve(self, claim: Any, inventory: Any, classes: Any, allocated: Any = None, nodes: Any = None) -> Any:
+    def resolve(self, claim: Any, inventory: Any, classes: Any, allocated: Any = None, nodes: Any = None,
+                rules: Any = None) -> Any:
         self.calls.append(claim["metadata"]["name"])
         if self.raise_on_resolve is not None:
             raise self.raise_on_resolve
-        return super().resolve(claim, inventory, classes, allocated, nodes)
+        return super().resolve(claim, inventory, classes, allocated, nodes, rules)
 
 
 class TestInventoryReuse:
