@@ -52,7 +52,7 @@ class Counting(Engine):
     def resolve(self, claim: Any, inventory: Any, classes: Any, allocated: Any = None, nodes: Any = None,
                 rules: Any = None) -> Any:
         self.resolves.append(claim["metadata"]["name"])
-        return super().resolve(claim, inventory, classes, allocated, nodes)
+        return super().resolve(claim, inventory, classes, allocated, nodes, rules)
 
 
 def make(kube: FakeKube, **over: Any) -> tuple[Controller, Counting, FakeClock]:
