@@ -182,7 +182,7 @@ class FakeKube:
             raise ApiError(404, "NotFound", f"{res.plural} {name!r} not found")
         return copy.deepcopy(obj)
 
-    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None, dry_run: bool = False) -> Obj:
         m = body.get("metadata") or {}
         if not m.get("name") and m.get("generateName"):
             body = dict(body, metadata=dict(m, name=m["generateName"] + uuid.uuid4().hex[:5]))
@@ -190,7 +190,7 @@ class FakeKube:
         self._check("create", res, key)
         if key in self._bucket(res):
             raise ApiError(409, "AlreadyExists", f"{key} exists")
-        return self.add(res, body)
+        return copy.deepcopy(body) if dry_run else self.add(res, body)
 
     def _update(self, verb: str, res: Resource, body: Obj, apply: Callable[[Obj, Obj], Obj],
                 dry_run: bool = False) -> Obj:

@@ -82,8 +82,10 @@ class InMemorySliceApi:
         assert res.kind == "Node"
         return {"metadata": {"name": name, "uid": self.node_uid}}
 
-    def create(self, res: Resource, body: Obj, *, namespace: str | None = None) -> Obj:
+    def create(self, res: Resource, body: Obj, *, namespace: str | None = None, dry_run: bool = False) -> Obj:
         assert res is SLICES
+        if dry_run:
+            return self._store(body)
         with self._lock:
             obj = self._store(body)
             meta = obj.setdefault("metadata", {})
