@@ -23,16 +23,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_driver.k8s.names import is_dns_label, is_driver_name
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
+from dra_driver.node.prepare.records import (
+    CdiError,
+    is_uuid,
+    validate_claim_uid,
+    validate_device_name,
+    validate_driver_name,
+    validate_share_id,
+)
 from dra_driver.node.prepare.toolkit import merge_edits
 from dra_driver.ondisk import claim_spec_prefix
 
-UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-"""A lower-case RFC 4122 UUID, as the API server writes claim UIDs and share IDs."""
-_UUID = re.compile(UUID_PATTERN)
 _SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
 
 SPEC_MODE = 0o644
@@ -42,36 +46,6 @@ DERIVED_FILES_DURABLE = False
 from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
 re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare.state`,
 "Durability"; ``test_power_loss_*`` in the unit tests)."""
-
-
-class CdiError(ValueError):
-    """Invalid input for a CDI spec (never a file-system error: those are OSError)."""
-
-
-def validate_claim_uid(uid: str) -> str:
-    if not isinstance(uid, str) or not _UUID.fullmatch(uid):
-        raise CdiError(f"claim UID {uid!r} is not a lower-case RFC 4122 UUID")
-    return uid
-
-
-def validate_share_id(share_id: Any) -> str:
-    if not isinstance(share_id, str) or not _UUID.fullmatch(share_id):
-        raise CdiError(f"shareID {share_id!r} is not a lower-case RFC 4122 UUID")
-    return share_id
-
-
-def validate_driver_name(driver: str) -> str:
-    # ASCII as well: the API server lower-cases a driver name before checking it, which lets two
-    # non-ASCII letters through, and a CDI vendor name is ASCII.
-    if not is_driver_name(driver) or not driver.isascii():
-        raise CdiError(f"driver name {driver!r} is not a DNS subdomain of at most 63 characters")
-    return driver
-
-
-def validate_device_name(name: str) -> str:
-    if not is_dns_label(name):
-        raise CdiError(f"device name {name!r} is not a DNS label")
-    return name
 
 
 # --- spec content -----------------------------------------------------------------------------
@@ -221,6 +195,6 @@ class CdiSpecs:
         uids = []
         for entry in names:
             m = _SPEC_FILE.fullmatch(entry)
-            if m and m["driver"] == self.driver_name and _UUID.fullmatch(m["uid"]):
+            if m and m["driver"] == self.driver_name and is_uuid(m["uid"]):
                 uids.append(m["uid"])
         return sorted(uids)

@@ -36,7 +36,7 @@ from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
-from dra_driver.node.prepare.checkpoint import ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
 from dra_driver.node.prepare.state import DeviceState
 
@@ -59,7 +59,7 @@ def device_data(prepared: PreparedDevice, device: AllocatableDevice | None) -> d
     if device is not None:
         data["productName"] = device.gpu.product_name
         data["memory"] = format_canonical(device_totals(device)[0])
-    if prepared.kind == "mig":
+    if prepared.kind is DeviceKind.MIG:
         data["parentUUID"] = prepared.gpu_uuid
         inst = prepared.mig_instance
         if inst is not None:  # dynamic MIG: the instance created for this claim

@@ -22,10 +22,10 @@ from dra_driver.k8s.quantity import QuantityError, format_canonical, parse_quant
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.describe.shares import MEMORY, MIB, MULTIPROCESSORS, SHARES, ConsumableShares
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
-from dra_driver.node.prepare.cdi import CdiError, CdiSpecs, validate_claim_uid, validate_share_id
-from dra_driver.node.prepare.checkpoint import PreparedDevice
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
-from dra_driver.node.prepare.records import ClaimFailure, ClaimRef
+from dra_driver.node.prepare.records import CdiError, ClaimFailure, ClaimRef, validate_claim_uid, validate_share_id
 
 # --- the claim --------------------------------------------------------------------------------
 
@@ -258,10 +258,10 @@ class ClaimPlanner:
                                        self.proc_root)
         return PreparedDevice(
             pool=self.node_name, device=device.name, requests=(request,),
-            cdi_device_ids=(self.cdi.cdi_device_id(uid, device.name, share_id),), sharing=sharing.to_dict(),
+            cdi_device_ids=(self.cdi.cdi_device_id(uid, device.name, share_id),), sharing=sharing,
             share_id=share_id, admin_access=admin,
             uuid=uuid, gpu_uuid=device.gpu.uuid, gpu_minor=device.gpu.minor, mig_caps=caps,
-            kind=device.kind, placement=placement_of(device),
+            kind=DeviceKind(device.kind), placement=placement_of(device),
             consumed_capacity=amounts.consumed, memory_share_bytes=amounts.memory_bytes,
             compute_share_percent=amounts.compute_percent,
         )

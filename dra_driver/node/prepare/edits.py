@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpuconfig import EXCLUSIVE, ConfigError, SharingConfig, Strategy, decode_sharing
+from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.quantity import format_canonical
-from dra_driver.node.prepare.checkpoint import PreparedDevice
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
@@ -45,20 +44,6 @@ class ClaimDevice:
     """A share's consumed memory."""
     compute_share_percent: int | None = None
     """A share's consumed compute, percent of the device."""
-
-
-def claim_device(dev: PreparedDevice) -> ClaimDevice:
-    """A checkpointed device as the edits see it; a sharing config that no longer decodes is Exclusive."""
-    try:
-        sharing = decode_sharing(dev.sharing)
-    except ConfigError:
-        sharing = EXCLUSIVE
-    return ClaimDevice(
-        device_name=dev.device, request=dev.requests[0] if dev.requests else "", uuid=dev.uuid,
-        gpu_minor=dev.gpu_minor, mig_caps=dev.mig_caps, sharing=sharing, admin_access=dev.admin_access,
-        share_id=dev.share_id, memory_share_bytes=dev.memory_share_bytes,
-        compute_share_percent=dev.compute_share_percent,
-    )
 
 
 def share_env(prefix: str, dev: ClaimDevice) -> list[str]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dra_driver.gpuconfig import EXCLUSIVE, ConfigError, SharingConfig, Strategy, TimeSliceInterval, decode_sharing
+from dra_driver.gpuconfig import SharingConfig, Strategy, TimeSliceInterval
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
-from dra_driver.node.prepare.checkpoint import ClaimEntry, PreparedDevice
 from dra_driver.node.prepare.config import PlannedDevice, placement_of
+from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimFailure
 
 
@@ -61,7 +61,7 @@ class Hold:
     ref: str
     device: str
     gpu_uuid: str
-    kind: str
+    kind: DeviceKind
     placement: tuple[int, int] | None
     sharing: SharingConfig
     admin: bool
@@ -72,7 +72,7 @@ class Hold:
     def overlaps(self, other: Hold) -> bool:
         if self.gpu_uuid != other.gpu_uuid:
             return False
-        if self.device == other.device or self.kind == "gpu" or other.kind == "gpu":
+        if self.device == other.device or self.kind is DeviceKind.GPU or other.kind is DeviceKind.GPU:
             return True
         if self.placement is None or other.placement is None:
             return False
@@ -98,16 +98,12 @@ class Hold:
 
 
 def hold_of_prepared(entry: ClaimEntry, dev: PreparedDevice) -> Hold:
-    try:
-        sharing = decode_sharing(dev.sharing)
-    except ConfigError:
-        sharing = EXCLUSIVE
-    return Hold(entry.uid, entry.ref, dev.device, dev.gpu_uuid, dev.kind, dev.placement, sharing,
+    return Hold(entry.uid, entry.ref, dev.device, dev.gpu_uuid, dev.kind, dev.placement, dev.sharing,
                 dev.admin_access, dev.share_id, dev.memory_share_bytes)
 
 
 def hold_of_planned(uid: str, ref: str, d: PlannedDevice) -> Hold:
-    return Hold(uid, ref, d.device.name, d.device.gpu.uuid, d.device.kind, placement_of(d.device), d.sharing,
+    return Hold(uid, ref, d.device.name, d.device.gpu.uuid, d.prepared.kind, placement_of(d.device), d.sharing,
                 d.admin, d.share_id, d.prepared.memory_share_bytes)
 
 

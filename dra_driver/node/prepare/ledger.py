@@ -10,9 +10,9 @@ from typing import Any
 from dra_driver import failpoints
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.cdi import CdiError, validate_claim_uid
-from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, now_rfc3339
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, now_rfc3339
+from dra_driver.node.prepare.records import CdiError, ClaimRef, validate_claim_uid
 
 
 class Ledger:

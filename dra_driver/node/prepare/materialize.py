@@ -18,11 +18,11 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.fileio import describe_os_error
-from dra_driver.node.prepare.cdi import CdiError, CdiSpecs
-from dra_driver.node.prepare.checkpoint import ClaimEntry, PreparedDevice, now_rfc3339
-from dra_driver.node.prepare.edits import claim_device
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.edits import ClaimDevice
+from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
-from dra_driver.node.prepare.records import ClaimFailure
+from dra_driver.node.prepare.records import CdiError, ClaimFailure
 from dra_driver.node.prepare.toolkit import DriverEditsError
 
 
@@ -33,6 +33,16 @@ def creates_mig(device: AllocatableDevice, prepared: PreparedDevice) -> bool:
 
 def rebooted(entry: ClaimEntry, boot_id: str) -> bool:
     return bool(entry.boot_id and boot_id and entry.boot_id != boot_id)
+
+
+def claim_device(dev: PreparedDevice) -> ClaimDevice:
+    """A checkpointed device as the edits see it."""
+    return ClaimDevice(
+        device_name=dev.device, request=dev.requests[0] if dev.requests else "", uuid=dev.uuid,
+        gpu_minor=dev.gpu_minor, mig_caps=dev.mig_caps, sharing=dev.sharing, admin_access=dev.admin_access,
+        share_id=dev.share_id, memory_share_bytes=dev.memory_share_bytes,
+        compute_share_percent=dev.compute_share_percent,
+    )
 
 
 class Materializer:
@@ -65,7 +75,7 @@ class Materializer:
         errors: list[str] = []
         for dev in entry.devices:
             inst = dev.mig_instance
-            if inst is None and dev.kind == "mig" and self._backend is not None:
+            if inst is None and dev.kind is DeviceKind.MIG and self._backend is not None:
                 # Interrupted between creating the instance and recording it: creation is
                 # idempotent, so this finds the instance (or makes one) to destroy.
                 known = devices.get(dev.device)

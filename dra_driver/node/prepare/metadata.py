@@ -44,21 +44,19 @@ from typing import Any
 import orjson
 
 from dra_driver.gpuconfig import base_request
-from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
+from dra_driver.k8s.names import is_dns_label
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
-from dra_driver.node.prepare.cdi import (
-    DERIVED_FILES_DURABLE,
-    DIR_MODE,
-    SPEC_MODE,
+from dra_driver.node.prepare.cdi import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
+from dra_driver.node.prepare.entries import PreparedDevice
+from dra_driver.node.prepare.records import (
     UUID_PATTERN,
-    CdiError,
-    minimum_cdi_version,
-    spec_bytes,
+    MetadataError,
+    validate_claim_name,
     validate_claim_uid,
     validate_driver_name,
+    validate_request_name,
 )
-from dra_driver.node.prepare.checkpoint import PreparedDevice
 from dra_driver.ondisk import METADATA_SUBDIR as HOST_SUBDIR
 from dra_driver.ondisk import metadata_spec_prefix
 
@@ -74,22 +72,6 @@ HOST_DIR_MODE = 0o700
 _HOST_FILE = re.compile(rf"^(?P<uid>{UUID_PATTERN})_[a-z0-9-]+\.json$")
 # Go's encoder escapes these inside strings; so must we, for the same bytes.
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
-class MetadataError(CdiError):
-    """A claim whose names cannot make a metadata path (reported for the claim, like any CDI input)."""
-
-
-def validate_request_name(name: str) -> str:
-    if not is_dns_label(name):
-        raise MetadataError(f"request name {name!r} is not a DNS label")
-    return name
-
-
-def validate_claim_name(name: str) -> str:
-    if not is_dns_subdomain(name):
-        raise MetadataError(f"claim name {name!r} is not a DNS subdomain")
-    return name
 
 
 @dataclass(frozen=True)

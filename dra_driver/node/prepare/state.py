@@ -73,16 +73,17 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.cdi import CdiError, CdiSpecs
-from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.config import ClaimPlanner, Plan, verify_claim
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.exclusive import Hold, check_exclusive, hold_of_planned
 from dra_driver.node.prepare.groupcommit import GroupCommit
 from dra_driver.node.prepare.ledger import Ledger
 from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
-from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.records import CdiError, ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.sharedstate import SharedState
 
 _log = logs.get("prepare")

@@ -12,15 +12,11 @@ from typing import Any
 
 import pytest
 
+from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy, TimeSliceInterval
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.fileio import describe_os_error, ensure_dir
-from dra_driver.node.prepare.checkpoint import (
-    CHECKPOINT_VERSION,
-    CheckpointStore,
-    ClaimEntry,
-    ClaimState,
-    PreparedDevice,
-)
+from dra_driver.node.prepare.checkpoint import CHECKPOINT_VERSION, CheckpointStore
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"
@@ -33,14 +29,14 @@ def entries() -> dict[str, ClaimEntry]:
         UID: ClaimEntry(
             UID, "ns", "a", ClaimState.PREPARE_COMPLETED,
             (PreparedDevice("node-a", "gpu-0", ("gpu",), (f"k8s.{DRIVER}/claim={UID}-gpu-0",),
-                            {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}, "share-1", False,
+                            SharingConfig(Strategy.TIME_SLICING, TimeSliceInterval.LONG), "share-1", False,
                             "GPU-a", "GPU-a", 0),),
             boot_id="boot-1", updated="2026-01-01T00:00:00.000000Z",
         ),
         UID2: ClaimEntry(
             UID2, "ns", "b", ClaimState.PREPARE_STARTED,
-            (PreparedDevice("node-a", "gpu-1-mig-1g-6", ("r/sub",), (), {"strategy": "Exclusive"}, None, True,
-                            "MIG-1", "GPU-a", 1, (3, 4), mig, "mig", (6, 1)),),
+            (PreparedDevice("node-a", "gpu-1-mig-1g-6", ("r/sub",), (), EXCLUSIVE, None, True,
+                            "MIG-1", "GPU-a", 1, (3, 4), mig, DeviceKind.MIG, (6, 1)),),
             boot_id="boot-1",
         ),
     }
@@ -72,7 +68,8 @@ class TestRoundTrip:
         s.save(entries())
         loaded = store(tmp_path).load()
         assert loaded == entries()
-        assert loaded[UID].devices[0].sharing == {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}
+        assert loaded[UID].devices[0].sharing == SharingConfig(Strategy.TIME_SLICING, TimeSliceInterval.LONG)
+        assert loaded[UID].devices[0].to_dict()["sharing"] == {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}
         assert loaded[UID2].devices[0].mig_instance == entries()[UID2].devices[0].mig_instance
         assert loaded[UID2].devices[0].placement == (6, 1)
 

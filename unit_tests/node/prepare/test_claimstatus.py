@@ -14,8 +14,9 @@ from nodefix import DRIVER, NODE, FakeBackend, build_devices, make_claim
 from dra_driver.k8s.client import CLAIMS, ApiError
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
 from dra_driver.node.prepare.cdi import CdiSpecs
-from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler, apply_body, device_data, device_statuses
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from unit_tests.kubefake import FakeKube
@@ -28,7 +29,7 @@ def prepared(device: str, **kw: Any) -> PreparedDevice:
     d = DEVICES[device]
     uuid = kw.pop("uuid", d.mig.uuid if d.mig else d.gpu.uuid)
     return PreparedDevice(pool=NODE, device=device, requests=("gpu",), cdi_device_ids=(f"k8s.{DRIVER}/claim=x-{device}",),
-                          uuid=uuid, gpu_uuid=d.gpu.uuid, kind=d.kind, **kw)
+                          uuid=uuid, gpu_uuid=d.gpu.uuid, kind=DeviceKind(d.kind), **kw)
 
 
 def test_data_of_a_full_gpu_a_static_and_a_dynamic_mig_device() -> None:

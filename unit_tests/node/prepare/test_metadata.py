@@ -21,8 +21,10 @@ from dra_driver.node.describe.devices import describe_device
 from dra_driver.node.fileio import atomic_write
 from dra_driver.node.prepare import metadata as md
 from dra_driver.node.prepare.cdi import CdiSpecs
-from dra_driver.node.prepare.checkpoint import CheckpointStore, PreparedDevice
-from dra_driver.node.prepare.metadata import MetadataClaim, MetadataError, MetadataFiles
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.entries import PreparedDevice
+from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
+from dra_driver.node.prepare.records import MetadataError, validate_request_name
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.testbed import cdicheck
@@ -159,7 +161,7 @@ class TestNames:
     @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64, "gpu\n"])
     def test_request_names_are_validated(self, bad: str) -> None:
         with pytest.raises(MetadataError, match="request name"):
-            md.validate_request_name(bad)
+            validate_request_name(bad)
 
     def test_cdi_spec(self, tmp_path: Path) -> None:
         spec = md.build_cdi_spec(DRIVER, UID, "gpu", tmp_path / "f.json", "/in/ctr.json")

@@ -12,7 +12,8 @@ from typing import Any
 from nodefix import NODE, Env, make_claim
 from nodefix import env as env  # a fixture, used by name
 
-from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimState
+from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.entries import ClaimState
 from dra_driver.node.prepare.materialize import Materializer
 from dra_driver.ondisk import SERIALIZE_LOCK_FILE
 

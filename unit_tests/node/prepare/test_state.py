@@ -14,10 +14,12 @@ import structlog
 from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim
 from nodefix import env as env  # a fixture, used by name
 
+from dra_driver.gpuconfig import EXCLUSIVE
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
-from dra_driver.node.prepare.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.config import ClaimPlanner
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
@@ -443,8 +445,8 @@ class TestRecovery:
             assert dev.mig_profile is not None and dev.placement is not None
             env.backend.create_mig_instance(dev.gpu, dev.mig_profile, dev.placement)  # created, not recorded
         entry = ClaimEntry(uid, "default", "half", ClaimState.PREPARE_STARTED, (
-            PreparedDevice(NODE, device, ("gpu",), (), {"strategy": "Exclusive"}, None, False, "", dev.gpu.uuid,
-                           dev.gpu.minor, (), mig_inst, "mig", (dev.placement.start, dev.placement.size)),
+            PreparedDevice(NODE, device, ("gpu",), (), EXCLUSIVE, None, False, "", dev.gpu.uuid,
+                           dev.gpu.minor, (), mig_inst, DeviceKind.MIG, (dev.placement.start, dev.placement.size)),
         ), boot_id=env.boot)
         CheckpointStore(env.tmp / "state", NODE, DRIVER, boot_id=env.boot).save({uid: entry})
 
