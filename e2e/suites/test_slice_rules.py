@@ -2,8 +2,8 @@
 each case is one device in a ResourceSlice sent as a server-side dry run (``create --dry-run=server``),
 and the API server must answer what the checker answers.
 
-The bed runs Kubernetes 1.37 (not part of the 1.36 smoke run: 1.36 lacks some of the device fields
-these cases use). Where 1.38 is stricter (:data:`STRICTER_SINCE_1_38`: one ``/`` in a
+The bed runs Kubernetes 1.37 (not part of the 1.36 smoke run: the cases are written against 1.37 and
+1.38, not checked against 1.36). Where 1.38 is stricter (:data:`STRICTER_SINCE_1_38`: one ``/`` in a
 name, one term in a per-device node selector, 18 digits in a version) the checker follows 1.38, so
 those cases are asserted as "1.37 accepts, the checker refuses as 1.38 will"; the cases marked
 ``ONLY_1_38`` below are those. ``own-driver-domain`` is the Go helper's rule, which no API server
