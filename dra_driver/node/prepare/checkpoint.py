@@ -35,7 +35,8 @@ Every later line is a **journal record**, the change one save made, applied in o
      "record": {"seq": 1, "bootID": "<boot id at write>", "set": {"<uid>": {<entry>}}, "del": ["<uid>"]}}
 
 Canonical JSON = ``json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``; every
-line is canonical JSON. A version 1 file (the snapshot alone) loads as it is.
+line is canonical JSON. A version 1 file (the snapshot alone) loads as it is. An entry and its
+devices are read and written by :mod:`dra_driver.node.prepare.entries`; this module is the file.
 
 **Why a journal.** A save appends one record and makes it durable with one ``fdatasync``: the
 file's directory entry is already durable, and an append changes only the file's data and size,
