@@ -169,9 +169,10 @@ def step(ctrl: Controller) -> int:
     return drain(ctrl)
 
 
-def events(kube: FakeKube, reason: str | None = None) -> list[Obj]:
+def events(kube: FakeKube, reason: str | None = None, kind: str | None = None) -> list[Obj]:
+    """The Events written, of one reason and about objects of one kind where given."""
     out = list(kube.objects.get("events", {}).values())
-    return [e for e in out if reason is None or e["reason"] == reason]
+    return [e for e in out if (reason is None or e["reason"] == reason) and (kind is None or e["regarding"]["kind"] == kind)]
 
 
 def ann(kube: FakeKube, key: str = "default/c1") -> dict[str, str]:

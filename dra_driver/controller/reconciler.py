@@ -8,7 +8,8 @@ What it does
   template, ``status.resourceClaimStatuses[].resourceClaimName``), or it opted in to controller
   allocation. Every pending claim is resolved against the ResourceSlices with all *other* claims'
   allocations taken as used. When it cannot be satisfied, the controller writes the explanation
-  as annotations on the claim and a Warning Event (see :data:`EXPLANATION_ANNOTATION`). It never
+  as annotations on the claim and a Warning Event (see :data:`EXPLANATION_ANNOTATION`), and a
+  Warning Event on each pod that waits for it (:mod:`dra_driver.controller.pod_notices`). It never
   writes the status of a claim that the scheduler allocates: there it only explains, and the
   scheduler's verdict wins (its allocation clears the annotations).
 * **Allocate on request.** A standalone claim (not generated for a pod) annotated
@@ -223,6 +224,7 @@ class Controller:
         uid = uid_of(obj)
         if new is None:
             self.accounting.forget(uid)
+            self.reporter.pod_notices.forget_claim(key)
             with self._lock:
                 self._settled.pop(key, None)
         tracked = self.accounting.tracks(uid)
@@ -250,6 +252,7 @@ class Controller:
                         del self._claim_pods[ck]
             for ck in keys:
                 self._claim_pods.setdefault(ck, set()).add(pkey)
+        self.reporter.pod_notices.forget_pod(pkey, before - keys)
         for ck in before ^ keys:
             if self._waiting_matters(ck):
                 self.queue.add(_kind_key("claim", ck))
@@ -435,6 +438,8 @@ class Controller:
         if action is not Action.EXPLAIN:
             with self._lock:
                 self._settled.pop(key, None)
+        if action not in (Action.EXPLAIN, Action.ALLOCATE):
+            self.reporter.pod_notices.forget_claim(key)
         if action in (Action.IGNORE, Action.CLEAR):
             if not is_allocated(claim) and not is_deleting(claim):
                 # Nobody waits for it (yet): still flag bad configuration before a node sees it.
@@ -455,6 +460,7 @@ class Controller:
                 if self._settled.get(key) == (resource_version(claim), seen):
                     return  # explained as it stands, against what is there now
         outcome = self.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
+        self.reporter.tell_pods(claim, outcome, self.waiting_pods(key))
         if action is Action.EXPLAIN or outcome.verdict is not Verdict.SATISFIABLE:
             result = self.reporter.record(claim, outcome, log)
             if action is Action.EXPLAIN and result is not None:
@@ -466,11 +472,13 @@ class Controller:
 
     def _inputs(self, key: str) -> tuple[Any, ...]:
         """What a pending claim's explanation depends on besides the claim itself: the versions of
-        the slices, classes and allocations, and the node its one pod is pinned to."""
+        the slices, classes and allocations, the node its one pod is pinned to, and which pods wait
+        for it (a pod that starts waiting is told the verdict)."""
         pods = self.waiting_pods(key)
         with self._lock:
             return (self._slices_version, self._classes_version, self.accounting.version,
-                    tuple(sorted({n for p in pods if (n := pod_node(p))})), len(pods), self.rules.current())
+                    tuple(sorted({n for p in pods if (n := pod_node(p))})), tuple(key_of(p) for p in pods),
+                    self.rules.current())
 
     # -- running
 

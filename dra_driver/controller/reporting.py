@@ -1,4 +1,5 @@
-"""What the controller tells people: its explanation of a claim as annotations, and Events.
+"""What the controller tells people: its explanation of a claim as annotations, and Events, on the
+claim and on the pods that wait for it (:mod:`dra_driver.controller.pod_notices`).
 
 Every write here is best effort for the reader and leader-only: a replica that lost the Lease
 stays quiet. Events go through the :class:`dra_driver.k8s.events.EventRecorder`, which folds
@@ -15,9 +16,10 @@ from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.annotations import annotation_patch, content_hash, desired_annotations, needs_event
 from dra_driver.controller.keys import MAX_EVENT_NOTE, wants_controller_allocation
 from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.pod_notices import PodNotices, pod_event_note
 from dra_driver.controller.verdicts import EVENT_REASON, Outcome, Verdict, object_config_errors
-from dra_driver.k8s.claims import annotations_of, uid_of
-from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi, Resource
+from dra_driver.k8s.claims import annotations_of, pod_claim_names, uid_of
+from dra_driver.k8s.client import CLAIMS, PODS, ApiError, KubeApi, Resource
 from dra_driver.k8s.events import EventRecorder, Occurrence, object_ref
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.leader import Leadership
@@ -38,6 +40,7 @@ class Reporter:
         self.log = log
         self._lock = threading.Lock()
         self._validated: dict[str, str] = {}
+        self.pod_notices = PodNotices()
 
     def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
         """Best effort (the annotation carries the same information): written in the background, a
@@ -81,6 +84,24 @@ class Reporter:
         else:
             log.info("explanation cleared")
         return updated
+
+    def tell_pods(self, claim: Obj, outcome: Outcome | None, pods: list[Obj]) -> None:
+        """A Warning Event on each of ``pods`` (those waiting for ``claim``) not yet told this
+        verdict; nothing for a claim that can be allocated, whose pods forget what they were told.
+        They go through :meth:`emit`: the controller's write budget, best effort, leader only."""
+        key = key_of(claim)
+        if outcome is None or outcome.verdict is Verdict.SATISFIABLE:
+            self.pod_notices.forget_claim(key)
+            return
+        if not self.leadership.is_leader():
+            return
+        digest = content_hash(f"{outcome.verdict.value}|{outcome.summary}")
+        reason = EVENT_REASON.get(outcome.verdict, "Unsatisfiable")
+        name = str(meta(claim).get("name"))
+        for pod in self.pod_notices.untold(key, pods, digest):
+            note = pod_event_note(pod_claim_names(pod).get(key, []), name, outcome.summary)
+            self.emit(pod, Occurrence("Warning", reason, "Explain", note), PODS)
+            self.pod_notices.told(key, key_of(pod), digest)
 
     def record(self, claim: Obj, outcome: Outcome, log: Any) -> Obj | None:
         if outcome.verdict is Verdict.ERROR:

@@ -28,28 +28,33 @@ from typing import Any
 
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, OUR_ANNOTATIONS
 from dra_driver.k8s import wire
-from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys
+from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_names
 from dra_driver.k8s.compact import Interner, without_managed_fields
 from dra_driver.k8s.objects import Obj, meta
 from dra_driver.k8s.wire import Reduced, allocation_view
 
 
 def pod_view(pod: Obj) -> Obj | None:
-    """What the controller reads of a pod that waits for claims: name, node and every claim it
-    references, wherever the pod names it (``spec.resourceClaims``, ``status.resourceClaimStatuses``,
-    ``status.extendedResourceClaimStatus``), all under ``spec.resourceClaims``. None when it waits
-    for no claim, finished pods included; so for a kept pod
+    """What the controller reads of a pod that waits for claims: name, UID (its Events name it),
+    node and every claim it references, wherever the pod names it (``spec.resourceClaims``,
+    ``status.resourceClaimStatuses``, ``status.extendedResourceClaimStatus``), all under
+    ``spec.resourceClaims`` with the name the pod gives each (one entry per name). None when it
+    waits for no claim, finished pods included; so for a kept pod
     :func:`dra_driver.k8s.claims.pod_is_done` is False, as for the pod itself."""
-    keys = pod_claim_keys(pod)
-    if not keys:
+    names = pod_claim_names(pod)
+    if not names:
         return None
     m = meta(pod)
     spec = pod.get("spec")
     node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    view_spec: Obj = {"resourceClaims": [{"resourceClaimName": k.partition("/")[2]} for k in sorted(keys)]}
+    refs: list[Obj] = []
+    for key in sorted(names):
+        claim = key.partition("/")[2]
+        refs += [{"name": n, "resourceClaimName": claim} for n in names[key]] or [{"resourceClaimName": claim}]
+    view_spec: Obj = {"resourceClaims": refs}
     if node:
         view_spec["nodeName"] = node
-    return {"metadata": {k: m[k] for k in ("name", "namespace", "resourceVersion") if k in m}, "spec": view_spec}
+    return {"metadata": {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}, "spec": view_spec}
 
 
 def needs_no_work(claim: Mapping[str, Any]) -> bool:

@@ -85,6 +85,39 @@ def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
     return keys
 
 
+EXTENDED_RESOURCES_CLAIM = "extended resources"
+"""What a pod calls the claim the scheduler made for its extended resources: that claim has no
+entry, so no name, in the pod's spec."""
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, list[str]]:
+    """``namespace/name`` of every claim a pod that is not done waits for or uses, each with the
+    names the pod gives it (``spec.resourceClaims[].name``; :data:`EXTENDED_RESOURCES_CLAIM` for
+    the extended-resource claim): what a person reading the pod knows the claim by."""
+    if pod_is_done(pod):
+        return {}
+    ns = meta(pod).get("namespace") or "default"
+    out: dict[str, list[str]] = {}
+
+    def add(claim: Any, name: Any) -> None:
+        if claim:
+            names = out.setdefault(f"{ns}/{claim}", [])
+            if name and str(name) not in names:
+                names.append(str(name))
+
+    spec = pod.get("spec")
+    for rc in (spec.get("resourceClaims") if isinstance(spec, Mapping) else None) or []:
+        if isinstance(rc, Mapping):
+            add(rc.get("resourceClaimName"), rc.get("name"))
+    for st in status_of(pod).get("resourceClaimStatuses") or []:
+        if isinstance(st, Mapping):
+            add(st.get("resourceClaimName"), st.get("name"))
+    ext = status_of(pod).get("extendedResourceClaimStatus")
+    if isinstance(ext, Mapping):
+        add(ext.get("resourceClaimName"), EXTENDED_RESOURCES_CLAIM)
+    return out
+
+
 def pod_node(pod: Mapping[str, Any]) -> str | None:
     spec = pod.get("spec")
     n = spec.get("nodeName") if isinstance(spec, Mapping) else None

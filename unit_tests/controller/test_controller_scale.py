@@ -154,7 +154,7 @@ class TestBudget:
             ctrl.process_next(timeout=0)
             assert ctrl.events.flush(timeout=5.0)  # the recorder's background write, done here
         assert SUMMARY_ANNOTATION in ann(kube, "default/c0") and not events(kube)
-        assert ctrl.metrics.value("errors_total", {"kind": "event_throttled"}) == 1
+        assert ctrl.metrics.value("errors_total", {"kind": "event_throttled"}) == 2  # the claim's and its pod's
         assert not [e for e in logs if e["log_level"] in ("warning", "error")]
 
     def test_a_throttled_write_is_retried_quietly(self) -> None:
@@ -180,7 +180,7 @@ class TestNothingNew:
         ctrl, engine, _ = make(kube)
         step(ctrl)
         writes, resolves = len(kube.writes()), len(engine.resolves)
-        assert writes == 10 and resolves == 1  # a patch and an Event per claim; one evaluation for five copies
+        assert writes == 15 and resolves == 1  # per claim a patch, its Event and its pod's; one evaluation for five copies
         for _ in range(3):
             ctrl.resync()
             ctrl.queue.add("rescan:")
@@ -202,7 +202,7 @@ class TestNothingNew:
         step(ctrl)
         explained = {f"c{i}": ann(kube, f"default/c{i}")[EXPLANATION_ANNOTATION] for i in range(20)}
         writes, resolves = len(kube.writes()), len(engine.resolves)
-        assert writes == 40
+        assert writes == 60  # per claim a patch, its Event and its pod's
         for unhealthy in (True, False):
             for i in range(500):
                 s = kube.obj(SLICES, f"node-{i:03d}-gpu.dra-driver.io")
@@ -249,7 +249,7 @@ class TestSharedVerdicts:
         for i in (0, 17, 49):
             doc = json.loads(ann(kube, f"default/c{i}")[EXPLANATION_ANNOTATION])
             assert doc["explanation"]["claim"] == f"default/c{i}"
-        assert len(events(kube, "Unsatisfiable")) == 50
+        assert len(events(kube, "Unsatisfiable", "ResourceClaim")) == 50 == len(events(kube, "Unsatisfiable", "Pod"))
 
     def test_a_shared_answer_is_the_answer(self) -> None:
         kube = cluster(gpus=2)

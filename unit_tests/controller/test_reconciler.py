@@ -333,8 +333,10 @@ class TestExplain:
         doc = json.loads(a[EXPLANATION_ANNOTATION])
         assert doc["verdict"] == "Unsatisfiable" and "need 3" in a[SUMMARY_ANNOTATION]
         assert a[HASH_ANNOTATION] == content_hash(a[EXPLANATION_ANNOTATION])
-        evs = events(kube, "Unsatisfiable")
+        evs = events(kube, "Unsatisfiable", "ResourceClaim")
         assert len(evs) == 1 and evs[0]["note"] == a[SUMMARY_ANNOTATION] and evs[0]["type"] == "Warning"
+        [on_pod] = events(kube, "Unsatisfiable", "Pod")
+        assert on_pod["note"] == f"claim gpu (c1): {a[SUMMARY_ANNOTATION]}" and on_pod["type"] == "Warning"
         assert ctrl.metrics.value("claims_explained_total") == 1
         # Nothing changed: a resync writes nothing.
         before = len(kube.writes())
@@ -350,7 +352,9 @@ class TestExplain:
         add_pod(kube, pod("p", "c1"))
         step(make(kube)[0])
         step(make(kube)[0])
-        assert len(events(kube, "Unsatisfiable")) == 1
+        assert len(events(kube, "Unsatisfiable", "ResourceClaim")) == 1
+        [on_pod] = events(kube, "Unsatisfiable", "Pod")
+        assert on_pod["series"]["count"] == 2, "a new process tells the pod once more, in the same Event"
 
     def test_becomes_satisfiable_then_annotations_go(self) -> None:
         kube = cluster(gpus=2)
@@ -390,7 +394,8 @@ class TestExplain:
         kube.set(CLAIMS, c)
         step(ctrl)
         assert "need 5" in ann(kube)[SUMMARY_ANNOTATION]
-        assert len(events(kube, "Unsatisfiable")) == 2
+        assert len(events(kube, "Unsatisfiable", "ResourceClaim")) == 2
+        assert len(events(kube, "Unsatisfiable", "Pod")) == 2
 
     def test_claim_nobody_waits_for_is_left_alone(self) -> None:
         kube = cluster()
@@ -458,7 +463,7 @@ class TestBadInput:
         a = ann(kube)
         assert a[SUMMARY_ANNOTATION]
         assert json.loads(a[EXPLANATION_ANNOTATION])["verdict"] in ("Unsatisfiable", "Error")
-        assert len(events(kube)) == 1
+        assert len(events(kube, kind="ResourceClaim")) == 1 and len(events(kube, kind="Pod")) == 1
 
     def test_garbage_slices(self) -> None:
         kube = cluster()
@@ -504,7 +509,7 @@ class TestBadInput:
         ctrl, _ = make(kube)
         step(ctrl)
         assert SUMMARY_ANNOTATION in ann(kube)
-        assert ctrl.metrics.value("errors_total", {"kind": "event"}) == 1
+        assert ctrl.metrics.value("errors_total", {"kind": "event"}) == 2  # the claim's and the pod's
 
 
 class TestInvalidConfig:
@@ -516,8 +521,10 @@ class TestInvalidConfig:
         doc = json.loads(ann(kube)[EXPLANATION_ANNOTATION])
         assert doc["verdict"] == "InvalidConfig"
         assert doc["configErrors"][0].startswith("spec.devices.config[0].opaque.parameters.sharing.strategy")
-        evs = events(kube, "InvalidConfig")
+        evs = events(kube, "InvalidConfig", "ResourceClaim")
         assert len(evs) == 1 and "sharing.strategy" in evs[0]["note"]
+        [on_pod] = events(kube, "InvalidConfig", "Pod")
+        assert on_pod["note"].startswith("claim gpu (c1): invalid configuration for") and "sharing.strategy" in on_pod["note"]
 
     def test_flagged_before_any_pod_uses_it(self) -> None:
         kube = cluster()
