@@ -4,7 +4,8 @@ and the API server must answer what the checker answers.
 
 The bed runs Kubernetes 1.37 (not part of the 1.36 smoke run: the cases are written against 1.37 and
 1.38, not checked against 1.36). Where 1.38 is stricter (:data:`STRICTER_SINCE_1_38`: one ``/`` in a
-name, one term in a per-device node selector, 18 digits in a version) the checker follows 1.38, so
+name, one term in a per-device node selector, 18 digits in a version, fractional request policies
+checked in milli units) the checker follows 1.38, so
 those cases are asserted as "1.37 accepts, the checker refuses as 1.38 will"; the cases marked
 ``ONLY_1_38`` below are those. ``own-driver-domain`` is the Go helper's rule, which no API server
 enforces: "the API server accepts, the checker refuses". When a 1.38 API server can run on the bed,
@@ -106,7 +107,9 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("range off step", shared({"default": "2", "validRange": {"min": "1", "step": "2"}}), False),
     ("range one step past capacity", shared({"default": "1", "validRange": {"min": "1", "step": "8"}}), False),
     ("fractional range", shared({"default": "1500m", "validRange": {"min": "500m", "step": "500m"}}), False),
-    ("fractional off step", shared({"default": "1200m", "validRange": {"min": "500m", "step": "500m"}}), False),
+    ("fractional off step", shared({"default": "1200m", "validRange": {"min": "500m", "step": "500m"}}),
+     False),  # ONLY_1_38
+    ("integer off step", shared({"default": "3", "validRange": {"min": "2", "step": "2"}}), False),
     ("consumption", consumes({"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": "1"}}}), False),
     ("three consumptions", consumes(*[{"counterSet": f"s{i}", "counters": {"c": {"value": "1"}}} for i in range(3)]),
      False),
@@ -142,7 +145,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
 ]
 
 ONLY_1_38 = {"two slashes", "two slashes in a capacity", "version 19 digits", "pre-release 19 digits",
-             "per-device two terms"}
+             "per-device two terms", "fractional off step"}
 """Cases the 1.37 API server accepts and 1.38 refuses (rules in STRICTER_SINCE_1_38)."""
 
 
@@ -222,4 +225,5 @@ def test_every_checker_rule_is_sent_to_the_api_server() -> None:
     refused = {rule for _, device, per_device in CASES for rule in checker_rules(device, per_device)}
     assert refused >= {"device-name", "attribute-count", "qualified-name", "one-slash", "own-driver-domain",
                        "attribute-value", "string-length", "version", "version-18-digits", "request-policy",
+                       "fractional-request-policy",
                        "counter-consumption", "taint", "binding-conditions", "node-selection", "one-term"}

@@ -9,7 +9,9 @@ every device, so one device that became invalid would block every later update o
 
 * ``one-slash``: an attribute or capacity name has at most one ``/`` (1.37 accepted ``a/b/c``);
 * ``one-term``: a per-device ``nodeSelector`` has exactly one term;
-* ``version-18-digits``: a version's numeric identifiers have at most 18 digits.
+* ``version-18-digits``: a version's numeric identifiers have at most 18 digits;
+* ``fractional-request-policy``: a request policy's fractional range is checked in milli units
+  (DRAFractionalCapacityRange, on by default from 1.38).
 
 ``own-driver-domain`` is not an API-server rule but the Go helper's (k/k #142218): an attribute or
 capacity named ``<own driver>/x`` is the same as ``x`` and makes lookups ambiguous.
@@ -56,13 +58,17 @@ _INT64_MIN = -(2**63)
 RULES = (
     "malformed", "device-name", "attribute-count", "attribute-value-count", "qualified-name", "one-slash",
     "own-driver-domain", "attribute-value", "string-length", "version", "version-18-digits", "capacity-value",
-    "request-policy", "counter-consumption", "taint", "binding-conditions", "node-selection", "one-term",
+    "request-policy", "fractional-request-policy", "counter-consumption", "taint", "binding-conditions",
+    "node-selection", "one-term",
     "api-server-refused",
 )
 """Every rule a violation can name; ``api-server-refused`` is a write the API server refused anyway."""
 
-STRICTER_SINCE_1_38 = frozenset({"one-slash", "one-term", "version-18-digits"})
-"""Rules the 1.37 API server does not enforce yet."""
+STRICTER_SINCE_1_38 = frozenset({"one-slash", "one-term", "version-18-digits", "fractional-request-policy"})
+"""Rules the 1.37 API server does not enforce yet. ``fractional-request-policy``: a consumable
+capacity's ``validRange`` with fractions is checked in milli units when DRAFractionalCapacityRange
+is on, by default from 1.38 (a 1.37 API server turns it on only at a minimum compatibility version of
+1.37, and otherwise rounds the values up to integers)."""
 
 NOT_AN_API_SERVER_RULE = frozenset({"own-driver-domain"})
 """Rules no API server enforces (the Go helper's)."""
@@ -252,12 +258,18 @@ def _capacity(found: _Found, capacity: Any, where: str, multiple: bool) -> None:
         found.add("malformed", f"{where}.requestPolicy", "must be an object")
         return
     for problem in request_policy_problems(total, policy):
-        found.add("request-policy", f"{where}.requestPolicy", problem)
+        rule = "fractional-request-policy" if problem.startswith(_MILLI) else "request-policy"
+        found.add(rule, f"{where}.requestPolicy", problem.removeprefix(_MILLI))
+
+
+_MILLI = "milli:"
+"""Marks a request-policy problem found only in milli units (``fractional-request-policy``)."""
 
 
 def request_policy_problems(total: Quantity, policy: Mapping[str, Any]) -> list[str]:
     """What the API server says of a consumable capacity's ``requestPolicy`` (``total`` is the
-    capacity's value); DRAFractionalCapacityRange on, its default since 1.36."""
+    capacity's value), with DRAFractionalCapacityRange on, as 1.38 has it by default. Problems
+    only the milli-unit checks find start with ``milli:``."""
     values = policy.get("validValues")
     valid_range = policy.get("validRange")
     raw_default = policy.get("default")
@@ -332,7 +344,7 @@ def _range_problems(total: Quantity, default: Quantity, valid_range: Mapping[str
     named = [("default", default), ("min", low), ("max", high), ("step", step)]
     milli = any(q is not None and q.value.denominator != 1 for _, q in named)
     if milli:
-        inexact = [f"validRange.{name} {q} cannot be represented as a milli value"
+        inexact = [f"{_MILLI}validRange.{name} {q} cannot be represented as a milli value"
                    for name, q in named if q is not None and not _milli_exact(q)]
         if inexact:
             return problems + inexact
@@ -350,7 +362,8 @@ def _range_problems(total: Quantity, default: Quantity, valid_range: Mapping[str
     scale = 1000 if milli else 1
     for name, q in (("default", default), ("max", high)):
         if q is not None and (_scaled(q, scale) - _scaled(low, scale)) % _scaled(step, scale) != 0:
-            problems.append(f"validRange.step: {name} {q} is not a multiple of step {step} from min {low}")
+            problems.append(f"{_MILLI if milli else ''}validRange.step: {name} {q} is not a multiple of step {step} "
+                            f"from min {low}")
     return problems
 
 

@@ -151,10 +151,10 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
                                                                   "validRange": {"min": "500m", "step": "500m"}}}), None),
     ("fractional off step", shared({"value": "8", "requestPolicy": {"default": "1200m",
                                                                      "validRange": {"min": "500m", "step": "500m"}}}),
-     "request-policy"),
+     "fractional-request-policy"),
     ("below milli", shared({"value": "8", "requestPolicy": {"default": "1",
                                                              "validRange": {"min": "0.0005", "step": "1"}}}),
-     "request-policy"),
+     "fractional-request-policy"),
     # counters
     ("consumption", device(consumesCounters=[{"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": "1"}}}]),
      None),
