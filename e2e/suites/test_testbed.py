@@ -103,7 +103,7 @@ def test_detached_bed_up_and_down(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=180, check=False)
     assert up.returncode == 0, up.stderr
     state = json.loads((workdir / "state.json").read_text())
-    pids, ports = list(state["pids"].values()), list(state["ports"].values())
+    pids, ports = [p["pid"] for p in state["pids"].values()], list(state["ports"].values())
     assert f"export KUBECONFIG={workdir / 'kubeconfig'}" in up.stdout
     assert all(alive(p) for p in pids)
     ours = listening(socket_inodes(pids))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.testbed import pids
 from e2e.tooling import binaries
 
 # Valid on every minor the bed runs, 1.36 to 1.38: 1.38 removed DynamicResourceAllocation (naming it
@@ -125,6 +126,7 @@ class Cluster:
     tie_to_parent: bool = True
     bin_dir: Path = field(default_factory=binaries.ensure)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    identities: dict[str, pids.Identity] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     # Flags after the bed's own, per component; a flag given twice takes the later value.
@@ -288,10 +290,15 @@ class Cluster:
             start_new_session=not self.tie_to_parent,
         )
         log.close()
+        recorded = pids.identify(self.procs[name].pid)
+        if recorded is not None:
+            self.identities[name] = recorded
         self._write_state()
 
     def _write_state(self) -> None:
-        state = {"pids": {k: p.pid for k, p in self.procs.items()}, "ports": self.ports,
+        # Each process with its start time, so that a later `down` signals it only while it is still
+        # the process this bed started (pids wrap; the bed runs as root).
+        state = {"pids": {k: s.to_json() for k, s in self.identities.items() if k in self.procs}, "ports": self.ports,
                  "kubeconfig": str(self.kubeconfig), "nodes": list(self.nodes)}
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -375,22 +382,28 @@ def stop_detached(workdir: Path) -> None:
     state_file = workdir / "state.json"
     if not state_file.exists():
         return
-    pids: dict[str, int] = json.loads(state_file.read_text()).get("pids", {})
-    for pid in reversed(list(pids.values())):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+    recorded = [pids.from_json(v) for v in json.loads(state_file.read_text()).get("pids", {}).values()]
+    started = [s for s in recorded if s is not None]
+    if len(started) < len(recorded):
+        print(f"bed: {len(recorded) - len(started)} process(es) in {state_file} were recorded without a start "
+              "time (an older bed): left alone, stop them by hand if they are still running", file=sys.stderr)
+    for s in reversed(started):
+        pids.send(s, signal.SIGTERM, group=True)
     deadline = time.monotonic() + 15
-    for pid in pids.values():
-        while time.monotonic() < deadline and _alive(pid):
+    for s in started:
+        while time.monotonic() < deadline and _running(s):
             time.sleep(0.1)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        if _running(s):
+            pids.send(s, signal.SIGKILL, group=True)
     # Down means gone: a killed process still holds its sockets until its exit completes.
     killed = time.monotonic() + 10
-    while time.monotonic() < killed and any(_alive(pid) for pid in pids.values()):
+    while time.monotonic() < killed and any(_running(s) for s in started):
         time.sleep(0.05)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _running(recorded: pids.Identity) -> bool:
+    return _alive(recorded.pid) and pids.is_running(recorded)
 
 
 def _alive(pid: int) -> bool:
