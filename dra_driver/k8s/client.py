@@ -28,11 +28,21 @@ import orjson
 
 from dra_driver import logs
 from dra_driver.k8s import wire
-from dra_driver.k8s.credentials import ConfigurationError, Connection, CredentialError, Credentials, load_credentials
+from dra_driver.k8s.credentials import (
+    ConfigurationError,
+    Connection,
+    CredentialError,
+    Credentials,
+    kubeconfig_context,
+    kubeconfig_path,
+    load_credentials,
+)
 from dra_driver.k8s.objects import Obj, meta
 from dra_driver.k8s.transport import Transport, exchange, retry_delay
 
-__all__ = ["ConfigurationError", "Credentials", "load_credentials"]  # re-exported: this client is the one boundary
+# Re-exported: this client is the one boundary.
+__all__ = ["ConfigurationError", "Credentials", "kubeconfig_context", "kubeconfig_path", "load_credentials"]
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -283,8 +293,8 @@ class RestKubeApi:
         self._current_key: tuple[object, ...] | None = None
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> RestKubeApi:
-        return cls(load_credentials(kubeconfig), **kwargs)
+    def from_kubeconfig(cls, kubeconfig: str | None, context: str | None = None, **kwargs: Any) -> RestKubeApi:
+        return cls(load_credentials(kubeconfig, context), **kwargs)
 
     @property
     def host(self) -> str:

@@ -444,16 +444,58 @@ class Credentials:
             self._loaded = replace(loaded, generation=self._loaded.generation + 1)
 
 
-def load_credentials(kubeconfig: str | None) -> Credentials:
-    """From ``kubeconfig``, ``$KUBECONFIG``, the in-cluster service account or ``~/.kube/config``, in that order."""
+def kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """The kubeconfig that :func:`load_credentials` reads (a ``$KUBECONFIG`` list as given); None
+    for the in-cluster service account."""
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
     if path:
         if not any(os.path.exists(os.path.expanduser(p)) for p in path.split(os.pathsep) if p):
             raise ConfigurationError(f"kubeconfig {path} does not exist")
-        return Credentials(kubeconfig_loader(path), f"kubeconfig {path}")
+        return path
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return Credentials(incluster_loader(), "in-cluster configuration")
+        return None
     default = os.path.expanduser("~/.kube/config")
     if os.path.exists(default):
-        return Credentials(kubeconfig_loader(default), f"kubeconfig {default}")
+        return default
     raise ConfigurationError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
+
+
+def load_credentials(kubeconfig: str | None, context: str | None = None) -> Credentials:
+    """From ``kubeconfig``, ``$KUBECONFIG``, the in-cluster service account or ``~/.kube/config``, in
+    that order; ``context``: a kubeconfig's context other than its current one (checked to exist)."""
+    path = kubeconfig_path(kubeconfig)
+    if path is None:
+        if context:
+            raise ConfigurationError(f"context {context!r} asked for, but there is no kubeconfig (in-cluster configuration)")
+        return Credentials(incluster_loader(), "in-cluster configuration")
+    if context:
+        kubeconfig_context(path, context)
+    return Credentials(kubeconfig_loader(path, context), f"kubeconfig {path}" + (f" (context {context})" if context else ""))
+
+
+def kubeconfig_context(path: str, context: str | None = None) -> tuple[str, str | None]:
+    """The context kubectl would use from the kubeconfig ``path`` (a ``$KUBECONFIG`` list read the
+    kubectl way: the first file that sets a value wins) and its namespace: ``context`` or the
+    current one. A context that is not there is a ConfigurationError naming it."""
+    docs: list[Mapping[str, Any]] = []
+    for p in path.split(os.pathsep):
+        full = os.path.expanduser(p)
+        if not p or not os.path.exists(full):
+            continue
+        try:
+            with open(full) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            detail = " ".join(str(exc).split())
+            raise ConfigurationError(f"cannot load cluster configuration from kubeconfig {p}: {detail}") from None
+        if isinstance(doc, Mapping):
+            docs.append(doc)
+    name = context or next((str(d["current-context"]) for d in docs if d.get("current-context")), "")
+    if not name:
+        raise ConfigurationError(f"kubeconfig {path} sets no current context; name one with --context")
+    for doc in docs:
+        ctx = _named(doc.get("contexts"), name, "context")
+        if ctx is not None:
+            namespace = ctx.get("namespace")
+            return name, str(namespace) if isinstance(namespace, str) and namespace else None
+    raise ConfigurationError(f"context {name!r} not found in kubeconfig {path}")

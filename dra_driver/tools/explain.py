@@ -1,11 +1,19 @@
-"""``dra-driver explain NAMESPACE/NAME``: why a ResourceClaim is, could be, or cannot be allocated.
+"""``dra-driver explain``: why a pod waits, and why a ResourceClaim is, could be, or cannot be allocated.
 
-Reads the claim, every ResourceSlice and DeviceClass and every claim's allocation, runs the same
-resolution as the controller (other claims' allocations count as used) and prints one of:
+``explain claim/NAME`` (or ``NAMESPACE/NAME``) reads the claim, every ResourceSlice and DeviceClass
+and every claim's allocation, runs the same resolution as the controller (other claims'
+allocations count as used) and prints one of:
 
-* ``allocated``: what and where (from ``status.allocation``);
+* ``allocated``: what and where (from ``status.allocation``), and what the drivers reported in
+  the claim's device status;
 * ``satisfiable``: which devices on which node the claim would get now;
 * ``unsatisfiable``: the engine's explanation.
+
+``explain pod/NAME`` does that for every claim of the pod (:mod:`dra_driver.tools.podexplain`);
+``explain -n NS`` and ``-A`` list the pending claims grouped by the reason the controller wrote
+on them (:mod:`dra_driver.tools.pending`). Arguments and flags are kubectl's (``-n``, ``-A``,
+``--context``, ``--kubeconfig``, ``-o text|json|yaml|wide``; :mod:`dra_driver.tools.targets`),
+and the same command runs as the kubectl plugin ``kubectl dra explain``.
 
 A share (a result on a device that allows multiple allocations) says what it consumes and why
 (``memory: asked 7Gi → consumes 8Gi (step 8Gi)``).  The claim is decided as the cluster's own
@@ -13,9 +21,10 @@ kube-scheduler decides it: with the rules of the API server's version (``--sched
 see :func:`dra_driver.allocator.rules.choose_rules`) or of the version named, and the report says
 which (``rules: kube-scheduler 1.38 (stable allocator)``).
 
-Opaque configuration of this driver that does not decode is reported too. ``-o json`` prints a
-document with the same content. Every failure (bad name, claim not found, cluster unreachable,
-no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
+Opaque configuration of this driver that does not decode is reported too. ``-o json`` and ``-o
+yaml`` print a document with the same content. Every failure (bad name, pod or claim not found, a
+pod without claims, another driver's claim, a namespace RBAC forbids, a context that is not there,
+cluster unreachable, no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
 
+import yaml
+
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
 from dra_driver.allocator.inventory import Inventory, quantity_or_none
@@ -35,20 +46,29 @@ from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES, ApiError, ConfigurationError, KubeApi, RestKubeApi
-from dra_driver.k8s.names import parse_namespaced_name
+from dra_driver.k8s.client import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    PODS,
+    SLICES,
+    ApiError,
+    ConfigurationError,
+    KubeApi,
+    RestKubeApi,
+    kubeconfig_context,
+    kubeconfig_path,
+)
 from dra_driver.k8s.objects import Obj, describe_node_selector, meta
+from dra_driver.k8s.wire import POD_CLAIM_REFS
+from dra_driver.tools.drivers import claim_drivers
+from dra_driver.tools.targets import Kind, TargetError, parse_target
+
+WAITING_PODS = "status.phase=Pending"
+"""The pods ``-o wide`` lists beside the claims they wait for: those not running yet."""
 
 
 class ExplainError(Exception):
     """A problem the user can act on; printed as one line."""
-
-
-def parse_claim_ref(text: str) -> tuple[str, str]:
-    try:
-        return parse_namespaced_name(text, "claim")
-    except ValueError as exc:
-        raise ExplainError(str(exc)) from None
 
 
 DeviceId = tuple[str, str, str]
@@ -355,6 +375,10 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
         claim = reads.claim()
         slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
         classes = api.list(DEVICE_CLASSES, cached=True).items
+        drivers = claim_drivers(claim, classes_by_name(classes))
+        if drivers and driver not in drivers:
+            raise ExplainError(f"ResourceClaim {namespace}/{name} is a claim of {', '.join(sorted(drivers))}, "
+                               f"not of {driver}")
         inventory: Future[Inventory] | None = None
         if not is_allocated(claim):
             inventory = Future()
@@ -368,11 +392,17 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
         reads.close()
 
 
+OUTPUTS = ("text", "json", "yaml", "wide")
+
+
 def main(
-    claim: str,
+    target: str | None,
     kubeconfig: str | None = None,
     output: str = "text",
     *,
+    namespace: str | None = None,
+    all_namespaces: bool = False,
+    context: str | None = None,
     api: KubeApi | None = None,
     engine: Engine | None = None,
     driver: str = DEFAULT_DRIVER_NAME,
@@ -381,28 +411,56 @@ def main(
     server_version: Callable[[], str] | None = None,
     scheduler_rules: str = AUTO,
 ) -> int:
-    """``server_version``: the API server's version where ``api`` is given (else the client asks);
-    ``scheduler_rules``: ``auto`` (that version's rules) or a minor such as ``1.37``."""
+    """``target``: ``pod/NAME``, ``claim/NAME``, ``NAMESPACE/NAME`` or None (the pending claims of
+    ``namespace``, of every namespace with ``all_namespaces``), read as kubectl reads them
+    (:mod:`dra_driver.tools.targets`); ``context``: the kubeconfig context, whose namespace is the
+    default one; ``server_version``: the API server's version where ``api`` is given (else the
+    client asks); ``scheduler_rules``: ``auto`` (that version's rules) or a minor such as ``1.37``."""
+    # Imported here: both build on this module's claim reports.
+    from dra_driver.tools import pending, podexplain
+
     stdout = out or sys.stdout
     stderr = err or sys.stderr
     owned: RestKubeApi | None = None
     try:
-        if output not in ("text", "json"):
-            raise ExplainError(f"output must be text or json, got {output!r}")
-        namespace, name = parse_claim_ref(claim)
+        if output not in OUTPUTS:
+            raise ExplainError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        default_namespace = "default"
         if api is None:
-            owned = RestKubeApi.from_kubeconfig(kubeconfig, request_timeout=15.0)
+            path = kubeconfig_path(kubeconfig)
+            if path is not None:
+                context, context_namespace = kubeconfig_context(path, context)
+                default_namespace = context_namespace or default_namespace
+            owned = RestKubeApi.from_kubeconfig(kubeconfig, context, request_timeout=15.0)
             api = owned
             rest = owned
             server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
-        rules, warning = rules_for(scheduler_rules, server_version)
-        report = explain_claim(api, namespace, name, engine=engine or Engine(), driver=driver, rules=rules)
-        if warning:
-            report["rulesWarning"] = warning
-    except ExplainError as exc:
-        print(f"dra-driver explain: {exc}", file=stderr)
-        return 1
-    except ConfigurationError as exc:
+        try:
+            what = parse_target(target, namespace=namespace, all_namespaces=all_namespaces,
+                                default_namespace=default_namespace)
+        except TargetError as exc:
+            raise ExplainError(str(exc)) from None
+        engine = engine or Engine()
+        render: Callable[[dict[str, Any]], str]
+        if what.kind is Kind.PENDING:
+            claims = api.list(CLAIMS, namespace=what.namespace, cached=True).items
+            classes = api.list(DEVICE_CLASSES, cached=True).items
+            pods = api.list(PODS, namespace=what.namespace, field_selector=WAITING_PODS, cached=True,
+                            reduced=POD_CLAIM_REFS).items if output == "wide" else None
+            report = pending.pending_report(claims, classes, pods, driver=driver, namespace=what.namespace)
+            render = pending.render_pending
+        else:
+            rules, warning = rules_for(scheduler_rules, server_version)
+            namespace_, name = str(what.namespace), what.name
+            if what.kind is Kind.POD:
+                report = podexplain.explain_pod(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                render = podexplain.render_pod
+            else:
+                report = explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                render = render_text
+            if warning:
+                report["rulesWarning"] = warning
+    except (ExplainError, ConfigurationError) as exc:
         print(f"dra-driver explain: {exc}", file=stderr)
         return 1
     except ApiError as exc:
@@ -421,6 +479,9 @@ def main(
             owned.close()
     if output == "json":
         print(json.dumps(report, indent=2, sort_keys=True, default=str), file=stdout)
+    elif output == "yaml":
+        print(yaml.safe_dump(json.loads(json.dumps(report, default=str)), sort_keys=True, allow_unicode=True).rstrip(),
+              file=stdout)
     else:
-        print(render_text(report), file=stdout)
+        print(render(report), file=stdout)
     return 0
