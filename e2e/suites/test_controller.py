@@ -124,7 +124,7 @@ def test_explain_unknown_class_and_exit_codes(bed: Bed, ns: str) -> None:
     assert missing.stderr.strip() == f"dra-driver explain: ResourceClaim {ns}/does-not-exist not found", missing.stderr
     bad_ref = explain(bed, "no-slash")
     assert bad_ref.returncode == 1 and "NAMESPACE/NAME" in bad_ref.stderr and "Traceback" not in bad_ref.stderr
-    bad_output = explain(bed, f"{ns}/no-class", "-o", "yaml")
+    bad_output = explain(bed, f"{ns}/no-class", "-o", "xml")
     assert bad_output.returncode != 0 and "Traceback" not in bad_output.stderr
 
 
