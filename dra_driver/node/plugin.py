@@ -92,7 +92,7 @@ def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> lis
             if exc.not_found:
                 stale.append(ClaimRef(uid, namespace, name))
             continue  # any other failure means "unknown", which keeps the claim
-        except Exception:
+        except Exception:  # the client's transport failures: "unknown" as well
             continue
         if obj.get("metadata", {}).get("uid") != uid:
             stale.append(ClaimRef(uid, namespace, name))
@@ -120,7 +120,7 @@ def check_kubelet_version(api: kube.KubeApi, node_name: str, events: notices.Nod
     """Rolling updates on a kubelet older than 1.33: say so loudly (the plugin still serves)."""
     try:
         version = str(api.get(kube.NODES, node_name).get("status", {}).get("nodeInfo", {}).get("kubeletVersion", ""))
-    except Exception as exc:
+    except Exception as exc:  # the client's (ApiError, transport failures): only a warning is at stake
         log.warning("could not read the node's kubelet version to check rolling updates", error=str(exc))
         return
     if notices.kubelet_too_old_for_rolling_update(version):
@@ -195,7 +195,7 @@ def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str
         try:
             NvmlEventSource(nv, gpu_uuids, monitor, settings.ignored_xids).start(stop)
             log.info("watching NVML health events", ignored_xids=list(settings.ignored_xids))
-        except Exception as exc:
+        except Exception as exc:  # pynvml's errors and a missing symbol of an old driver
             # Without events the GPUs stay Healthy, as they would with an old driver: serve anyway.
             log.error("cannot watch NVML health events", error=str(exc))
     elif health_file is None:

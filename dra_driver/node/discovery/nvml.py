@@ -3,7 +3,8 @@
 All NVML calls go through one lock: NVML is thread-safe but MIG changes and the enumeration of MIG
 devices race badly under concurrency, and serialising is what the reference driver does too.
 The module is imported lazily and can be injected (``nvml_module=``) so unit tests run against a
-fake.
+fake. That is why the ``except Exception`` clauses here catch pynvml's errors (whose ``NVMLError``
+is the injected module's own class) and turn them into :class:`NvmlError`; none is a last resort.
 """
 
 from __future__ import annotations

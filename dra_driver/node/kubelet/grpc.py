@@ -290,7 +290,7 @@ class _Health:
                         break
                     if self.source.wait_for_change(version, min(left, 0.5)) != version:
                         break
-        except Exception:
+        except Exception:  # last resort: logged here, since gRPC only tells the kubelet
             _log.exception("device health stream failed", version=self.version)
             raise
         finally:
@@ -319,7 +319,7 @@ class _Registration:
         if self.on_status is not None:
             try:
                 self.on_status(bool(request.plugin_registered), str(request.error))
-            except Exception:
+            except Exception:  # last resort: the kubelet's notification is answered whatever the callback does
                 self.log.exception("registration status callback failed")
         return reg_pb.RegistrationStatusResponse()
 
@@ -418,5 +418,5 @@ class PluginServers:
         for server in (self._reg, self._dra):
             try:
                 server.stop(grace)
-            except Exception:
+            except Exception:  # last resort: the other server is stopped too
                 _log.exception("stopping server failed", server=server.name)

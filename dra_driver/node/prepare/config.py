@@ -25,7 +25,14 @@ from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
-from dra_driver.node.prepare.records import CdiError, ClaimFailure, ClaimRef, validate_claim_uid, validate_share_id
+from dra_driver.node.prepare.records import (
+    CdiError,
+    ClaimFailure,
+    ClaimRef,
+    ShareError,
+    validate_claim_uid,
+    validate_share_id,
+)
 
 # --- the claim --------------------------------------------------------------------------------
 
@@ -62,10 +69,6 @@ def verify_claim(claim: ClaimRef, obj: Mapping[str, Any], node_name: str) -> Non
 
 
 # --- a share ----------------------------------------------------------------------------------
-
-
-class ShareError(ValueError):
-    """A share that cannot be prepared as allocated; the message says why."""
 
 
 @dataclass(frozen=True)

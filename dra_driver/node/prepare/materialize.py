@@ -82,14 +82,14 @@ class Materializer:
                 if known is not None and known.mig_profile is not None:
                     try:
                         inst = self.create_mig(known)
-                    except Exception as exc:
+                    except Exception as exc:  # the GPU backend's (NvmlError, a simulator's MigError): all reported
                         errors.append(f"{dev.device}: {exc}")
             if inst is not None:
                 try:
                     if self._backend is None:
                         raise ClaimFailure(f"cannot destroy MIG instance {inst.uuid}: no GPU backend")
                     self._backend.destroy_mig_instance(inst)
-                except Exception as exc:
+                except Exception as exc:  # the GPU backend's, as above
                     errors.append(f"destroying MIG instance {inst.uuid} of {dev.device}: {exc}")
         return errors
 

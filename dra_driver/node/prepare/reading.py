@@ -43,7 +43,7 @@ class ClaimReader:
     def _get(self, claim: ClaimRef, meanwhile: Callable[[], object] | None = None) -> Fetched:
         try:
             obj = self._api.get(CLAIMS, claim.name, namespace=claim.namespace, meanwhile=meanwhile)
-        except Exception as exc:
+        except Exception as exc:  # the client's (ApiError, transport failures): the claim's answer says which
             return exc
         if not isinstance(obj, dict):
             return RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {claim.ref}")

@@ -1,7 +1,27 @@
 """What the kubelet asks to prepare and what it is answered: the records that the DRA gRPC service
 and the prepare state exchange (NodePrepareResources / NodeUnprepareResources, without protobuf),
 and the failure whose message is a claim's answer; and the rules for the names those carry, which
-every file a claim gets is named after (CDI specs, device metadata, checkpoint entries)."""
+every file a claim gets is named after (CDI specs, device metadata, checkpoint entries).
+
+A claim's failures, one hierarchy; ``str(exc)`` is what the kubelet gets for the claim::
+
+    ClaimFailure                  the claim cannot be prepared or unprepared as it is
+    ├── CdiError(ValueError)      a name or value that cannot make a CDI spec (never an OSError)
+    │   └── MetadataError         a name that cannot make a device-metadata path
+    └── ShareError(ValueError)    a share that cannot be prepared as allocated
+
+The state (:mod:`dra_driver.node.prepare.state`) answers a claim with the message of any of these.
+Failures from below are turned into a claim's answer where prepare meets them: an ``OSError`` with
+:func:`dra_driver.node.fileio.describe_os_error`, the toolkit's ``DriverEditsError`` as a
+``ClaimFailure`` (:mod:`~dra_driver.node.prepare.materialize`). ``NvmlError`` stays the discovery
+layer's own (start-up reads GPUs with it too); the state catches it beside ``ClaimFailure`` where
+MIG instances are made, because its message already names the NVML call and why it failed.
+
+Anything else is a bug. The node's ``except Exception`` clauses that are deliberate last resorts
+say so where they stand (``# last resort: ...``): they keep one claim's bug from failing other
+claims or the kubelet's call, or keep a background loop alive; every other one catches what a
+library raises without a common base (pynvml, grpc callbacks, a GPU backend) and is commented with it.
+"""
 
 from __future__ import annotations
 
@@ -50,18 +70,22 @@ class PrepareOutcome:
 
 
 class ClaimFailure(Exception):
-    """A per-claim failure whose message goes to the kubelet as is."""
+    """A per-claim failure whose message goes to the kubelet as is; the base of a claim's failures."""
 
 
 # --- names ------------------------------------------------------------------------------------
 
 
-class CdiError(ValueError):
+class CdiError(ClaimFailure, ValueError):
     """Invalid input for a CDI spec (never a file-system error: those are OSError)."""
 
 
 class MetadataError(CdiError):
     """A claim whose names cannot make a metadata path (reported for the claim, like any CDI input)."""
+
+
+class ShareError(ClaimFailure, ValueError):
+    """A share that cannot be prepared as allocated; the message says why."""
 
 
 def is_uuid(value: object) -> bool:

@@ -83,7 +83,7 @@ from dra_driver.node.prepare.ledger import Ledger
 from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
-from dra_driver.node.prepare.records import CdiError, ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.sharedstate import SharedState
 
 _log = logs.get("prepare")
@@ -224,7 +224,7 @@ class DeviceState:
                     try:
                         self._node.rollback(entry, self._devices)
                         log.warning("rolled back a claim whose preparation was interrupted")
-                    except Exception as exc:
+                    except Exception as exc:  # last resort: one claim must not stop the plugin's start
                         log.error("rolling back an interrupted preparation failed", error=str(exc))
                     del self._ledger.entries[uid]
                     changed = True
@@ -234,7 +234,7 @@ class DeviceState:
                     changed = changed or self._ledger.entries[uid] is not entry
                     if done:
                         log.info(done)
-                except Exception as exc:
+                except Exception as exc:  # last resort: one claim must not stop the plugin's start
                     log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
                 self._ledger.save_quietly()
@@ -276,7 +276,7 @@ class DeviceState:
         try:
             self._prepare_locked({uid: ref for uid, (ref, _) in items.items()},
                                  {uid: obj for uid, (_, obj) in items.items()}, outcomes)
-        except Exception as exc:  # a bug: never let it escape to gRPC
+        except Exception as exc:  # last resort: a round answers every call it serves, and ends published
             self._log.exception("unexpected error while preparing claims")
             for uid in items:
                 outcomes.setdefault(uid, PrepareOutcome(error=f"internal error preparing the claim: {exc}"))
@@ -315,10 +315,10 @@ class DeviceState:
                     log.info("claim has no devices of this driver")
                     continue
                 plans.append(plan)
-            except (ClaimFailure, CdiError) as exc:
+            except ClaimFailure as exc:
                 outcomes[uid] = PrepareOutcome(error=str(exc))
                 log.warning("cannot prepare claim", error=str(exc))
-            except Exception as exc:
+            except Exception as exc:  # last resort: a bug in one claim's checks must not fail its batch-mates
                 outcomes[uid] = PrepareOutcome(error=f"internal error preparing the claim: {exc}")
                 log.exception("unexpected error while preparing claim")
         if rematerialized and not plans:
@@ -381,7 +381,7 @@ class DeviceState:
                 failpoints.hit("prepare.after-cdi-write")
                 self._ledger.entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
                 written.append(plan)
-            except Exception as exc:
+            except Exception as exc:  # what writing raises (ClaimFailure, OSError) or a bug: _fail tells them apart
                 self._fail(plan, exc, outcomes)
         error = self._ledger.save()
         if error is not None:
@@ -415,7 +415,7 @@ class DeviceState:
                         created = True
                         self._ledger.entries[uid] = replace(entry, devices=tuple(devices))
                 live.append(plan)
-            except Exception as exc:
+            except Exception as exc:  # what writing raises (ClaimFailure, OSError) or a bug: _fail tells them apart
                 self._fail(plan, exc, outcomes)
         error = self._ledger.save() if created else None
         if error is not None:
@@ -427,7 +427,7 @@ class DeviceState:
     def _fail(self, plan: Plan, exc: BaseException, outcomes: dict[str, PrepareOutcome]) -> None:
         c = plan.claim
         log = self._claim_log(c.uid, c.ref)
-        if isinstance(exc, ClaimFailure | CdiError | NvmlError):  # NVML's say which call failed and why
+        if isinstance(exc, ClaimFailure | NvmlError):  # NVML's say which call failed and why
             msg = str(exc)
             log.error("cannot prepare claim", error=msg)
         elif isinstance(exc, OSError):
@@ -440,7 +440,7 @@ class DeviceState:
         if entry is not None:
             try:
                 self._node.rollback(entry, self._devices)
-            except Exception as rb:
+            except Exception as rb:  # last resort: the claim's answer is its failure, not the rollback's
                 log.error("rollback after a failed preparation was incomplete", error=str(rb))
         outcomes[c.uid] = PrepareOutcome(error=msg)
 
@@ -462,7 +462,7 @@ class DeviceState:
         out: dict[str, str | None] = {}
         try:
             self._unprepare_locked(claims, out)
-        except Exception as exc:
+        except Exception as exc:  # last resort: a round answers every call it serves, and ends published
             self._log.exception("unexpected error while unpreparing claims")
             for uid in claims:
                 out.setdefault(uid, f"internal error unpreparing the claim: {exc}")
@@ -486,10 +486,10 @@ class DeviceState:
                 removed[uid] = self._ledger.entries.pop(uid)
                 self._ledger.intended.discard(uid)  # a prepare still running for it must write its own record
                 out[uid] = None
-            except (ClaimFailure, NvmlError) as exc:
+            except ClaimFailure as exc:  # rollback gathers every failure (NVML's included) into one
                 out[uid] = f"unpreparing claim {claim.ref}: {exc}"
                 log.error("cannot unprepare claim", error=str(exc))
-            except Exception as exc:
+            except Exception as exc:  # last resort: a bug in one claim must not fail its batch-mates
                 out[uid] = f"internal error unpreparing claim {claim.ref}: {exc}"
                 log.exception("unexpected error while unpreparing claim")
         error = self._ledger.save() if removed else None

@@ -259,7 +259,7 @@ class HealthMonitor:
             self._taints = taints
             try:
                 self._publish(tainted_devices(self._devices_json, health))
-            except Exception:
+            except Exception:  # last resort: the health board must not stop on a publish failure
                 # The board already tells the kubelet; the next change retries the slices.
                 self._taints = {}
                 _log.exception("re-publishing devices with health taints failed")
@@ -382,7 +382,7 @@ class HealthFileSource:
             self._kick.clear()
             try:
                 self.poll(force=forced)
-            except Exception:
+            except Exception:  # last resort: the watch loop outlives a bad read
                 _log.exception("reading the health file failed")
             self._kick.wait(self.poll_interval)
             if stop.is_set():
@@ -401,7 +401,9 @@ class NvmlEventSource:
     """Waits on an NVML event set for critical XIDs and double-bit ECC errors of every GPU.
 
     NVML itself is thread-safe; the wait runs outside the backend's lock so MIG operations are not
-    held up by it.
+    held up by it. Its ``except Exception`` clauses catch pynvml's errors (the module is injected, so
+    its ``NVMLError`` is not a class this code can name) and read their code; only :meth:`run`'s is a
+    last resort.
     """
 
     def __init__(self, nv: ModuleType, gpu_uuids: Sequence[str], monitor: HealthMonitor,
@@ -528,7 +530,7 @@ class NvmlEventSource:
             try:
                 self.wait_once()
                 errors = 0
-            except Exception as exc:
+            except Exception as exc:  # last resort: the event loop outlives a failed wait, with backoff
                 errors += 1
                 _log.error("waiting for NVML health events failed", error=str(exc), consecutive=errors)
                 stop.wait(min(30.0, 0.5 * 2**min(errors, 6)))

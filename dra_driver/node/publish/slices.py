@@ -688,7 +688,7 @@ class SlicePublisher:
                 self.sync()
                 backoff = min(1.0, self.max_backoff)
                 next_resync = time.monotonic() + self.resync_interval
-            except Exception as exc:
+            except Exception as exc:  # last resort: the publisher retries whatever failed
                 METRICS.slice_errors.inc()
                 self._log.error("publishing ResourceSlices failed; retrying", error=str(exc), retry_in=backoff)
                 self.request_sync(backoff)
