@@ -139,5 +139,11 @@ def render_pod(report: Mapping[str, Any]) -> str:
     for c in claims:
         if c.get("state") in (NOT_CREATED, MISSING, OTHER_DRIVER):
             continue
-        lines += ["", *("  " + line if line else "" for line in render_text(c).splitlines())]
+        # The claim's own report, less what the line about it above says: its name, and the summary.
+        own = render_text(c).splitlines()[1:]
+        if own and c.get("summary") and own[0].endswith(str(c["summary"])):
+            own = own[1:]
+        while own and not own[0]:
+            own = own[1:]
+        lines += ["", *("  " + line if line else "" for line in own)]
     return "\n".join(lines)

@@ -46,6 +46,15 @@ MIN_WIDTHS = [24, 7, 24, 10, 40]
 PHASE_STYLE = {"Running": "green", "Pending": "yellow", "Failed": "red"}
 
 
+CONTROLLER = f"{DRIVER}/controller"
+
+
+def pod_events_text(bed: Bed, ns: str, pod: str) -> str:
+    """What ``kubectl describe pod`` says from ``Events:`` on: for a pending pod, the part a person reads."""
+    text = bed.kubectl("describe", "pod", pod, "-n", ns).stdout
+    return text[text.find("Events:"):].rstrip() if "Events:" in text else ""
+
+
 def model_of(device: dict[str, Any]) -> str:
     name = str(attr(device, "productName") or "?").removeprefix("NVIDIA ")
     profile = attr(device, "profile")
@@ -152,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                     wait_for(f"{ns}/{pod} to run", lambda ns=ns, pod=pod: bed.get("pod", pod, ns).get(
                         "status", {}).get("phase") in ("Running", "Failed"), 90)
             if scenario == "unsatisfiable":
-                time.sleep(6)
+                for pod in names_of(docs, "Pod"):
+                    wait_for(f"the controller's reason on {ns}/{pod}",
+                             lambda ns=ns, pod=pod: CONTROLLER in pod_events_text(bed, ns, pod), 60)
             rows += pod_rows(bed, ns, docs, scenario)
         progress("examples settled")
         print()
@@ -160,16 +171,17 @@ def main(argv: list[str] | None = None) -> int:
         for ns, docs, scenario in applied:
             if scenario != "unsatisfiable":
                 continue
-            for st in bed.get("pod", names_of(docs, "Pod")[0], ns).get("status", {}).get("resourceClaimStatuses", []):
-                ref = f"{ns}/{st['resourceClaimName']}"
-                print(f"\n$ dra-driver explain {ref}")
-                out = io.StringIO()
-                explain.main(ref, kubeconfig=str(cluster.kubeconfig), out=out, err=out)
-                print("\n".join(fit_lines(out.getvalue())))
+            pod = names_of(docs, "Pod")[0]
+            print(f"\n$ kubectl describe pod {pod} -n {ns}    # its Events")
+            print("\n".join(fit_lines(pod_events_text(bed, ns, pod))))
+            print(f"\n$ kubectl dra explain pod/{pod} -n {ns}")
+            out = io.StringIO()
+            explain.main(f"pod/{pod}", namespace=ns, kubeconfig=str(cluster.kubeconfig), out=out, err=out)
+            print("\n".join(fit_lines(out.getvalue())))
         print(f"demo took {time.monotonic() - started:.0f}s")
         if args.keep:
             print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}")
-            print("try: dra-driver explain <ns>/<claim>; stop with: make demo-down")
+            print(f"try: PATH=$PWD/.venv/bin:$PATH {bin_dir / 'kubectl'} dra explain -A; stop with: make demo-down")
         return 0
     except (RuntimeError, TimeoutError, AssertionError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)

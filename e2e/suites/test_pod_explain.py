@@ -146,7 +146,7 @@ def test_kubectl_dra_explain_pod_namespace_all_and_context(bed: Bed, ns: str, ex
     lines = by_pod.stdout.splitlines()
     assert lines[0].startswith(f"Pod {ns}/unsatisfiable (Pending)"), by_pod.stdout
     assert lines[1].startswith(f"claim gpu ({explained}): cannot be allocated: "), by_pod.stdout
-    assert f"ResourceClaim {ns}/{explained}" in by_pod.stdout and "NOT allocated" in by_pod.stdout
+    assert f"  Claim {ns}/{explained}: NOT allocated" in by_pod.stdout, by_pod.stdout
     as_yaml = yaml.safe_load(kubectl_dra(bed, plugin_path, "pod/unsatisfiable", "-n", ns, "-o", "yaml").stdout)
     assert as_yaml["claims"][0]["podClaim"] == "gpu" and as_yaml["claims"][0]["template"] == "unsatisfiable"
 

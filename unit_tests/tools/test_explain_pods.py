@@ -85,7 +85,8 @@ class TestPod:
         lines = out.splitlines()
         assert lines[0] == "Pod default/p (Pending): 1 claim(s), 1 cannot be allocated"
         assert lines[1].startswith("claim gpu (p-gpu-x1): cannot be allocated: ") and "need 3" in lines[1]
-        assert "  ResourceClaim default/p-gpu-x1" in out and "rules: kube-scheduler" in out
+        assert lines[2:4] == ["", "  Claim default/p-gpu-x1: NOT allocated"] and "rules: kube-scheduler" in out
+        assert "(uid " not in out and out.count("need 3") == 2  # the claim line, then the engine's report
         doc = json.loads(run(kube, "pod/p", "json")[1])
         [entry] = doc["claims"]
         assert entry["podClaim"] == "gpu" and entry["template"] == "tmpl" and entry["state"] == "unsatisfiable"
