@@ -260,11 +260,13 @@ def _blocking_taints(device: Mapping[str, Any], tolerations: Sequence[Mapping[st
             if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations)]  # fmt: skip
 
 
-def _matches(expressions: Iterable[str], device: Any) -> str | None:
-    """None when all selectors are true; else why not."""
+def _matches(expressions: Iterable[str], device: Any, rules: SchedulerRules) -> str | None:
+    """None when all selectors are true; else why not (a name published both as ``x`` and
+    ``<driver>/x`` read as the rules' scheduler reads it)."""
+    activation = device.activation_for(rules.qualified_names)
     for expr in expressions:
         try:
-            if not compile_selector(expr).evaluate(device.activation):
+            if not compile_selector(expr).evaluate(activation):
                 return f"selector false: {expr}"
         except CelError as exc:
             return f"selector error: {expr}: {exc}"
@@ -366,7 +368,7 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
             problems.append(f"{label}: class {body['deviceClassName']} missing")
             continue
         exprs = [x["cel"]["expression"] for x in cls["spec"].get("selectors", []) + body.get("selectors", [])]
-        why = _matches(exprs, dev)
+        why = _matches(exprs, dev, rules)
         if why:
             problems.append(f"{label} for {res.get('request')}: {why}")
         blocking = _blocking_taints(raw, body.get("tolerations", []))
@@ -389,7 +391,7 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
             exprs = [x["cel"]["expression"]
                      for x in classes[body["deviceClassName"]]["spec"].get("selectors", []) + body.get("selectors", [])]
             wanted = {d.key for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
-                      and _matches(exprs, d) is None}  # fmt: skip
+                      and _matches(exprs, d, rules) is None}  # fmt: skip
             have = {d.key for _, _, d in got}
             # With capacity requests, a device the request does not fit is left out, not an error.
             required = set() if body.get("capacity", {}).get("requests") else wanted
@@ -801,7 +803,7 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
         wanted = body.get("capacity", {}).get("requests", {})
         for node in nodes:
             fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
-                   and _matches(exprs, d) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
+                   and _matches(exprs, d, rules) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
                    and _could_hold(raw[d.key], wanted, d.key[0], rules.qualified_names)
                    and (d.key not in in_use or raw[d.key].get("allowMultipleAllocations"))]  # fmt: skip
             if len(fit) >= body.get("count", 1):

@@ -182,18 +182,30 @@ def _result_file(summary: dict[str, Any]) -> Path:
 
 
 def _write(summary: dict[str, Any]) -> None:
-    """Record a full run; a 1.38 run holds both families, each beside the 1.37 run's difference."""
+    """Record a full run (a 1.38 run holds both families), then compare the two schedulers where
+    both have run."""
     path = _result_file(summary)
     path.parent.mkdir(parents=True, exist_ok=True)
     if summary["rules"] < 38:
         path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    else:
+        recorded = json.loads(path.read_text()) if path.exists() else {}
+        recorded[summary["family"]] = summary
+        path.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    _compare_recorded()
+
+
+def _compare_recorded() -> None:
+    """``schedulers_differ`` in each family of differential-1.38.json that 1.37 has a run of too."""
+    new_path = RESULTS / "differential-1.38.json"
+    if not new_path.exists():
         return
-    old_path = RESULTS / ("differential.json" if summary["family"] == "corpus" else "differential-names.json")
-    if old_path.exists():
-        summary = {**summary, "schedulers_differ": schedulers_between_versions(json.loads(old_path.read_text()), summary)}
-    recorded = json.loads(path.read_text()) if path.exists() else {}
-    recorded[summary["family"]] = summary
-    path.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    recorded = json.loads(new_path.read_text())
+    for family, old_name in (("corpus", "differential.json"), ("names", "differential-names.json")):
+        if family in recorded and (RESULTS / old_name).exists():
+            old = json.loads((RESULTS / old_name).read_text())
+            recorded[family]["schedulers_differ"] = schedulers_between_versions(old, recorded[family])
+    new_path.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
 
 
 def _corpus_sample(cluster: Cluster) -> None:
@@ -545,3 +557,19 @@ def test_selectors_that_read_either_spelling_are_left_out_before_138_only() -> N
               if diff.chance_on(c)]  # fmt: skip
     assert chance and all(scenarios_names.rule_of(c.seed) == "dual-attribute" for c in chance)
     assert not any(diff.chance_on(diff.make_names_case(c.seed, SchedulerRules(38))) for c in chance)
+
+
+def test_the_checker_reads_a_name_published_both_ways_as_the_rules_scheduler() -> None:
+    def dev(name: str) -> dict[str, Any]:
+        # Unqualified first: the 1.37 rules read the later entry, 1.38's the qualified one.
+        return {"name": name, "attributes": {"model": {"string": "L4"}, f"{scenarios.DRIVER}/model": {"string": "H100"}}}
+
+    s, _ = _three_numa_devices()
+    s.slices[0]["spec"]["devices"] = [dev("a")]
+    body = {"deviceClassName": "k", "count": 1,
+            "selectors": [{"cel": {"expression": f'device.attributes["{scenarios.DRIVER}"].model == "H100"'}}]}
+    s.claim["spec"]["devices"] = {"requests": [{"name": "r", "exactly": body}]}
+    alloc = {"devices": {"results": [{"request": "r", "driver": scenarios.DRIVER, "pool": "p", "device": "a"}]}}
+    assert diff.check_allocation(s, alloc, "n", SchedulerRules(38)) == []
+    s.slices[0]["spec"]["devices"][0]["attributes"][f"{scenarios.DRIVER}/model"] = {"string": "A100"}
+    assert any("selector false" in p for p in diff.check_allocation(s, alloc, "n", SchedulerRules(38)))
