@@ -200,7 +200,8 @@ class Controller:
         self.rules = RulesSource(settings.scheduler_rules, server_version, clock, self._log)
         self.accounting = Accounting(self.claims.store, self.engine, clock, lambda: self.queue.add(RESCAN))
         self.reporter = Reporter(self.api, self.events, driver=self.driver, leadership=self.leadership,
-                                 metrics=self.metrics, accounting=self.accounting, log=self._log)
+                                 metrics=self.metrics, accounting=self.accounting, log=self._log,
+                                 pod_events=settings.pod_events)
         self.allocator = FencedAllocator(
             self.api, driver=self.driver, ledger=settings.allocation_ledger, leadership=self.leadership,
             metrics=self.metrics, accounting=self.accounting, reporter=self.reporter,

@@ -30,7 +30,7 @@ class Reporter:
     """Annotations on claims and Events about any object, written through ``api`` and ``events``."""
 
     def __init__(self, api: KubeApi, events: EventRecorder, *, driver: str, leadership: Leadership,
-                 metrics: ControllerMetrics, accounting: Accounting, log: Any) -> None:
+                 metrics: ControllerMetrics, accounting: Accounting, log: Any, pod_events: bool = True) -> None:
         self.api = api
         self.events = events
         self.driver = driver
@@ -41,6 +41,7 @@ class Reporter:
         self._lock = threading.Lock()
         self._validated: dict[str, str] = {}
         self.pod_notices = PodNotices()
+        self.pod_events = pod_events
 
     def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
         """Best effort (the annotation carries the same information): written in the background, a
@@ -90,6 +91,8 @@ class Reporter:
         verdict; nothing for a claim that can be allocated, whose pods forget what they were told.
         They go through :meth:`emit`: the controller's write budget, best effort, leader only."""
         key = key_of(claim)
+        if not self.pod_events:
+            return
         if outcome is None or outcome.verdict is Verdict.SATISFIABLE:
             self.pod_notices.forget_claim(key)
             return

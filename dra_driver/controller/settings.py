@@ -38,6 +38,8 @@ class ControllerSettings:
     """Writes to the API server at most this often, on average; a second's worth may go at once."""
     scheduler_rules: str = AUTO
     """Whose allocation rules the engine follows: ``auto`` (the API server's version) or ``1.37``..."""
+    pod_events: bool = True
+    """A Warning Event on each pod waiting for a claim that cannot be allocated (dra_driver.controller.pod_notices)."""
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +65,9 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
     add("--allocation-ledger", default=env("ALLOCATION_LEDGER"),
         help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
              "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")
+    add("--pod-events", action=argparse.BooleanOptionalAction, default=env_flag(env("POD_EVENTS", "true")),
+        help="Tell each pod that waits for a claim that cannot be allocated why, in a Warning Event on the pod "
+             "(one write per pod and verdict, from the same write budget) [POD_EVENTS]")
     add_scheduler_rules_argument(parser, RULE_CHOICES)
 
 
@@ -81,6 +86,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         allocation_ledger=_ledger_ref(args.allocation_ledger, args.leader_election_namespace),
         max_writes_per_second=float(args.max_writes_per_second),
         scheduler_rules=str(args.scheduler_rules),
+        pod_events=bool(args.pod_events),
     )
 
 

@@ -163,6 +163,26 @@ class TestPodEvents:
         step(make(kube))
         assert pod_events(kube) == []
 
+    def test_switched_off(self) -> None:
+        kube = cluster(gpus=1)
+        add_claim(kube, claim(count=2))
+        add_pod(kube, pod("p", "c1"))
+        step(Controller(kube, settings(pod_events=False), clock=FakeClock(), sleep=lambda _s: None))
+        assert SUMMARY_ANNOTATION in ann(kube) and len(events(kube, kind="ResourceClaim")) == 1
+        assert events(kube, kind="Pod") == []
+
+    def test_the_flag(self) -> None:
+        import argparse
+
+        from dra_driver.controller.settings import add_controller_arguments, controller_settings
+
+        def parse(*argv: str) -> bool:
+            parser = argparse.ArgumentParser()
+            add_controller_arguments(parser)
+            return controller_settings(parser.parse_args(list(argv))).pod_events
+
+        assert parse() is True and parse("--no-pod-events") is False and parse("--pod-events") is True
+
     def test_a_follower_tells_no_pod(self) -> None:
         class Follower:
             def is_leader(self) -> bool:
