@@ -18,8 +18,9 @@ that is still ours (same inode) is removed: a newer instance's socket survives (
 every instance has sockets of its own names anyway, :func:`dra_driver.ondisk.socket_paths`). Stop
 deregisters first, then drains the calls in flight (:meth:`PluginServers.stop`).
 
-Handlers never raise: every requested claim UID gets an entry, duplicates are handled once, and
-unexpected exceptions become per-claim errors plus a log line.
+A claim the kubelet names twice is passed to the handler once. The handler answers every claim
+and never raises (:class:`PrepareHandler`): the prepare state's per-claim errors, its last resorts
+included, are the answers, so this layer adds no defence of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,7 +72,8 @@ _log = logs.get("grpc")
 
 
 class PrepareHandler(Protocol):
-    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.state.DeviceState`)."""
+    """What the DRA service needs from the driver state (:class:`dra_driver.node.prepare.state.DeviceState`):
+    an answer for every claim it is given (each UID once), and never an exception."""
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]: ...
 
@@ -173,6 +175,7 @@ class _SocketServer:
 
 
 def _claims(request: Any) -> list[ClaimRef]:
+    """The request's claims, each UID once: the kubelet may repeat one, and the first mention wins."""
     seen: dict[str, ClaimRef] = {}
     for c in request.claims:
         seen.setdefault(c.uid, ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name))
@@ -182,22 +185,17 @@ def _claims(request: Any) -> list[ClaimRef]:
 class _DraService:
     """The DRA handlers, shared by the v1 and v1beta1 services."""
 
-    def __init__(self, handler: PrepareHandler, node_name: str) -> None:
+    def __init__(self, handler: PrepareHandler) -> None:
         self.handler = handler
-        self.log = _log.bind(node=node_name)
 
     def prepare(self, request: Any, pb: Any, with_share_id: bool) -> Any:
         claims = _claims(request)
         response = pb.NodePrepareResourcesResponse()
         if not claims:
             return response
-        try:
-            outcomes: Mapping[str, PrepareOutcome] = self.handler.prepare(claims)
-        except Exception as exc:
-            self.log.exception("prepare handler raised")
-            outcomes = {c.uid: PrepareOutcome(error=f"internal error: {exc}") for c in claims}
+        outcomes = self.handler.prepare(claims)
         for claim in claims:
-            outcome = outcomes.get(claim.uid) or PrepareOutcome(error="internal error: no result for this claim")
+            outcome = outcomes[claim.uid]
             entry = response.claims[claim.uid]
             if outcome.error is not None:
                 entry.error = outcome.error or "unknown error"
@@ -216,17 +214,12 @@ class _DraService:
         response = pb.NodeUnprepareResourcesResponse()
         if not claims:
             return response
-        try:
-            errors: Mapping[str, str | None] = self.handler.unprepare(claims)
-        except Exception as exc:
-            self.log.exception("unprepare handler raised")
-            errors = {c.uid: f"internal error: {exc}" for c in claims}
+        errors = self.handler.unprepare(claims)
         for claim in claims:
             entry = response.claims[claim.uid]
-            if claim.uid not in errors:
-                entry.error = "internal error: no result for this claim"
-            elif errors[claim.uid]:
-                entry.error = str(errors[claim.uid])
+            error = errors[claim.uid]
+            if error:
+                entry.error = error
         return response
 
 
@@ -355,7 +348,7 @@ class PluginServers:
         # estimate, and each probe is a PING round trip that wakes both sides during the call.
         dra = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dra-grpc"),
                           options=[("grpc.http2.bdp_probe", 0)])
-        service = _DraService(handler, node_name)
+        service = _DraService(handler)
         dra_v1_grpc.add_DRAPluginServicer_to_server(_DraV1(service), dra)
         dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(service), dra)
         for pb, pb_grpc in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):

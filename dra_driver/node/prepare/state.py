@@ -91,14 +91,6 @@ _log = logs.get("prepare")
 NOT_PROCESSED = "internal error: claim was not processed"
 
 
-def _by_uid(claims: Iterable[ClaimRef]) -> dict[str, ClaimRef]:
-    """A batch with each UID once; the kubelet may repeat a claim, and the first mention wins."""
-    unique: dict[str, ClaimRef] = {}
-    for claim in claims:
-        unique.setdefault(claim.uid, claim)
-    return unique
-
-
 def _response_device(dev: PreparedDevice) -> ResponseDevice:
     return ResponseDevice(
         request_names=tuple(dict.fromkeys(base_request(r) for r in dev.requests)),
@@ -141,11 +133,11 @@ class DeviceState:
         self._reader = ClaimReader(api, max_parallel_gets)
         self._ledger = Ledger(checkpoint, self._log)
         self._shared = SharedState(checkpoint.state_dir, self._ledger)
-        serialized = self._shared.serialized
-        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = (
-            GroupCommit(self._lock, serialized(self._prepare_batch)))
-        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, serialized(self._unprepare_batch))
-        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, serialized(self._ledger.record_intents))
+        # The prepare and unprepare rounds take the serialize lock inside their last resort, which thus
+        # answers their claims whatever fails; recording ahead never raises.
+        self._prepares: GroupCommit[tuple[ClaimRef, Fetched], PrepareOutcome] = GroupCommit(self._lock, self._prepare_batch)
+        self._unprepares: GroupCommit[ClaimRef, str | None] = GroupCommit(self._lock, self._unprepare_batch)
+        self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, self._shared.serialized(self._ledger.record_intents))
         self._recover()
 
     @classmethod
@@ -253,8 +245,9 @@ class DeviceState:
     # -- prepare
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
-        """Prepare a batch of claims; one outcome per distinct UID, never raises."""
-        unique = _by_uid(claims)
+        """Prepare a batch of claims, each UID once (the gRPC service drops the kubelet's repeats); an
+        outcome for every claim, never an exception."""
+        unique = {claim.uid: claim for claim in claims}
         if not unique:
             return {}
         started = time.perf_counter()
@@ -274,8 +267,9 @@ class DeviceState:
     def _prepare_batch(self, items: dict[str, tuple[ClaimRef, Fetched]]) -> dict[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
         try:
-            self._prepare_locked({uid: ref for uid, (ref, _) in items.items()},
-                                 {uid: obj for uid, (_, obj) in items.items()}, outcomes)
+            with self._shared.current():
+                self._prepare_locked({uid: ref for uid, (ref, _) in items.items()},
+                                     {uid: obj for uid, (_, obj) in items.items()}, outcomes)
         except Exception as exc:  # last resort: a round answers every call it serves, and ends published
             self._log.exception("unexpected error while preparing claims")
             for uid in items:
@@ -447,8 +441,9 @@ class DeviceState:
     # -- unprepare
 
     def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
-        """Unprepare a batch; ``None`` = success (also for a claim that was never prepared)."""
-        unique = _by_uid(claims)
+        """Unprepare a batch, each UID once; ``None`` = success (also for a claim that was never
+        prepared). An answer for every claim, never an exception."""
+        unique = {claim.uid: claim for claim in claims}
         if not unique:
             return {}
         started = time.perf_counter()
@@ -461,7 +456,8 @@ class DeviceState:
     def _unprepare_batch(self, claims: dict[str, ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         try:
-            self._unprepare_locked(claims, out)
+            with self._shared.current():
+                self._unprepare_locked(claims, out)
         except Exception as exc:  # last resort: a round answers every call it serves, and ends published
             self._log.exception("unexpected error while unpreparing claims")
             for uid in claims:

@@ -68,23 +68,23 @@ class Reader:
         return ClaimRef(uid, "ns", name)
 
 
-class Exploding:
-    def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
-        raise RuntimeError("kaboom")
+class Scripted:
+    """Answers the first claim with a device and a share ID, the others with an error; records the calls."""
 
-    def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
-        raise RuntimeError("kaboom")
-
-
-class Partial:
-    """Answers only some claims, and with a share ID."""
+    def __init__(self) -> None:
+        self.calls: list[list[ClaimRef]] = []
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, PrepareOutcome]:
         claims = list(claims)
-        return {claims[0].uid: PrepareOutcome(devices=(ResponseDevice(("r",), NODE, "gpu-0", ("a/b=c",), "s1"),))}
+        self.calls.append(claims)
+        first, *rest = claims
+        return {first.uid: PrepareOutcome(devices=(ResponseDevice(("r",), NODE, "gpu-0", ("a/b=c",), "s1"),)),
+                **{c.uid: PrepareOutcome(error=f"no {c.name}") for c in rest}}
 
     def unprepare(self, claims: Iterable[ClaimRef]) -> dict[str, str | None]:
-        return {}
+        claims = list(claims)
+        self.calls.append(claims)
+        return {c.uid: f"kept {c.name}" for c in claims}
 
 
 @pytest.fixture
@@ -225,33 +225,36 @@ class TestDra:
         assert len(plugin.v1().NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=5).claims) == 0
         assert len(plugin.v1().NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(), timeout=5).claims) == 0
 
-    def test_handler_exceptions_become_claim_errors(self, short_tmp: Path) -> None:
-        p = make_plugin(short_tmp, handler=Exploding())
-        p.servers.start()
-        try:
-            uid = str(uuid.uuid4())
-            claim = v1.Claim(namespace="ns", uid=uid, name="x")
-            resp = p.v1().NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim]), timeout=5)
-            assert "internal error: kaboom" in resp.claims[uid].error
-            un = p.v1().NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[claim]), timeout=5)
-            assert "internal error: kaboom" in un.claims[uid].error
-        finally:
-            p.close()
-
-    def test_missing_outcomes_become_errors(self, short_tmp: Path) -> None:
-        p = make_plugin(short_tmp, handler=Partial())
+    def test_a_repeated_claim_reaches_the_handler_once(self, short_tmp: Path) -> None:
+        handler = Scripted()
+        p = make_plugin(short_tmp, handler=handler)
         p.servers.start()
         try:
             u1, u2 = str(uuid.uuid4()), str(uuid.uuid4())
-            claims = [v1.Claim(namespace="ns", uid=u, name="x") for u in (u1, u2)]
+            claims = [v1.Claim(namespace="ns", uid=u1, name="first"), v1.Claim(namespace="ns", uid=u2, name="b"),
+                      v1.Claim(namespace="ns", uid=u1, name="again")]
             resp = p.v1().NodePrepareResources(v1.NodePrepareResourcesRequest(claims=claims), timeout=5)
-            assert resp.claims[u1].devices[0].share_id == "s1"
-            assert resp.claims[u2].error
+            un = p.v1().NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=claims), timeout=5)
+            assert [[(c.uid, c.name) for c in call] for call in handler.calls] == [[(u1, "first"), (u2, "b")]] * 2
+            assert set(resp.claims) == set(un.claims) == {u1, u2}
+            assert len(resp.claims[u1].devices) == 1
+        finally:
+            p.close()
+
+    def test_handler_answers_per_claim(self, short_tmp: Path) -> None:
+        p = make_plugin(short_tmp, handler=Scripted())
+        p.servers.start()
+        try:
+            u1, u2 = str(uuid.uuid4()), str(uuid.uuid4())
+            claims = [v1.Claim(namespace="ns", uid=u, name=n) for u, n in ((u1, "x"), (u2, "y"))]
+            resp = p.v1().NodePrepareResources(v1.NodePrepareResourcesRequest(claims=claims), timeout=5)
+            assert resp.claims[u1].devices[0].share_id == "s1" and resp.claims[u1].error == ""
+            assert resp.claims[u2].error == "no y" and not resp.claims[u2].devices
             beta = p.v1beta1().NodePrepareResources(v1beta1.NodePrepareResourcesRequest(
                 claims=[v1beta1.Claim(namespace="ns", uid=u1, name="x")]), timeout=5)
             assert beta.claims[u1].devices[0].device_name == "gpu-0"
             un = p.v1().NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=claims), timeout=5)
-            assert all(c.error for c in un.claims.values())
+            assert {uid: c.error for uid, c in un.claims.items()} == {u1: "kept x", u2: "kept y"}
         finally:
             p.close()
 

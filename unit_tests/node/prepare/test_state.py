@@ -103,11 +103,18 @@ class TestPrepare:
         assert env.backend.destroyed == ["MIG-dyn-1"]
         assert env.backend.live == {}
 
-    def test_duplicate_uids_once(self, env: Env) -> None:
+    def test_a_serialize_lock_that_fails_answers_every_claim(self, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
         ref = env.reader.add(make_claim("c", [("gpu", "gpu-0")]))
-        out = env.state.prepare([ref, ref, ref])
-        assert list(out) == [ref.uid] and out[ref.uid].error is None
-        assert env.reader.calls == 1
+        other = env.reader.add(make_claim("d", [("gpu", "gpu-1")]))
+
+        def no_lock() -> None:
+            raise OSError(errno.ENOLCK, "No locks available")
+
+        monkeypatch.setattr(env.state._shared.lock, "acquire", no_lock)
+        out = env.state.prepare([ref, other])
+        assert set(out) == {ref.uid, other.uid}
+        assert all("internal error preparing the claim" in (o.error or "") for o in out.values())
+        assert "internal error unpreparing the claim" in (env.state.unprepare([ref])[ref.uid] or "")
 
     def test_empty(self, env: Env) -> None:
         assert env.state.prepare([]) == {}
