@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 
 def _import_structlog_without_rich() -> None:
@@ -65,5 +65,9 @@ class _LazyLogger:
         return getattr(structlog.get_logger().bind(**self._values), name)
 
 
-def get(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:
-    return cast(structlog.stdlib.BoundLogger, _LazyLogger({"logger": name, **bound}))
+Logger: TypeAlias = structlog.stdlib.BoundLogger
+"""The type of every logger passed between components: what :func:`get` returns, bound or not."""
+
+
+def get(name: str, **bound: Any) -> Logger:
+    return cast(Logger, _LazyLogger({"logger": name, **bound}))

@@ -45,6 +45,7 @@ from typing import IO, Any, TypeVar
 from google.protobuf.message import DecodeError
 
 from dra_driver._proto.kubewire import claims_pb2, meta_pb2, pods_pb2, slices_pb2
+from dra_driver.k8s.objects import Obj
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 ACCEPT = f"{PROTOBUF}, application/json"
@@ -54,8 +55,6 @@ MAX_FRAME = 64 << 20
 """A watch frame longer than this is not a frame: the stream is out of step (etcd's object limit
 is 1.5 MiB)."""
 _MAGIC = b"k8s\x00"
-
-Obj = dict[str, Any]
 
 
 class WireError(ValueError):

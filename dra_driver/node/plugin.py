@@ -32,6 +32,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -39,16 +40,20 @@ from typing import Any
 from dra_driver import __version__, logs, memory
 from dra_driver.k8s import client as kube
 from dra_driver.k8s.events import EventRecorder
+from dra_driver.logs import Logger
 from dra_driver.node import events as notices
-from dra_driver.node.describe.devices import describe, enumerate_devices
+from dra_driver.node.describe.devices import AllocatableDevice, describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.kubelet import probe
-from dra_driver.node.kubelet.grpc import PluginServers
+from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
+from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
@@ -99,7 +104,7 @@ def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> lis
     return stale
 
 
-def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Any,
+def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Logger,
                   events: notices.NodeEvents) -> None:
     while not stop.wait(interval):
         state.refresh()
@@ -116,7 +121,7 @@ def health_event(change: HealthChange, ownership: PublisherLock, events: notices
         events.on_node(notices.health_changed(change))
 
 
-def check_kubelet_version(api: kube.KubeApi, node_name: str, events: notices.NodeEvents, log: Any) -> None:
+def check_kubelet_version(api: kube.KubeApi, node_name: str, events: notices.NodeEvents, log: Logger) -> None:
     """Rolling updates on a kubelet older than 1.33: say so loudly (the plugin still serves)."""
     try:
         version = str(api.get(kube.NODES, node_name).get("status", {}).get("nodeInfo", {}).get("kubeletVersion", ""))
@@ -144,6 +149,37 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
     return backend, backend.discover()
 
 
+def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevice], api: kube.KubeApi,
+                 backend: Backend | None = None, driver_edits: Callable[[], dict[str, Any]] | None = None,
+                 on_prepare_error: Callable[[ClaimRef, str], None] | None = None) -> DeviceState:
+    """The prepare state, its CDI specs, checkpoint and device metadata where the settings put them."""
+    return DeviceState(
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        devices=devices,
+        cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
+                     driver_edits=driver_edits),
+        checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
+                                   boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
+        api=api,
+        backend=backend,
+        sharing_strategies=settings.sharing_strategies,
+        consumable_shares=settings.consumable_shares,
+        metadata=MetadataFiles(settings.state_dir, settings.cdi_root, settings.driver_name,
+                               enabled=settings.device_metadata),
+        on_prepare_error=on_prepare_error,
+    )
+
+
+def plugin_servers(settings: PluginSettings, handler: PrepareHandler, health: HealthSource | None = None,
+                   device_names: Sequence[str] = ()) -> PluginServers:
+    """The DRA and registration servers on the settings' sockets."""
+    return PluginServers(driver_name=settings.driver_name, node_name=settings.node_name,
+                         dra_socket=settings.dra_socket, registration_socket=settings.registration_socket,
+                         handler=handler, socket_group=settings.socket_group, health=health,
+                         device_names=device_names)
+
+
 def toolkit_config(settings: PluginSettings) -> ToolkitConfig:
     ctk = settings.nvidia_ctk_path
     if not ctk.is_absolute():
@@ -160,7 +196,7 @@ def toolkit_config(settings: PluginSettings) -> ToolkitConfig:
     )
 
 
-def start_driver_edits(settings: PluginSettings, backend: Backend, log: Any) -> DriverEdits | None:
+def start_driver_edits(settings: PluginSettings, backend: Backend, log: Logger) -> DriverEdits | None:
     """The driver's CDI edits from the toolkit (NVML backend only); a missing driver is logged and
     counted, and the plugin stays up: each prepare then fails naming it."""
     if backend.name != "nvml" or not settings.driver_edits:
@@ -184,7 +220,7 @@ def start_driver_edits(settings: PluginSettings, backend: Backend, log: Any) -> 
 
 
 def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str], monitor: HealthMonitor,
-                 health_file: HealthFileSource | None, stop: threading.Event, log: Any) -> None:
+                 health_file: HealthFileSource | None, stop: threading.Event, log: Logger) -> None:
     """NVML events for real GPUs; the --health-file for simulated ones (or NVML ones, for tests)."""
     if health_file is not None:
         health_file.monitor = monitor
@@ -227,14 +263,14 @@ def run(settings: PluginSettings) -> int:
                               driver_version=gpus[0].driver_version if gpus else "").set(1)
 
     driver_edits = start_driver_edits(settings, backend, log)
-    state = DeviceState.from_settings(
+    state = device_state(
         settings, devices, api, backend=backend, driver_edits=driver_edits.edits if driver_edits else None,
         on_prepare_error=lambda claim, error: events.on_claim(claim, notices.prepare_failed(error)))
     report_quarantine(state, events)
     board = HealthBoard(sorted(devices))
     status_writer = ClaimStatusWriter(api, settings.driver_name, settings.node_name, on_idle=memory.trim)
     handler = ReportingHandler(state, status_writer, devices)
-    servers = PluginServers.from_settings(settings, handler, health=board)
+    servers = plugin_servers(settings, handler, health=board)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", signal=signal.Signals(signum).name)

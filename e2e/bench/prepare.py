@@ -39,8 +39,7 @@ from dra_driver.k8s.client import CLAIMS, ApiError, Resource, RestKubeApi
 from dra_driver.node.describe.devices import enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.fileio import atomic_write
-from dra_driver.node.kubelet.grpc import PluginServers
-from dra_driver.node.plugin import api_client
+from dra_driver.node.plugin import api_client, device_state, plugin_servers
 from dra_driver.node.prepare.records import PrepareOutcome
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
@@ -217,9 +216,9 @@ def _in_process_plugin(root: Path, kubeconfig: Path, log_file: Path) -> Iterator
         backend = open_backend(settings.backend_choice)
         devices = enumerate_devices(backend.discover(), settings.dynamic_mig)
         reader = _TimedReader(api_client(str(kubeconfig)))
-        state = DeviceState.from_settings(settings, devices, reader, backend=backend)
+        state = device_state(settings, devices, reader, backend=backend)
         handler = _TimedHandler(state, reader)
-        servers = PluginServers.from_settings(settings, handler, device_names=sorted(devices))
+        servers = plugin_servers(settings, handler, device_names=sorted(devices))
         servers.start()
         try:
             yield handler, servers.dra_socket

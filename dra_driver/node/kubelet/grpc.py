@@ -361,19 +361,6 @@ class PluginServers:
         self._dra = _SocketServer("dra", dra_path, dra, socket_group)
         self._reg = _SocketServer("registration", Path(registration_socket), reg, socket_group)
 
-    @classmethod
-    def from_settings(cls, settings: Any, handler: PrepareHandler, **kwargs: Any) -> PluginServers:
-        """Build from :class:`dra_driver.node.settings.PluginSettings`."""
-        return cls(
-            driver_name=settings.driver_name,
-            node_name=settings.node_name,
-            dra_socket=settings.dra_socket,
-            registration_socket=settings.registration_socket,
-            handler=handler,
-            socket_group=settings.socket_group,
-            **kwargs,
-        )
-
     @property
     def dra_socket(self) -> Path:
         return self._dra.path

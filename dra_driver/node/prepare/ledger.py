@@ -5,9 +5,8 @@ and the snapshot that readers see between batches.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dra_driver import failpoints
+from dra_driver.logs import Logger
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.checkpoint import CheckpointStore
@@ -19,7 +18,7 @@ class Ledger:
     """The checkpoint's entries of one plugin; the caller holds the state lock for everything but
     :meth:`published`."""
 
-    def __init__(self, store: CheckpointStore, log: Any) -> None:
+    def __init__(self, store: CheckpointStore, log: Logger) -> None:
         self.store = store
         self.entries: dict[str, ClaimEntry] = {}
         self.intended: set[str] = set()

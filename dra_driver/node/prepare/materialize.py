@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from dra_driver.logs import Logger
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice
@@ -49,7 +49,7 @@ class Materializer:
     """Makes and removes what prepared claims have on this node; the caller holds the state lock."""
 
     def __init__(self, cdi: CdiSpecs, metadata: MetadataFiles | None, backend: Backend | None,
-                 proc_root: Path | None, log: Any) -> None:
+                 proc_root: Path | None, log: Logger) -> None:
         self.cdi = cdi
         self.metadata = metadata
         self._backend = backend

@@ -62,11 +62,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from dra_driver import failpoints, logs
 from dra_driver.gpuconfig import Strategy, base_request
 from dra_driver.k8s.client import ApiError, KubeApi
+from dra_driver.logs import Logger
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares
 from dra_driver.node.discovery.backend import Backend
@@ -140,34 +140,6 @@ class DeviceState:
         self._intents: GroupCommit[ClaimRef, bool] = GroupCommit(self._lock, self._shared.serialized(self._ledger.record_intents))
         self._recover()
 
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Any,
-        devices: Mapping[str, AllocatableDevice],
-        api: KubeApi,
-        backend: Backend | None = None,
-        driver_edits: Callable[[], dict[str, Any]] | None = None,
-        **kwargs: Any,
-    ) -> DeviceState:
-        """Build from :class:`dra_driver.node.settings.PluginSettings`."""
-        return cls(
-            node_name=settings.node_name,
-            driver_name=settings.driver_name,
-            devices=devices,
-            cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
-                         driver_edits=driver_edits),
-            checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
-                                       boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
-            api=api,
-            backend=backend,
-            sharing_strategies=settings.sharing_strategies,
-            consumable_shares=settings.consumable_shares,
-            metadata=MetadataFiles(settings.state_dir, settings.cdi_root, settings.driver_name,
-                                   enabled=settings.device_metadata),
-            **kwargs,
-        )
-
     def close(self) -> None:
         self._reader.close()
         # Under the lock: a save in progress must not write to a descriptor number reused after
@@ -200,7 +172,7 @@ class DeviceState:
         with self._lock, self._shared.current():
             self._ledger.publish()
 
-    def _claim_log(self, uid: str, ref: str) -> Any:
+    def _claim_log(self, uid: str, ref: str) -> Logger:
         return self._log.bind(claim_uid=uid, claim=ref)
 
     # -- recovery
@@ -323,7 +295,7 @@ class DeviceState:
             self._ledger.drop_intent(uid)
 
     def _answer_prepared(self, claim: ClaimRef, entry: ClaimEntry, obj: Fetched,
-                         log: Any) -> tuple[PrepareOutcome, bool]:
+                         log: Logger) -> tuple[PrepareOutcome, bool]:
         """A claim prepared before gets the stored devices, its files re-made when they are missing;
         also whether they were."""
         if isinstance(obj, BaseException):

@@ -42,13 +42,11 @@ from typing import Any
 from dra_driver import logs
 from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi
 from dra_driver.k8s.informer import Informer
-from dra_driver.k8s.objects import meta
+from dra_driver.k8s.objects import Obj, meta
 from dra_driver.k8s.quantity import QuantityError, parse_quantity
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.publish.checker import RULES, Violation, partition
 from dra_driver.node.publish.ownership import PublisherLock
-
-Obj = dict[str, Any]
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
