@@ -47,7 +47,7 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.discovery.select import open_backend
-from dra_driver.node.kubelet import probe
+from dra_driver.node.kubelet import httpport, probe
 from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
@@ -305,9 +305,9 @@ def run(settings: PluginSettings) -> int:
     healthz = None
     if settings.health_port:
         try:
-            healthz = probe.serve_healthz(settings.health_port,
-                                          lambda: probe.check(servers.registration_socket, settings.driver_name),
-                                          pages={"/metrics": METRICS.page}, degraded_fn=publisher.degraded)
+            healthz = httpport.serve(settings.health_port,
+                                     lambda: probe.check(servers.registration_socket, settings.driver_name),
+                                     pages={"/metrics": METRICS.page}, degraded_fn=publisher.degraded)
             log.info("serving /healthz and /metrics", port=settings.health_port)
         except OSError as exc:
             # The kubelet's sockets matter more than the probes: keep serving it, say why loudly.

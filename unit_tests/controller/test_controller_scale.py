@@ -39,8 +39,8 @@ from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.settings import DEFAULT_MAX_WRITES_PER_SECOND, add_controller_arguments, controller_settings
 from dra_driver.controller.verdicts import VerdictMemo, evaluate
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, PODS, SLICES, ApiError
-from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
+from dra_driver.k8s.workqueue import WorkQueue
 
 
 class Counting(Engine):

@@ -17,7 +17,7 @@ whole number up to the device's count. A GPU whose MIG layout is chosen at alloc
 
 At prepare, each share's ``consumedCapacity`` becomes what its container is told (memory share,
 compute share as a percentage) and, with MPS, the client limits that enforce it
-(:mod:`dra_driver.node.prepare.config`); which shares may meet on one GPU is decided by
+(:mod:`dra_driver.node.prepare.plan`); which shares may meet on one GPU is decided by
 :mod:`dra_driver.node.prepare.exclusive`.
 """
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from dra_driver import logs
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
-from dra_driver.k8s.informer import WorkQueue
 from dra_driver.k8s.quantity import format_canonical
+from dra_driver.k8s.workqueue import WorkQueue
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome

@@ -47,7 +47,7 @@ rewritten whole; it makes two.
 Every failure is a per-claim error string; nothing raises out of ``prepare``/``unprepare``.
 
 The steps live beside this module: checking a claim and applying its config
-(:mod:`~dra_driver.node.prepare.config`), exclusivity (:mod:`~dra_driver.node.prepare.exclusive`),
+(:mod:`~dra_driver.node.prepare.plan`), exclusivity (:mod:`~dra_driver.node.prepare.exclusive`),
 the claim's MIG instances and files (:mod:`~dra_driver.node.prepare.materialize`), the checkpoint's
 entries (:mod:`~dra_driver.node.prepare.ledger`), reading claims (:mod:`~dra_driver.node.prepare.reading`),
 the batching of concurrent calls (:mod:`~dra_driver.node.prepare.groupcommit`) and the lock that two
@@ -75,13 +75,13 @@ from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
-from dra_driver.node.prepare.config import ClaimPlanner, Plan, verify_claim
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.exclusive import Hold, check_exclusive, hold_of_planned
 from dra_driver.node.prepare.groupcommit import GroupCommit
 from dra_driver.node.prepare.ledger import Ledger
 from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
+from dra_driver.node.prepare.plan import ClaimPlanner, Plan, verify_claim
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
 from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.sharedstate import SharedState

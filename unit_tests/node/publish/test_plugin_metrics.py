@@ -15,7 +15,7 @@ from test_health import DEVICES, make_monitor
 from dra_driver.k8s.client import ApiError
 from dra_driver.node.describe.devices import describe
 from dra_driver.node.discovery.nvml import NvmlBackend
-from dra_driver.node.kubelet import probe
+from dra_driver.node.kubelet import httpport
 from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
@@ -147,7 +147,7 @@ def test_nvml_errors_by_function() -> None:
 def test_metrics_page_next_to_healthz() -> None:
     metrics = PluginMetrics()
     metrics.build_info.labels(version="0.1.0", backend="simulated", driver_version="580.1").set(1)
-    server = probe.serve_healthz(0, lambda: None, host="127.0.0.1", pages={"/metrics": metrics.page})
+    server = httpport.serve(0, lambda: None, host="127.0.0.1", pages={"/metrics": metrics.page})
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
