@@ -31,10 +31,10 @@ from dra_driver.allocator.inventory import (
     DeviceKey,
     Inventory,
     Pool,
-    attribute_value,
     hashable,
     quantity_or_none,
 )
+from dra_driver.allocator.slicechecks import attribute_value
 from dra_driver.k8s.objects import as_mapping
 
 MAX_PARTITIONS = 32  # per inventory; each costs about 5 bytes per device

@@ -1,28 +1,31 @@
-"""Resolve a ResourceClaim against ResourceSlices with the kube-scheduler's semantics.
+"""The devices the engine allocates from: ResourceSlices grouped into pools and digested.
 
-A pure library: inputs are API-shaped dicts (``resource.k8s.io/v1`` JSON), the
-output is a ``status.allocation`` dict plus an :class:`Explanation`.
-
-The search mirrors the scheduler's structured allocator: requests in order,
-firstAvailable subrequests in order, devices in (pool, slice, device) order,
-first fit with backtracking, devices of one request chosen as combinations
-(never permutations).  Devices from incomplete or invalid pools are not
-allocated; an ``All`` request fails when a pool is incomplete or invalid.
-Differences (documented): pools are ordered by (driver, name) where the
-scheduler uses map order; shareIDs are deterministic UUIDs; when a node list
-is not given, nodes are the ones named by slices (or one anonymous node that
-only matches ``allNodes`` / node-selector slices)."""
+:func:`build_inventory` keeps each pool's newest generation (a pool whose slices are not all there
+is incomplete, one that names a device twice invalid: neither is allocated from), orders
+pools by (driver, name) and devices in (pool, slice, device) order, and digests every device into
+a :class:`Device`, checked as the API server would have (:mod:`~dra_driver.allocator.slicechecks`)
+and its maps read on first use. An inventory lends the pools whose slices did not change to the
+next one, and :class:`Prebuilt` digests pools while the slices are still arriving.
+:class:`AllocatedState` is what other claims hold of these devices; :func:`on_node` which devices
+a node reaches.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from functools import lru_cache, partial
 from typing import Any
 
 from dra_driver.allocator.cel.compile import DeviceActivation, device_activation
-from dra_driver.allocator.cel.functions import SemverError, parse_semver
+from dra_driver.allocator.slicechecks import (
+    Checked,
+    attribute_value,
+    check_attributes,
+    check_capacity,
+    check_counters,
+    checked_once,
+)
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str, selector_matches
 from dra_driver.k8s.quantity import Quantity, QuantityError, parse_quantity
 
@@ -135,25 +138,6 @@ class Device:
                     out[f"{self.key[0]}/{name}"] = (value, policy, name)
             self._qualified_capacity = out
         return self._qualified_capacity
-
-
-_ATTRIBUTE_TYPES: dict[str, type] = {"int": int, "bool": bool, "string": str, "version": str}
-
-
-def attribute_value(av: Any) -> tuple[str, Any] | None:
-    """(kind, value) of a published attribute value with exactly one value type set, else None."""
-    av = as_mapping(av)
-    if len(av) == 1:
-        for kind, value in av.items():
-            return (kind, value) if kind in _ATTRIBUTE_TYPES and value is not None else None
-    found: tuple[str, Any] | None = None
-    for kind in _ATTRIBUTE_TYPES:
-        value = av.get(kind)
-        if value is not None:
-            if found is not None:
-                return None
-            found = (kind, value)
-    return found
 
 
 def published_attribute(raw: Mapping[str, Any], driver: str, name: str) -> Any:
@@ -307,7 +291,7 @@ class Prebuilt:
         self.pools: dict[tuple[str, str], Pool] = {}
         self._members: dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]] = {}
         self._added = 0
-        self._checked: dict[int, _Checked] = {}
+        self._checked: dict[int, Checked] = {}
 
     def add(self, slices: Sequence[Mapping[str, Any]]) -> None:
         """Digest the pools of ``slices``, those that arrived after the ones added before, once
@@ -370,7 +354,7 @@ def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | N
     groups, problems = _grouped(slices)
     earlier = previous.pool_map if previous is not None else {}
     fresh = prebuilt.pools if prebuilt is not None else {}
-    checked: dict[int, _Checked] = {}
+    checked: dict[int, Checked] = {}
     devices: list[Device] = []
     pools: list[Pool] = []
     for (driver, name), members in sorted(groups.items()):
@@ -437,9 +421,9 @@ def _slice_name(sl: Any, index: int) -> str:
 
 
 def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]],
-                checked: dict[int, _Checked]) -> Pool:
+                checked: dict[int, Checked]) -> Pool:
     """``sources``: the pool's slices with their positions in the input (which name a slice without a
-    name); ``checked``: see :func:`_checked`."""
+    name); ``checked``: see :func:`~dra_driver.allocator.slicechecks.checked_once`."""
     members = [{**sl, "_index": i} for sl, i in sources]
 
     top, newest, expected = _newest(members)
@@ -456,7 +440,7 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
 
 
 def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list[str],
-               checked: dict[int, _Checked]) -> None:
+               checked: dict[int, Checked]) -> None:
     spec = as_mapping(sl["spec"])
     sname = _slice_name(sl, sl["_index"])
     for cs in as_list(spec.get("sharedCounters")):
@@ -494,92 +478,19 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
         pool.devices.append(dev)
 
 
-@lru_cache(maxsize=4096)
-def semver_ok(text: str) -> bool:
-    """Whether ``text`` is a version the scheduler's semver parses."""
-    try:
-        parse_semver(text)
-    except SemverError:
-        return False
-    return True
-
-
-@lru_cache(maxsize=4096)
-def _quantity_text_ok(text: str) -> bool:
-    return quantity_or_none(text) is not None
-
-
-def _is_quantity(value: Any) -> bool:
-    # Every capacity and counter of every device on each inventory build: the usual text, memoized.
-    return _quantity_text_ok(value) if type(value) is str else quantity_or_none(value) is not None
-
-
-def _cel_attribute_ok(kind: str, value: Any) -> bool:
-    """Whether :func:`device_activation` converts an attribute whose one value is ``kind``:
-    ``value`` without an error (the same checks; ``test_fuzz_slices`` holds the two to agreeing)."""
-    if not isinstance(value, _ATTRIBUTE_TYPES[kind]) or (kind == "int" and isinstance(value, bool)):
-        return False
-    return kind != "version" or semver_ok(value)
-
-
-_Checked = tuple[Any, bool, tuple[str, ...]]
-"""A map's check (:func:`_checked`): the map itself (keeping its id its own), whether the CEL input
-built from it has no error, and the problems found."""
-
-
-def _checked(checked: dict[int, _Checked], value: Any, check: Callable[[Any], tuple[bool, tuple[str, ...]]]) -> _Checked:
-    """``check(value)``, once per map object in a build: decoded slices share equal maps (of 116,000
-    devices at 5,000 nodes, 16 capacity maps and 68,000 attribute maps), and checking every
-    attribute of every device was most of the inventory's build."""
-    found = checked.get(id(value))
-    if found is None:
-        clean, problems = check(value)
-        found = checked[id(value)] = (value, clean, problems)
-    return found
-
-
-def _check_attributes(attributes: Any) -> tuple[bool, tuple[str, ...]]:
-    problems: list[str] = []
-    cel_clean = True
-    for aname, aval in as_mapping(attributes).items():
-        # Checks only (the digested map is built when a device needs it), the usual shape first.
-        if type(aval) is dict and len(aval) == 1:
-            ((kind, value),) = aval.items()
-            if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or semver_ok(value)):
-                continue
-        checked = attribute_value(aval)
-        if checked is None:
-            cel_clean = False
-            problems.append(f"attribute {aname}: exactly one value type must be set")
-        elif cel_clean and not _cel_attribute_ok(*checked):
-            cel_clean = False
-    return cel_clean, tuple(problems)
-
-
-def _check_quantities(what: str, entries: Any) -> tuple[bool, tuple[str, ...]]:
-    """A capacity or counter map: every entry's ``value`` a quantity."""
-    problems = tuple(f"{what} {name}: invalid quantity" for name, entry in as_mapping(entries).items()
-                     if not _is_quantity(as_mapping(entry).get("value")))
-    return not problems, problems
-
-
-_check_capacity = partial(_check_quantities, "capacity")
-_check_counters = partial(_check_quantities, "consumesCounters")
-
-
 def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str],
-                  checked: dict[int, _Checked]) -> Device | None:
+                  checked: dict[int, Checked]) -> Device | None:
     name = as_str(raw.get("name"))
     if not name:
         problems.append(f"slice {sname}: device without a name ignored")
         return None
-    _, attributes_clean, local = _checked(checked, raw.get("attributes"), _check_attributes)
-    _, capacity_clean, capacity_problems = _checked(checked, raw.get("capacity"), _check_capacity)
+    _, attributes_clean, local = checked_once(checked, raw.get("attributes"), check_attributes)
+    _, capacity_clean, capacity_problems = checked_once(checked, raw.get("capacity"), check_capacity)
     local += capacity_problems
     # Checked now, digested once needed (Device.consumes).
     entries = as_list(raw.get("consumesCounters"))
     for entry in entries:
-        local += _checked(checked, as_mapping(entry).get("counters"), _check_counters)[2]
+        local += checked_once(checked, as_mapping(entry).get("counters"), check_counters)[2]
     if local:
         problems.extend(f"device {pool.label}/{name}: {p}" for p in local)
     selector = raw.get("nodeSelector")
@@ -669,21 +580,6 @@ def _negative_capacity(owner: str, results: list[Any]) -> str | None:
                 return (f"claim {owner}, device {device}: consumed capacity \"{cname}\" must not be negative, "
                         f"got {consumed[cname]}")
     return None
-
-
-def as_nodes(nodes: Sequence[Any] | None, inventory: Inventory) -> list[Node]:
-    if nodes is None:
-        return inventory.nodes
-
-    out: list[Node] = []
-    for n in nodes:
-        if isinstance(n, str):
-            out.append(Node(n))
-        else:
-            meta = as_mapping(as_mapping(n).get("metadata"))
-            labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels")).items()}
-            out.append(Node(as_str(meta.get("name")), tuple(sorted(labels.items()))))
-    return out
 
 
 def on_node(dev: Device, node: Node) -> bool:

@@ -15,9 +15,9 @@ from dra_driver.allocator.inventory import (
     key_str,
     published_attribute,
     quantity_or_none,
-    semver_ok,
 )
 from dra_driver.allocator.rules import SchedulerRules
+from dra_driver.allocator.slicechecks import semver_ok
 from dra_driver.k8s.objects import as_int, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
 

@@ -1,4 +1,15 @@
-"""Resolve one claim: the entry point of the engine, and the allocation result it writes."""
+"""Resolve one claim: the entry point of the engine, and the allocation result it writes.
+
+The engine is a pure library: inputs are API-shaped dicts (``resource.k8s.io/v1`` JSON), the output
+is a ``status.allocation`` dict plus an :class:`Explanation`. Its search mirrors the scheduler's
+structured allocator: requests in order, firstAvailable subrequests in order, devices in (pool,
+slice, device) order, first fit with backtracking, devices of one request chosen as combinations
+(never permutations). Devices from incomplete or invalid pools are not allocated; an ``All``
+request fails when a pool is incomplete or invalid. Differences (documented): pools are ordered by
+(driver, name) where the scheduler uses map order; shareIDs are deterministic UUIDs; when a node
+list is not given, nodes are the ones named by slices (or one anonymous node that only matches
+``allNodes`` / node-selector slices).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +29,6 @@ from dra_driver.allocator.inventory import (
     Inventory,
     Prebuilt,
     allocated_state,
-    as_nodes,
     build_inventory,
     key_str,
 )
@@ -187,6 +197,22 @@ def _resolve(
 
 
 NOT_ENOUGH = "not enough suitable devices"
+
+
+def as_nodes(nodes: Sequence[Any] | None, inventory: Inventory) -> list[Node]:
+    """The nodes a claim is resolved for: those given (names or Node objects), else the inventory's."""
+    if nodes is None:
+        return inventory.nodes
+
+    out: list[Node] = []
+    for n in nodes:
+        if isinstance(n, str):
+            out.append(Node(n))
+        else:
+            meta = as_mapping(as_mapping(n).get("metadata"))
+            labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels")).items()}
+            out.append(Node(as_str(meta.get("name")), tuple(sorted(labels.items()))))
+    return out
 
 
 def negative_capacity_error(allocated: AllocatedState) -> str:
