@@ -89,11 +89,12 @@ from dra_driver.k8s.client import (
 from dra_driver.k8s.compact import without_managed_fields
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.fields import one_line
-from dra_driver.k8s.informer import Informer, WorkQueue
+from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 from dra_driver.k8s.objects import Obj, key_of, resource_version
 from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
 from dra_driver.k8s.wire import POD_CLAIM_REFS
+from dra_driver.k8s.workqueue import WorkQueue
 
 WORKERS = 16
 """Queue workers. Evaluations run one at a time (see Controller._engine_lock); the others write

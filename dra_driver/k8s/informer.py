@@ -30,7 +30,6 @@ from dra_driver import logs, memory
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
 from dra_driver.k8s.objects import Obj, key_of, resource_version
 from dra_driver.k8s.wire import Reduced
-from dra_driver.k8s.workqueue import WorkQueue as WorkQueue  # re-exported until controller/reconciler.py imports it from there
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the bookmark that ends a streamed list
 TRIM_EVERY = 1000  # watch events between two _trim calls (each costs well under a millisecond)
