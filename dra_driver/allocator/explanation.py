@@ -21,6 +21,7 @@ __all__ = [
     "ResultNote",
     "StageCount",
     "device_range",
+    "plain_words",
 ]
 
 # Kubernetes Event messages are truncated at 1 kB by many tools; stay below.
@@ -169,7 +170,11 @@ class Explanation:
         for r in self.results:
             detail = "; ".join((["share"] if r.share else []) + r.consumption)
             lines.append(f"    {r.request}: {r.device}" + (f" ({detail})" if detail else ""))
-        lines += [f"  error: {e}" for e in self.errors]
+        for e in self.errors:
+            lines.append(f"  error: {e}")
+            plain = plain_words(e)
+            if plain:
+                lines.append(f"    in plain words: {plain}")
         lines += [f"  pool: {p}" for p in self.pools]
         for req in self.requests:
             need = "all" if req.mode == "All" else str(req.needed)
@@ -193,6 +198,28 @@ class Explanation:
         data = asdict(self)
         data["summary"] = self.summary
         return data
+
+
+_LARGEST = "18446744073709551615"
+# Scheduler errors whose wording says little to someone who did not read the scheduler's source.
+_PLAIN_WORDS = (
+    ("parse semantic version: strconv.ParseUint", "value out of range",
+     f"the device publishes a version with a number larger than {_LARGEST}, which the API server accepted but "
+     "kube-scheduler's semver cannot hold; kube-scheduler 1.36 and 1.37 then fail every CEL selector on that "
+     "device, the class's too, so the driver must publish a smaller version"),
+    ("value is invalid or its type is not supported by this version", "",
+     f"the selector reads an attribute kube-scheduler 1.38 could not read from the device (a version with a number "
+     f"larger than {_LARGEST}, say); selectors that do not read it are unaffected"),
+    ("unsupported attribute value for", "",
+     f"a matchAttribute or distinctAttribute constraint met a device whose value it cannot compare (a list, or a "
+     f"version with a number larger than {_LARGEST}); kube-scheduler 1.38 stops there instead of skipping the "
+     "device: fix the driver's value or constrain another attribute"),
+)
+
+
+def plain_words(error: str) -> str | None:
+    """What a scheduler error means, for the errors that need saying (None for the others)."""
+    return next((text for first, second, text in _PLAIN_WORDS if first in error and second in error), None)
 
 
 def device_range(devices: list[str], count: int) -> str:

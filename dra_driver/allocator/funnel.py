@@ -170,7 +170,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
     stage("taints tolerated", lambda d: _taint_reason(d, alt), inventory.tainted)
     if alt.capacity or alive.any(lambda d: d.allow_multi):
         _capacity_stage(info, alt, alive, losses, ctx.rules.qualified_names)
-    shared = [d for k in ctx.allocated.shared if (d := inventory.by_key.get(k)) is not None and d.allow_multi]
+    shared = [d for k in ctx.allocated.shared if (d := inventory.by_key.get(k)) is not None]
     if any(alive.contains(d) for d in shared):
         stage("capacity left by other claims", lambda d: _shared_reason(ctx, d, alt), sorted(shared, key=lambda d: d.index))
     if not alt.admin:
@@ -362,8 +362,9 @@ def _taint_reason(d: Device, alt: Alt) -> str | None:
 
 
 def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
-    """What other claims' shares leave of a shareable device, when this request no longer fits:
-    ``memory: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi``."""
+    """What other claims' shares leave of a device, when this request no longer fits:
+    ``memory: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi`` (a device that stopped allowing
+    multiple allocations keeps its shares, and every scheduler version counts them)."""
     qualified = ctx.rules.qualified_names
     used = ctx.allocated.shared_by(qualified).get(d.key)
     need = consumption(d, alt.capacity, qualified)
@@ -379,7 +380,14 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
             asked = next((q for n, q in alt.capacity.items()
                           if (f"{d.key[0]}/{n}" if qualified and "/" not in n else n) == name), None)
             rounded = f" (asked {show(asked.value)})" if asked is not None and asked.value != amount.value else ""
-            return f"{shown}: {show(taken)} of {show(total)} consumed by {owners}; need {show(amount.value)}{rounded}"
+            need = f"need {show(amount.value)}{rounded}"
+            if not d.allow_multi:
+                # Shares from when its slice still allowed them: the scheduler counts them on top
+                # of an exclusive allocation, which consumes what it does not ask for in full.
+                whole = " (all of it, not requested)" if asked is None else ""
+                return (f"{shown}: {show(taken)} of {show(total)} still consumed by shares of {owners}, from before the "
+                        f"device stopped allowing multiple allocations; {need}{whole}")
+            return f"{shown}: {show(taken)} of {show(total)} consumed by {owners}; {need}"
     return None
 
 

@@ -404,10 +404,11 @@ _OUTCOMES: OrderedDict[tuple[str, bool, tuple[Any, ...]], Outcome] = OrderedDict
 _OUTCOMES_LOCK = threading.Lock()
 
 
-def outcome(sel: CompiledSelector, dev: Device, qualified_first: bool = False) -> Outcome:
+def outcome(sel: CompiledSelector, dev: Device, qualified_first: bool = False, on_read: bool = False) -> Outcome:
     """``sel`` on ``dev``: True, False, or the runtime error. Cached by the values the selector reads
     for a device with a clean CEL input (a poisoned selector is never looked up: it fails).
-    ``qualified_first``: see :func:`device_activation` (the rules' ``qualified_names``)."""
+    ``qualified_first``, ``on_read``: see :func:`device_activation` (the rules' ``qualified_names``,
+    ``cel_converts_on_read``; the latter changes nothing for a clean input)."""
     cacheable = dev.cel_clean and not sel.reads.whole and sel.poisoned is None
     if cacheable:
         key = (sel.expression, qualified_first, read_key(dev, sel.reads))
@@ -418,7 +419,7 @@ def outcome(sel: CompiledSelector, dev: Device, qualified_first: bool = False) -
     result: Outcome
     try:
         result = sel.evaluate(_activation(dev, sel.reads, qualified_first) if cacheable
-                              else dev.activation_for(qualified_first))
+                              else dev.activation_for(qualified_first, on_read))
     except CelRuntimeError as exc:
         result = exc
     if cacheable and sel.poisoned is None:

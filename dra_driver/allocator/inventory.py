@@ -119,10 +119,11 @@ class Device:
         """The device's CEL input, built anew on each call: callers evaluate one device of a group."""
         return self.activation_for(False)
 
-    def activation_for(self, qualified_first: bool) -> DeviceActivation:
-        """:attr:`activation` as a scheduler with or without the rules' ``qualified_names`` reads it."""
+    def activation_for(self, qualified_first: bool, on_read: bool = False) -> DeviceActivation:
+        """:attr:`activation` as a scheduler with or without the rules' ``qualified_names`` and
+        ``cel_converts_on_read`` reads it."""
         return device_activation(self.key[0], as_mapping(self.raw.get("attributes")), as_mapping(self.raw.get("capacity")),
-                                 self.allow_multi, qualified_first)
+                                 self.allow_multi, qualified_first, on_read)
 
     @property
     def qualified_capacity(self) -> dict[str, tuple[Quantity, Mapping[str, Any], str]]:

@@ -41,7 +41,13 @@ source; :class:`SchedulerRules` ``qualified_names`` and the properties after it)
   (``NewDeviceConsumedCapacity``);
 - matchAttribute/distinctAttribute compare versions with semver ``Equals`` (build metadata
   ignored), and an attribute present with a value they cannot compare (a list, a version semver
-  cannot parse) is an error that ends the attempt instead of a skipped device;
+  cannot parse, one whose numbers do not fit its uint64s: ``100000000000000000000.0.0``, which
+  the 1.37 API server accepts) is an error that ends the attempt instead of a skipped device;
+- CEL reads each attribute from the converted device as a selector asks for it
+  (``cel/compile.go`` ``nameToAttributes``): a version that did not convert fails only a selector
+  that reads it (``attribute x: value is invalid or its type is not supported by this version``).
+  1.36 and 1.37 convert every attribute before evaluating, so the same device fails every selector,
+  the class's ``device.driver == ...`` included (``attribute x: parse semantic version: ...``);
 - ``allocationMode: All`` beside an incomplete or invalid pool fails that node only
   (``ErrFailedAllocationOnNode``);
 - a device that no longer allows multiple allocations is in use while shares of it are allocated
@@ -172,7 +178,8 @@ class SchedulerRules:
       device's total capacity, so a device other claims' shares have filled stays in it and the
       request fails; 1.36 leaves such a device out.
     - 1.38 on: ``qualified_names``, ``versions_ignore_build``, ``constraint_type_errors``,
-      ``all_fails_node_only``, ``shares_block_exclusive``, ``negative_capacity_fails``.
+      ``cel_converts_on_read``, ``all_fails_node_only``, ``shares_block_exclusive``,
+      ``negative_capacity_fails``.
     """
 
     minor: int = NEWEST_MINOR
@@ -216,6 +223,12 @@ class SchedulerRules:
     @property
     def constraint_type_errors(self) -> bool:
         """An attribute a constraint cannot compare ends the attempt (else the device is skipped)."""
+        return self.minor >= 38
+
+    @property
+    def cel_converts_on_read(self) -> bool:
+        """A device's attribute that does not convert (a version semver cannot hold) fails only the
+        CEL selectors that read it; up to 1.37 it fails every selector on the device."""
         return self.minor >= 38
 
     @property

@@ -277,13 +277,16 @@ class Search:
 
     def capacity_fits(self, dev: Device, alt: Alt) -> dict[str, Quantity] | None:
         """What ``alt`` consumes on ``dev`` with what others hold of it, keyed like
-        :func:`capacities` under the context's rules; None when it does not fit."""
+        :func:`capacities` under the context's rules; None when it does not fit.
+
+        Every device, as in every scheduler version (CmpRequestOverCapacity runs for each device
+        while consumable capacity is on): a device that no longer allows multiple allocations but
+        still carries another claim's share with a ``consumedCapacity`` has that much less left,
+        and exclusive use, which consumes all of it, does not fit."""
         qualified = self.ctx.rules.qualified_names
         consumed = consumption(dev, alt.capacity, qualified)
         if consumed is None:
             return None
-        if not dev.allow_multi:
-            return consumed
         before = self.ctx.allocated.shared_by(qualified).get(dev.key, {})
         now = self.capacity.get(dev.key, {})
         totals = capacities(dev, qualified)
@@ -395,12 +398,12 @@ class Ctx:
                 # devices the class accepts, not every device of the fleet.
                 class_projection = Projection(class_reads, capacity=bool(inv.multi), flags=flags)
                 compiled = alt.compiled[:alt.class_selectors]
-                qualified = self.rules.qualified_names
+                rules = self.rules
 
                 def coarse() -> Coarse:
                     part = partition(inv, class_projection)
                     return Coarse(part, frozenset(g for g, group in enumerate(part.groups)
-                                                  if _evaluate_selectors(compiled, group.rep, qualified) is None))
+                                                  if _evaluate_selectors(compiled, group.rep, rules) is None))
 
                 self.partitions[aid] = partition(inv, replace(projection, within=within), coarse)
             else:
@@ -410,7 +413,7 @@ class Ctx:
     def group_verdict(self, alt: Alt, part: Partition, g: int) -> Verdict:
         key = (self.alt_id(alt), g)
         if key not in self.group_verdicts:
-            self.group_verdicts[key] = _evaluate(alt, part.groups[g].rep, self.rules.qualified_names)
+            self.group_verdicts[key] = _evaluate(alt, part.groups[g].rep, self.rules)
         return self.group_verdicts[key]
 
     def verdict(self, alt: Alt, dev: Device) -> Verdict:
@@ -423,7 +426,7 @@ class Ctx:
                 return self.group_verdict(alt, part, g)
         key = (self.alt_id(alt), dev.index)
         if key not in self.verdicts:
-            self.verdicts[key] = _evaluate(alt, dev, self.rules.qualified_names)
+            self.verdicts[key] = _evaluate(alt, dev, self.rules)
         return self.verdicts[key]
 
     def cel_error_seen(self) -> bool:
@@ -511,13 +514,13 @@ def reads_of(expressions: tuple[str, ...]) -> Reads:
 Verdict = tuple[int, "bool | CelError"] | None
 
 
-def _evaluate(alt: Alt, dev: Device, qualified_first: bool) -> Verdict:
-    return _evaluate_selectors(alt.compiled, dev, qualified_first)
+def _evaluate(alt: Alt, dev: Device, rules: SchedulerRules) -> Verdict:
+    return _evaluate_selectors(alt.compiled, dev, rules)
 
 
-def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: Device,
-                        qualified_first: bool = False) -> Verdict:
-    """``qualified_first``: the rules' ``qualified_names`` (see :func:`device_activation`)."""
+def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: Device, rules: SchedulerRules) -> Verdict:
+    """The device read as ``rules``' scheduler reads it (``qualified_names``, ``cel_converts_on_read``:
+    see :func:`device_activation`)."""
     for i, (_, sel) in enumerate(compiled):
         if sel.driver_equals is not None and dev.cel_clean and sel.poisoned is None:
             # What sel.evaluate would answer (the activation's driver is key[0] and it has no
@@ -525,7 +528,7 @@ def _evaluate_selectors(compiled: Sequence[tuple[str, CompiledSelector]], dev: D
             if dev.key[0] != sel.driver_equals:
                 return (i, False)
             continue
-        result = outcome(sel, dev, qualified_first)
+        result = outcome(sel, dev, rules.qualified_names, rules.cel_converts_on_read)
         if result is not True:
             return (i, result)
     return None

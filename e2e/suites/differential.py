@@ -263,7 +263,7 @@ def _blocking_taints(device: Mapping[str, Any], tolerations: Sequence[Mapping[st
 def _matches(expressions: Iterable[str], device: Any, rules: SchedulerRules) -> str | None:
     """None when all selectors are true; else why not (a name published both as ``x`` and
     ``<driver>/x`` read as the rules' scheduler reads it)."""
-    activation = device.activation_for(rules.qualified_names)
+    activation = device.activation_for(rules.qualified_names, rules.cel_converts_on_read)
     for expr in expressions:
         try:
             if not compile_selector(expr).evaluate(activation):

@@ -29,6 +29,7 @@ from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import WHOLE, Reads, selector_reads
 from dra_driver.allocator.inventory import AllocatedState, Device, Prebuilt, build_inventory
 from dra_driver.allocator.resolve import resolve
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.views import slice_view
 from dra_driver.k8s.quantity import parse_quantity
 from e2e.suites.scenarios import generate_many
@@ -55,9 +56,9 @@ def claim(*selectors: str, count: int = 1, **extra: Any) -> dict[str, Any]:
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}}
 
 
-def _direct(sel: Any, dev: Device, qualified_first: bool = False) -> bool | CelRuntimeError:
+def _direct(sel: Any, dev: Device, qualified_first: bool = False, on_read: bool = False) -> bool | CelRuntimeError:
     try:
-        return bool(sel.evaluate(dev.activation_for(qualified_first)))
+        return bool(sel.evaluate(dev.activation_for(qualified_first, on_read)))
     except CelRuntimeError as exc:
         return exc
 
@@ -220,13 +221,22 @@ def test_capacity_spellings_and_shares_are_part_of_the_key() -> None:
 
 
 def test_a_device_with_a_broken_input_never_takes_a_groups_outcome() -> None:
-    good = gpu("gpu-0", {"model": {"string": "A"}})
+    good = gpu("gpu-0", {"model": {"string": "A"}, "x": {"int": 1}})
     broken = gpu("gpu-1", {"model": {"string": "A"}, "x": {"int": 1, "string": "two types"}})
     inv = build_inventory([slice_("node-a", [good, broken])])
     assert not inv.devices[1].cel_clean
-    res = resolve(claim(MODEL_A, count=2), inv, CLASSES)
+    # 1.37 converts every attribute first: the broken one fails the class's selector already.
+    res = resolve(claim(MODEL_A, count=2), inv, CLASSES, rules=SchedulerRules(37))
     assert res.allocation is None
     assert any("exactly one of int, bool, string, version" in c.message for c in res.explanation.requests[0].cel_errors)
+    # 1.38 reads attributes as selectors ask for them: the device is evaluated on its own, and
+    # fails only a selector that reads the broken attribute.
+    assert resolve(claim(MODEL_A, count=2), inv, CLASSES, rules=SchedulerRules(38)).allocation is not None
+    res = resolve(claim(f'device.attributes["{D}"].x == 1', count=2), inv, CLASSES, rules=SchedulerRules(38))
+    assert res.allocation is None
+    assert res.explanation.failure == {"request": "gpu", "selector": "request gpu selector #0",
+                                       "device": f"{D}/node-a/gpu-1"}
+    assert any("attribute x: value is invalid" in c.message for c in res.explanation.requests[0].cel_errors)
 
 
 def test_a_poisoned_selector_is_not_answered_from_the_cache() -> None:

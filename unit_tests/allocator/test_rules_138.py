@@ -209,6 +209,43 @@ def test_an_attribute_a_constraint_cannot_compare_is_an_error() -> None:
     assert f"device {D}/node-a/gpu-0: unsupported attribute value for {D}/numa" in aborted(new)
 
 
+HUGE = "100000000000000000000.0.0"  # past 2^64 - 1: the 1.37 API server takes it, semver's uint64s do not
+
+
+@pytest.mark.parametrize("kind", ["matchAttribute", "distinctAttribute"])
+def test_a_version_semver_cannot_hold_is_an_error_under_a_constraint(kind: str) -> None:
+    huge, plain = gpu("gpu-0", {"firmwareVersion": {"version": HUGE}}), gpu("gpu-1", {"firmwareVersion": {"version": "1.2.3"}})
+    c = claim(request(count=2, deviceClassName="any"), constraints=[{kind: f"{D}/firmwareVersion"}])
+    old, new = both(c, [slice_("node-a", [huge, plain])])
+    # 1.37 compares the two as strings (no CEL here: the class has no selector).
+    if kind == "matchAttribute":
+        assert old.allocation is None and not old.explanation.errors
+    else:
+        assert picked(old) == ["node-a/gpu-0", "node-a/gpu-1"]
+    assert f"device {D}/node-a/gpu-0: unsupported attribute value for {D}/firmwareVersion" in aborted(new)
+    assert new.explanation.failure == {"request": "gpu", "device": f"{D}/node-a/gpu-0"}
+    assert "in plain words: a matchAttribute or distinctAttribute constraint met a device" in new.explanation.render()
+
+
+def test_a_version_semver_cannot_hold_fails_every_selector_up_to_137_and_only_a_reading_one_in_138() -> None:
+    slices = [slice_("node-a", [gpu("gpu-0", {"firmwareVersion": {"version": HUGE}, "model": {"string": "A"}})])]
+    old, new = both(claim(request()), slices)
+    # 1.37 converts every attribute for CEL first: even the class's driver check fails.
+    assert ('attribute firmwareVersion: parse semantic version: strconv.ParseUint: parsing "100000000000000000000": '
+            "value out of range") in aborted(old)
+    assert old.explanation.failure == {"request": "gpu", "selector": "class gpu selector #0", "device": f"{D}/node-a/gpu-0"}
+    assert "in plain words: the device publishes a version with a number larger than" in old.explanation.render()
+    assert picked(new) == ["node-a/gpu-0"]
+    inv = build_inventory(slices)
+    model = claim(request(selectors=(f'device.attributes["{D}"].model == "A"',)))
+    assert picked(resolve(model, inv, CLASSES, rules=R38)) == ["node-a/gpu-0"]
+    version = claim(request(selectors=(f'device.attributes["{D}"].firmwareVersion.isGreaterThan(semver("1.0.0"))',)))
+    res = resolve(version, inv, CLASSES, rules=R38)
+    assert "attribute firmwareVersion: value is invalid or its type is not supported by this version" in aborted(res)
+    assert res.explanation.failure == {"request": "gpu", "selector": "request gpu selector #0", "device": f"{D}/node-a/gpu-0"}
+    assert "in plain words: the selector reads an attribute kube-scheduler 1.38 could not read" in res.explanation.render()
+
+
 # --------------------------------------------------------------------------- (e) All and incomplete pools
 
 
@@ -224,10 +261,18 @@ def test_all_beside_an_incomplete_pool_fails_that_node_only() -> None:
 # --------------------------------------------------------------------------- (f) shares and exclusive use
 
 
+def held(device: str, consumed: dict[str, str] | None) -> AllocatedState:
+    """Another claim's share of ``device`` on node-a, from when its slice still allowed shares."""
+    result: dict[str, Any] = {"request": "r", "driver": D, "pool": "node-a", "device": device, "shareID": "a"}
+    if consumed is not None:
+        result["consumedCapacity"] = consumed
+    return allocated_state([{"metadata": {"name": "x", "namespace": "ns"},
+                             "status": {"allocation": {"devices": {"results": [result]}}}}])
+
+
 def test_a_device_that_stopped_allowing_shares_is_in_use_while_shares_remain() -> None:
-    state = allocated_state([{"metadata": {"name": "x", "namespace": "ns"}, "status": {"allocation": {"devices": {
-        "results": [{"request": "r", "driver": D, "pool": "node-a", "device": "gpu-0", "shareID": "a",
-                     "consumedCapacity": {"memory": "10Gi"}}]}}}}])  # fmt: skip
+    # A share without a consumedCapacity: nothing for the capacity check to count.
+    state = held("gpu-0", None)
     slices = [slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")])]
     old, new = both(claim(request()), slices, state)
     assert picked(old) == ["node-a/gpu-0"]  # double allocation
@@ -235,6 +280,23 @@ def test_a_device_that_stopped_allowing_shares_is_in_use_while_shares_remain() -
     # Admin access is not held back.
     admin = claim(request(adminAccess=True))
     assert picked(resolve(admin, build_inventory(slices), CLASSES, state, rules=R38)) == ["node-a/gpu-0"]
+
+
+@pytest.mark.parametrize("minor", [36, 37, 38])
+def test_a_share_with_consumed_capacity_leaves_an_exclusive_device_too_little_in_every_version(minor: int) -> None:
+    # Every version checks capacity on every device (CmpRequestOverCapacity): 10Gi held plus the
+    # exclusive allocation's whole 80Gi do not fit, for admin access too.
+    state = held("gpu-0", {"memory": "10Gi"})
+    inv = build_inventory([slice_("node-a", [gpu("gpu-0"), gpu("gpu-1")])])
+    rules = SchedulerRules(minor)
+    assert picked(resolve(claim(request()), inv, CLASSES, state, rules=rules)) == ["node-a/gpu-1"]
+    assert picked(resolve(claim(request(adminAccess=True)), inv, CLASSES, state, rules=rules)) == ["node-a/gpu-1"]
+    # Asking for less than is left fits, until 1.38 holds the device as in use while shared.
+    small = claim(request(capacity={"requests": {"memory": "70Gi"}}))
+    assert picked(resolve(small, inv, CLASSES, state, rules=rules)) == [f"node-a/gpu-{int(minor >= 38)}"]
+    alone = resolve(claim(request()), build_inventory([slice_("node-a", [gpu("gpu-0")])]), CLASSES, state, rules=rules)
+    assert alone.allocation is None
+    assert "memory: 10Gi of 80Gi still consumed by shares of ns/x" in alone.explanation.render()
 
 
 # --------------------------------------------------------------------------- (g) negative consumedCapacity

@@ -73,7 +73,7 @@ class CompiledSelector:
                 raise CelRuntimeError(self.expression, self.poisoned)
         outcome = result[0]
         if isinstance(outcome, CelRuntimeError):
-            raise outcome
+            raise _unreadable(activation, outcome)
         return _as_bool(self.expression, outcome)
 
     def _execute(self, activation: DeviceActivation) -> tuple[Any, float]:
@@ -84,6 +84,16 @@ class CompiledSelector:
         except Exception as exc:  # cel raises KeyError/TypeError/RuntimeError/ValueError...
             result = CelRuntimeError(self.expression, _runtime_message(exc))
         return result, time.perf_counter() - start
+
+
+def _unreadable(activation: DeviceActivation, error: CelRuntimeError) -> CelRuntimeError:
+    """``error`` in kube-scheduler 1.38's words where the key it missed is an attribute the device's
+    input left out as unreadable (see :func:`device_activation` ``on_read``)."""
+    missing = error.message.removeprefix("no such key: ") if error.message.startswith("no such key: ") else None
+    if missing is None or missing not in activation.unreadable:
+        return error
+    return CelRuntimeError(error.expression, f"attribute {missing}: value is invalid or its type is not supported by "
+                                             "this version")
 
 
 def _as_bool(expression: str, result: Any) -> bool:
@@ -232,14 +242,17 @@ class DeviceActivation:
     """A device's CEL input, for the expressions evaluated on it.
 
     ``error`` is set when the device data itself is broken (bad attribute or
-    capacity); the scheduler reports that as an evaluation error.
+    capacity); the scheduler reports that as an evaluation error. ``unreadable``: the identifiers
+    of attributes left out because they do not convert (only with ``on_read``, see
+    :func:`device_activation`).
     """
 
-    __slots__ = ("error", "variables")
+    __slots__ = ("error", "unreadable", "variables")
 
-    def __init__(self, variables: dict[str, Any], error: str | None) -> None:
+    def __init__(self, variables: dict[str, Any], error: str | None, unreadable: frozenset[str] = frozenset()) -> None:
         self.variables = variables
         self.error = error
+        self.unreadable = unreadable
 
     def context(self) -> Any:
         """The calling thread's cel.Context, holding this device: execute with it at once.
@@ -263,23 +276,34 @@ def device_activation(
     capacity: Mapping[str, Any] | None,
     allow_multiple_allocations: bool = False,
     qualified_first: bool = False,
+    on_read: bool = False,
 ) -> DeviceActivation:
     """Build the ``device`` variable from API-shaped attribute and capacity maps.
 
     Where a device publishes both ``x`` and ``<driver>/x``, the later of the two as published
-    fills the field, or with ``qualified_first`` (kube-scheduler 1.38) always ``<driver>/x``."""
+    fills the field, or with ``qualified_first`` (kube-scheduler 1.38) always ``<driver>/x``.
+
+    An attribute that does not convert (a version whose numbers semver cannot hold) is an error of
+    the whole input, failing every selector on the device, as kube-scheduler 1.36 and 1.37 convert
+    every attribute first.  With ``on_read`` (the rules' ``cel_converts_on_read``, 1.38) it is left
+    out instead and only an expression that reads it fails, in 1.38's words; ``has()`` of it is
+    then false where 1.38 fails too (the one read that tells the two apart)."""
     attrs: dict[str, dict[str, Any]] = {}
     caps: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
+    unreadable: set[str] = set()
     for name, raw in _items(attributes):
         if qualified_first and _shadowed(str(name), driver, attributes):
             continue
+        domain, ident = split_qualified_name(str(name), driver)
         try:
             value = _attribute_value(raw)
         except ValueError as exc:
-            errors.append(f"attribute {name}: {exc}")
+            if on_read:
+                unreadable.add(ident)
+            else:
+                errors.append(f"attribute {name}: {exc}")
             continue
-        domain, ident = split_qualified_name(str(name), driver)
         attrs.setdefault(domain, {})[ident] = value
     for name, raw in _items(capacity):
         if qualified_first and _shadowed(str(name), driver, capacity):
@@ -298,7 +322,7 @@ def device_activation(
         "capacity": caps,
         "allowMultipleAllocations": bool(allow_multiple_allocations),
     }
-    return DeviceActivation(variables, "; ".join(errors) or None)
+    return DeviceActivation(variables, "; ".join(errors) or None, frozenset(unreadable))
 
 
 def _shadowed(name: str, driver: str, entries: Mapping[str, Any] | None) -> bool:

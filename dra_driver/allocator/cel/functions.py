@@ -24,6 +24,9 @@ class SemverError(ValueError):
     pass
 
 
+_UINT64_MAX = 2**64 - 1
+
+
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
@@ -85,6 +88,10 @@ def parse_semver(text: str, normalize: bool = False) -> Semver:
         raise SemverError(f"invalid semantic version {text!r}")
     pre = tuple(m.group(4).split(".")) if m.group(4) else ()
     build = tuple(m.group(5).split(".")) if m.group(5) else ()
+    for number in (m.group(1), m.group(2), m.group(3), *(p for p in pre if p.isdigit())):
+        if int(number) > _UINT64_MAX:
+            # The scheduler's semver type holds each number in a uint64 (blang/semver's Parse).
+            raise SemverError(f'strconv.ParseUint: parsing "{number}": value out of range')
     return Semver(int(m.group(1)), int(m.group(2)), int(m.group(3)), pre, build)
 
 

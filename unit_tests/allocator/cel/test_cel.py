@@ -161,6 +161,15 @@ def test_semver_parsing() -> None:
         parse_semver("01.2.3")
 
 
+@pytest.mark.parametrize("text", ["18446744073709551616.0.0", "1.18446744073709551616.0", "1.0.18446744073709551616",
+                                  "1.0.0-rc.18446744073709551616", "18446744073709551616.0", "v100000000000000000000"])
+def test_semver_numbers_must_fit_64_bits(text: str) -> None:
+    # The API server of 1.37 accepts such versions; the scheduler's semver type (uint64s) does not.
+    with pytest.raises(SemverError, match=r'strconv.ParseUint: parsing "\d+": value out of range'):
+        parse_semver(text, normalize=not text[0].isdigit() or text.count(".") < 2)
+    assert parse_semver("18446744073709551615.0.0-18446744073709551615+99999999999999999999999").major == 2**64 - 1
+
+
 # --------------------------------------------------------------------------- driver comparison fast path
 
 
