@@ -22,9 +22,10 @@ What it does
   is deleted and nothing reserved it, the controller clears its allocation and the finalizer.
 
 Only the leader (Lease ``settings.leader_election_id``) processes claims and writes. Decisions
-are pure functions of the claim and its surroundings (:func:`classify`, :func:`plan_explanation`,
-:func:`annotation_patch`, ...); :class:`Controller` wires them to informers, a work queue and the
-API (:class:`dra_driver.k8s.client.KubeApi`).
+are pure functions of the claim and its surroundings (:mod:`dra_driver.controller.verdicts`);
+:class:`Controller` wires them to informers, a work queue of typed :class:`Item` s and the API
+(:class:`dra_driver.k8s.client.KubeApi`); what the engine decides with, and the warm-up that
+builds it before the workers start, is :mod:`dra_driver.controller.engine_inputs`.
 """
 
 from __future__ import annotations
@@ -34,46 +35,30 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from enum import StrEnum
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from dra_driver import logs, memory
-from dra_driver.allocator.inventory import Inventory, Prebuilt
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, FencedAllocator
-from dra_driver.controller.keys import (
-    MAX_SUMMARY_CHARS,
-    OUR_ANNOTATIONS,
-    REPORTING_CONTROLLER,
-)
+from dra_driver.controller.engine_inputs import EngineInputs, synced
+from dra_driver.controller.keys import OUR_ANNOTATIONS, REPORTING_CONTROLLER
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
 from dra_driver.controller.reporting import Reporter
 from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.settings import ControllerSettings
 from dra_driver.controller.verdicts import (
     Action,
-    Outcome,
     Verdict,
-    VerdictMemo,
     claim_config_errors,
     classify,
     config_only_outcome,
-    evaluate,
-    pending_classes,
 )
 from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_reading
-from dra_driver.k8s.claims import (
-    annotations_of,
-    classes_by_name,
-    is_allocated,
-    is_deleting,
-    pod_claim_keys,
-    pod_node,
-    uid_of,
-)
+from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys, uid_of
 from dra_driver.k8s.client import (
     CLAIM_TEMPLATES,
     CLAIMS,
@@ -88,7 +73,6 @@ from dra_driver.k8s.client import (
 )
 from dra_driver.k8s.compact import without_managed_fields
 from dra_driver.k8s.events import EventRecorder
-from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 from dra_driver.k8s.objects import Obj, key_of, resource_version
@@ -97,7 +81,7 @@ from dra_driver.k8s.wire import POD_CLAIM_REFS
 from dra_driver.k8s.workqueue import WorkQueue
 
 WORKERS = 16
-"""Queue workers. Evaluations run one at a time (see Controller._engine_lock); the others write
+"""Queue workers. Evaluations run one at a time (see EngineInputs._engine_lock); the others write
 meanwhile, so a backlog is paced by the write budget, not by API round trips. With 4, a backlog on
 the scale bench's 2,000-node cluster went at 104 claims/s: four PATCHes in flight at ~40 ms each
 on a busy API server."""
@@ -112,26 +96,34 @@ WAITING_PODS = "status.phase=Pending"
 not allocated (a pod runs once its claims are); the 150,000 pods of a full cluster are nearly all
 running, and were most of what the controller listed at start. A pod that starts running leaves
 the watch as a deletion (the API server's rule for an object that stops matching the selector)."""
-PREBUILD_EVERY = 0.2
-"""Seconds between looks at the slices a streaming list has received so far (see Controller._prebuild)."""
-IDLE_POLL = 0.05
-"""Seconds between looks at the queue while the warm-up waits for the workers to be idle."""
-RESCAN = "rescan:"
+
+
+class Kind(StrEnum):
+    """What a queue item asks the controller to look at."""
+
+    CLAIM = "claim"
+    CLASS = "class"
+    TEMPLATE = "template"
+    LEDGER = "ledger"
+    RESCAN = "rescan"
+
+
+class Item(NamedTuple):
+    """A work-queue item: what to look at and its object's key (namespace/name, or name)."""
+
+    kind: Kind
+    key: str = ""
+
+    def __str__(self) -> str:  # as the logs name it
+        return f"{self.kind}:{self.key}"
+
+
+RESCAN = Item(Kind.RESCAN)
 """The queue item that re-evaluates every unallocated claim (see Controller._enqueue_unallocated)."""
 
 
 # --------------------------------------------------------------------------------------------
 # The controller
-
-
-@dataclass
-class _Snapshot:
-    slices_version: int = -1
-    inventory: Inventory | None = None
-
-
-def _kind_key(kind: str, key: str) -> str:
-    return f"{kind}:{key}"
 
 
 class Controller:
@@ -168,7 +160,7 @@ class Controller:
                                               on_throttled=lambda: self.metrics.error("event_throttled"))
         self.clock = clock
         self.ledger_name = settings.allocation_ledger[1]
-        self.queue = WorkQueue(clock=clock)
+        self.queue: WorkQueue[Item] = WorkQueue(clock=clock)
         # What each store keeps: see dra_driver.controller.views.
         self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view)
         self.pods = Informer(api, PODS, self._on_pod, field_selector=WAITING_PODS, transform=pod_view,
@@ -180,19 +172,9 @@ class Controller:
         self._lock = threading.RLock()
         self._pod_claims: dict[str, set[str]] = {}
         self._claim_pods: dict[str, set[str]] = {}
-        self._slices_version = 0
-        self._classes_version = 0
-        self._snapshot = _Snapshot()
-        self._prebuilt: Prebuilt | None = None
-        """Pools digested while the slices were being listed, for the first inventory."""
-        self._inventory_lock = threading.Lock()
-        self._engine_lock = threading.Lock()
-        """Evaluations run one at a time: they are CPU-bound (the GIL gives nothing to a second
-        one), and the engine's caches need no locking of their own. Writes run in parallel."""
         self._allocation_lock = threading.RLock()
         """Controller allocation, finalization and the ledger one claim at a time, as before
         workers ran in parallel: the fence would catch a collision, but need not."""
-        self._verdicts = VerdictMemo()
         self._settled: dict[str, tuple[str, tuple[Any, ...]]] = {}
         """Explained claims: key -> (resourceVersion, inputs) of the last explanation written or
         found current. A claim whose resourceVersion and inputs are unchanged is not evaluated
@@ -200,17 +182,18 @@ class Controller:
         self._log = logs.get("controller")
         self.rules = RulesSource(settings.scheduler_rules, server_version, clock, self._log)
         self.accounting = Accounting(self.claims.store, self.engine, clock, lambda: self.queue.add(RESCAN))
+        self.inputs = EngineInputs(self.engine, driver=self.driver, slices=self.slices, classes=self.classes,
+                                   claims=self.claims, accounting=self.accounting, rules=self.rules,
+                                   metrics=self.metrics, waiting_pods=self.waiting_pods, log=self._log)
         self.reporter = Reporter(self.api, self.events, driver=self.driver, leadership=self.leadership,
                                  metrics=self.metrics, accounting=self.accounting, log=self._log,
                                  pod_events=settings.pod_events)
         self.allocator = FencedAllocator(
             self.api, driver=self.driver, ledger=settings.allocation_ledger, leadership=self.leadership,
             metrics=self.metrics, accounting=self.accounting, reporter=self.reporter,
-            resolve=lambda claim, fresh: self.outcome_for(claim, claims=fresh, require_own_driver=True),
-            requeue=lambda claim, delay: self.queue.add_after(_kind_key("claim", key_of(claim)), delay),
+            resolve=lambda claim, fresh: self.inputs.outcome_for(claim, claims=fresh, require_own_driver=True),
+            requeue=lambda claim, delay: self.queue.add_after(Item(Kind.CLAIM, key_of(claim)), delay),
             log=self._log, settle_seconds=settle_seconds, sleep=sleep)
-        self._warm = threading.Event()
-        """Set once the warm-up has built what the workers need first (or given up)."""
         self._working = threading.Event()
         """Set once the workers run, with the claims of the first resync queued."""
         self._beats = [clock()] * (WORKERS + 1)
@@ -231,7 +214,7 @@ class Controller:
                 self._settled.pop(key, None)
         tracked = self.accounting.tracks(uid)
         if not (new is not None and needs_no_work(new) and (old is None or needs_no_work(old)) and not tracked):
-            self.queue.add(_kind_key("claim", key))
+            self.queue.add(Item(Kind.CLAIM, key))
         # A change of one claim's devices frees or takes devices the others may want.
         if holdings(old) != holdings(new):
             self.accounting.changed()
@@ -257,7 +240,7 @@ class Controller:
         self.reporter.pod_notices.forget_pod(pkey, before - keys)
         for ck in before ^ keys:
             if self._waiting_matters(ck):
-                self.queue.add(_kind_key("claim", ck))
+                self.queue.add(Item(Kind.CLAIM, ck))
 
     def _waiting_matters(self, claim_key: str) -> bool:
         """Whether a pod starting or stopping to wait for the claim can change what the controller
@@ -267,20 +250,18 @@ class Controller:
         return claim is None or not needs_no_work(claim) or self.accounting.tracks(uid_of(claim))
 
     def _on_slice(self, old: Obj | None, new: Obj | None) -> None:
-        with self._lock:
-            self._slices_version += 1
+        self.inputs.slices_changed()
         self.queue.add(RESCAN)
 
     def _on_class(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
-            self.queue.add(_kind_key("class", key_of(new)))
-        with self._lock:
-            self._classes_version += 1
+            self.queue.add(Item(Kind.CLASS, key_of(new)))
+        self.inputs.classes_changed()
         self.queue.add(RESCAN)
 
     def _on_template(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
-            self.queue.add(_kind_key("template", key_of(new)))
+            self.queue.add(Item(Kind.TEMPLATE, key_of(new)))
 
     def _enqueue_unallocated(self) -> None:
         """Every claim a change of devices, classes or allocations may give a new verdict. Handlers
@@ -288,7 +269,7 @@ class Controller:
         on 500 nodes is one re-evaluation, not 500 of every pending claim. A claim waiting out a
         delay or a retry back-off keeps waiting: its turn sees the change."""
         for c in self.claims.store.values():
-            item = _kind_key("claim", key_of(c))
+            item = Item(Kind.CLAIM, key_of(c))
             if not is_allocated(c) and not self.queue.deferred(item):
                 self.queue.add(item)
 
@@ -304,79 +285,19 @@ class Controller:
     def resync(self) -> None:
         """Enqueue everything that may need attention (periodically and on becoming leader), with
         the scheduler rules re-read when due: a change of rules re-explains every pending claim
-        (their inputs, :meth:`_inputs`, name the rules)."""
+        (what their explanations were computed against,
+        :meth:`EngineInputs.seen`, names the rules)."""
         self.rules.refresh()
         for c in self.claims.store.values():
             if not is_allocated(c) or any(a in annotations_of(c) for a in OUR_ANNOTATIONS) or is_deleting(c):
-                self.queue.add(_kind_key("claim", key_of(c)))
+                self.queue.add(Item(Kind.CLAIM, key_of(c)))
         for written in self.accounting.written():
-            self.queue.add(_kind_key("claim", key_of(written)))
+            self.queue.add(Item(Kind.CLAIM, key_of(written)))
         for cls in self.classes.store.values():
-            self.queue.add(_kind_key("class", key_of(cls)))
+            self.queue.add(Item(Kind.CLASS, key_of(cls)))
         for t in self.templates.store.values():
-            self.queue.add(_kind_key("template", key_of(t)))
-        self.queue.add(_kind_key("ledger", self.ledger_name))
-
-    # -- the engine's inputs
-
-    def inventory(self) -> Inventory:
-        return self._inventory()[1]
-
-    def _inventory(self) -> tuple[int, Inventory]:
-        """The inventory and the slices version it is at least as new as."""
-        with self._inventory_lock:  # one build at a time; the others take its result
-            with self._lock:
-                version = self._slices_version
-                snap = self._snapshot
-            if snap.slices_version == version and snap.inventory is not None:
-                return version, snap.inventory
-            # The last inventory lends its devices' CEL state to unchanged devices: a slice update
-            # then costs CEL conversions only for the devices it changed.
-            prebuilt, self._prebuilt = self._prebuilt, None
-            inv = self.engine.build_inventory(self.slices.store.values(), previous=snap.inventory, prebuilt=prebuilt)
-            with self._lock:
-                self._snapshot = _Snapshot(version, inv)
-            return version, inv
-
-    def class_map(self) -> dict[str, Obj]:
-        return classes_by_name(self.classes.store.values())
-
-    def _class_map(self) -> tuple[int, dict[str, Obj]]:
-        with self._lock:
-            version = self._classes_version
-        return version, self.class_map()
-
-
-    def outcome_for(self, claim: Obj, *, claims: Sequence[Obj] | None = None, require_own_driver: bool) -> Outcome:
-        classes_version, classes = self._class_map()
-        t0 = time.perf_counter()
-        try:
-            try:
-                slices_version, inventory = self._inventory()
-                if claims is None:
-                    holdings_version, allocated = self.accounting.held_by_others(claim)
-                else:
-                    holdings_version = None
-                    allocated = self.engine.allocated_state(self.accounting.claims(claims), exclude_uid=uid_of(claim))
-            except Exception as exc:
-                self.metrics.error("inventory")
-                msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
-                return Outcome(Verdict.ERROR, one_line(msg, MAX_SUMMARY_CHARS), None, None, msg,
-                               tuple(claim_config_errors(claim, classes, self.driver)))
-            nodes = None
-            pods = self.waiting_pods(key_of(claim))
-            pinned = {n for p in pods if (n := pod_node(p))}
-            if len(pinned) == 1 and len(pods) == 1:
-                nodes = sorted(pinned)
-            rules = self.rules.current()
-            memo = None
-            if holdings_version is not None and not require_own_driver:
-                memo = (self._verdicts, (slices_version, classes_version, holdings_version, rules))
-            with self._engine_lock:
-                return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
-                                require_own_driver=require_own_driver, memo=memo, rules=rules)
-        finally:
-            self.metrics.resolve_seconds.observe(time.perf_counter() - t0)
+            self.queue.add(Item(Kind.TEMPLATE, key_of(t)))
+        self.queue.add(Item(Kind.LEDGER, self.ledger_name))
 
     # -- processing
 
@@ -397,33 +318,33 @@ class Controller:
             delay = self.queue.add_rate_limited(item)
             if kind == "throttled":
                 # The client already retried as the server asked; a busy API server is no fault of ours.
-                self._log.info("throttled by the API server, retrying", item=item, retry_in=delay)
+                self._log.info("throttled by the API server, retrying", item=str(item), retry_in=delay)
             else:
-                self._log.warning("processing failed, retrying", item=item, error=str(exc), retry_in=delay,
+                self._log.warning("processing failed, retrying", item=str(item), error=str(exc), retry_in=delay,
                                   exc_info=api_error is None)
         finally:
             self.queue.done(item)
             self.metrics.queue_depth.set(len(self.queue))
         return True
 
-    def process(self, item: str) -> None:
-        kind, _, key = item.partition(":")
+    def process(self, item: Item) -> None:
+        kind, key = item
         if not self.leadership.is_leader():
             return
-        if kind == "claim":
+        if kind is Kind.CLAIM:
             self.sync_claim(key)
-        elif kind == "class":
+        elif kind is Kind.CLASS:
             obj = self.classes.store.get(key)
             if obj is not None:
                 self.reporter.validate_object(obj, DEVICE_CLASSES)
-        elif kind == "template":
+        elif kind is Kind.TEMPLATE:
             obj = self.templates.store.get(key)
             if obj is not None:
                 self.reporter.validate_object(obj, CLAIM_TEMPLATES)
-        elif kind == "ledger":
+        elif kind is Kind.LEDGER:
             with self._allocation_lock:
                 self.allocator.collect_ledger()
-        elif item == RESCAN:
+        elif kind is Kind.RESCAN:
             self._enqueue_unallocated()
 
     def sync_claim(self, key: str) -> None:
@@ -445,7 +366,7 @@ class Controller:
         if action in (Action.IGNORE, Action.CLEAR):
             if not is_allocated(claim) and not is_deleting(claim):
                 # Nobody waits for it (yet): still flag bad configuration before a node sees it.
-                errors = claim_config_errors(claim, self.class_map(), self.driver)
+                errors = claim_config_errors(claim, self.inputs.class_map(), self.driver)
                 if errors:
                     self.reporter.record(claim, config_only_outcome(errors, self.driver), log)
                     return
@@ -457,11 +378,11 @@ class Controller:
                 self.allocator.finalize(claim, log)
             return
         if action is Action.EXPLAIN:
-            seen = self._inputs(key)
+            seen = self.inputs.seen(self.waiting_pods(key))
             with self._lock:
                 if self._settled.get(key) == (resource_version(claim), seen):
                     return  # explained as it stands, against what is there now
-        outcome = self.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
+        outcome = self.inputs.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
         self.reporter.tell_pods(claim, outcome, self.waiting_pods(key))
         if action is Action.EXPLAIN or outcome.verdict is not Verdict.SATISFIABLE:
             result = self.reporter.record(claim, outcome, log)
@@ -472,31 +393,22 @@ class Controller:
         with self._allocation_lock:
             self.allocator.allocate(claim, log)
 
-    def _inputs(self, key: str) -> tuple[Any, ...]:
-        """What a pending claim's explanation depends on besides the claim itself: the versions of
-        the slices, classes and allocations, the node its one pod is pinned to, and which pods wait
-        for it (a pod that starts waiting is told the verdict)."""
-        pods = self.waiting_pods(key)
-        with self._lock:
-            return (self._slices_version, self._classes_version, self.accounting.version,
-                    tuple(sorted({n for p in pods if (n := pod_node(p))})), tuple(key_of(p) for p in pods),
-                    self.rules.current())
-
     # -- running
 
     def healthy(self) -> bool:
         return all(i.synced.is_set() for i in self.informers) and self.clock() - min(self._beats) < 120
 
     def wait_synced(self, stop: threading.Event, timeout: float = 120.0) -> bool:
-        return _synced(self.informers, stop, time.monotonic() + timeout)
+        return synced(self.informers, stop, time.monotonic() + timeout)
 
     def run(self, stop: threading.Event) -> None:
         for inf in self.informers:
             inf.start(stop)
-        warm = threading.Thread(target=self._warm_up, args=(stop,), name="inventory", daemon=True)
+        warm = threading.Thread(target=self.inputs.warm_up, args=(stop, self._working, self.queue.idle),
+                                name="inventory", daemon=True)
         warm.start()
         if self.wait_synced(stop):
-            self._warm.wait()
+            self.inputs.warm.wait()
         else:
             if stop.is_set():
                 return
@@ -524,98 +436,6 @@ class Controller:
         for w in workers:
             w.join(timeout=5)
 
-    def _warm_up(self, stop: threading.Event) -> None:
-        """Build the device inventory, group its devices the way a claim for one device of a
-        DeviceClass does, and add up what the claims hold, before the workers start: at 5,000
-        nodes the inventory takes a couple of seconds, each grouping a few tenths and the sum of
-        20,000 claims tens of milliseconds, which would otherwise be the first claims' wait. It
-        starts as soon as the slices are listed, while the other lists still wait for the API
-        server. Later slice changes only rebuild what they touched, when a claim next asks.
-
-        Only the classes that pending claims ask for are grouped before the workers start; the
-        others (the dynamic-MIG class is the costliest: 76,000 partitionable devices at 5,000
-        nodes) once the workers have nothing to do, so that no claim waits for a class it does
-        not use."""
-        try:
-            if not self._prebuild(stop):
-                return
-            t0 = time.perf_counter()
-            try:
-                inventory = self.inventory()
-            except Exception as exc:  # the first claim's evaluation reports it, with the claim
-                self._log.warning("cannot build the device inventory yet", error=f"{type(exc).__name__}: {exc}")
-                return
-            self._log.info("device inventory built", devices=len(inventory.devices),
-                           seconds=round(time.perf_counter() - t0, 3))
-            if not _synced((self.classes, self.claims), stop):
-                return
-            classes = self.class_map()
-            wanted = sorted(pending_classes(self.claims.store.values()) & classes.keys())
-            self._prime(inventory, wanted, classes)
-            t0 = time.perf_counter()
-            self.accounting.held()
-            # The inventory and its groupings live as long as the slices stay as they are; left to
-            # the cyclic collector, the first full collection after start walks all of them (half
-            # a second at 5,000 nodes) in whichever claim's evaluation it falls.
-            gc.freeze()
-            self._log.info("devices held by claims added up", claims=len(self.claims.store),
-                           seconds=round(time.perf_counter() - t0, 3))
-        finally:
-            self._warm.set()
-        rest = sorted(classes.keys() - set(wanted))
-        while not self._working.wait(IDLE_POLL):
-            if stop.is_set():
-                return
-        for name in rest:
-            while not self.queue.idle():
-                if stop.wait(IDLE_POLL):
-                    return
-            classes = self.class_map()
-            if name not in classes:
-                continue
-            try:
-                inventory = self.inventory()  # the slices may have changed meanwhile
-            except Exception:
-                return  # the next claim's evaluation reports it, with the claim
-            self._prime(inventory, [name], classes)
-        gc.freeze()
-        self._log.info("warm-up over", classes=len(classes), grouped_first=len(wanted))
-
-    def _prime(self, inventory: Inventory, names: Sequence[str], classes: dict[str, Obj]) -> None:
-        """Group the devices for each of the DeviceClasses ``names``, one at a time."""
-        t0 = time.perf_counter()
-        for name in names:
-            try:
-                with self._engine_lock:
-                    self.engine.prime(inventory, name, classes)
-            except Exception as exc:  # the class's claims report it, each with the claim
-                self._log.warning("cannot group the devices for a DeviceClass", device_class=name,
-                                  error=f"{type(exc).__name__}: {exc}")
-        if names:
-            self._log.info("devices grouped for DeviceClasses", classes=list(names),
-                           seconds=round(time.perf_counter() - t0, 3))
-
-    def _prebuild(self, stop: threading.Event) -> bool:
-        """Digest the slices' pools as the API server streams them, until they are all listed
-        (True) or ``stop`` is set: at 5,000 nodes the slices take seconds to arrive, time in which
-        the inventory's per-device work is otherwise not started."""
-        prebuilt, arrived, taken, t0 = Prebuilt(), self.slices.streamed, 0, time.perf_counter()
-        while not self.slices.synced.wait(PREBUILD_EVERY):
-            if stop.is_set():
-                return False
-            if self.slices.streamed is not arrived:
-                if self.slices.synced.is_set():
-                    break  # the list ended after this look began
-                prebuilt, arrived, taken = Prebuilt(), self.slices.streamed, 0  # a list (re)started
-            batch = arrived[taken:]
-            if batch:
-                prebuilt.add(batch)
-                taken += len(batch)
-        self._prebuilt = prebuilt
-        self._log.info("pools digested while the slices arrived", pools=len(prebuilt.pools), slices=taken,
-                       seconds=round(time.perf_counter() - t0, 3))
-        return True
-
     def _work(self, stop: threading.Event, beat: int) -> None:
         while not stop.is_set():
             self._beats[beat] = self.clock()
@@ -624,16 +444,6 @@ class Controller:
             except Exception:  # belt and braces: process_next already catches
                 self.metrics.error("loop")
                 self._log.exception("worker loop error")
-
-
-def _synced(informers: Sequence[Informer], stop: threading.Event, deadline: float | None = None) -> bool:
-    """Wait until every one of ``informers`` has synced; False once ``stop`` is set or ``deadline``
-    (monotonic) has passed."""
-    for inf in informers:
-        while not inf.synced.wait(0.2):
-            if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
-                return False
-    return True
 
 
 def run(settings: ControllerSettings) -> int:

@@ -11,11 +11,14 @@ import heapq
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+"""A key: any hashable value (a UID, a typed item)."""
 
 
-class WorkQueue:
+class WorkQueue(Generic[K]):
     """De-duplicating work queue with delayed adds and per-key retry back-off."""
 
     def __init__(
@@ -27,23 +30,23 @@ class WorkQueue:
     ) -> None:
         self._clock = clock
         self._cond = threading.Condition()
-        self._queue: deque[str] = deque()
-        self._queued: set[str] = set()
-        self._processing: set[str] = set()
-        self._dirty: set[str] = set()
-        self._timers: list[tuple[float, int, str]] = []
-        self._delayed: dict[str, int] = {}  # key -> timers pending for it
+        self._queue: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: list[tuple[float, int, K]] = []
+        self._delayed: dict[K, int] = {}  # key -> timers pending for it
         self._seq = 0
-        self._failures: dict[str, int] = {}
+        self._failures: dict[K, int] = {}
         self._base = base_delay
         self._max = max_delay
         self._shutdown = False
 
-    def add(self, key: str) -> None:
+    def add(self, key: K) -> None:
         with self._cond:
             self._add_locked(key)
 
-    def _add_locked(self, key: str) -> None:
+    def _add_locked(self, key: K) -> None:
         if self._shutdown:
             return
         if key in self._processing:
@@ -55,7 +58,7 @@ class WorkQueue:
         self._queue.append(key)
         self._cond.notify()
 
-    def add_after(self, key: str, delay: float) -> None:
+    def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:
             self.add(key)
             return
@@ -65,7 +68,7 @@ class WorkQueue:
             self._delayed[key] = self._delayed.get(key, 0) + 1
             self._cond.notify()
 
-    def add_rate_limited(self, key: str) -> float:
+    def add_rate_limited(self, key: K) -> float:
         """Re-add ``key`` after a back-off that doubles with every consecutive failure."""
         with self._cond:
             n = self._failures.get(key, 0)
@@ -74,15 +77,15 @@ class WorkQueue:
         self.add_after(key, delay)
         return delay
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: K) -> None:
         with self._cond:
             self._failures.pop(key, None)
 
-    def failures(self, key: str) -> int:
+    def failures(self, key: K) -> int:
         with self._cond:
             return self._failures.get(key, 0)
 
-    def deferred(self, key: str) -> bool:
+    def deferred(self, key: K) -> bool:
         """``key`` waits for a delayed add or a retry back-off: adding it now would cut the wait short."""
         with self._cond:
             return key in self._delayed or key in self._failures
@@ -97,7 +100,7 @@ class WorkQueue:
             self._add_locked(key)
         return self._timers[0][0] - now if self._timers else None
 
-    def get(self, timeout: float | None = None) -> str | None:
+    def get(self, timeout: float | None = None) -> K | None:
         """The next key (now held by the caller until :meth:`done`), or None on timeout/shutdown."""
         deadline = None if timeout is None else self._clock() + timeout
         with self._cond:
@@ -117,7 +120,7 @@ class WorkQueue:
                     wait = left if wait is None else min(wait, left)
                 self._cond.wait(wait)
 
-    def done(self, key: str) -> None:
+    def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
             if key in self._dirty:
@@ -138,7 +141,7 @@ class WorkQueue:
         with self._cond:
             return not self._queue and not self._processing
 
-    def pending(self) -> list[str]:
+    def pending(self) -> list[K]:
         with self._cond:
             return [*self._queue]
 

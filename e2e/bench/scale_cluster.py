@@ -36,7 +36,7 @@ CONTROLLER_USER = "scale-bench-controller"
 NO_SCHEDULER = "scale-bench-none"
 """Pods naming this scheduler are never scheduled: their claims stay pending for our controller alone."""
 WARM_UP_ENDS = ("warm-up over", "cannot build the device inventory yet")
-"""The controller's log events that end its warm-up (``Controller._warm_up``)."""
+"""The controller's log events that end its warm-up (``EngineInputs.warm_up`` in dra_driver.controller.engine_inputs)."""
 EXPLANATION = f"{DRIVER}/explanation"
 RESOLVE_HISTOGRAM = "dra_driver_controller_resolve_duration_seconds"
 QUEUE_DEPTH = "dra_driver_controller_workqueue_depth"

@@ -35,7 +35,7 @@ from structlog.testing import capture_logs
 from dra_driver.allocator import groups
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
-from dra_driver.controller.reconciler import Controller
+from dra_driver.controller.reconciler import RESCAN, Controller, Kind
 from dra_driver.controller.settings import DEFAULT_MAX_WRITES_PER_SECOND, add_controller_arguments, controller_settings
 from dra_driver.controller.verdicts import VerdictMemo, evaluate
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, PODS, SLICES, ApiError
@@ -183,7 +183,7 @@ class TestNothingNew:
         assert writes == 15 and resolves == 1  # per claim a patch, its Event and its pod's; one evaluation for five copies
         for _ in range(3):
             ctrl.resync()
-            ctrl.queue.add("rescan:")
+            ctrl.queue.add(RESCAN)
             step(ctrl)
         assert len(kube.writes()) == writes and len(engine.resolves) == resolves
 
@@ -257,7 +257,7 @@ class TestSharedVerdicts:
         ctrl, engine, _ = make(kube)
         sync(ctrl)
         claims = {c["metadata"]["name"]: c for c in ctrl.claims.store.values()}
-        inv, classes = ctrl.inventory(), ctrl.class_map()
+        inv, classes = ctrl.inputs.inventory(), ctrl.inputs.class_map()
         _, held = ctrl.accounting.held_by_others(claims["c1"])
         memo = VerdictMemo()
         first = evaluate(engine, claims["c0"], inv, classes, held, driver="gpu.dra-driver.io", memo=(memo, 1))
@@ -315,7 +315,7 @@ def test_claims_that_need_no_work_are_not_queued() -> None:
     pending(kube, 1)
     ctrl, _, _ = make(kube)
     sync(ctrl)
-    assert [k for k in ctrl.queue.pending() if k.startswith("claim:")] == ["claim:default/c0"]
+    assert [k.key for k in ctrl.queue.pending() if k.kind is Kind.CLAIM] == ["default/c0"]
     assert ctrl.waited_for("default/done3")
 
 
@@ -530,10 +530,11 @@ def test_workers_start_when_the_informers_are_slow_to_sync() -> None:
         def wait_synced(self, stop: threading.Event, timeout: float = 120.0) -> bool:
             return False  # as after two minutes
 
-        def _warm_up(self, stop: threading.Event) -> None:
-            stop.wait()  # as while a list never ends
+    def never_warm(stop: threading.Event, *_: Any) -> None:
+        stop.wait()  # as while a list never ends
 
     ctrl = NeverWarm(kube, settings(), sleep=lambda _s: None)
+    ctrl.inputs.warm_up = never_warm  # type: ignore[method-assign]
     add_claim(kube, claim("c1", count=9))
     add_pod(kube, pod("p1", "c1"))
     runner = threading.Thread(target=ctrl.run, args=(stop,), daemon=True)
@@ -569,16 +570,16 @@ def test_pools_are_digested_while_the_slices_arrive() -> None:
     streaming = threading.Thread(target=ctrl.slices.stream, args=(stop,), daemon=True)
     with capture_logs() as logs:
         streaming.start()
-        assert ctrl._prebuild(stop)
+        assert ctrl.inputs.prebuild(stop)
     streaming.join(timeout=10)
-    early = dict(ctrl._prebuilt.pools) if ctrl._prebuilt is not None else {}
+    early = dict(ctrl.inputs.prebuilt.pools) if ctrl.inputs.prebuilt is not None else {}
     done = next(e for e in logs if e["event"] == "pools digested while the slices arrived")
     assert done["slices"] >= 1 and len(early) == done["pools"] >= 1  # how many: up to the machine's load
-    inventory = ctrl.inventory()
+    inventory = ctrl.inputs.inventory()
     assert [d.index for d in inventory.devices] == list(range(8))
     taken = [p for p in inventory.pools if early.get((p.driver, p.name)) is p]
     assert len(taken) == len(early)
-    assert ctrl._prebuilt is None  # spent on the first inventory
+    assert ctrl.inputs.prebuilt is None  # spent on the first inventory
 
 
 def test_only_pods_not_yet_running_are_watched() -> None:

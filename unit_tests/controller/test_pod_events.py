@@ -11,7 +11,7 @@ from kubefake import FakeKube
 
 from dra_driver.controller.keys import SUMMARY_ANNOTATION
 from dra_driver.controller.pod_notices import PodNotices, pod_event_note
-from dra_driver.controller.reconciler import Controller
+from dra_driver.controller.reconciler import RESCAN, Controller
 from dra_driver.controller.views import pod_view
 from dra_driver.k8s.claims import EXTENDED_RESOURCES_CLAIM, POD_CLAIM_NAME_ANNOTATION, pod_claim_keys, pod_claim_names
 from dra_driver.k8s.client import CLAIMS, PODS
@@ -95,7 +95,7 @@ class TestPodEvents:
         before = len(kube.writes())
         for _ in range(3):
             ctrl.resync()
-            ctrl.queue.add("rescan:")
+            ctrl.queue.add(RESCAN)
             step(ctrl)
         assert len(kube.writes()) == before
         c = kube.obj(CLAIMS, "default/c1")

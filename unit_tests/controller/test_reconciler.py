@@ -46,7 +46,7 @@ from dra_driver.controller.keys import (
     REPORTING_CONTROLLER,
     SUMMARY_ANNOTATION,
 )
-from dra_driver.controller.reconciler import Controller
+from dra_driver.controller.reconciler import Controller, Item, Kind
 from dra_driver.controller.verdicts import (
     Action,
     Outcome,
@@ -432,7 +432,7 @@ class TestExplain:
         ctrl, _ = make(kube, engine=spy)
         sync(ctrl)
         for _ in range(10):
-            ctrl.queue.add("claim:default/c1")
+            ctrl.queue.add(Item(Kind.CLAIM, "default/c1"))
         drain(ctrl)
         assert spy.calls == ["c1"]
 
@@ -787,7 +787,7 @@ class TestFinalize:
 def test_queue_item_for_missing_objects_is_harmless() -> None:
     kube = cluster()
     ctrl, _ = make(kube)
-    for item in ("claim:default/ghost", "class:ghost", "template:ns/ghost", "weird:thing"):
+    for item in (Item(Kind.CLAIM, "default/ghost"), Item(Kind.CLASS, "ghost"), Item(Kind.TEMPLATE, "ns/ghost")):
         ctrl.queue.add(item)
     drain(ctrl)
     assert kube.writes() == []

@@ -135,7 +135,7 @@ class ClaimStatusWriter:
         self.driver_name = driver_name
         self.node_name = node_name
         self.field_manager = driver_name
-        self._queue = WorkQueue(base_delay=retry_base, max_delay=retry_max)
+        self._queue: WorkQueue[str] = WorkQueue(base_delay=retry_base, max_delay=retry_max)
         self._settle = settle
         self._max_settle = max_settle
         self._last_call = time.monotonic()
