@@ -317,6 +317,14 @@ class Search:
                 used[cs][name] -= value
 
 
+def _uncomparable(dev: Device, attribute: str, rules: SchedulerRules) -> bool:
+    try:
+        lookup_attribute(dev, attribute, rules)
+    except UnsupportedAttribute:
+        return True
+    return False
+
+
 def _constraint_add(c: Constraint, alt: Alt, dev: Device, rules: SchedulerRules) -> bool:
     """Raises :class:`UnsupportedAttribute` (1.38) for a value the constraint cannot compare."""
     attr = lookup_attribute(dev, c.attribute, rules)
@@ -445,12 +453,16 @@ class Ctx:
         return False
 
     def raises(self, alt: Alt, dev: Device) -> bool:
-        """Whether looking at ``dev`` for ``alt`` ends the attempt: a CEL runtime error, or (1.38)
-        a capacity the request names twice."""
+        """Whether looking at ``dev`` for ``alt`` may end the attempt: a CEL runtime error, or (1.38)
+        a capacity the request names twice, or an attribute a constraint on the request cannot
+        compare (the scheduler tries the device even where too few are left to fill the request)."""
         v = self.verdict(alt, dev)
         if v is not None:
             return isinstance(v[1], CelError)
-        return bool(alt.capacity) and requested_twice(dev, alt.capacity, self.rules.qualified_names) is not None
+        if alt.capacity and requested_twice(dev, alt.capacity, self.rules.qualified_names) is not None:
+            return True
+        return self.rules.constraint_type_errors and any(
+            c.applies(alt) and _uncomparable(dev, c.attribute, self.rules) for c in self.constraints)
 
     def capacity_named(self, alt: Alt, dev: Device) -> bool:
         """True, or (1.38) the error of a request that names one of the device's capacities both
