@@ -227,6 +227,15 @@ def test_a_version_semver_cannot_hold_is_an_error_under_a_constraint(kind: str) 
     assert "in plain words: a matchAttribute or distinctAttribute constraint met a device" in new.explanation.render()
 
 
+def test_the_uncomparable_device_is_tried_even_where_too_few_devices_are_left() -> None:
+    # Two devices for a request of three: the scheduler still tries the first and stops at it.
+    devices = [gpu("gpu-0", {"firmwareVersion": {"version": HUGE}}), gpu("gpu-1", {"firmwareVersion": {"version": HUGE}})]
+    c = claim(request(count=3, deviceClassName="any"), constraints=[{"matchAttribute": f"{D}/firmwareVersion"}])
+    old, new = both(c, [slice_("node-a", devices)])
+    assert old.allocation is None and not old.explanation.errors
+    assert f"device {D}/node-a/gpu-0: unsupported attribute value" in aborted(new)
+
+
 def test_a_version_semver_cannot_hold_fails_every_selector_up_to_137_and_only_a_reading_one_in_138() -> None:
     slices = [slice_("node-a", [gpu("gpu-0", {"firmwareVersion": {"version": HUGE}, "model": {"string": "A"}})])]
     old, new = both(claim(request()), slices)
