@@ -381,10 +381,11 @@ def _precheck(ctx: Ctx, explanation: Explanation) -> None:
     on each node before searching (an error there, an ``All`` request's sizing and the claim's
     result limit can each make it stop with an error), and it searches the requests in order,
     so a CEL runtime error in an earlier request (or in this one) stops it before it finds this
-    request unsatisfiable.  In any of these cases the search decides.
+    request unsatisfiable; so can, under the 1.38 rules, a device it tries (:func:`_fatal_by_rules`).
+    In any of these cases the search decides.
     """
     alternatives = [a for alts in ctx.requests for a in alts]
-    if any(a.error or a.mode == "All" for a in alternatives):
+    if any(a.error or a.mode == "All" for a in alternatives) or _fatal_by_rules(ctx):
         return
     if sum(min(a.count for a in alts) for alts in ctx.requests) > MAX_RESULTS:
         return
