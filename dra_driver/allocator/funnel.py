@@ -380,14 +380,14 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
             asked = next((q for n, q in alt.capacity.items()
                           if (f"{d.key[0]}/{n}" if qualified and "/" not in n else n) == name), None)
             rounded = f" (asked {show(asked.value)})" if asked is not None and asked.value != amount.value else ""
-            need = f"need {show(amount.value)}{rounded}"
+            needs = f"need {show(amount.value)}{rounded}"
             if not d.allow_multi:
                 # Shares from when its slice still allowed them: the scheduler counts them on top
                 # of an exclusive allocation, which consumes what it does not ask for in full.
                 whole = " (all of it, not requested)" if asked is None else ""
                 return (f"{shown}: {show(taken)} of {show(total)} still consumed by shares of {owners}, from before the "
-                        f"device stopped allowing multiple allocations; {need}{whole}")
-            return f"{shown}: {show(taken)} of {show(total)} consumed by {owners}; {need}"
+                        f"device stopped allowing multiple allocations; {needs}{whole}")
+            return f"{shown}: {show(taken)} of {show(total)} consumed by {owners}; {needs}"
     return None
 
 
