@@ -1,5 +1,5 @@
 """A small in-memory API server for ResourceSlices (and the one Node the publisher reads), with the
-parts of :class:`dra_driver.k8s.client.KubeApi` that :class:`dra_driver.node.publish.slices.SlicePublisher`
+parts of :class:`dra_driver.k8s.client.KubeApi` that :class:`dra_driver.node.publish.publisher.SlicePublisher`
 uses; unlike :class:`kubefake.FakeKube` it can drop fields like a disabled feature gate and wipe
 the node's slices behind the publisher's back like a kubelet."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ENTRY_MODULES = ["dra_driver.cli", "dra_driver.node.plugin", "dra_driver.node.prepare.state", "dra_driver.node.publish.slices",
+ENTRY_MODULES = ["dra_driver.cli", "dra_driver.node.plugin", "dra_driver.node.prepare.state", "dra_driver.node.publish.publisher",
                  "dra_driver.controller.reconciler", "dra_driver.tools.explain"]
 FORBIDDEN = ("kubernetes.client.models.", "kubernetes.client.api.")
 

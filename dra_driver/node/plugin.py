@@ -67,7 +67,7 @@ from dra_driver.node.publish.health import (
 )
 from dra_driver.node.publish.healthboard import HealthBoard
 from dra_driver.node.publish.ownership import PublisherLock
-from dra_driver.node.publish.slices import SlicePublisher
+from dra_driver.node.publish.publisher import SlicePublisher
 from dra_driver.node.settings import PluginSettings
 from dra_driver.ondisk import PUBLISHER_LOCK_FILE
 

@@ -17,7 +17,7 @@ from typing import Any
 from dra_driver.k8s import client as kube
 from dra_driver.node.describe.devices import describe, enumerate_devices
 from dra_driver.node.discovery.select import open_backend
-from dra_driver.node.publish.slices import SlicePublisher
+from dra_driver.node.publish.publisher import SlicePublisher
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.common import Result, summarize_ms
 from e2e.bench.sharedbed import NODES, BenchBed

@@ -4,7 +4,7 @@ The :class:`HealthMonitor` is the one place health turns into effects:
 
 * the device health stream (``DRAResourceHealth``, v1 and v1alpha1) through :class:`HealthBoard.update`;
 * a device taint ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on every unhealthy device,
-  re-published through :class:`dra_driver.node.publish.slices.SlicePublisher`, so the scheduler stops placing
+  re-published through :class:`dra_driver.node.publish.publisher.SlicePublisher`, so the scheduler stops placing
   new claims there. Recovery removes the taint; nothing restarts.
 
 A GPU's health applies to every device carved from it (its MIG devices, its dynamic-MIG

@@ -30,7 +30,7 @@ from dra_driver.node.publish.health import (
     taint_value,
 )
 from dra_driver.node.publish.healthboard import HealthBoard
-from dra_driver.node.publish.slices import SlicePublisher
+from dra_driver.node.publish.publisher import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 DEVICES = build_devices()

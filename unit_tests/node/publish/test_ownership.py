@@ -12,7 +12,7 @@ from typing import Any
 from sliceapi import InMemorySliceApi
 
 from dra_driver.node.publish.ownership import PublisherLock
-from dra_driver.node.publish.slices import SlicePublisher
+from dra_driver.node.publish.publisher import SlicePublisher
 
 DRIVER = "gpu.example.com"
 

@@ -20,7 +20,7 @@ from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.publish.health import HealthFileSource, HealthReport
-from dra_driver.node.publish.slices import SlicePublisher
+from dra_driver.node.publish.publisher import SlicePublisher
 
 DRIVER = "gpu.dra-driver.io"
 

@@ -13,13 +13,9 @@ from dra_driver.k8s.client import SLICES, ApiError, Resource
 from dra_driver.node import events as notices
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.publish.checker import Violation
-from dra_driver.node.publish.slices import (
-    SlicePublisher,
-    bisect_refused,
-    refused_devices,
-    split_into_slices,
-    withheld_summary,
-)
+from dra_driver.node.publish.publisher import SlicePublisher
+from dra_driver.node.publish.slices import split_into_slices
+from dra_driver.node.publish.withholding import bisect_refused, refused_devices, withheld_summary
 
 DRIVER = "gpu.example.com"
 
