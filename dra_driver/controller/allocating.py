@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_driver import logs
 from dra_driver.controller import fence
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.keys import OUR_ANNOTATIONS, wants_controller_allocation
@@ -84,7 +85,7 @@ class FencedAllocator:
         reporter: Reporter,
         resolve: Callable[[Obj, Sequence[Obj]], Outcome],
         requeue: Callable[[Obj, float], None],
-        log: Any,
+        log: logs.Logger,
         settle_seconds: float,
         sleep: Callable[[float], None],
     ) -> None:
@@ -103,7 +104,7 @@ class FencedAllocator:
         self._lock = threading.Lock()
         self._reserving: set[str] = set()  # claim UIDs between their ledger entry and their allocation
 
-    def allocate(self, claim: Obj, log: Any) -> bool:
+    def allocate(self, claim: Obj, log: logs.Logger) -> bool:
         """Allocate an opted-in claim, never racing the scheduler into a double allocation.
 
         1. Fresh reads: GET the claim and a consistent LIST of all claims (the informer cache may
@@ -232,7 +233,7 @@ class FencedAllocator:
                     raise
         raise ApiError(409, "Conflict", f"ConfigMap {self.ledger_namespace}/{self.ledger_name} kept changing")
 
-    def reserve(self, claim: Obj, allocation: Mapping[str, Any], log: Any) -> bool:
+    def reserve(self, claim: Obj, allocation: Mapping[str, Any], log: logs.Logger) -> bool:
         """Steps 3 of :meth:`allocate`: ledger entries for the devices, then proof that the API
         server enforces them. False (entries released, claim requeued) when it does not."""
         uid = uid_of(claim)
@@ -302,7 +303,7 @@ class FencedAllocator:
         if stale:
             self.log.info("released fence ledger entries", count=len(stale))
 
-    def verify_allocation(self, claim: Obj, log: Any, *, settled: bool) -> bool:
+    def verify_allocation(self, claim: Obj, log: logs.Logger, *, settled: bool) -> bool:
         """Post-write check of a controller allocation; True when it stands.
 
         ``settled``: the settle delay has passed; a clean check then ends the verification.
@@ -349,7 +350,7 @@ class FencedAllocator:
         self.requeue(claim, 0.5)
         return False
 
-    def finalize(self, claim: Obj, log: Any) -> bool:
+    def finalize(self, claim: Obj, log: logs.Logger) -> bool:
         """Deallocate an unreserved opted-in claim being deleted and drop the finalizer."""
         if not self.leadership.is_leader():
             return False

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any
 
+from dra_driver import logs
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.annotations import annotation_patch, content_hash, desired_annotations, needs_event
 from dra_driver.controller.keys import MAX_EVENT_NOTE, wants_controller_allocation
@@ -30,7 +30,7 @@ class Reporter:
     """Annotations on claims and Events about any object, written through ``api`` and ``events``."""
 
     def __init__(self, api: KubeApi, events: EventRecorder, *, driver: str, leadership: Leadership,
-                 metrics: ControllerMetrics, accounting: Accounting, log: Any, pod_events: bool = True) -> None:
+                 metrics: ControllerMetrics, accounting: Accounting, log: logs.Logger, pod_events: bool = True) -> None:
         self.api = api
         self.events = events
         self.driver = driver
@@ -52,7 +52,7 @@ class Reporter:
             return
         self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
 
-    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: Any) -> Obj | None:
+    def write_annotations(self, claim: Obj, outcome: Outcome | None, log: logs.Logger) -> Obj | None:
         """Bring our annotations in line with ``outcome``. Returns the claim as it now stands on the
         server: the written one, ``claim`` when there was nothing to write, None when it could not
         be written (gone, or not the leader)."""
@@ -106,7 +106,7 @@ class Reporter:
             self.emit(pod, Occurrence("Warning", reason, "Explain", note), PODS)
             self.pod_notices.told(key, key_of(pod), digest)
 
-    def record(self, claim: Obj, outcome: Outcome, log: Any) -> Obj | None:
+    def record(self, claim: Obj, outcome: Outcome, log: logs.Logger) -> Obj | None:
         if outcome.verdict is Verdict.ERROR:
             self.metrics.error("resolve")
             log.warning("claim evaluation failed", error=outcome.text)

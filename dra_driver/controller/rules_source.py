@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from dra_driver import logs
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 
 REFRESH_SECONDS = 300.0
@@ -20,7 +20,7 @@ class RulesSource:
     :meth:`refresh` reads the version when it is due and logs a change, or a guess, once."""
 
     def __init__(self, choice: str, server_version: Callable[[], str] | None, clock: Callable[[], float],
-                 log: Any, refresh_seconds: float = REFRESH_SECONDS) -> None:  # fmt: skip
+                 log: logs.Logger, refresh_seconds: float = REFRESH_SECONDS) -> None:  # fmt: skip
         self.choice = choice
         self.server_version = server_version
         self.clock = clock

@@ -157,7 +157,7 @@ EVENT_REASON = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """Result of evaluating one claim (engine + config validation), before any write."""
 
@@ -273,12 +273,13 @@ def evaluate(
             text = summary
     except Exception as exc:  # an engine bug must not take the controller down
         msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
-        return Outcome(Verdict.ERROR, one_line(msg, MAX_SUMMARY_CHARS), None, None, msg, errors)
+        return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_CHARS), text=msg, config_errors=errors)
     if errors:
         head = invalid_config_summary(errors, driver, summary if allocation is None else None)
-        return Outcome(Verdict.INVALID_CONFIG, head, None, doc, text, errors)
+        return Outcome(verdict=Verdict.INVALID_CONFIG, summary=head, explanation=doc, text=text, config_errors=errors)
     if allocation is None:
-        return Outcome(Verdict.UNSATISFIABLE, one_line(summary, MAX_SUMMARY_CHARS), None, doc, text, errors)
+        return Outcome(verdict=Verdict.UNSATISFIABLE, summary=one_line(summary, MAX_SUMMARY_CHARS), explanation=doc,
+                       text=text, config_errors=errors)
     if require_own_driver:
         foreign = sorted({d for d, _, _ in device_ids(allocation) if d != driver})
         if foreign:
@@ -287,8 +288,10 @@ def evaluate(
                 f"this claim needs devices of {', '.join(foreign)}: remove the "
                 f"{ALLOCATE_ANNOTATION} annotation and let the scheduler allocate it"
             )
-            return Outcome(Verdict.NOT_ALLOCATABLE, one_line(msg, MAX_SUMMARY_CHARS), None, doc, text, errors)
-    return Outcome(Verdict.SATISFIABLE, one_line(summary, MAX_SUMMARY_CHARS), allocation, doc, text, errors)
+            return Outcome(verdict=Verdict.NOT_ALLOCATABLE, summary=one_line(msg, MAX_SUMMARY_CHARS), explanation=doc,
+                           text=text, config_errors=errors)
+    return Outcome(verdict=Verdict.SATISFIABLE, summary=one_line(summary, MAX_SUMMARY_CHARS), allocation=allocation,
+                   explanation=doc, text=text, config_errors=errors)
 
 
 def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: str | None = None) -> str:
@@ -303,5 +306,5 @@ def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: st
 def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:
     """The verdict for a claim nobody waits for yet whose configuration is already known bad."""
     summary = invalid_config_summary(errors, driver)
-    return Outcome(Verdict.INVALID_CONFIG, summary, None, None, summary, tuple(errors))
+    return Outcome(verdict=Verdict.INVALID_CONFIG, summary=summary, text=summary, config_errors=tuple(errors))
 

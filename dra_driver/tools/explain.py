@@ -224,7 +224,7 @@ def build_report(
         inv = inventory.result() if inventory is not None else engine.build_inventory(slices)
         allocated = engine.allocated_state(claims, exclude_uid=uid_of(claim))
     except Exception as exc:
-        outcome = Outcome(Verdict.ERROR, f"cannot build the device inventory: {exc}", text=str(exc))
+        outcome = Outcome(verdict=Verdict.ERROR, summary=f"cannot build the device inventory: {exc}", text=str(exc))
     else:
         outcome = evaluate(engine, claim, inv, class_map, allocated, driver=driver, rules=rules)
     report["summary"] = outcome.summary

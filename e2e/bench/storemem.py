@@ -142,7 +142,7 @@ def job_claim(i: int, *, allocated: bool = True) -> Obj:
 def explained_claim(i: int) -> Obj:
     """A pending claim with the controller's explanation on it: a document of 16 KiB (the limit is 32)."""
     claim = job_claim(i, allocated=False)
-    outcome = Outcome(Verdict.UNSATISFIABLE, "cannot allocate: request gpu: 0 candidates, need 1",
+    outcome = Outcome(verdict=Verdict.UNSATISFIABLE, summary="cannot allocate: request gpu: 0 candidates, need 1",
                       explanation={"closest": [f"{DRIVER}/node-{n:04d}/gpu-0: memory 80Gi < 1Ti" for n in range(320)]})
     claim["metadata"]["annotations"].update(desired_annotations(outcome) or {})
     return claim

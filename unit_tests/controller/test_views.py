@@ -58,7 +58,8 @@ def test_pods_that_wait_for_nothing_are_not_kept() -> None:
         "job-000000-abcde", "job-000003-abcde", "deleted-before-scheduling"]
 
 
-EXPLAINED = desired_annotations(Outcome(Verdict.UNSATISFIABLE, "cannot allocate", explanation={"closest": ["x" * 20_000]}))
+EXPLAINED = desired_annotations(Outcome(verdict=Verdict.UNSATISFIABLE, summary="cannot allocate",
+                                        explanation={"closest": ["x" * 20_000]}))
 assert EXPLAINED is not None
 
 
