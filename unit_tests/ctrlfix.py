@@ -68,6 +68,16 @@ def fence_policy(kube: FakeKube, ledger: str = "kube-system/dra-driver-allocatio
     kube.admission.append(admit)
 
 
+def make_controller(kube: FakeKube, *, fenced: bool = True, **kw: Any) -> tuple[Controller, FakeClock]:
+    """A controller on ``kube`` with a fake clock; ``fenced``: the cluster has the allocation-fence policy."""
+    clock = FakeClock()
+    if fenced:
+        fence_policy(kube)
+    kw.setdefault("sleep", lambda _s: None)
+    c = Controller(kube, settings(), clock=clock, **kw)
+    return c, clock
+
+
 def gpu_slice(node: str = "node-a", n: int = 2, driver: str = DRIVER, name: str | None = None) -> Obj:
     return {
         "metadata": {"name": name or f"{node}-{driver}"},
