@@ -305,6 +305,32 @@ def _held_by_shares(s: scenarios.Scenario) -> dict[tuple[str, str, str], str]:
     return out
 
 
+def _consumed_by_shares(s: scenarios.Scenario) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """What other claims' shares consume of each device, by capacity name as written."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for claim in s.allocated:
+        for res in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", []):
+            if res.get("shareID") is not None:
+                used = out.setdefault((res["driver"], res["pool"], res["device"]), {})
+                for cname, q in res.get("consumedCapacity", {}).items():
+                    used[cname] = used.get(cname, 0) + parse_quantity(q).value
+    return out
+
+
+def _shares_leave_too_little(s: scenarios.Scenario, key: tuple[str, str, str], raw: Mapping[str, Any],
+                             wanted: Mapping[str, Any]) -> bool:  # fmt: skip
+    """Whether other claims' shares of a device used alone consume too much for ``wanted`` beside
+    them (every version's CmpRequestOverCapacity counts them; an unrequested capacity is consumed
+    whole).  Names as written: from 1.38 on any share holds the device anyway."""
+    used = _consumed_by_shares(s).get(key, {})
+    for cname, cap in raw.get("capacity", {}).items():
+        if cname in used:
+            amount = wanted.get(cname) or (cap.get("requestPolicy") or {}).get("default") or cap["value"]
+            if used[cname] + parse_quantity(amount).value > parse_quantity(cap["value"]).value:
+                return True
+    return False
+
+
 def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node: str | None,
                      rules: SchedulerRules | None = None) -> list[str]:
     """Everything an allocation must satisfy, read from the scenario's own objects (where
@@ -363,6 +389,9 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
             problems.append(f"{label}: request {res.get('request')} does not match the claim's shape")
             continue
         by_request.setdefault(base, []).append((sub, body, dev))
+        if raw.get("allowMultipleAllocations") is not True and _shares_leave_too_little(
+                s, key, raw, body.get("capacity", {}).get("requests", {})):
+            problems.append(f"{label}: exclusive, but other claims' shares still consume its capacity")
         cls = classes.get(body["deviceClassName"])
         if cls is None:
             problems.append(f"{label}: class {body['deviceClassName']} missing")
@@ -785,8 +814,9 @@ def _could_hold(raw: Mapping[str, Any], asked: Mapping[str, Any], driver: str, r
 def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequence[str],
                                 rules: SchedulerRules | None = None) -> list[str]:
     """Problems if the engine's "no node can satisfy ``request``" is wrong: a node with enough
-    devices for one of its alternatives, judged from the spec (selectors, taints, capacity, and
-    from 1.38 on, exclusive devices other claims still hold shares of)."""
+    devices for one of its alternatives, judged from the spec (selectors, taints, capacity, what
+    other claims' shares consume of a device used alone, and from 1.38 on, exclusive devices other
+    claims still hold shares of)."""
     rules = rules or SchedulerRules()
     in_use = set(_held_by_shares(s)) if rules.shares_block_exclusive else set()
     inventory = build_inventory(s.slices)
@@ -805,7 +835,8 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
             fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
                    and _matches(exprs, d, rules) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
                    and _could_hold(raw[d.key], wanted, d.key[0], rules.qualified_names)
-                   and (d.key not in in_use or raw[d.key].get("allowMultipleAllocations"))]  # fmt: skip
+                   and (raw[d.key].get("allowMultipleAllocations")
+                        or (d.key not in in_use and not _shares_leave_too_little(s, d.key, raw[d.key], wanted)))]  # fmt: skip
             if len(fit) >= body.get("count", 1):
                 problems.append(f"says no node can satisfy request {request}, but {node} has {len(fit)} devices "
                                 f"for {body.get('name', request)} (count {body.get('count', 1)})")  # fmt: skip

@@ -515,6 +515,11 @@ def test_a_share_left_on_an_exclusive_device_blocks_it_from_138() -> None:
                                       "device": held["device"]}]}}  # fmt: skip
     node = case.nodes[0]
     case.scenario.claim["spec"]["devices"]["requests"][0]["exactly"]["count"] = 1
+    # A share with a consumedCapacity: every version's capacity check refuses the device.
+    held["consumedCapacity"] = {"memory": "8Gi"}
+    assert any("shares still consume its capacity" in p
+               for p in diff.check_allocation(case.scenario, alloc, node, SchedulerRules(37)))
+    held.pop("consumedCapacity")
     assert any("still holds a share" in p for p in diff.check_allocation(case.scenario, alloc, node, SchedulerRules(38)))
     assert not any("share" in p for p in diff.check_allocation(case.scenario, alloc, node, SchedulerRules(37)))
     # The same device does not count for "no node can satisfy r0" from 1.38 on.
