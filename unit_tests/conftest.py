@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
+import cdispecs
 import pytest
+from crashes import Crash
 from hypothesis import HealthCheck, settings
+from kubeserver import Server
 
 from dra_driver import failpoints
-from unit_tests import cdispecs
-from unit_tests.crashes import Crash
-from unit_tests.kubeserver import Server
 
 settings.register_profile(
     "ci", max_examples=60, deadline=2000, derandomize=True, database=None, print_blob=True,

@@ -1,6 +1,6 @@
-"""The node plugin's prepare fixtures: GPUs, a fake backend and claim reader, claims, and an Env
+"""The node plugin's prepare helpers: GPUs, a fake backend and claim reader, claims, and an Env
 that wires a DeviceState over a temporary state directory (shared by the prepare, CDI, metadata,
-health and fuzz tests)."""
+health and fuzz tests; the ``env`` fixture is in unit_tests/node/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.client import ApiError, Resource
@@ -27,7 +25,7 @@ from dra_driver.node.prepare.state import DeviceState
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
 
-# --- fixtures ---------------------------------------------------------------------------------
+# --- GPUs ------------------------------------------------------------------------------------
 
 PROFILE_1G = MigProfile("1g.10gb", 10 * 2**30, 16, 1, 1, (MigPlacement(0, 1), MigPlacement(1, 1)))
 PROFILE_2G = MigProfile("2g.20gb", 20 * 2**30, 32, 2, 2, (MigPlacement(0, 2),))
@@ -208,11 +206,6 @@ class Env:
     def prepare_one(self, claim: dict[str, Any]) -> Any:
         ref = self.reader.add(claim)
         return self.state.prepare([ref])[ref.uid]
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return Env(tmp_path)
 
 
 def env_of(edits: dict[str, Any]) -> dict[str, str]:

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import pytest
+from kubefake import FakeKube
 
 from dra_driver.allocator.inventory import allocated_state
 from dra_driver.controller.annotations import annotation_patch, desired_annotations
@@ -19,7 +20,6 @@ from dra_driver.k8s.compact import Interner
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import Obj, key_of
 from e2e.bench.storemem import job_claim, job_pod, measure, plugin_slice
-from unit_tests.kubefake import FakeKube
 
 
 def _pods() -> list[Obj]:

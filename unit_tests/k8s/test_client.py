@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from kubeserver import Server, kubeconfig_dict, plain_credentials
 
 from dra_driver.k8s.client import CLAIMS, EVENTS, LEASES, PODS, SLICES, ApiError, RestKubeApi, load_credentials
-from unit_tests.kubeserver import Server, kubeconfig_dict, plain_credentials
 
 
 def test_paths() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubeserver import Server, kubeconfig_dict
 
 from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
 from dra_driver.k8s.credentials import (
@@ -43,7 +44,6 @@ from dra_driver.k8s.credentials import (
     simple_incluster,
     simple_kubeconfig,
 )
-from unit_tests.kubeserver import Server, kubeconfig_dict
 
 
 @pytest.fixture(autouse=True)

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubeserver import Server
 from structlog.testing import capture_logs
 
 from dra_driver.k8s.client import CLAIMS, EVENTS, SLICES, ApiError, ListResult, Resource
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import Obj
 from dra_driver.k8s.transport import MAX_RETRIES, retry_delay
-from unit_tests.kubeserver import Server
 
 TOO_MANY = {"kind": "Status", "status": "Failure", "reason": "TooManyRequests", "code": 429,
             "message": "the server has received too many requests and has asked us to try again later"}

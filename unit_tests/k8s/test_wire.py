@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubefake import pod_message, slice_message
+from kubeserver import Server
 
 from dra_driver._proto.kubewire import claims_pb2 as pb
 from dra_driver._proto.kubewire import meta_pb2 as meta
@@ -33,7 +34,6 @@ from dra_driver.k8s.wire import (
     decode_pod_list,
     read_frames,
 )
-from unit_tests.kubeserver import Server
 
 JSON_CLAIMS: list[dict[str, Any]] = [
     {"metadata": {"name": "a", "namespace": "ns", "uid": "u-a", "managedFields": [{"manager": "x"}]},

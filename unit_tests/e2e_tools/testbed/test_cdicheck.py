@@ -12,12 +12,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import cdispecs
 import pytest
 
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
 from e2e.testbed import cdicheck
-from unit_tests import cdispecs
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = "gpu.dra-driver.io"
@@ -142,7 +142,7 @@ def test_the_run_fails_when_the_driver_writes_a_spec_the_library_refuses(tmp_pat
     """))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "unit_tests.conftest", "-p", "no:cacheprovider",
                            str(tmp_path / "test_writes.py")], cwd=ROOT, capture_output=True, text=True, check=False,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+                          env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT / "unit_tests")})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
     assert "CDI specs the driver wrote, by the reference CDI library" in proc.stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubefake import FakeKube
 from nodefix import DRIVER, NODE, FakeBackend, build_devices, make_claim
 
 from dra_driver.k8s.client import CLAIMS, ApiError
@@ -19,7 +20,6 @@ from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHand
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
-from unit_tests.kubefake import FakeKube
 
 DEVICES = build_devices()
 OTHER = {"driver": "nic.example.com", "pool": NODE, "device": "nic-0", "data": {"mac": "aa"}}

@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from crashes import Crash
 from nodefix import Env, make_claim
-from nodefix import env as env  # a fixture, used by name
 
 from dra_driver import failpoints
 from dra_driver.node.fileio import atomic_write
 from dra_driver.node.prepare.entries import ClaimState
-from unit_tests.crashes import Crash
 
 REPO = Path(__file__).resolve().parents[3]
 

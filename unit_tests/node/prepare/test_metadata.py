@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdispecs import stand_in_device_nodes
+from crashes import Crash
 from nodefix import Env, make_claim
 
 from dra_driver import failpoints
@@ -28,8 +30,6 @@ from dra_driver.node.prepare.records import MetadataError, validate_request_name
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.testbed import cdicheck
-from unit_tests.cdispecs import stand_in_device_nodes
-from unit_tests.crashes import Crash
 
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from nodefix import Env, make_claim
-from nodefix import env as env  # a fixture, used by name
 
 from dra_driver.k8s.client import ApiError
 

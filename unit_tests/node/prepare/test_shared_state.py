@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from nodefix import NODE, Env, make_claim
-from nodefix import env as env  # a fixture, used by name
 
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimState

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import structlog
 from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim
-from nodefix import env as env  # a fixture, used by name
 
 from dra_driver.gpuconfig import EXCLUSIVE
 from dra_driver.node.metrics import METRICS
