@@ -23,7 +23,7 @@ from dra_driver import logs
 from dra_driver.allocator.inventory import Inventory, Prebuilt
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
-from dra_driver.controller.keys import MAX_SUMMARY_CHARS
+from dra_driver.controller.keys import MAX_SUMMARY_BYTES
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.verdicts import (
@@ -157,7 +157,7 @@ class EngineInputs:
             except Exception as exc:
                 self.metrics.error("inventory")
                 msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
-                return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_CHARS), text=msg,
+                return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_BYTES), text=msg,
                                config_errors=tuple(claim_config_errors(claim, classes, self.driver)))
             nodes = None
             pods = self.waiting_pods(key_of(claim))

@@ -13,7 +13,7 @@ import orjson
 from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine, Resolution
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_CHARS, OUR_ANNOTATIONS, wants_controller_allocation
+from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_BYTES, OUR_ANNOTATIONS, wants_controller_allocation
 from dra_driver.gpuconfig import decode
 from dra_driver.k8s.claims import (
     annotations_of,
@@ -273,12 +273,12 @@ def evaluate(
             text = summary
     except Exception as exc:  # an engine bug must not take the controller down
         msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
-        return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_CHARS), text=msg, config_errors=errors)
+        return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_BYTES), text=msg, config_errors=errors)
     if errors:
         head = invalid_config_summary(errors, driver, summary if allocation is None else None)
         return Outcome(verdict=Verdict.INVALID_CONFIG, summary=head, explanation=doc, text=text, config_errors=errors)
     if allocation is None:
-        return Outcome(verdict=Verdict.UNSATISFIABLE, summary=one_line(summary, MAX_SUMMARY_CHARS), explanation=doc,
+        return Outcome(verdict=Verdict.UNSATISFIABLE, summary=one_line(summary, MAX_SUMMARY_BYTES), explanation=doc,
                        text=text, config_errors=errors)
     if require_own_driver:
         foreign = sorted({d for d, _, _ in device_ids(allocation) if d != driver})
@@ -288,9 +288,9 @@ def evaluate(
                 f"this claim needs devices of {', '.join(foreign)}: remove the "
                 f"{ALLOCATE_ANNOTATION} annotation and let the scheduler allocate it"
             )
-            return Outcome(verdict=Verdict.NOT_ALLOCATABLE, summary=one_line(msg, MAX_SUMMARY_CHARS), explanation=doc,
+            return Outcome(verdict=Verdict.NOT_ALLOCATABLE, summary=one_line(msg, MAX_SUMMARY_BYTES), explanation=doc,
                            text=text, config_errors=errors)
-    return Outcome(verdict=Verdict.SATISFIABLE, summary=one_line(summary, MAX_SUMMARY_CHARS), allocation=allocation,
+    return Outcome(verdict=Verdict.SATISFIABLE, summary=one_line(summary, MAX_SUMMARY_BYTES), allocation=allocation,
                    explanation=doc, text=text, config_errors=errors)
 
 
@@ -300,7 +300,7 @@ def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: st
         head += f" (and {len(errors) - 1} more)"
     if unsatisfiable:
         head += f"; also unsatisfiable: {unsatisfiable}"
-    return one_line(head, MAX_SUMMARY_CHARS)
+    return one_line(head, MAX_SUMMARY_BYTES)
 
 
 def config_only_outcome(errors: Sequence[str], driver: str) -> Outcome:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from dra_driver.controller.annotations import annotation_patch, desired_annotations, explanation_document, needs_event
-from dra_driver.controller.keys import EXPLANATION_ANNOTATION, HASH_ANNOTATION, MAX_SUMMARY_CHARS, SUMMARY_ANNOTATION
+from dra_driver.controller.keys import EXPLANATION_ANNOTATION, HASH_ANNOTATION, MAX_SUMMARY_BYTES, SUMMARY_ANNOTATION
 from dra_driver.controller.verdicts import Outcome, Verdict
 from dra_driver.k8s.fields import one_line
 
@@ -60,5 +60,5 @@ class TestAnnotations:
         assert not needs_event({}, outcome(verdict=Verdict.SATISFIABLE))
 
     def test_summary_is_one_short_line(self) -> None:
-        s = one_line("a\nb " + "x" * 5000, MAX_SUMMARY_CHARS)
+        s = one_line("a\nb " + "x" * 5000, MAX_SUMMARY_BYTES)
         assert "\n" not in s and len(s.encode()) <= 1024
