@@ -1,5 +1,6 @@
-"""The checkpoint's records: a prepared claim (:class:`ClaimEntry`) and each of its devices
-(:class:`PreparedDevice`), with their JSON form, apart from the store that reads and writes the file
+"""The checkpoint's records: a prepared claim (:class:`ClaimEntry`, in a :class:`ClaimState`) and each
+of its devices (:class:`PreparedDevice`, of a :class:`DeviceKind`, with the MIG instance a dynamic-MIG
+device created), with their JSON form, apart from the store that reads and writes the file
 (:mod:`dra_driver.node.prepare.checkpoint`, where the format and its upgrade rule are written down).
 
 ``to_dict`` writes exactly the fields and values the file has always held: a rollback to the
