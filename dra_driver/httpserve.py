@@ -6,9 +6,10 @@ other path is a 404.
 
 Built on :mod:`socketserver` rather than :mod:`http.server`: these pages are read by probes and
 Prometheus, one GET per connection, and ``http.server`` brings ``html``, ``mimetypes`` and an
-email-header parser for nothing the pages use (0.5 MiB in the node plugin, whose memory is
-measured against a Go driver's). The request line and headers are bounded in size and count and
-read with a timeout, so a client that never finishes its request costs one thread for that long.
+email-header parser for nothing the pages use, memory in the node plugin, whose memory is measured
+against a Go driver's (docs/benchmarks.md#the-codes-figures). The request line and headers are
+bounded in size and count and read with a timeout, so a client that never finishes its request costs
+one thread for that long.
 """
 
 from __future__ import annotations

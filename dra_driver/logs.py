@@ -9,9 +9,10 @@ from typing import Any, TypeAlias, cast
 
 def _import_structlog_without_rich() -> None:
     """structlog's ``dev`` module imports ``rich`` whenever it is installed (common-expression-language
-    requires it), for console tracebacks these processes never render: ~6 MiB of every process's
-    memory, the node plugin's included. ``rich`` is hidden while structlog loads, so its console
-    renderer uses plain tracebacks; anything else may still import ``rich``."""
+    requires it), for console tracebacks these processes never render: memory in every process,
+    the node plugin's included (docs/benchmarks.md#the-codes-figures). ``rich`` is hidden while
+    structlog loads, so its console renderer uses plain tracebacks; anything else may still
+    import ``rich``."""
     if "rich" in sys.modules or "structlog" in sys.modules:
         return
     sys.modules["rich"] = None  # type: ignore[assignment]  # None: "import rich" raises ImportError

@@ -3,10 +3,10 @@
 glibc gives a thread that finds the main heap busy an arena of its own, up to eight per CPU, and
 keeps what the thread freed there. In the node plugin a burst of kubelet calls spreads over the
 gRPC pool's threads, so after one the plugin held several mostly empty arenas (with
-``MALLOC_ARENA_MAX=2`` the same workload left about 2 MiB less). In the controller the informers
-and the 16 workers each decode and free in their own arena: on the 5,000-node scale bench, 9,000
-pods that need nothing from it grew a synced controller by 10 MiB in three steps of 3,000, each
-larger than the one before; with two arenas it ended 4 MiB below where it started. Two are enough:
+``MALLOC_ARENA_MAX=2`` the same workload left less behind). In the controller the informers
+and the 16 workers each decode and free in their own arena: on the scale bench, pods that need
+nothing from it grew a synced controller in steps, each larger than the one before; with two
+arenas it ended below where it started (the figures: docs/scale.md#the-codes-figures). Two are enough:
 the threads spend their time in Python, under one interpreter lock, or waiting on the network and
 the disk, not in malloc. :func:`trim` hands pages freed inside the heaps back to the kernel: the
 plugin calls it when the kubelet has gone quiet, the informers after each list and every 1,000

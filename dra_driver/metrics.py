@@ -1,9 +1,10 @@
 """Prometheus metrics: counters, gauges and histograms with labels, served in the text format 0.0.4.
 
 Our own, not ``prometheus_client``: the node plugin uses three metric types and one exposition
-format, and importing that library costs every process 4.2 MiB (it brings ``http.server``,
+format, and importing that library costs every process memory (it brings ``http.server``,
 ``wsgiref``, ``urllib.request``, ``email`` and three compression modules for features we never
-use), a tenth of what a Go DRA driver needs in all. The tests parse what :meth:`Registry.exposition`
+use) that counts against the node plugin, measured against a Go DRA driver (docs/benchmarks.md,
+"Memory (2026-11-24)"). The tests parse what :meth:`Registry.exposition`
 writes with ``prometheus_client``'s own parser.
 
 What a scrape shows is what the official client would show for the same metrics, without its

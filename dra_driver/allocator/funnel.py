@@ -351,8 +351,9 @@ def _pool_answers(pool: Pool) -> dict[Any, str]:
 def _alone_answers(totals: tuple[tuple[str, tuple[tuple[str, Fraction | int], ...]], ...]) -> dict[Any, str]:
     """The answers of :func:`_counter_reason` for a device alone in a pool holding ``totals``, by
     what the device asks (:func:`_asked`), filled in as they are worked out: shared by every pool
-    holding the same counters. 500 dynamic-MIG nodes ask 76,000 devices, a few hundred distinct
-    questions; parsing each device's counters took 1.7 s of the controller's start."""
+    holding the same counters. Dynamic-MIG nodes ask tens of thousands of devices a few hundred
+    distinct questions; parsing each device's counters was a visible part of the controller's start
+    (the figures: docs/scale.md#the-codes-figures)."""
     return {}
 
 

@@ -96,7 +96,8 @@ class Accounting:
     def held_by_others(self, claim: Obj) -> tuple[int | None, AllocatedState]:
         """What the other claims hold, and the holdings version when that is what every claim
         without devices of its own sees (None otherwise): computed once per version, not once per
-        pending claim (20,000 claims take ~60 ms to add up)."""
+        pending claim (a large cluster's claims take too long to add up for each one:
+        docs/scale.md#the-codes-figures)."""
         self._expire()
         uid = uid_of(claim)
         with self._lock:
@@ -114,7 +115,7 @@ class Accounting:
         if cached is not None and cached[0] == version:
             return version, cached[1]
         # One worker adds them up; the others, asking for the same version, wait and take its
-        # sum (16 workers otherwise each spend the ~60 ms at once, whenever a device is taken).
+        # sum (the workers otherwise each add them up at once, whenever a device is taken).
         with self._summing:
             with self._lock:
                 version = self._version

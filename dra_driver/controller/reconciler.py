@@ -83,12 +83,12 @@ from dra_driver.k8s.workqueue import WorkQueue
 WORKERS = 16
 """Queue workers. Evaluations run one at a time (see EngineInputs._engine_lock); the others write
 meanwhile, so a backlog is paced by the write budget, not by API round trips. With 4, a backlog on
-the scale bench's 2,000-node cluster went at 104 claims/s: four PATCHes in flight at ~40 ms each
-on a busy API server."""
+the scale bench was paced by four PATCHes in flight on a busy API server
+(docs/scale.md#the-codes-figures)."""
 GC_THRESHOLDS = (50_000, 20, 100)
 """The cyclic collector's thresholds (Python's default: 700, 10, 10). Decoding a list of 5,000
 slices makes millions of dicts; at the default, collections ran every 700 of them and full ones
-walked everything already kept, which took 3 of every 4 seconds of decoding. The objects kept are
+walked everything already kept, which took most of the decoding's time. The objects kept are
 trees without cycles (refcounting frees them), and what is listed is frozen out of the collector's
 reach (see dra_driver.k8s.informer), so a collection seldom finds anything to free."""
 WAITING_PODS = "status.phase=Pending"

@@ -16,9 +16,10 @@ DEFAULT_MAX_WRITES_PER_SECOND = 250.0
 within a minute, one merge patch each: 167 writes a second at the least; at 250 the patches take
 40 s, and the Events about them (best effort, see dra_driver.k8s.ratelimit) get what is left.
 client-go's own default (5/s, burst 10) would take over half an hour. For scale: the kube-scheduler
-writes ~500/s at 5,000 nodes (a binding and a claim status per pod, 250 pods/s), and API Priority
-and Fairness still throttles us before the API server suffers (429s are honoured). In steady state
-the controller writes only when a verdict changes."""
+writes more than this budget at 5,000 nodes (a binding and a claim status per pod;
+docs/scale.md#the-codes-figures), and API Priority and Fairness still throttles us before the API
+server suffers (429s are honoured). In steady state the controller writes only when a verdict
+changes."""
 
 
 @dataclass(frozen=True)

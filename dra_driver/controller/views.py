@@ -1,8 +1,9 @@
 """What the controller's informers keep of each object (their :data:`dra_driver.k8s.informer.Transform`).
 
 A controller beside a 5,000-node cluster sees 150,000 Pods and 20,000 ResourceClaims, most of which
-need nothing from it. Decoded whole, a Pod costs ~21 KiB of memory and an allocated claim ~9 KiB
-(``e2e/bench/storemem.py`` measures them). So each store keeps only what the controller reads:
+need nothing from it. Decoded whole, a Pod or an allocated claim costs many times what the
+controller reads of it (``e2e/bench/storemem.py`` measures them; docs/scale.md#the-codes-figures).
+So each store keeps only what the controller reads:
 
 * **Pods** (only those not running yet: :data:`dra_driver.controller.reconciler.WAITING_PODS`): the
   claim references and the node (what :func:`dra_driver.k8s.claims.pod_claim_keys`
@@ -15,9 +16,9 @@ need nothing from it. Decoded whole, a Pod costs ~21 KiB of memory and an alloca
   arrives as a watch event with the whole object, and is kept whole again. Explained claims
   without the explanation document (see :func:`claim_view`).
 * **ResourceSlices**: whole, as the engine reads them, but with the many equal attribute, capacity
-  and counter values shared (:class:`dra_driver.k8s.compact.Interner`): 39 KiB to 12 KiB for an
-  8-GPU slice, 407 KiB to 55 KiB for 64 dynamic-MIG placements. Read in protobuf
-  (:func:`slice_reading`): the API server encodes 7,000 slices in a third of the time JSON takes.
+  and counter values shared (:class:`dra_driver.k8s.compact.Interner`), a fraction of their decoded
+  size. Read in protobuf (:func:`slice_reading`), which the API server encodes in far less time than
+  JSON.
 * Everything: without ``managedFields``.
 """
 

@@ -7,9 +7,9 @@ reader that only reads it:
   nothing here reads (and a PUT without it keeps the server's copy);
 * repetition: 40,000 GPUs carry the same ``{"string": "NVIDIA H100 80GB HBM3"}``, the same
   ``{"version": "580.95.5"}``, the same ``{"value": "81559Mi"}``; decoded, each is its own dict.
-  :class:`Interner` makes equal ones one object (an 8-GPU slice: 39 KiB to 12 KiB, a slice of 64
-  MIG placements 407 KiB to 55 KiB). Equal strings elsewhere are not worth the lookups: measured,
-  they save 1% for 60% more time.
+  :class:`Interner` makes equal ones one object: a slice keeps a fraction of its decoded size, a
+  slice of many MIG placements the smallest. Equal strings elsewhere are not worth the lookups:
+  measured, they save little memory for much more time (the figures: docs/scale.md#the-codes-figures).
 
 Objects shared this way must not be edited in place; the controller copies before it edits (see
 :mod:`dra_driver.k8s.claims`), and the engine only reads.

@@ -4,9 +4,10 @@ native reading of the two shapes nearly every deployment has.
 The official loaders read everything: kubeconfig files (a ``$KUBECONFIG`` list merged the kubectl
 way, file references relative to the kubeconfig, ``exec`` credential plugins, auth providers, client
 certificates, tokens and token files, basic auth) and the in-cluster service account, whose
-projected token the loader reads again every minute. Importing them costs a process ~17 MiB
-(``kubernetes.client``, pydantic, requests, oauthlib: the node plugin's largest dependency), so
-two shapes are read here without them, with the official loaders' results:
+projected token the loader reads again every minute. Importing them is the node plugin's largest
+dependency by memory (``kubernetes.client``, pydantic, requests, oauthlib;
+docs/benchmarks.md#the-codes-figures), so two shapes are read here without them, with the official
+loaders' results:
 
 * the in-cluster service account (``KUBERNETES_SERVICE_HOST``/``PORT``, token and CA files, the
   token read again after a minute): how the node plugin runs in a cluster;

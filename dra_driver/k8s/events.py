@@ -180,8 +180,9 @@ class EventRecorder:
         self._dirty: set[tuple[str, str]] = set()
         self._quiet: dict[tuple[str, str], None] = {}
         """The series written and not due again, in the order they went quiet: the first is the one
-        to forget. A scan of the series for it instead cost a backlog of 3,000 claims 8% of the
-        controller's time, nearly all 1,024 series waiting to be written."""
+        to forget. A scan of the series for it instead was a visible share of the controller's time
+        in a backlog, where nearly all :data:`MAX_SERIES` series wait to be written (docs/scale.md,
+        the third round)."""
         self._shed_since = 0
         self._shed_said: float | None = None
 
@@ -189,8 +190,8 @@ class EventRecorder:
         key = (event_namespace(regarding), event_name(regarding, what, self.controller, self.instance))
         with self._lock:
             # Moved to the end: the series stay in the order of their last occurrence, so the
-            # quietest is found from the front, not by a scan of all 1,024 for every new Event
-            # (a backlog of 10,000 claims spent 8% of the controller's time there).
+            # quietest is found from the front, not by a scan of all of them for every new Event
+            # (a backlog spent a visible share of the controller's time there).
             series = self._series.pop(key, None)
             if series is None:
                 self._forget_quiet_locked()

@@ -126,9 +126,9 @@ def _initial_events_end(obj: Obj) -> bool:
 def _trim() -> None:
     """Hand the memory decoding freed back to the system, after each list and every
     :data:`TRIM_EVERY` watch events. Decoded objects are garbage once reduced, but glibc keeps
-    freed memory in the arena that served it, so without this the controller's RSS kept about
-    1 KiB per pod it had listed and dropped (150,000 pods that need nothing would cost 150 MiB),
-    and 2,000 new pods, with the status updates that follow each, left 20 MiB behind."""
+    freed memory in the arena that served it, so without this the controller's RSS grew with every
+    pod it had listed and dropped, and with every new pod and the status updates that follow it
+    (the figures: docs/scale.md#the-codes-figures)."""
     memory.trim()
 
 
@@ -234,7 +234,8 @@ class Informer:
         # Synced once the handlers have heard every listed object, as client-go's HasSynced: work
         # started on "synced" (the controller's inventory) sees what they counted. Set before, the
         # inventory built at start was older than the 7,000 slice notifications that followed, and
-        # the first claim built it again (2.7 s at 5,000 nodes).
+        # the first claim built it again, a whole inventory build in its way
+        # (docs/scale.md#the-codes-figures).
         self.synced.set()
 
     def watch_once(self, stop: threading.Event | None = None) -> None:

@@ -3,11 +3,11 @@
 Every ResourceClaim's allocated devices
 =======================================
 
-``dra-driver explain`` needs to know which devices all other claims hold. On a cluster with ~800
-claims the JSON list is 1.6 MB: ~16 ms for the API server to encode and ~14 ms for us to decode,
-most of it for fields nobody reads (managedFields, specs, reservedFor). The protobuf list of the
-same claims is encoded in ~5 ms, and parsing it with a schema that declares only the allocation
-(``api/proto/kubewire/claims.proto``) and reducing it takes ~3 ms.
+``dra-driver explain`` needs to know which devices all other claims hold. As a JSON list, most of
+what the API server encodes and we decode is fields nobody reads (managedFields, specs,
+reservedFor). The protobuf list of the same claims is smaller and quicker to encode, and parsing
+it with a schema that declares only the allocation (``api/proto/kubewire/claims.proto``) and
+reducing it takes a fraction of decoding the JSON (the figures: docs/benchmarks.md#the-codes-figures).
 
 Both encodings end in the same reduced JSON-shaped dict per claim (:func:`allocation_view`), the
 form :func:`dra_driver.allocator.inventory.allocated_state` reads, so a server or proxy that answers in
@@ -16,22 +16,23 @@ JSON instead gives the same result.
 The controller's pods
 =====================
 The controller reads three things of a pod: the claims it references, its node and whether it is
-done (:func:`dra_driver.k8s.claims.pod_claim_keys`, ``pod_node``, ``pod_is_done``). A pod is
-~3 KiB of JSON and ~20 KiB decoded, nearly all containers, volumes and conditions; at 12,000 pods
-listing them as JSON took 1.5 s of the controller's CPU, in protobuf through
-``api/proto/kubewire/pods.proto`` 0.3 s, and the server sends 40% fewer bytes. :data:`POD_CLAIM_REFS`
-asks for that (lists and watches, JSON still accepted) and yields each pod as a JSON-shaped dict of
-just those fields (:func:`pod_refs`), which the readers above treat as the pod itself.
+done (:func:`dra_driver.k8s.claims.pod_claim_keys`, ``pod_node``, ``pod_is_done``). A pod, as JSON
+and decoded, is nearly all containers, volumes and conditions; listed in protobuf through
+``api/proto/kubewire/pods.proto`` the pods cost the controller's CPU a fraction of what the JSON
+list does, and the server sends fewer bytes (docs/scale.md, the first round of start-up work).
+:data:`POD_CLAIM_REFS` asks for that (lists and watches, JSON still accepted) and yields each pod as
+a JSON-shaped dict of just those fields (:func:`pod_refs`), which the readers above treat as the pod
+itself.
 
 The controller's ResourceSlices
 ===============================
-At 5,000 nodes the API server streamed the 7,000 slices as JSON in 24 s on the scale bench's busy
-2-core machine, in protobuf in 8.4 s. :func:`slice_reading` reads them in protobuf through
-``api/proto/kubewire/slices.proto`` and yields each slice as the dict its JSON form decodes to
-(spec whole; of the metadata name, uid, resourceVersion, generation, deletionTimestamp), with the
-equal attribute, capacity and counter values of all devices, and equal lists of counter
-consumptions, shared as they are built, as
-:class:`dra_driver.k8s.compact.Interner` shares them after JSON is decoded.
+The API server streams a large cluster's slices in protobuf far sooner than as JSON, and the
+controller's start waits for that stream (docs/scale.md, the third round). :func:`slice_reading`
+reads them in protobuf through ``api/proto/kubewire/slices.proto`` and yields each slice as the dict
+its JSON form decodes to (spec whole; of the metadata name, uid, resourceVersion, generation,
+deletionTimestamp), with the equal attribute, capacity and counter values of all devices, and equal
+lists of counter consumptions, shared as they are built, as :class:`dra_driver.k8s.compact.Interner`
+shares them after JSON is decoded.
 """
 
 from __future__ import annotations

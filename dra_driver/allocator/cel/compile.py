@@ -43,7 +43,8 @@ class CompiledSelector:
     poisoned: str | None = None
     # Set when the expression is exactly ``device.driver == "<literal>"`` (either order), the
     # usual DeviceClass selector: it is then answered by comparing strings, which gives the same
-    # result as cel-rust and spares the device its CEL context (~40 us to build).
+    # result as cel-rust and spares the device its CEL context (far costlier to build than the
+    # comparison; docs/benchmarks.md#the-codes-figures).
     driver_equals: str | None = None
     # The parts of ``device`` the outcome depends on (see cel/reads.py).
     reads: Reads = WHOLE

@@ -1,7 +1,8 @@
 """The ``cel`` package (cel-rust bindings) without its command-line tool.
 
 ``cel/__init__.py`` imports ``cel.cli`` eagerly, and with it typer, rich, prompt_toolkit and
-pygments: about 380 modules and 23 MiB of a process that never runs the tool. Before the package is
+pygments: hundreds of modules and a large share of the memory of a process that never runs the
+tool (docs/benchmarks.md#the-codes-figures). Before the package is
 first imported, ``cel.cli`` is registered as a module that is loaded on first use: the same module
 object, its code run when an attribute is first asked for. Everything else of the package (the Rust
 extension, ``cel.stdlib``) is imported as usual.
