@@ -98,7 +98,7 @@ def bind(host: str, port: int, pages: Mapping[str, Page]) -> Server:
                 return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
             try:
                 code, body, ctype = page()
-            except Exception:
+            except Exception:  # last resort: a failing page answers 500, the server goes on
                 _log.exception("page failed", path=path)
                 code, body, ctype = HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error, see the log\n", "text/plain"
             return _response(code, body, ctype, head_only=method == "HEAD")

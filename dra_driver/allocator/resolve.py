@@ -102,7 +102,7 @@ def resolve(
     try:
         return _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation,
                         rules or SchedulerRules())
-    except Exception as exc:  # last line of defence: bad input must not crash callers
+    except Exception as exc:  # last resort: bad input must not crash callers (the explanation names it)
         explanation.errors.append(f"internal error: {type(exc).__name__}: {exc}")
         return Resolution(None, explanation)
 

@@ -154,7 +154,7 @@ class EngineInputs:
                 else:
                     holdings_version = None
                     allocated = self.engine.allocated_state(self.accounting.claims(claims), exclude_uid=uid_of(claim))
-            except Exception as exc:
+            except Exception as exc:  # last resort: an inventory that cannot be built is the claim's error verdict
                 self.metrics.error("inventory")
                 msg = f"cannot build the device inventory: {type(exc).__name__}: {exc}"
                 return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_BYTES), text=msg,
@@ -228,8 +228,8 @@ class EngineInputs:
                 continue
             try:
                 inventory = self.inventory()  # the slices may have changed meanwhile
-            except Exception:
-                return  # the next claim's evaluation reports it, with the claim
+            except Exception:  # last resort: the next claim's evaluation reports it, with the claim
+                return
             self._prime(inventory, [name], classes)
         gc.freeze()
         self._log.info("warm-up over", classes=len(classes), grouped_first=len(wanted))

@@ -309,7 +309,7 @@ class Controller:
         try:
             self.process(item)
             self.queue.forget(item)
-        except Exception as exc:
+        except Exception as exc:  # last resort: an ApiError or a bug is counted and retried with back-off
             api_error = exc if isinstance(exc, ApiError) else None
             kind = "sync"
             if api_error is not None and (api_error.conflict or api_error.throttled):
@@ -441,7 +441,7 @@ class Controller:
             self._beats[beat] = self.clock()
             try:
                 self.process_next(timeout=1.0)
-            except Exception:  # belt and braces: process_next already catches
+            except Exception:  # last resort: process_next already catches; a worker must not die
                 self.metrics.error("loop")
                 self._log.exception("worker loop error")
 

@@ -52,7 +52,7 @@ def config_errors(configs: Any, driver: str, path: str) -> list[str]:
                 errors.append(f"{where}.{sub}: {detail}" if sub else f"{where}: {detail}")
             else:
                 errors.append(f"{where}: {exc}")
-        except Exception as exc:
+        except Exception as exc:  # last resort: a decoder bug is this field's config error, not a crash
             errors.append(f"{where}: cannot be decoded ({type(exc).__name__}: {exc})")
     return errors
 
@@ -265,13 +265,13 @@ def evaluate(
         allocation = res.allocation
         try:
             doc = known_doc() if known_doc is not None else expl.to_dict()
-        except Exception as exc:
+        except Exception as exc:  # last resort: the verdict stands without its document
             doc = {"error": f"explanation not serializable: {exc}"}
         try:
             text = expl.render()
-        except Exception:
+        except Exception:  # last resort: the summary stands in for a text that cannot be rendered
             text = summary
-    except Exception as exc:  # an engine bug must not take the controller down
+    except Exception as exc:  # last resort: an engine bug must not take the controller down
         msg = f"cannot evaluate the claim: {type(exc).__name__}: {exc}"
         return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_BYTES), text=msg, config_errors=errors)
     if errors:

@@ -500,7 +500,7 @@ class RestKubeApi:
             raise
         except wire.WireError as exc:
             raise ApiError(0, "BadResponse", f"watch {res.plural}: {exc}") from None
-        except Exception as exc:  # connection reset, read timeout, ...
+        except Exception as exc:  # what it catches: the stream's transport failures (reset, read timeout, ...)
             raise unreachable(exc, self.host) from None
         finally:
             if ended:

@@ -271,7 +271,7 @@ class EventRecorder:
                 series.written = 0
                 self._pending_locked(key)
             return
-        except Exception as exc:
+        except Exception as exc:  # last resort: a refused or failed write (or a bug) is a failure of this series
             series.failures += 1
             series.last_write = self._clock()
             if isinstance(exc, ApiError) and exc.throttled and self._on_throttled is not None:
@@ -368,7 +368,7 @@ class EventRecorder:
             self._wake.clear()
             try:
                 wait = self.write_due()
-            except Exception:  # a bug must not end Event writing for the process's lifetime
+            except Exception:  # last resort: a bug must not end Event writing for the process's lifetime
                 _log.exception("writing Events failed")
                 wait = 1.0
             self._wake.wait(timeout=1.0 if wait is None else min(max(wait, 0.05), 1.0))

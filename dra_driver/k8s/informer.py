@@ -291,8 +291,7 @@ class Informer:
             return
         try:
             self.handler(old, new)
-        except Exception:
-            # A handler bug must not stop the informer.
+        except Exception:  # last resort: a handler bug must not stop the informer
             self._log.exception("informer handler failed")
 
     # -- the loop
@@ -329,7 +328,7 @@ class Informer:
                 self._log.warning("list/watch failed", error=str(exc), retry_in=backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
-            except Exception as exc:
+            except Exception as exc:  # last resort: anything but an ApiError (a bug, a bad stream) re-lists after back-off
                 self.errors += 1
                 self._need_list = True
                 self._log.exception("list/watch failed unexpectedly", error=str(exc), retry_in=backoff)

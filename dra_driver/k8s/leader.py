@@ -179,7 +179,7 @@ class LeaderElector:
             if self._on_change is not None:
                 try:
                     self._on_change(leader)
-                except Exception:
+                except Exception:  # last resort: a callback bug must not stop the election loop
                     self._log.exception("leadership callback failed")
 
     def release(self) -> bool:
@@ -220,7 +220,7 @@ class LeaderElector:
             while not stop.is_set():
                 try:
                     self.try_acquire_or_renew()
-                except Exception:
+                except Exception:  # last resort: ApiError, transport failures or a bug; the next period tries again
                     self._log.exception("leader election attempt failed")
                     self._transition()
                 stop.wait(self.config.retry_period)

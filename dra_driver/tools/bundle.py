@@ -261,7 +261,7 @@ def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engin
     inventory: Future[Inventory] = Future()
     try:
         inventory.set_result(engine.build_inventory(slices))
-    except Exception as exc:
+    except Exception as exc:  # last resort: handed on, each claim's report says the inventory failed
         inventory.set_exception(exc)
     for claim in claims[:MAX_EXPLAINED_CLAIMS]:
         m = meta(claim)
@@ -269,7 +269,7 @@ def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engin
         try:
             out[key] = build_report(claim, slices, classes, claims, engine=engine, driver=driver, inventory=inventory,
                                     rules=rules)
-        except Exception as exc:  # one claim the engine cannot handle must not lose the others
+        except Exception as exc:  # last resort: one claim the engine cannot handle must not lose the others
             out[key] = {"state": "error", "text": f"{type(exc).__name__}: {exc}"}
     if len(claims) > MAX_EXPLAINED_CLAIMS:
         bundle.problems.append(f"explanations: only the first {MAX_EXPLAINED_CLAIMS} of {len(claims)} claims explained")
@@ -367,7 +367,7 @@ def write_bundle(bundle: Bundle, top: str, output: str) -> str:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o600)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException:  # not swallowed: the temporary file goes, the error is raised again
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

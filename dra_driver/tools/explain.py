@@ -223,7 +223,7 @@ def build_report(
     try:
         inv = inventory.result() if inventory is not None else engine.build_inventory(slices)
         allocated = engine.allocated_state(claims, exclude_uid=uid_of(claim))
-    except Exception as exc:
+    except Exception as exc:  # last resort: an inventory the engine cannot build is this claim's error verdict
         outcome = Outcome(verdict=Verdict.ERROR, summary=f"cannot build the device inventory: {exc}", text=str(exc))
     else:
         outcome = evaluate(engine, claim, inv, class_map, allocated, driver=driver, rules=rules)
@@ -471,7 +471,7 @@ def main(
         else:
             print(f"dra-driver explain: API error: {exc}", file=stderr)
         return 1
-    except Exception as exc:  # never a traceback for a user
+    except Exception as exc:  # last resort: never a traceback for a user
         print(f"dra-driver explain: unexpected error: {type(exc).__name__}: {exc}", file=stderr)
         return 1
     finally:

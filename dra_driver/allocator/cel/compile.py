@@ -164,7 +164,7 @@ def compile_uncached(expression: str) -> CompiledSelector:
     rewritten = unparse(rewritten_ast)
     try:
         program = cel.compile(rewritten)
-    except Exception as exc:
+    except Exception as exc:  # what it catches: cel-rust's compile errors, of no documented type
         raise CelCompileError(expression, f"compilation failed: {exc}") from None
     return CompiledSelector(expression, rewritten, program, cost, driver_equals=_driver_equality(ast),
                             reads=selector_reads(expression), plain=_plain(program))
