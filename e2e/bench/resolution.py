@@ -2,7 +2,7 @@
 
 Cluster: ``NODES`` Node objects (no kubelet) with ``GPUS`` GPUs each published as ResourceSlices
 under a fake driver (``bench.dra-driver.io``, one pool per node, the slices of
-:func:`e2e.bench.synthetic.synthetic_slices`), a DeviceClass selecting that driver, and pods
+:func:`e2e.generators.synthetic.synthetic_slices`), a DeviceClass selecting that driver, and pods
 each with a 1-GPU claim from a ResourceClaimTemplate.
 
 * engine: :func:`dra_driver.allocator.resolve.resolve` for one claim after another over an inventory built
@@ -30,7 +30,7 @@ from dra_driver.allocator.resolve import resolve
 from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES, ApiError
 from e2e.bench.common import Result
 from e2e.bench.sharedbed import NODES, BenchBed, parallel
-from e2e.bench.synthetic import synthetic_slices
+from e2e.generators.synthetic import synthetic_slices
 from e2e.tooling import binaries
 
 FAKE_DRIVER = "bench.dra-driver.io"

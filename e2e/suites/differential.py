@@ -1,6 +1,6 @@
 """Differential testing of our resolution engine against the real kube-scheduler.
 
-Each generated scenario (``e2e.suites.scenarios``) gets its own Node objects, namespace, DeviceClass
+Each generated scenario (``e2e.generators.scenarios``) gets its own Node objects, namespace, DeviceClass
 and ResourceSlices on a dedicated control plane; a Pod pinned to those nodes references the
 scenario's claim.  The scheduler either writes ``status.allocation`` on the claim (feasible) or
 leaves the pod ``PodScheduled=False/Unschedulable`` (infeasible).  The same objects go through
@@ -58,7 +58,7 @@ from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
 from dra_driver.k8s.quantity import parse_quantity
-from e2e.suites import scenarios, scenarios_names
+from e2e.generators import scenarios, scenarios_names
 
 LABEL = "diff.dra-driver.io/scenario"
 BATCH_LABEL = "diff.dra-driver.io/batch"
@@ -69,7 +69,7 @@ SETTLE_S = 6.0
 Kubectl = Callable[..., Any]
 # The per-node reason of the DynamicResources plugin when the allocator finds no allocation.
 CANNOT_ALLOCATE = "cannot allocate all claims"
-# Scenario features (e2e.suites.scenarios) and the scheduler features (structured.Features) they need.
+# Scenario features (e2e.generators.scenarios) and the scheduler features (structured.Features) they need.
 _NEEDS = {"shares": "ConsumableCapacity", "taints": "DeviceTaints", "taint-none": "DeviceTaints",
           "counters": "PartitionableDevices", "firstAvailable": "PrioritizedList"}  # fmt: skip
 
@@ -130,7 +130,7 @@ def make_case(seed: int, features: frozenset[str] = scenarios.DEFAULT_FEATURES, 
 
 
 def make_names_case(seed: int, rules: SchedulerRules | None = None) -> Case:
-    """A case of the family aimed at the 1.38 rules (:mod:`e2e.suites.scenarios_names`)."""
+    """A case of the family aimed at the 1.38 rules (:mod:`e2e.generators.scenarios_names`)."""
     nodes = (f"diff-{seed}-n0", f"diff-{seed}-n1")
     ns = f"diff-{seed}"
     return Case(seed, scenarios_names.generate(seed, nodes=nodes, namespace=ns), ns, nodes,

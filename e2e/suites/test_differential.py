@@ -6,9 +6,9 @@ slices meet nothing else; see ``e2e/suites/differential.py`` for how one scenari
 Two sets of scenarios, on whichever kube-scheduler the bed runs (1.37 by default; the 1.38
 scheduler beside the 1.37 control plane with ``DRA_TESTBED_SCHEDULER=1.38``, ``make e2e-next``):
 
-- the corpus (``e2e.suites.scenarios``): by default a sample of ``DIFF_SCENARIOS`` (50), 20 of them
+- the corpus (``e2e.generators.scenarios``): by default a sample of ``DIFF_SCENARIOS`` (50), 20 of them
   with shares; ``--long``: all 600 (240 with shares);
-- the family aimed at the 1.38 rules (``e2e.suites.scenarios_names``): all 240, every time.
+- the family aimed at the 1.38 rules (``e2e.generators.scenarios_names``): all 240, every time.
 
 ``DIFF_SEED`` moves the corpus's first seed (it is otherwise fixed, so failures reproduce).
 Agreement is exact (``diff.judge``): verdict class, the first failure as far as the scheduler names
@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 
 from dra_driver.allocator.rules import SchedulerRules, mirrored_variant, parse_minor, scheduler_features, scheduler_variant
+from e2e.generators import scenarios, scenarios_names
 from e2e.suites import differential as diff
-from e2e.suites import scenarios, scenarios_names
 from e2e.testbed import cluster as cluster_mod
 from e2e.testbed.cluster import FEATURE_GATES, Cluster
 from e2e.testbed.clusterview import REPO
@@ -308,7 +308,7 @@ def _engine(case: diff.Case) -> dict[str, Any] | None:
 
 
 def test_checker_catches_selector_and_constraint_violations() -> None:
-    from e2e.suites.scenarios import Scenario
+    from e2e.generators.scenarios import Scenario
 
     def dev(name: str, model: str, numa: int) -> dict[str, Any]:
         return {"name": name, "attributes": {"model": {"string": model}, "numaNode": {"int": numa}}}

@@ -2,7 +2,7 @@
 cannot fit: none of it may change a verdict or an explanation.
 
 The reference is the engine with all three switched off (every device evaluated by CEL on its own,
-every node searched); generated scenarios (``e2e.suites.scenarios``, the differential's corpus) with other
+every node searched); generated scenarios (``e2e.generators.scenarios``, the differential's corpus) with other
 claims' allocations laid over them must come out the same, explanation included.
 """
 
@@ -32,7 +32,7 @@ from dra_driver.allocator.resolve import resolve
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.views import slice_view
 from dra_driver.k8s.quantity import parse_quantity
-from e2e.suites.scenarios import generate_many
+from e2e.generators.scenarios import generate_many
 
 D = "gpu.dra-driver.io"
 CLASSES = [{"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{D}"'}}]}}]

@@ -8,8 +8,8 @@ from allocfix import CLASSES, NODE_A, NODE_B, D, claim, mig_node, picked, reques
 from dra_driver.allocator.inventory import build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.allocator.search import SCHEDULER_ABORTS
-from e2e.bench.synthetic import benchmark_resolve
-from e2e.suites.scenarios import generate, generate_many, validate_scenario
+from e2e.generators.scenarios import generate, generate_many, validate_scenario
+from e2e.generators.synthetic import benchmark_resolve
 
 
 def test_basic_first_fit_and_node_selector() -> None:

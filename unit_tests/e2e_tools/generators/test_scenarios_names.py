@@ -1,4 +1,4 @@
-"""The differential's family aimed at the 1.38 scheduler's rules (e2e/suites/scenarios_names.py): every
+"""The differential's family aimed at the 1.38 scheduler's rules (e2e/generators/scenarios_names.py): every
 scenario valid, the same for a seed, and each rule present in enough scenarios, read from the objects."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from e2e.suites.scenarios import DRIVER, Scenario, both_spellings, cel_reads_both_spellings, validate_scenario
-from e2e.suites.scenarios_names import FAMILY_SIZE, FIRST_SEED, HUGE_VERSION, RULES, generate, generate_many, rule_of
+from e2e.generators.scenarios import DRIVER, Scenario, both_spellings, cel_reads_both_spellings, validate_scenario
+from e2e.generators.scenarios_names import FAMILY_SIZE, FIRST_SEED, HUGE_VERSION, RULES, generate, generate_many, rule_of
 
 FAMILY = generate_many(FIRST_SEED, FAMILY_SIZE, nodes=("n0", "n1"), namespace="ns")
 
@@ -99,7 +99,7 @@ def test_each_scenario_carries_its_rule_and_the_checks_can_fail() -> None:
     assert Counter(rule_of(s.seed) for s in FAMILY) == dict.fromkeys(RULES, FAMILY_SIZE // len(RULES))
     assert all(f"names:{rule_of(s.seed)}" in s.features for s in FAMILY)
     # The checks read the objects: an ordinary corpus scenario meets none of them.
-    from e2e.suites.scenarios import generate as ordinary
+    from e2e.generators.scenarios import generate as ordinary
 
     plain = [ordinary(seed) for seed in range(40)]
     assert {rule: sum(check(s) for s in plain) for rule, check in RULE_CHECKS.items()

@@ -19,8 +19,8 @@ exercises one of them, named by its seed (:func:`rule_of`) and recorded in its f
 - ``exclusive-shares``: another claim of the namespace holds a share of a device whose slice now
   says it cannot be shared.
 
-Pure and deterministic like :mod:`e2e.suites.scenarios`, whose builders it uses; every object is
-one the 1.37 API server accepts (:func:`e2e.suites.scenarios.validate_scenario`).
+Pure and deterministic like :mod:`e2e.generators.scenarios`, whose builders it uses; every object is
+one the 1.37 API server accepts (:func:`e2e.generators.scenarios.validate_scenario`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from e2e.suites.scenarios import (
+from e2e.generators.scenarios import (
     DRIVER,
     MODELS,
     SHARE_AMOUNTS,
