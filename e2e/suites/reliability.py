@@ -210,7 +210,7 @@ def spec_problems(entries: dict[str, ClaimEntry], cdi_dir: Path) -> list[str]:
             holders.setdefault(gpu, []).append(uid)
     for gpu, uids in holders.items():
         exclusive = [u for u in uids if u not in entries
-                     or any(d.sharing.get("strategy") == "Exclusive" for d in entries[u].devices)]
+                     or any(not d.sharing.allows_sharing for d in entries[u].devices)]
         if len(uids) > 1 and exclusive:
             problems.append(f"{gpu} is in the specs of claims {sorted(uids)}, held exclusively by {sorted(exclusive)}")
     return problems
@@ -227,7 +227,7 @@ def exclusive_conflicts(entries: dict[str, ClaimEntry]) -> list[str]:
             overlap = a.device == b.device or "gpu" in (a.kind, b.kind) or (
                 a.placement is not None and b.placement is not None
                 and a.placement[0] < b.placement[0] + b.placement[1] and b.placement[0] < a.placement[0] + a.placement[1])
-            exclusive = "Exclusive" in (a.sharing.get("strategy"), b.sharing.get("strategy"))
+            exclusive = not (a.sharing.allows_sharing and b.sharing.allows_sharing)
             if overlap and exclusive:
                 conflicts.append(f"{ua}:{a.device} and {ub}:{b.device} on {a.gpu_uuid}")
     return conflicts
