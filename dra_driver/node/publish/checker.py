@@ -198,16 +198,22 @@ def _attribute(found: _Found, value: Any, where: str) -> None:
     for kind in present:
         item = value[kind]
         at = f"{where}.{kind}"
-        if kind == "int" and not _is_int(item):
-            found.add("attribute-value", at, f"{item!r} is not a 64-bit integer")
-        elif kind == "bool" and not isinstance(item, bool):
-            found.add("attribute-value", at, f"{item!r} is not a boolean")
-        elif kind == "string":
-            _string(found, item, at)
-        elif kind == "version":
-            _version(found, item, at)
-        elif kind in _LISTS:
+        if kind in _LISTS:
             _attribute_list(found, kind, item, at)
+        else:
+            _scalar(found, kind, item, at)
+
+
+def _scalar(found: _Found, kind: str, item: Any, at: str) -> None:
+    """One value of an attribute of ``kind`` (``int``, ``bool``, ``string``, ``version``), alone or in a list."""
+    if kind == "int" and not _is_int(item):
+        found.add("attribute-value", at, f"{item!r} is not a 64-bit integer")
+    elif kind == "bool" and not isinstance(item, bool):
+        found.add("attribute-value", at, f"{item!r} is not a boolean")
+    elif kind == "string":
+        _string(found, item, at)
+    elif kind == "version":
+        _version(found, item, at)
 
 
 def _attribute_list(found: _Found, kind: str, items: Any, where: str) -> None:
@@ -217,15 +223,7 @@ def _attribute_list(found: _Found, kind: str, items: Any, where: str) -> None:
     if not items:
         found.add("attribute-value", where, "must not be empty if specified")
     for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        if kind == "ints" and not _is_int(item):
-            found.add("attribute-value", at, f"{item!r} is not a 64-bit integer")
-        elif kind == "bools" and not isinstance(item, bool):
-            found.add("attribute-value", at, f"{item!r} is not a boolean")
-        elif kind == "strings":
-            _string(found, item, at)
-        elif kind == "versions":
-            _version(found, item, at)
+        _scalar(found, kind.removesuffix("s"), item, f"{where}[{i}]")
 
 
 def _value_count(attributes: Mapping[str, Any]) -> int:
