@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)
 
-    progress("building or reusing the Kubernetes binaries")
-    bin_dir = binaries.ensure()
+    progress("building or reusing the Kubernetes control plane (the nodes are kubelet peers: no kubelet)")
+    bin_dir = binaries.ensure(kubelet=False)
     progress(f"binaries ready in {bin_dir}")
     cluster = Cluster(workdir=(WORKDIR / "bed").resolve(), bin_dir=bin_dir, tie_to_parent=False)
     fleet = NodeFleet(workdir=WORKDIR.resolve(), kubeconfig=cluster.kubeconfig, node_names=cluster.nodes, detached=True)

@@ -7,6 +7,9 @@ The bed runs the current minor; ``DRA_TESTBED_KUBERNETES=1.36`` makes it run the
 minor instead (``make e2e-oldest`` runs the smoke subset that way). ``DRA_TESTBED_SCHEDULER=1.38``
 runs the kube-scheduler of another minor beside that control plane (``make e2e-next``): only that
 minor's scheduler is built, besides the control plane's own binaries.
+
+A bed whose nodes are all kubelet peers (``make demo``) asks for the control plane without the
+kubelet; the folder is the same, so a later full bed builds the kubelet alone into it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ MINOR_ENV = "DRA_TESTBED_KUBERNETES"
 SCHEDULER_ONLY_MINORS = {"1.38": "kubernetes-1.38"}
 SCHEDULER_ENV = "DRA_TESTBED_SCHEDULER"
 SCHEDULER = "kube-scheduler"
+KUBELET = "kubelet"
 
 
 def kubernetes_minor() -> str:
@@ -75,10 +79,15 @@ def bin_dir() -> Path:
     return gotools.bin_dir(tools())
 
 
-def ensure(log: bool = True) -> Path:
-    """Return the directory holding the control plane's binaries, building what is missing, and build
-    the kube-scheduler ``DRA_TESTBED_SCHEDULER`` asks for."""
-    out = gotools.ensure(tools(), log=log)
+def control_plane() -> list[str]:
+    """The binaries a bed of kubelet peers runs: every one of the bed's tools but the kubelet."""
+    return [b for name in tools() for b in gotools.TOOLS[name].commands.values() if b != KUBELET]
+
+
+def ensure(log: bool = True, kubelet: bool = True) -> Path:
+    """Return the directory holding the bed's binaries (``kubelet=False``: the control plane's alone),
+    building what is missing, and build the kube-scheduler ``DRA_TESTBED_SCHEDULER`` asks for."""
+    out = gotools.ensure(tools(), log=log, only=None if kubelet else control_plane())
     minor = scheduler_minor()
     if minor:
         ensure_scheduler(minor, log=log)

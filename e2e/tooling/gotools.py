@@ -12,8 +12,11 @@ imports, and the source itself is part of the cache key.
 
 The cache key of a build is a hash of its pins, its recipe (packages, tags, cgo, ldflags), the Go
 version and the build features found on the machine (libseccomp's version for runc). A bumped pin
-builds anew; an unchanged one never does. A build goes to a temporary folder that is renamed into
-place only when every binary is there, so a failed or partial build is never cached.
+builds anew; an unchanged one never does. A caller may ask for some of a tool set's binaries only
+(``ensure(..., only=...)``: the demo needs no kubelet); the folder and its key are the same, and a
+later call asking for more builds only what is missing into it. A binary is built in a temporary
+folder and renamed into place whole, so a failed or partial build never leaves a binary that looks
+built.
 
 Usage::
 
@@ -39,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,9 +321,31 @@ def bin_dir(names: Sequence[str]) -> Path:
     return cache_root() / "gotools" / f"{label}-{cache_key(names)}"
 
 
-def _complete(out: Path, names: Sequence[str]) -> bool:
-    return (out / ".complete").exists() and all(
-        (out / binary).exists() for n in names for binary in TOOLS[n].commands.values())
+STAMP = ".complete"
+
+
+def _wanted(names: Sequence[str], only: Collection[str] | None = None) -> dict[str, dict[str, str]]:
+    """Per tool, the commands (package -> binary) to have built: every one, or those whose binary is in ``only``."""
+    commands = {n: TOOLS[n].commands for n in names}
+    if only is None:
+        return commands
+    known = {binary for cmds in commands.values() for binary in cmds.values()}
+    unknown = sorted(set(only) - known)
+    if unknown:
+        raise ToolError(f"gotools: {', '.join(names)} build no {', '.join(unknown)}; they build: {', '.join(sorted(known))}")
+    return {n: {pkg: binary for pkg, binary in cmds.items() if binary in only} for n, cmds in commands.items()}
+
+
+def _missing(out: Path, commands: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The commands whose binary is not in the folder yet; a tool with none is left out."""
+    missing = {n: {pkg: binary for pkg, binary in cmds.items() if not (out / binary).exists()}
+               for n, cmds in commands.items()}
+    return {n: cmds for n, cmds in missing.items() if cmds}
+
+
+def _complete(out: Path, commands: dict[str, dict[str, str]]) -> bool:
+    """The folder is ours (stamped) and holds every binary asked for: each one got there whole, by a rename."""
+    return (out / STAMP).exists() and not _missing(out, commands)
 
 
 @contextlib.contextmanager
@@ -352,16 +377,17 @@ def _heartbeat(what: str, started: float, log: bool) -> Iterator[None]:
         stop.set()
 
 
-def _build_one(tool: Tool, out: Path, log: bool) -> None:
+def _build_one(tool: Tool, commands: dict[str, str], out: Path, log: bool) -> None:
+    """Build these commands of the tool (package -> binary) into ``out``."""
     version = tool.version()
     if log:
-        print(f"gotools: building {tool.name} {version} ({', '.join(tool.commands.values())})", flush=True)
+        print(f"gotools: building {tool.name} {version} ({', '.join(commands.values())})", flush=True)
     env = tool_env(tool)
     flags = ["-trimpath", "-ldflags", f"-s -w {tool.ldflags(version)}".strip()]
     if tool.tags:
         flags += ["-tags", tool.tags]
     started = time.monotonic()
-    for package, binary in tool.commands.items():
+    for package, binary in commands.items():
         with _heartbeat(f"building {tool.name} {binary}", started, log):
             if tool.library is not None:
                 _build_library(tool, tool.library, out, env)
@@ -427,39 +453,61 @@ def _build_library(tool: Tool, lib: CLibrary, out: Path, env: dict[str, str]) ->
         generated.unlink()
 
 
-def ensure(names: Sequence[str], log: bool = True) -> Path:
-    """The folder holding every binary of these tools, built from their pins if not yet cached."""
+def ensure(names: Sequence[str], log: bool = True, only: Collection[str] | None = None) -> Path:
+    """The folder holding the binaries of these tools (those named in ``only``, or every one), built
+    from their pins if not yet cached. The folder is the same whichever binaries are asked for."""
     unknown = [n for n in names if n not in TOOLS]
     if unknown:
         raise ToolError(f"gotools: unknown tool(s) {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+    commands = _wanted(names, only)
     out = bin_dir(names)
-    if _complete(out, names):
+    if _complete(out, commands):
         return out
     _require_go(names)
     with _locked(out.parent / f".{out.name}.lock"):
-        if _complete(out, names):
+        if _complete(out, commands):
             return out
         started = time.monotonic()
+        missing = _missing(out, commands)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             timings = {}
-            for name in names:
+            for name, cmds in missing.items():
                 t = time.monotonic()
-                _build_one(TOOLS[name], tmp, log)
+                _build_one(TOOLS[name], cmds, tmp, log)
                 timings[name] = round(time.monotonic() - t, 1)
-            features = {n: TOOLS[n].features() for n in names}
-            stamp = {"tools": {n: TOOLS[n].version() for n in names}, "go": _go_version(),
-                     "toolchains": {n: TOOLS[n].toolchain for n in names if TOOLS[n].toolchain},
-                     "features": {n: f for n, f in features.items() if f},
-                     "build_seconds": timings}
-            (tmp / ".complete").write_text(json.dumps(stamp, indent=2))
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
+            built = [binary for cmds in missing.values() for binary in cmds.values()]
+            _install(tmp, out, built)
+            _write_stamp(tmp, out, _stamp(names, out, timings))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         if log:
-            print(f"gotools: {', '.join(names)} ready in {out} after {time.monotonic() - started:.0f}s", flush=True)
+            print(f"gotools: {', '.join(names)} ready in {out} after {time.monotonic() - started:.0f}s "
+                  f"(built: {', '.join(built) or 'nothing new'})", flush=True)
     return out
+
+
+def _stamp(names: Sequence[str], out: Path, timings: dict[str, float]) -> dict[str, object]:
+    """What the folder's stamp records: the pins, and which of the tools' binaries the folder holds."""
+    features = {n: TOOLS[n].features() for n in names}
+    return {"tools": {n: TOOLS[n].version() for n in names}, "go": _go_version(),
+            "toolchains": {n: TOOLS[n].toolchain for n in names if TOOLS[n].toolchain},
+            "features": {n: f for n, f in features.items() if f},
+            "binaries": [b for n in names for b in TOOLS[n].commands.values() if (out / b).exists()],
+            "build_seconds": timings}
+
+
+def _install(tmp: Path, out: Path, built: Sequence[str]) -> None:
+    """Move freshly built binaries into the folder, one rename each: a crash leaves each one whole or absent."""
+    out.mkdir(exist_ok=True)
+    for binary in built:
+        os.replace(tmp / binary, out / binary)
+
+
+def _write_stamp(tmp: Path, out: Path, stamp: dict[str, object]) -> None:
+    """(Re)write the folder's stamp by a rename, after its binaries: a stamp never stands beside a half one."""
+    (tmp / STAMP).write_text(json.dumps(stamp, indent=2))
+    os.replace(tmp / STAMP, out / STAMP)
 
 
 def check(names: Sequence[str]) -> list[str]:

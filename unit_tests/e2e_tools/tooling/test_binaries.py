@@ -3,6 +3,7 @@ only when one is asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ BED_COMMANDS = {"kube-apiserver", "kube-controller-manager", "kube-scheduler", "
 
 @pytest.fixture()
 def builds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[str, ...]]:
-    """The tool sets ``gotools.ensure`` is asked to build, in order (nothing is built)."""
+    """The tool sets ``gotools.ensure`` is asked to build, in order (nothing is built); a subset of their
+    binaries follows its tools, after a ``"only:"``."""
     asked: list[tuple[str, ...]] = []
 
-    def ensure(names: tuple[str, ...] | list[str], log: bool = True) -> Path:
-        asked.append(tuple(names))
+    def ensure(names: tuple[str, ...] | list[str], log: bool = True, only: Collection[str] | None = None) -> Path:
+        asked.append(tuple(names) if only is None else (*names, "only:", *sorted(only)))
         return tmp_path / "-".join(names)
 
     monkeypatch.setattr(gotools, "ensure", ensure)
@@ -31,6 +33,12 @@ def test_the_default_bed_builds_its_control_plane_and_etcd_only(builds: list[tup
     assert binaries.ensure(log=False).name == "kubernetes-etcd"
     assert builds == [("kubernetes", "etcd")]
     assert binaries.scheduler_minor() is None
+
+
+def test_a_bed_of_kubelet_peers_asks_for_the_control_plane_without_the_kubelet(builds: list[tuple[str, ...]]) -> None:
+    """What ``make demo`` builds: the same tools (so the same folder), every binary but the kubelet."""
+    assert binaries.ensure(log=False, kubelet=False).name == "kubernetes-etcd"
+    assert builds == [("kubernetes", "etcd", "only:", *sorted(BED_COMMANDS - {"kubelet"} | {"etcd"}))]
 
 
 def test_the_next_scheduler_is_built_beside_the_default_control_plane(

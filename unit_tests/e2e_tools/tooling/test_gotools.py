@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_runc_without_libseccomp_refuses_at_once_naming_the_package(monkeypatch:
 def test_a_partial_build_is_never_cached(pins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gotools, "_have", lambda cmd: True)
 
-    def half_build(tool: gotools.Tool, out: Path, log: bool) -> None:
+    def half_build(tool: gotools.Tool, commands: dict[str, str], out: Path, log: bool) -> None:
         (out / "loopback").write_text("built")
         raise gotools.ToolError("gotools: building cni-plugins failed")
 
@@ -101,6 +102,107 @@ def test_a_partial_build_is_never_cached(pins: Path, monkeypatch: pytest.MonkeyP
     out = gotools.bin_dir(["cni-plugins"])
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if not p.name.endswith(".lock")]
+
+
+CONTROL_PLANE = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
+BED = ["kubernetes", "etcd"]
+
+
+@dataclasses.dataclass
+class FakeGo:
+    built: list[str] = dataclasses.field(default_factory=list)
+    """The binary each ``go build`` wrote, in order."""
+    fail: set[str] = dataclasses.field(default_factory=set)
+    """Binaries whose ``go build`` fails."""
+
+
+@pytest.fixture()
+def go(pins: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGo:
+    """A go that writes a file where ``-o`` says (nothing is compiled)."""
+    fake = FakeGo()
+    monkeypatch.setattr(gotools, "_have", lambda cmd: True)
+
+    def run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
+        assert cmd[:2] == ["go", "build"], cmd
+        target = Path(cmd[cmd.index("-o") + 1])
+        if target.name in fake.fail:
+            raise gotools.ToolError(f"gotools: {what} failed (2): {' '.join(cmd)}")
+        target.write_text(f"built from {cmd[-1]}")
+        fake.built.append(target.name)
+        return ""
+
+    monkeypatch.setattr(gotools, "_run", run)
+    return fake
+
+
+def _stamp(out: Path) -> dict[str, Any]:
+    stamp: dict[str, Any] = json.loads((out / gotools.STAMP).read_text())
+    return stamp
+
+
+def test_a_subset_then_the_whole_set_builds_only_what_is_missing_into_one_folder(go: FakeGo) -> None:
+    out = gotools.ensure(BED, log=False, only=CONTROL_PLANE)
+    assert sorted(go.built) == sorted(CONTROL_PLANE)
+    assert out == gotools.bin_dir(BED), "the folder and its key do not depend on the subset"
+    assert not (out / "kubelet").exists()
+    assert sorted(_stamp(out)["binaries"]) == sorted(CONTROL_PLANE)
+    go.built.clear()
+    assert gotools.ensure(BED, log=False, only=["kubectl"]) == out
+    assert go.built == [], "a subset already there builds nothing"
+    assert gotools.ensure(BED, log=False) == out
+    assert go.built == ["kubelet"]
+    assert sorted(_stamp(out)["binaries"]) == sorted([*CONTROL_PLANE, "kubelet"])
+    assert _stamp(out)["build_seconds"].keys() == {"kubernetes"}
+    assert (out / "kube-apiserver").read_text() == "built from k8s.io/kubernetes/cmd/kube-apiserver"
+    assert sorted(p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")) == [out.name]
+
+
+def test_a_failed_addition_keeps_the_subset_and_caches_nothing_of_itself(go: FakeGo) -> None:
+    out = gotools.ensure(BED, log=False, only=CONTROL_PLANE)
+    stamp = (out / gotools.STAMP).read_text()
+    go.built.clear()
+    go.fail.add("kubelet")
+    with pytest.raises(gotools.ToolError, match="building kubernetes failed"):
+        gotools.ensure(BED, log=False)
+    assert not (out / "kubelet").exists()
+    assert (out / gotools.STAMP).read_text() == stamp
+    assert gotools._complete(out, gotools._wanted(BED, CONTROL_PLANE))
+    assert not gotools._complete(out, gotools._wanted(BED))
+    assert sorted(p.name for p in out.parent.iterdir() if not p.name.endswith(".lock")) == [out.name]
+
+
+def test_a_crash_before_the_stamp_leaves_whole_binaries_that_the_next_build_keeps(
+        go: FakeGo, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(tmp: Path, out: Path, stamp: dict[str, object]) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gotools, "_write_stamp", crash)
+        with pytest.raises(KeyboardInterrupt):
+            gotools.ensure(["etcd"], log=False)
+    out = gotools.bin_dir(["etcd"])
+    assert (out / "etcd").exists() and not (out / gotools.STAMP).exists()
+    assert not gotools._complete(out, gotools._wanted(["etcd"])), "binaries without a stamp do not look complete"
+    go.built.clear()
+    assert gotools.ensure(["etcd"], log=False) == out
+    assert go.built == [], "each binary got there by a rename, whole: kept"
+    assert _stamp(out)["binaries"] == ["etcd"]
+
+
+def test_complete_needs_the_stamp_and_every_binary_asked_for(pins: Path, tmp_path: Path) -> None:
+    out = tmp_path / "folder"
+    out.mkdir()
+    (out / "etcd").write_text("")
+    assert not gotools._complete(out, gotools._wanted(["etcd"]))
+    (out / gotools.STAMP).write_text("{}")
+    assert gotools._complete(out, gotools._wanted(["etcd"]))
+    assert not gotools._complete(out, gotools._wanted(BED, ["etcd", "kubectl"]))
+    assert gotools._complete(out, gotools._wanted(BED, ["etcd"]))
+
+
+def test_asking_for_a_binary_the_tools_do_not_build_names_the_ones_they_do(pins: Path) -> None:
+    with pytest.raises(gotools.ToolError, match=r"kubernetes, etcd build no kube-proxy; they build: etcd, kube-apiserver, "):
+        gotools.ensure(BED, log=False, only=["kubectl", "kube-proxy"])
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="needs Go (a prerequisite of make test)")
