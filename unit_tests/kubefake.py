@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from dra_driver._proto.kubewire import meta_pb2, pods_pb2, slices_pb2
+from dra_driver._proto.kubewire import claimnotes_pb2, meta_pb2, pods_pb2, slices_pb2
 from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
 from dra_driver.k8s.informer import INITIAL_EVENTS_END
 from dra_driver.k8s.objects import Obj, key_of
@@ -311,13 +311,33 @@ def as_reduced(obj: Obj, reduced: Reduced | None, res: Resource) -> Obj:
     which the real API server would have refused) arrives as a JSON answer would."""
     if reduced is None:
         return copy.deepcopy(obj)
-    assert reduced.decode_event is not None, reduced
     kind, encode = ENCODERS[res.plural]
     try:
         raw = encode(obj).SerializeToString()
     except (KeyError, AttributeError, TypeError, ValueError, json_format.ParseError):
         return reduced.from_json(copy.deepcopy(obj))
+    if reduced.decode_event is None:  # read by lists only: a list of this one object
+        return reduced.decode_list(_list_of_one(kind, raw))[0][0]
     return reduced.decode_event(_event("ADDED", kind, raw))["object"]
+
+
+def _list_of_one(kind: str, raw: bytes) -> bytes:
+    """A protobuf list response holding the one encoded object ``raw`` (items are field 2)."""
+    item = _FIELD_2 + _varint(len(raw)) + raw
+    envelope = meta_pb2.Unknown(typeMeta=meta_pb2.TypeMeta(apiVersion="v1", kind=f"{kind}List"), raw=item)
+    return b"k8s\x00" + envelope.SerializeToString()
+
+
+_FIELD_2 = bytes([2 << 3 | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _event(etype: str, kind: str, raw: bytes) -> bytes:
@@ -337,13 +357,23 @@ def initial_events_end(version: str, reduced: Reduced | None, res: Resource) -> 
     return reduced.decode_event(_event("BOOKMARK", ENCODERS[res.plural][0], mark))
 
 
+def _with_seconds(obj: Obj) -> Obj:
+    """A copy of ``obj`` whose deletionTimestamp is the message the wire holds, not JSON's string."""
+    doc = copy.deepcopy(obj)
+    md = doc.get("metadata") or {}
+    if md.get("deletionTimestamp"):
+        md["deletionTimestamp"] = {"seconds": int(datetime.fromisoformat(md["deletionTimestamp"]).timestamp())}
+    return doc
+
+
+def claim_message(claim: Obj) -> claimnotes_pb2.NotedClaim:
+    """A JSON claim as its protobuf encoding reads through ``claimnotes.proto``."""
+    return json_format.ParseDict(_with_seconds(claim), claimnotes_pb2.NotedClaim(), ignore_unknown_fields=True)
+
+
 def pod_message(pod: Obj) -> pods_pb2.Pod:
     """A JSON pod as its protobuf encoding reads through ``pods.proto``."""
-    doc = copy.deepcopy(pod)
-    md = doc.get("metadata") or {}
-    if md.get("deletionTimestamp"):  # Time is a message on the wire, a string in JSON
-        md["deletionTimestamp"] = {"seconds": int(datetime.fromisoformat(md["deletionTimestamp"]).timestamp())}
-    return json_format.ParseDict(doc, pods_pb2.Pod(), ignore_unknown_fields=True)
+    return json_format.ParseDict(_with_seconds(pod), pods_pb2.Pod(), ignore_unknown_fields=True)
 
 
 def _entry(message: Any, key: str, fill: Any) -> bytes:
@@ -445,6 +475,7 @@ def slice_message(sl: dict[str, Any]) -> Any:
 
 
 ENCODERS: dict[str, tuple[str, Callable[[Obj], Any]]] = {"pods": ("Pod", pod_message),
+                                                          "resourceclaims": ("ResourceClaim", claim_message),
                                                           "resourceslices": ("ResourceSlice", slice_message)}
 """The resources read in protobuf: their kind and how the real API server's schema encodes one."""
 

@@ -33,19 +33,28 @@ its JSON form decodes to (spec whole; of the metadata name, uid, resourceVersion
 deletionTimestamp), with the equal attribute, capacity and counter values of all devices, and equal
 lists of counter consumptions, shared as they are built, as :class:`dra_driver.k8s.compact.Interner`
 shares them after JSON is decoded.
+
+The claims ``explain -n`` and ``-A`` list
+=========================================
+Every claim of a namespace or of the cluster, to group the pending ones by what the controller
+wrote on them. Listed as JSON, the claims' managedFields, specs and statuses are most of what the
+server encodes and the client decodes, and on a large cluster the decoding alone took most of the
+command's time (docs/scale.md). :func:`noted_claims` reads them in protobuf through
+``api/proto/kubewire/claimnotes.proto``: identity, deletion, the named annotations, the requests'
+DeviceClasses and the allocated devices.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from dra_driver._proto.kubewire import claims_pb2, meta_pb2, pods_pb2, slices_pb2
+from dra_driver._proto.kubewire import claimnotes_pb2, claims_pb2, meta_pb2, pods_pb2, slices_pb2
 from dra_driver.k8s.objects import Obj
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
@@ -235,6 +244,94 @@ POD_CLAIM_REFS = Reduced(decode_pod_list, from_json=lambda pod: pod, decode_even
 """Pods as the controller reads them; a JSON pod is read whole (its readers read only these fields)."""
 CLAIM_ALLOCATIONS = Reduced(lambda body: (*decode_claim_list(body), ""), from_json=allocation_view)
 """Every claim's allocated devices (``list_claim_allocations``: from the watch cache, one page)."""
+
+
+# --------------------------------------------------------------------------- claims and their notes
+
+
+def noted_claims(annotations: Collection[str]) -> Reduced:
+    """ResourceClaims as ``explain -n``/``-A`` reads them, in protobuf through
+    ``api/proto/kubewire/claimnotes.proto``: name, namespace, deletion, of the annotations only
+    ``annotations``; of a claim not allocated the DeviceClasses of its requests, of an allocated
+    one its devices (driver, pool, device), which say whose claim it is. A JSON answer's claims are
+    reduced to the same dicts."""
+    keep = tuple(annotations)
+
+    def decode_list(body: bytes) -> tuple[list[Obj], str, str]:
+        claims = claimnotes_pb2.NotedClaimList()
+        _parse(claims, _unwrap(body, "ResourceClaimList"))
+        md = claims.metadata
+        return [_noted(c, keep) for c in claims.items], md.resourceVersion, getattr(md, "continue")
+
+    return Reduced(decode_list, from_json=lambda claim: _noted_json(claim, keep))
+
+
+_RESULT_KEYS = ("driver", "pool", "device")
+
+
+def _noted(claim: _M, keep: tuple[str, ...]) -> Obj:
+    # Each field read off a parsed message costs a Python object: at 30,000 claims a list reads
+    # only what the report needs, once.
+    md = claim.metadata
+    meta: Obj = {"name": md.name, "namespace": md.namespace}
+    if md.HasField("deletionTimestamp"):
+        meta["deletionTimestamp"] = _time(md.deletionTimestamp)
+    found = md.annotations
+    if found:
+        notes = {k: v for k in keep if (v := found.get(k)) is not None}
+        if notes:
+            meta["annotations"] = notes
+    status = claim.status
+    if status.HasField("allocation"):
+        results = [{"driver": r.driver, "pool": r.pool, "device": r.device} for r in status.allocation.devices.results]
+        return {"metadata": meta, "status": {"allocation": {"devices": {"results": results}}}}
+    requests = []
+    for r in claim.spec.devices.requests:
+        request: Obj = {"name": r.name}
+        if r.HasField("exactly"):
+            request["exactly"] = {"deviceClassName": r.exactly.deviceClassName}
+        subs = r.firstAvailable
+        if subs:
+            request["firstAvailable"] = [{"name": s.name, "deviceClassName": s.deviceClassName} for s in subs]
+        requests.append(request)
+    return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
+
+
+def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> Obj:
+    """:func:`_noted` of a claim's JSON form."""
+    md = _mapping(claim.get("metadata"))
+    meta: Obj = {k: str(md.get(k) or "") for k in ("name", "namespace")}
+    if md.get("deletionTimestamp"):
+        meta["deletionTimestamp"] = str(md["deletionTimestamp"])
+    found = _mapping(md.get("annotations"))
+    notes = {k: str(found[k]) for k in keep if k in found}
+    if notes:
+        meta["annotations"] = notes
+    allocation = _mapping(claim.get("status")).get("allocation")
+    if isinstance(allocation, Mapping):
+        results = _listed(_mapping(allocation.get("devices")).get("results"))
+        return {"metadata": meta, "status": {"allocation": {"devices": {"results": [
+            {k: str(r.get(k) or "") for k in _RESULT_KEYS} for r in results]}}}}
+    requests = []
+    for r in _listed(_mapping(_mapping(claim.get("spec")).get("devices")).get("requests")):
+        request: Obj = {"name": str(r.get("name") or "")}
+        if isinstance(r.get("exactly"), Mapping):
+            request["exactly"] = {"deviceClassName": str(r["exactly"].get("deviceClassName") or "")}
+        subs = _listed(r.get("firstAvailable"))
+        if subs:
+            request["firstAvailable"] = [{"name": str(s.get("name") or ""),
+                                          "deviceClassName": str(s.get("deviceClassName") or "")} for s in subs]
+        requests.append(request)
+    return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _listed(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings of a JSON list (nothing for a value that is not one)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 # --------------------------------------------------------------------------- slices

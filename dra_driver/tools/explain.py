@@ -49,7 +49,6 @@ from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, s
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
-    PODS,
     SLICES,
     ApiError,
     ConfigurationError,
@@ -59,12 +58,8 @@ from dra_driver.k8s.client import (
     kubeconfig_path,
 )
 from dra_driver.k8s.objects import Obj, describe_node_selector, meta
-from dra_driver.k8s.wire import POD_CLAIM_REFS
 from dra_driver.tools.drivers import claim_drivers
 from dra_driver.tools.targets import Kind, TargetError, parse_target
-
-WAITING_PODS = "status.phase=Pending"
-"""The pods ``-o wide`` lists beside the claims they wait for: those not running yet."""
 
 
 class ExplainError(Exception):
@@ -443,11 +438,7 @@ def main(
         engine = engine or Engine()
         render: Callable[[dict[str, Any]], str]
         if what.kind is Kind.PENDING:
-            claims = api.list(CLAIMS, namespace=what.namespace, cached=True).items
-            classes = api.list(DEVICE_CLASSES, cached=True).items
-            pods = api.list(PODS, namespace=what.namespace, field_selector=WAITING_PODS, cached=True,
-                            reduced=POD_CLAIM_REFS).items if output == "wide" else None
-            report = pending.pending_report(claims, classes, pods, driver=driver, namespace=what.namespace)
+            report = pending.read_pending(api, what.namespace, driver=driver, wide=output == "wide")
             render = pending.render_pending
         else:
             rules, warning = rules_for(scheduler_rules, server_version)

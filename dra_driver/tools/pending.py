@@ -2,7 +2,9 @@
 the controller wrote on it.
 
 Read from the claims' annotations (:mod:`dra_driver.controller.annotations`), not re-resolved: one
-list of claims answers for 10,000 of them, where resolving each would take minutes. A pending
+list of claims answers for 10,000 of them, where resolving each would take minutes. The list is
+read in protobuf, each claim reduced to what the report reads (:func:`dra_driver.k8s.wire.noted_claims`):
+as JSON, decoding 30,000 claims was most of the command's time at 5,000 nodes (docs/scale.md). A pending
 claim without our annotations is one the controller found satisfiable (it waits for the
 scheduler), one no pod waits for, or one it has not evaluated yet; they are listed under one
 heading saying so. Claims whose DeviceClasses select another driver's devices are left out.
@@ -18,13 +20,18 @@ from typing import Any
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.verdicts import EVENT_REASON, Verdict
 from dra_driver.k8s.claims import annotations_of, classes_by_name, is_allocated, is_deleting, pod_claim_names
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, KubeApi
 from dra_driver.k8s.objects import Obj, key_of
+from dra_driver.k8s.wire import POD_CLAIM_REFS, noted_claims
 from dra_driver.tools.drivers import claim_drivers
 
 NOT_EXPLAINED = "NotExplained"
 NOT_EXPLAINED_TEXT = ("no explanation from the controller: satisfiable and waiting for the scheduler, "
                       "no pod waits for it, or not evaluated yet")
 _VERDICT_AT_END = re.compile(r'"verdict":"([A-Za-z]+)"}\s*$')
+NOTED_CLAIMS = noted_claims((EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION))
+WAITING_PODS = "status.phase=Pending"
+"""The pods ``-o wide`` lists beside the claims they wait for: those not running yet."""
 
 
 def written_verdict(claim: Mapping[str, Any]) -> str | None:
@@ -51,6 +58,16 @@ def reason_of(verdict: str | None) -> str:
         return EVENT_REASON.get(Verdict(verdict), verdict)
     except ValueError:
         return verdict
+
+
+def read_pending(api: KubeApi, namespace: str | None, *, driver: str, wide: bool) -> dict[str, Any]:
+    """:func:`pending_report` of the claims of ``namespace`` (every namespace: None), from the API
+    server's watch cache; with ``wide``, with the pods that wait for them."""
+    claims = api.list(CLAIMS, namespace=namespace, cached=True, reduced=NOTED_CLAIMS).items
+    classes = api.list(DEVICE_CLASSES, cached=True).items
+    pods = api.list(PODS, namespace=namespace, field_selector=WAITING_PODS, cached=True,
+                    reduced=POD_CLAIM_REFS).items if wide else None
+    return pending_report(claims, classes, pods, driver=driver, namespace=namespace)
 
 
 def pending_report(claims: Sequence[Obj], classes: Sequence[Obj], pods: Sequence[Obj] | None, *, driver: str,

@@ -14,16 +14,17 @@ import struct
 from typing import Any
 
 import pytest
-from kubefake import pod_message, slice_message
+from kubefake import claim_message, pod_message, slice_message
 from kubeserver import Server
 
+from dra_driver._proto.kubewire import claimnotes_pb2, pods_pb2, slices_pb2
 from dra_driver._proto.kubewire import claims_pb2 as pb
 from dra_driver._proto.kubewire import meta_pb2 as meta
-from dra_driver._proto.kubewire import pods_pb2, slices_pb2
+from dra_driver.controller.verdicts import claim_class_names
 from dra_driver.controller.views import pod_view, slice_reading, slice_view
 from dra_driver.k8s import wire
-from dra_driver.k8s.claims import pod_claim_keys, pod_is_done, pod_node
-from dra_driver.k8s.client import PODS, SLICES, ApiError
+from dra_driver.k8s.claims import device_ids, is_allocated, is_deleting, pod_claim_keys, pod_is_done, pod_node
+from dra_driver.k8s.client import CLAIMS, PODS, SLICES, ApiError
 from dra_driver.k8s.wire import (
     POD_CLAIM_REFS,
     PROTOBUF,
@@ -137,6 +138,68 @@ def test_rest_client_passes_on_api_errors(srv: Server) -> None:
     with pytest.raises(ApiError) as err:
         srv.api.list_claim_allocations()
     assert err.value.status == 403
+
+
+# --------------------------------------------------------------------------- claims as explain's lists read them
+
+NOTE, SUMMARY = "gpu.dra-driver.io/explanation", "gpu.dra-driver.io/explanation-summary"
+NOTED = wire.noted_claims((NOTE, SUMMARY))
+NOTED_JSON: list[dict[str, Any]] = [
+    *JSON_CLAIMS,
+    {"metadata": {"name": "pending", "namespace": "ns", "uid": "u-p", "resourceVersion": "9",
+                  "annotations": {NOTE: '{"summary":"x","verdict":"Unsatisfiable"}' + " " * 32_000, SUMMARY: "x",
+                                  "resource.kubernetes.io/pod-claim-name": "gpu"},
+                  "managedFields": [{"manager": "dra-driver", "fieldsV1": {"f:metadata": {}}}]},
+     "spec": {"devices": {"requests": [
+         {"name": "one", "exactly": {"deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": "true"}}]}},
+         {"name": "any", "firstAvailable": [{"name": "big", "deviceClassName": "gpu-big"},
+                                            {"name": "mig", "deviceClassName": "mig"}]},
+     ]}}},
+    {"metadata": {"name": "going", "namespace": "ns", "uid": "u-g", "deletionTimestamp": "2026-11-28T10:00:00Z",
+                  "finalizers": ["x"]}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {}}]}}},
+]
+
+
+def _noted_body(claims: list[dict[str, Any]], cont: str = "") -> bytes:
+    listed = claimnotes_pb2.NotedClaimList(items=[claim_message(c) for c in claims])
+    listed.metadata.resourceVersion = "42"
+    setattr(listed.metadata, "continue", cont)
+    return _wrapped("ResourceClaimList", listed.SerializeToString(), api_version="resource.k8s.io/v1")
+
+
+def test_noted_claims_read_the_same_from_protobuf_and_json() -> None:
+    items, rv, cont = NOTED.decode_list(_noted_body(NOTED_JSON, cont="more"))
+    assert (rv, cont) == ("42", "more")
+    assert items == [NOTED.from_json(c) for c in NOTED_JSON]
+    pending, going = items[-2:]
+    assert pending["metadata"]["annotations"] == {k: NOTED_JSON[-2]["metadata"]["annotations"][k] for k in (NOTE, SUMMARY)}
+    assert pending["spec"]["devices"]["requests"] == [
+        {"name": "one", "exactly": {"deviceClassName": "gpu"}},
+        {"name": "any", "firstAvailable": [{"name": "big", "deviceClassName": "gpu-big"},
+                                           {"name": "mig", "deviceClassName": "mig"}]}]
+    assert claim_class_names(pending) == ["gpu", "gpu-big", "mig"]
+    assert "managedFields" not in pending["metadata"] and not is_allocated(pending)
+    assert is_deleting(going) and going["metadata"]["deletionTimestamp"] == "2026-11-28T10:00:00Z"
+    assert "annotations" not in going["metadata"]
+    assert [device_ids(c["status"].get("allocation")) for c in items[:3]] == [
+        device_ids(c["status"]["allocation"]) if "allocation" in c.get("status", {}) else set() for c in JSON_CLAIMS]
+
+
+def test_noted_claims_of_a_body_that_is_not_a_claim_list_are_named() -> None:
+    with pytest.raises(WireError, match="expected a ResourceClaimList, got PodList"):
+        NOTED.decode_list(_pod_list(JSON_PODS))
+
+
+def test_rest_client_lists_noted_claims_in_protobuf_and_takes_json(srv: Server) -> None:
+    srv.replies.append((200, PROTOBUF, _noted_body(NOTED_JSON)))
+    listed = srv.api.list(CLAIMS, namespace="ns", cached=True, reduced=NOTED)
+    want = [{**NOTED.from_json(c), "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"} for c in NOTED_JSON]
+    assert listed.items == want
+    req = srv.requests[0]
+    assert req["path"] == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims?resourceVersion=0"
+    assert req["accept"].startswith(PROTOBUF) and "application/json" in req["accept"]
+    srv.replies.append((200, {"metadata": {"resourceVersion": "7"}, "items": NOTED_JSON}))
+    assert srv.api.list(CLAIMS, namespace="ns", cached=True, reduced=NOTED).items == want
 
 
 # --------------------------------------------------------------------------- pods

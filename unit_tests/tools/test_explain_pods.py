@@ -16,9 +16,9 @@ from dra_driver import cli
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.reconciler import Controller
 from dra_driver.k8s.claims import POD_CLAIM_NAME_ANNOTATION
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, ApiError, kubeconfig_context
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, kubeconfig_context
 from dra_driver.tools import explain
-from dra_driver.tools.pending import NOT_EXPLAINED
+from dra_driver.tools.pending import NOT_EXPLAINED, NOTED_CLAIMS, pending_report, render_pending
 from dra_driver.tools.targets import Kind, Target, TargetError, parse_target
 
 OTHER = "tpu.example.com"
@@ -199,6 +199,20 @@ class TestPending:
         assert rc == 0 and "  team/b0-gpu-x1  pods: b0 (claim gpu)" in out
         as_yaml = yaml.safe_load(run(kube, None, "yaml", namespace="team")[1])
         assert as_yaml == json.loads(run(kube, None, "json", namespace="team")[1])
+
+    def test_the_claims_as_read_give_the_report_the_whole_claims_give(self) -> None:
+        # The list is read through the reduced schema (protobuf, or JSON reduced alike): the report
+        # must not change with it, for every output.
+        kube = explained_cluster()
+        whole = kube.list(CLAIMS).items
+        as_read = kube.list(CLAIMS, reduced=NOTED_CLAIMS).items
+        assert as_read != whole and all("managedFields" not in c["metadata"] for c in as_read)
+        classes = kube.list(DEVICE_CLASSES).items
+        pods = kube.list(PODS).items
+        for wide in (None, pods):
+            got = pending_report(as_read, classes, wide, driver="gpu.dra-driver.io", namespace=None)
+            assert got == pending_report(whole, classes, wide, driver="gpu.dra-driver.io", namespace=None)
+            assert got["pending"] == 5 and render_pending(got).count("\n") > 5
 
     def test_nothing_pending(self) -> None:
         kube = cluster()
