@@ -46,6 +46,11 @@ What is measured at each size
   names a scheduler that does not exist, so the claim waits for our controller alone). Its time is
   the controller's own ``resolve_duration_seconds`` observation (the histogram's sum moves by
   exactly that one evaluation); the caches it builds are VmRSS after - VmRSS before.
+* **a claim whose selector nothing has evaluated yet**: in the same process, right after that first
+  claim and before any other selector, one unsatisfiable claim whose selector compares memory with
+  a literal no claim has had; its time is the same histogram's, summed over its claim's evaluations
+  (one, unless its pod's event came late): what a person's first ``explain`` of a new template costs
+  the engine, and what the controller meets with that template's first claim.
 * **resolve one fitting claim** and **explain one unsatisfiable claim**: more such probes, one at a
   time, p50 of the same per-evaluation time.
 * **the explanation's extra memory**: a second fresh process whose first claim is an unsatisfiable
@@ -57,11 +62,22 @@ What is measured at each size
   10,000 takes this machine a minute or two by itself); then a fresh controller, and the time from
   its informers' sync until every claim carries its explanation (annotation seen on a watch),
   waiting at most 75 s. Our claims/s is this rate. It runs last in a size; at the last planned size
-  its claims are not deleted.
+  its claims are not deleted. The API server's own count of writes to claims and Events
+  (``apiserver_request_total`` by resource, verb and code, whatever the outcome) is read before
+  the controller's spawn and once it has stood still after the last explanation; the bench writes
+  neither then, nor does kwok (it writes Leases and Node status).
   When the largest planned size does not run (skipped for the budget, or failed), one backlog of
   10,000 runs after the sizes on a fresh controller: at the largest size that ran, or on the
   larger cluster a failed size left (the conservative reading); without time for it, the row is
   projected and says so.
+* **the explained backlog** (the 10,000 kept at the end): ``python -m dra_driver explain -A`` as a
+  user runs it, three times, each from process start to exit, with what it listed; then the same
+  claims, our annotations cleared, explained again by a fresh controller with ``--no-pod-events``,
+  its writes counted the same way: the pod Events' cost is the factor of the two counts (the same
+  claims and pods; why not a second backlog: ``explained_backlog_phase``). The Events each of the
+  two controllers wrote, by the kind of object they are about, are counted from the Events
+  themselves (their ``reportingInstance`` is the controller's identity). Skipped, and said, when
+  the budget has no room for it.
 * **startup**: a fresh process with one pending unsatisfiable claim waiting: spawn -> ``/healthz``
   200 (informers synced) -> the claim's explanation seen. Three fresh processes in turn, each with
   a claim of its own; the row is their median (one start alone moved by half from run to run on
@@ -101,8 +117,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.k8s.client import CLAIMS, PODS, Obj, Resource
-from e2e.bench.common import RESULTS, Result, machine_facts, percentile, summary_markdown
+from dra_driver.k8s.client import CLAIMS, PODS, ApiError, Obj, Resource
+from e2e.bench.common import REPO, RESULTS, Result, machine_facts, percentile, summary_markdown
 from e2e.bench.scale_cluster import (
     APF_NAME,
     APISERVER_ARGS,
@@ -122,6 +138,7 @@ from e2e.bench.scale_cluster import (
     ScaleCluster,
     Tracker,
     claim_body,
+    cold_shape,
     create,
     delete,
     has_explanation,
@@ -132,8 +149,11 @@ from e2e.bench.scale_rows import (
     Curve,
     HistogramReading,
     Targets,
+    api_writes,
     backlog_outcome,
+    cold_selector_ms,
     expected_pods_per_s,
+    explain_listing,
     fill_deadline_s,
     fill_pods,
     histogram,
@@ -144,6 +164,7 @@ from e2e.bench.scale_rows import (
     rows,
     size_seconds,
     where_backlog_ran,
+    writes_since,
 )
 from e2e.bench.sharedbed import BenchBed
 from e2e.testbed import kwok as kwok_mod
@@ -189,6 +210,9 @@ class Plan:
     profile: bool = True
     at_once_sync_s: float = 90.0
     """For the budget: a fresh controller's sync before a backlog run of its own (36 s at 5,000 nodes)."""
+    explain_all_samples: int = 3
+    settle_most_s: float = 30.0
+    """How long, after the last claim was explained, the API server's count of writes may take to stand still."""
 
     def mig_nodes(self, nodes: int) -> int:
         return nodes // self.mig_per
@@ -202,10 +226,18 @@ class Plan:
         pods created first (well over 100/s), the wait. Nothing is deleted after it."""
         return self.at_once_sync_s + self.backlog_at_once / 100 + self.backlog_wait_s
 
+    def explained_backlog_s(self) -> float:
+        """For the budget, what follows the kept backlog: ``explain -A`` runs (15 s each at most
+        expected), our annotations cleared (well over 100 claims/s), a fresh controller's sync and
+        the wait, the writes settling, and the Events listed."""
+        return (15 * self.explain_all_samples + self.backlog_at_once / 100 + self.at_once_sync_s + self.backlog_wait_s
+                + self.settle_most_s + 15)
+
 
 FULL = Plan()
 SMOKE = Plan(sizes=(500,), claims_per_node=2, scheduled_pods=200, plain_pods_per_node=1, backlog_at_once=200, fit_samples=5,
-             explain_samples=3, startup_samples=1, apf_claims=60, backlog_wait_s=240.0, profile=False)
+             explain_samples=3, startup_samples=1, apf_claims=60, backlog_wait_s=240.0, profile=False,
+             explain_all_samples=1)
 
 
 # =========================================================================== measurements
@@ -277,7 +309,8 @@ def probe(sc: ScaleCluster, ctl: ControllerProcess, name: str, spec: dict[str, A
     mem1 = ctl.memory_mib()
     sc.remove(NS_PROBE, [name])
     latency = mean_since(before, after)
-    return {"latency_s": latency, "evaluations": after.count - before.count, "seen_s": round(seen_s, 3),
+    return {"latency_s": latency, "sum_s": after.sum - before.sum, "evaluations": after.count - before.count,
+            "seen_s": round(seen_s, 3),
             "rss_before_mib": round(mem0["VmRSS"], 1), "rss_after_mib": round(mem1["VmRSS"], 1),
             "peak_growth_mib": round(mem1["VmHWM"] - mem0["VmRSS"], 1),
             "rss_growth_mib": round(mem1["VmRSS"] - mem0["VmRSS"], 1)}
@@ -353,6 +386,7 @@ class SizeRun:
     first_unsat: dict[str, Any] = field(default_factory=dict)
     fit_probes: list[dict[str, Any]] = field(default_factory=list)
     explain_probes: list[dict[str, Any]] = field(default_factory=list)
+    cold_probe: dict[str, Any] = field(default_factory=dict)
     backlog: dict[str, Any] = field(default_factory=dict)
     startup: dict[str, Any] = field(default_factory=dict)
     controller_problems: list[str] = field(default_factory=list)
@@ -405,6 +439,10 @@ def run_size(sc: ScaleCluster, plan: Plan, out: SizeRun, previous: SizeRun | Non
         out.first_claim = {**first, "cache_mib": first["rss_growth_mib"]}
         sc.log(f"scale: first claim {first['latency_s'] * 1000 if first['latency_s'] else float('nan'):.0f} ms, "
                f"RSS +{first['rss_growth_mib']:.0f} MiB (peak +{first['peak_growth_mib']:.0f})")
+        # Before any other selector: the process has evaluated none but its DeviceClasses'.
+        out.cold_probe = probe(sc, ctl, f"cold-{nodes}", cold_shape(nodes), unsat=True)
+        sc.log(f"scale: a claim with a new selector: {cold_selector_ms(out.cold_probe) or float('nan'):.0f} ms "
+               f"({out.cold_probe['evaluations']:.0f} evaluation(s))")
         fit_names = list(FIT_SHAPES)
         for i in range(plan.fit_samples):
             out.fit_probes.append(probe(sc, ctl, f"fit-{nodes}-{i}", FIT_SHAPES[fit_names[i % len(fit_names)]],
@@ -457,9 +495,29 @@ def startup_phase(sc: ScaleCluster, nodes: int, samples: int, retire: Callable[[
             "explained_s": statistics.median(t["explained_s"] for t in taken), "samples": taken}
 
 
+def backlog_names(label: str, claims: int) -> list[str]:
+    return [f"backlog-{label}-{i}" for i in range(claims)]
+
+
+def settled_writes(sc: ScaleCluster, before: dict[str, float], most_s: float, quiet_s: float = 3.0) -> dict[str, int]:
+    """The API server's count of explaining writes since ``before`` (``scale_rows.api_writes``),
+    read once it has stood still for ``quiet_s`` (the Events about a claim go out after its
+    annotations), or ``most_s`` on."""
+    deadline = time.monotonic() + most_s
+    last = api_writes(sc.apiserver_metrics())
+    still = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - still < quiet_s:
+        time.sleep(1.0)
+        now = api_writes(sc.apiserver_metrics())
+        if now != last:
+            last, still = now, time.monotonic()
+    return writes_since(before, last)
+
+
 def backlog_phase(sc: ScaleCluster, plan: Plan, claims: int, label: str, *, remove: bool = True) -> dict[str, Any]:
     """``claims`` pending claims created at once, then a fresh controller: the time from its
-    informers' sync until every claim carries its explanation.
+    informers' sync until every claim carries its explanation, and the writes to claims and Events
+    the API server counted from its spawn until they stood still (the bench writes neither then).
 
     The claims are created while no controller runs (the caller has stopped its own): on this machine
     creating 10,000 claims (and their pods) takes about a minute by itself, the API server and the
@@ -467,11 +525,12 @@ def backlog_phase(sc: ScaleCluster, plan: Plan, claims: int, label: str, *, remo
     bench. The creation time is recorded beside it, and so is spawn -> all explained. The fresh
     controller is stopped at the end; with ``remove``, the claims and their pods are then deleted
     (after the stop, or the controller would re-examine every claim on every deletion)."""
-    names = [f"backlog-{label}-{i}" for i in range(claims)]
+    names = backlog_names(label, claims)
     t_create = time.monotonic()
     sc.pending(NS_BACKLOG, names, UNSAT_SHAPES)
     created = time.monotonic() - t_create
     tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
+    before = api_writes(sc.apiserver_metrics())
     fresh = sc.controller(f"{label}-backlog")
     try:
         synced = fresh.wait_synced(600)
@@ -481,20 +540,105 @@ def backlog_phase(sc: ScaleCluster, plan: Plan, claims: int, label: str, *, remo
         evaluations = fresh.resolves().count
         outcome: Backlog = backlog_outcome(claims, t0, [tracker.hits[n] for n in names if n in tracker.hits],
                                            plan.backlog_window_s, waited)
+        writes = settled_writes(sc, before, plan.settle_most_s)
     finally:
         tracker.stop()
         fresh.stop()
-    doc = {**asdict(outcome), "create_s": round(created, 2), "synced_s": round(synced, 2),
+    doc = {**asdict(outcome), "label": label, "reporter": fresh.identity, "writes": writes,
+           "create_s": round(created, 2), "synced_s": round(synced, 2),
            "spawn_to_all_explained_s": round(synced + outcome.all_explained_s, 2) if outcome.all_explained_s else None,
            "waited_s": round(waited, 1), "evaluations": evaluations,
            "evaluations_per_s": round(evaluations / waited, 2) if waited else None,
            "problems": log_problems(fresh.log_lines())}
     sc.log(f"scale: backlog of {claims} (created in {created:.1f}s with no controller running): {outcome.explained} "
            f"explained ({outcome.within_window} within {outcome.window_s:.0f}s of a fresh controller's sync at "
-           f"{synced:.1f}s), {outcome.claims_per_s:.1f} claims/s")
+           f"{synced:.1f}s), {outcome.claims_per_s:.1f} claims/s; {sum(writes.values())} writes to claims and Events")
     if remove:
         sc.remove(NS_BACKLOG, names)
     return doc
+
+
+def explained_backlog_phase(sc: ScaleCluster, plan: Plan, on: dict[str, Any], elapsed: float) -> dict[str, Any] | None:
+    """What the backlog kept at the end (``on``, :func:`backlog_phase`'s document) shows once
+    explained: ``explain -A`` over it, then the same claims explained afresh by a controller with pod
+    Events off, whose writes the API server counts as it counted the first run's. None when the
+    budget has no room for it.
+
+    The second run takes the same claims and pods, our annotations cleared (10,000 patches), rather
+    than a second backlog: creating one takes this machine one to two minutes (20,000 objects),
+    the comparison is then between the same objects, and the cluster still holds the one backlog
+    ``explain -A`` was timed on. Its Events are new objects: an Event's name includes the
+    controller's identity (``reportingInstance``), and each run's controller has its own."""
+    if elapsed + plan.explained_backlog_s() > plan.budget_s:
+        sc.log("scale: no time left for explain -A and the run without pod Events")
+        return None
+    doc: dict[str, Any] = {"nodes": sc.gpu_nodes, "claims": on["claims"], "failed": {}}
+    try:
+        doc["explain_all"] = explain_all(sc, plan.explain_all_samples)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        doc["failed"]["explain_all"] = str(exc)
+        sc.log(f"scale: explain -A failed: {exc}")
+    try:
+        off = pod_events_off_phase(sc, plan, backlog_names(on["label"], on["claims"]), on["label"])
+        told = sc.events_by_reporter(NS_BACKLOG)
+    except (RuntimeError, TimeoutError, ApiError) as exc:
+        doc["failed"]["pod_events_off"] = str(exc)
+        sc.log(f"scale: the run without pod Events failed: {exc}")
+        return doc
+    doc["on"] = {k: on[k] for k in ("claims", "explained", "writes")} | {"told": told.get(on["reporter"], {})}
+    doc["off"] = {**off, "told": told.get(off["reporter"], {})}
+    return doc
+
+
+def explain_all(sc: ScaleCluster, samples: int) -> dict[str, Any]:
+    """``python -m dra_driver explain -A`` as a user runs it, ``samples`` times: each from process
+    start to exit, and what the last one listed."""
+    cmd = [sys.executable, "-m", "dra_driver", "explain", "-A", f"--kubeconfig={sc.cluster.kubeconfig}"]
+    taken: list[float] = []
+    stdout = ""
+    for _ in range(samples):
+        t0 = time.monotonic()
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+        taken.append(round(time.monotonic() - t0, 2))
+        if done.returncode != 0:
+            raise RuntimeError(f"explain -A exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+        stdout = done.stdout
+    try:
+        listing = explain_listing(stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"explain -A: {exc}") from None
+    doc = {"seconds": statistics.median(taken), "samples": taken, **listing, "stdout_bytes": len(stdout.encode())}
+    sc.log(f"scale: explain -A listed {listing['pending']} pending claims in {listing['reasons']} reason(s) in "
+           f"{', '.join(f'{t:.2f}' for t in taken)} s")
+    return doc
+
+
+def pod_events_off_phase(sc: ScaleCluster, plan: Plan, names: list[str], label: str) -> dict[str, Any]:
+    """The claims ``names`` of the backlog, our annotations cleared, explained again by a fresh
+    controller with ``--no-pod-events``: the writes the API server counted from its spawn until
+    they stood still, as :func:`backlog_phase` counts them."""
+    t0 = time.monotonic()
+    sc.clear_explanations(NS_BACKLOG, names)
+    cleared = time.monotonic() - t0
+    tracker = Tracker(sc.api, CLAIMS, NS_BACKLOG, has_explanation)
+    left = tracker.count()
+    before = api_writes(sc.apiserver_metrics())
+    ctl = sc.controller(f"{label}-no-pod-events", "--no-pod-events")
+    try:
+        synced = ctl.wait_synced(600)
+        t_sync = ctl.spawned + synced
+        tracker.wait(len(names), t_sync + plan.backlog_wait_s)
+        took = time.monotonic() - t_sync
+        explained = tracker.count()
+        writes = settled_writes(sc, before, plan.settle_most_s)
+    finally:
+        tracker.stop()
+        ctl.stop()
+    sc.log(f"scale: without pod Events: {explained} of {len(names)} explained again {took:.1f}s after the sync "
+           f"(our annotations cleared in {cleared:.1f}s); {sum(writes.values())} writes to claims and Events")
+    return {"claims": len(names), "explained": explained, "explained_before_it": left, "clear_s": round(cleared, 1),
+            "synced_s": round(synced, 2), "seconds": round(took, 1), "writes": writes, "reporter": ctl.identity,
+            "problems": log_problems(ctl.log_lines())}
 
 
 APF_OBJECTS: list[tuple[Resource, Obj]] = [
@@ -622,6 +766,8 @@ def curve_of(runs: list[SizeRun], more_rss_samples: Iterable[dict[str, Any]] = (
             c.explain_p50_ms.append((n, v))
         if r.first_unsat and fc:
             c.explain_extra_mib.append((n, r.first_unsat["peak_growth_mib"] - fc["peak_growth_mib"]))
+        if (v := cold_selector_ms(r.cold_probe)) is not None:
+            c.cold_selector_ms.append((n, v))
         if r.startup:
             c.startup_s.append((n, r.startup["explained_s"]))
         c.devices.append((n, float(r.devices)))
@@ -651,6 +797,7 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
     stacks: list[str] = []
     at_once: dict[str, Any] | None = None
     at_once_failed: str | None = None
+    explained: dict[str, Any] | None = None
     try:
         sc.start()
         for nodes in plan.sizes:
@@ -687,12 +834,17 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
                 at_once_failed = str(exc)
                 log(f"scale: the backlog of {plan.backlog_at_once} failed ({exc}); its row is projected")
                 runs[-1].controller_problems += log_problems(sc.stop_controllers())
+        kept = at_once or (runs[-1].backlog if runs and runs[-1].nodes == plan.sizes[-1] else None)
+        if kept is not None:
+            explained = explained_backlog_phase(sc, plan, kept, time.monotonic() - started)
+            if explained and explained.get("off"):
+                runs[-1].controller_problems += explained["off"]["problems"]
     finally:
         sc.close()
     return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "failed_sizes": failed,
             "failed_runs": [asdict(r) for r in failed_runs], "stacks": stacks,
             "backlog_at_once": at_once or (runs[-1].backlog if runs else None), "backlog_at_once_failed": at_once_failed,
-            "seconds": round(time.monotonic() - started, 1)}
+            "explained_backlog": explained, "seconds": round(time.monotonic() - started, 1)}
 
 
 def at_once_phase(sc: ScaleCluster, plan: Plan, largest: SizeRun, failed_size: int | None,
@@ -723,9 +875,11 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
                                                  "all_explained_s", "claims_per_s")})
     throughput = (at_once["claims_per_s"], largest.fill["pods_per_s"], largest.nodes)
     failed_samples = [s for r in doc.get("failed_runs", []) for s in r["rss_samples"]]
+    explained = doc.get("explained_backlog")
     row_list, fit_figures = rows(curve_of(runs, failed_samples), targets, throughput=throughput, backlog=backlog,
                                  apf=doc["apf"], backlog_where=where_backlog_ran(
-                                     at_once, largest.nodes, plan.backlog_at_once, doc.get("backlog_at_once_failed")))
+                                     at_once, largest.nodes, plan.backlog_at_once, doc.get("backlog_at_once_failed")),
+                                 explained_backlog=explained)
     result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
         "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
         "sizes_failed": doc.get("failed_sizes", {}),
@@ -736,7 +890,8 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
                       f"user {CONTROLLER_USER} (cluster-admin binding, subject to APF)",
         "fit_shapes": list(FIT_SHAPES), "unsatisfiable_shapes": list(UNSAT_SHAPES),
     })
-    result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], "backlog_at_once": at_once, **fit_figures,
+    result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], "backlog_at_once": at_once,
+                           "explained_backlog": explained, **fit_figures,
                            "failed_sizes_partial": doc.get("failed_runs", []), "run_seconds": doc["seconds"]})
     if doc.get("stacks"):
         result.figures["profile"] = {"nodes": largest.nodes, **profile_breakdown(doc["stacks"])}
@@ -748,6 +903,11 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
         result.target(f"{row.what} [{row.basis}]", row.value, row.limit, row.unit, higher_is_better=row.higher_is_better)
         if row.note:
             result.notes.append(f"{row.what}: {row.note}")
+    if explained is None:
+        result.notes.append("explain -A and the API writes with pod Events on against off: not measured (no backlog "
+                            "kept at the end, or no time left for them)")
+    for part, why in ((explained or {}).get("failed") or {}).items():
+        result.notes.append(f"{part}: failed: {why[:300]}")
     if at_once.get("after_failed_size"):
         result.notes.append(f"our claims/s (the throughput row) is the backlog's, run after the "
                             f"{at_once['after_failed_size']:,}-node size failed: on a larger cluster than "

@@ -21,8 +21,20 @@ from typing import Any
 
 import yaml
 
+from dra_driver.controller.keys import OUR_ANNOTATIONS
 from dra_driver.k8s import client as kube
-from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, DEVICE_CLASSES, NODES, PODS, SLICES, ApiError, Obj, Resource
+from dra_driver.k8s.client import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    DEVICE_CLASSES,
+    EVENTS,
+    NODES,
+    PODS,
+    SLICES,
+    ApiError,
+    Obj,
+    Resource,
+)
 from e2e.bench import fleet
 from e2e.bench.common import REPO
 from e2e.bench.scale_rows import HistogramReading, histogram
@@ -77,6 +89,14 @@ UNSAT_SHAPES = {
     "no-such-model": _request(GPU_CLASS, f'device.attributes["{DRIVER}"].productName == "NVIDIA B300"'),
     "nine-gpus": _request(GPU_CLASS, count=9),
 }
+
+
+def cold_shape(token: int) -> dict[str, Any]:
+    """An unsatisfiable request whose selector is a text no claim has had (``token`` makes the
+    literal new: a memory just above 1 TiB, to the MiB): what a person's first ``explain`` of a new
+    template asks, and what the controller meets when that template's first claim arrives."""
+    quantity = f"{2**20 + token}Mi"
+    return _request(GPU_CLASS, f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{quantity}")) >= 0')
 
 
 def claim_body(name: str, spec: dict[str, Any]) -> Obj:
@@ -218,6 +238,16 @@ def has_explanation(obj: Obj) -> bool:
     return EXPLANATION in ((obj.get("metadata") or {}).get("annotations") or {})
 
 
+def events_by_reporter(events: Iterable[Obj]) -> dict[str, dict[str, int]]:
+    """Events counted by ``reportingInstance``, then by the kind of object they are about."""
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        kinds = out.setdefault(str(e.get("reportingInstance") or ""), {})
+        kind = str((e.get("regarding") or {}).get("kind") or "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return out
+
+
 def is_bound(obj: Obj) -> bool:
     return bool((obj.get("spec") or {}).get("nodeName"))
 
@@ -235,6 +265,8 @@ class ControllerProcess:
     kubeconfig: Path
     logs: Path
     label: str
+    args: tuple[str, ...] = ()
+    """More flags (``--no-pod-events``)."""
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     spawned: float = 0.0
@@ -244,6 +276,11 @@ class ControllerProcess:
         return self.logs / f"controller-{self.label}.log"
 
     @property
+    def identity(self) -> str:
+        """Its identity in the Lease, which is also the ``reportingInstance`` of its Events."""
+        return f"scale-bench-{self.label}"
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
@@ -251,7 +288,8 @@ class ControllerProcess:
     def start(self) -> None:
         cmd = [*bytecode.shipped_python(), "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
                f"--driver-name={DRIVER}", "--log-format=json", f"--metrics-port={self.port}",
-               "--leader-election-namespace=kube-system", f"--leader-election-id=scale-bench-{self.label}"]
+               "--leader-election-namespace=kube-system", f"--leader-election-id=scale-bench-{self.label}",
+               f"--identity={self.identity}", *self.args]
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.spawned = time.monotonic()
@@ -402,10 +440,10 @@ class ScaleCluster:
                     raise TimeoutError(f"no default ServiceAccount in {name}") from None
                 time.sleep(0.2)
 
-    def controller(self, label: str) -> ControllerProcess:
+    def controller(self, label: str, *args: str) -> ControllerProcess:
         self.controllers += 1
         ctl = ControllerProcess(self.cluster.user_kubeconfig(CONTROLLER_USER), self.cluster.logs,
-                                f"{self.controllers:02d}-{label}")
+                                f"{self.controllers:02d}-{label}", args)
         ctl.start()
         self._stack.callback(ctl.stop)
         self.started.append(ctl)
@@ -571,6 +609,17 @@ class ScaleCluster:
         names = list(names)
         parallel(lambda n: delete(self.api, CLAIMS, n, namespace), names)
         parallel(lambda n: delete(self.api, PODS, n, namespace), names)
+
+    def clear_explanations(self, namespace: str, names: Iterable[str]) -> None:
+        """Our annotations off the claims ``names``, as if no controller had explained them yet."""
+        patch = {"metadata": {"annotations": dict.fromkeys(OUR_ANNOTATIONS)}}
+        parallel(lambda n: _retrying(lambda: self.api.merge_patch(CLAIMS, n, patch, namespace=namespace)), names)
+
+    def events_by_reporter(self, namespace: str) -> dict[str, dict[str, int]]:
+        """The Events of ``namespace``, counted by reporting instance (a controller's identity) and
+        by the kind of object they are about."""
+        listed = _retrying(lambda: self.api.list(EVENTS, namespace=namespace, cached=True))
+        return events_by_reporter(listed.items)
 
     def has_explanation(self, namespace: str, name: str) -> bool:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,23 +24,25 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0.0 when there is none)."""
-    total = 0.0
-    want = dict(labels or {})
+def samples(text: str, name: str) -> Iterator[tuple[dict[str, str], float]]:
+    """The samples of ``name``: labels and value (a value that is not a number is skipped)."""
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         m = _SAMPLE.match(line)
         if m is None or m.group(1) != name:
             continue
-        have = dict(_LABEL.findall(m.group(2) or ""))
-        if all(have.get(k) == v for k, v in want.items()):
-            try:
-                total += float(m.group(3))
-            except ValueError:
-                continue
-    return total
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        yield dict(_LABEL.findall(m.group(2) or "")), value
+
+
+def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0.0 when there is none)."""
+    want = dict(labels or {})
+    return sum(v for have, v in samples(text, name) if all(have.get(k) == x for k, x in want.items()))
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,49 @@ def mean_since(before: HistogramReading, after: HistogramReading) -> float | Non
     """Mean duration of the observations between two readings (exact for one observation)."""
     n = after.count - before.count
     return (after.sum - before.sum) / n if n > 0 else None
+
+
+# --------------------------------------------------------------------------- the API server's count of writes
+
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
+EXPLAINING_RESOURCES = frozenset({"resourceclaims", "events"})
+"""What explaining pending claims writes: the claims' annotations, and Events (both API groups)."""
+
+
+def api_writes(text: str, resources: frozenset[str] = EXPLAINING_RESOURCES) -> dict[str, float]:
+    """The API server's own count of write requests (``apiserver_request_total``) to ``resources``,
+    by ``"resource[/subresource] VERB code"``, whatever their outcome: a refused write was still
+    sent. Counted by the server, not by the client that sends them."""
+    out: dict[str, float] = {}
+    for labels, value in samples(text, "apiserver_request_total"):
+        if labels.get("resource") not in resources or labels.get("verb") not in WRITE_VERBS:
+            continue
+        what = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key = f"{what} {labels['verb']} {labels.get('code', '')}"
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def writes_since(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, int]:
+    """What the counts of :func:`api_writes` grew by, the counts that did not grow left out."""
+    grown = {k: round(v - before.get(k, 0.0)) for k, v in after.items()}
+    return {k: v for k, v in sorted(grown.items()) if v > 0}
+
+
+# --------------------------------------------------------------------------- explain -A
+
+_LISTING_HEAD = re.compile(r"^(\d+) pending claim\(s\) in (.+), (\d+) reason\(s\):$")
+
+
+def explain_listing(stdout: str) -> dict[str, int]:
+    """What ``explain -n``/``-A`` printed: the pending claims and reasons its first line counts, and
+    the claims it listed (lines indented by two spaces). ValueError for output of another shape."""
+    lines = stdout.splitlines()
+    head = _LISTING_HEAD.match(lines[0]) if lines else None
+    if head is None:
+        raise ValueError(f"not a listing of pending claims: {stdout[:200]!r}")
+    return {"pending": int(head.group(1)), "reasons": int(head.group(3)),
+            "listed": sum(1 for line in lines if line.startswith("  ")), "lines": len(lines)}
 
 
 # --------------------------------------------------------------------------- fits
@@ -288,6 +333,8 @@ class Curve:
     fit_p50_ms: list[tuple[float, float]] = field(default_factory=list)
     explain_p50_ms: list[tuple[float, float]] = field(default_factory=list)
     explain_extra_mib: list[tuple[float, float]] = field(default_factory=list)
+    cold_selector_ms: list[tuple[float, float]] = field(default_factory=list)
+    """The controller's time for a claim whose selector it had never evaluated (a new literal)."""
     startup_s: list[tuple[float, float]] = field(default_factory=list)
     devices: list[tuple[float, float]] = field(default_factory=list)
     rss_samples: list[dict[str, float]] = field(default_factory=list)
@@ -410,6 +457,49 @@ def backlog_row(b: Backlog, target: int, where: str = "") -> Row:
                f"{basis} {where}" if where else basis)
 
 
+def pod_events_row(on: Mapping[str, Any], off: Mapping[str, Any], target: int, where: str) -> Row:
+    """Pod Events on against off: the API writes of two runs of the same ``claims`` pending claims,
+    each with its pod (documents with ``claims`` and ``writes``, :func:`writes_since`), and the
+    Events each controller wrote about pods and claims (``told``, when counted). The row is the
+    factor, on ÷ off; at most one more write per pending pod (3 against 2 per claim) is the
+    design's, hence the limit of 1.5."""
+    w_on, w_off = sum(on["writes"].values()), sum(off["writes"].values())
+    factor = w_on / w_off if w_off else float("inf")
+    claims = int(on["claims"])
+    told = on.get("told") or {}
+    unequal = [f"{name}: {run['explained']:,} of {int(run['claims']):,} explained" for name, run in
+               (("with pod Events", on), ("without", off)) if int(run["explained"]) < int(run["claims"])]
+    if off.get("explained_before_it"):
+        unequal.append(f"{off['explained_before_it']:,} still explained when the run without pod Events began")
+    if unequal:
+        return Row(f"API writes for {_n(target)} pending pods, pod Events on ÷ off", float("nan"), 1.5, "x",
+                   f"not computed, the two runs did not explain the same claims: {'; '.join(unequal)}")
+
+    def per(writes: float, n: Any) -> str:
+        return f"{writes / int(n):.2f} per pending pod" if int(n) else "no pending pod"
+
+    basis = (f"{where}: {w_on:,.0f} writes with pod Events ({per(w_on, claims)}), {w_off:,.0f} without "
+             f"({per(w_off, off['claims'])}), counted by the API server (apiserver_request_total: events, resourceclaims)")
+    note = (f"with pod Events: {_writes_text(on['writes'])}; without: {_writes_text(off['writes'])}"
+            + (f"; Events written with pod Events on: {told.get('Pod', 0):,} about pods, "
+               f"{told.get('ResourceClaim', 0):,} about claims" if told else ""))
+    return Row(f"API writes for {_n(target)} pending pods, pod Events on ÷ off", factor, 1.5, "x", basis, note=note)
+
+
+def _writes_text(writes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v:,}" for k, v in writes.items()) or "none"
+
+
+def explain_all_row(doc: Mapping[str, Any], target: int, where: str) -> Row:
+    """``explain -A`` over the explained backlog: the median of its runs, each from process start
+    to exit."""
+    runs = ", ".join(f"{s:.2f}" for s in doc["samples"])
+    basis = (f"{where}: `python -m dra_driver explain -A`, process start to exit, the median of "
+             f"{len(doc['samples'])} runs ({runs} s); it listed {doc['listed']:,} pending claims in "
+             f"{doc['reasons']} reason(s), read from the annotations, nothing resolved")
+    return Row(f"explain -A with {_n(target)} pending claims: the answer", float(doc["seconds"]), 5.0, "s", basis)
+
+
 def where_backlog_ran(at_once: Mapping[str, Any], largest: int, target: int, failed: str | None = None) -> str:
     """Where the backlog row's run was, for its basis: ``at_once`` is the run's document (with
     ``after_failed_size`` and ``cluster`` when it ran after a size failed), ``largest`` the largest
@@ -428,15 +518,37 @@ def where_backlog_ran(at_once: Mapping[str, Any], largest: int, target: int, fai
     return f"(at {_n(largest)} nodes)"
 
 
+def cold_selector_ms(probe: Mapping[str, Any]) -> float | None:
+    """The new-selector probe's time: every evaluation of its claim, summed (one, unless the pod's
+    event came late), None when it did not run."""
+    total = probe.get("sum_s")
+    return float(total) * 1000 if total is not None and probe.get("evaluations") else None
+
+
+def explained_backlog_rows(doc: Mapping[str, Any], target: int) -> list[Row]:
+    """The rows read off the backlog of ``target`` claims once explained (``doc``: ``nodes``,
+    ``claims``, and what ran: ``explain_all``, and ``on`` and ``off``, the writes with pod Events
+    and without): ``explain -A`` over it, and the pod Events' writes."""
+    where = f"measured at {_n(doc['nodes'])} nodes"
+    if int(doc["claims"]) < target:
+        where += f" with {_n(doc['claims'])} pending claims, not {_n(target)}"
+    out = []
+    if doc.get("explain_all"):
+        out.append(explain_all_row(doc["explain_all"], target, where))
+    if doc.get("on") and doc.get("off"):
+        out.append(pod_events_row(doc["on"], doc["off"], target, where))
+    return out
+
+
 def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int] | None,
-         backlog: Backlog | None, apf: Mapping[str, Any] | None, backlog_where: str = "") -> tuple[
-        list[Row], dict[str, Any]]:
+         backlog: Backlog | None, apf: Mapping[str, Any] | None, backlog_where: str = "",
+         explained_backlog: Mapping[str, Any] | None = None) -> tuple[list[Row], dict[str, Any]]:
     """Every row of the issue, with its basis; and the fit figures behind them.
 
     ``throughput``: (our claims/s, the scheduler's pods/s, nodes) at the largest size run.
     ``backlog_where``: where the backlog ran, for its row's basis (:func:`where_backlog_ran`).
     ``apf``: ``claims``, ``explained``, ``problems`` (log lines), ``rejected`` (429s the API server
-    answered the controller's flow).
+    answered the controller's flow). ``explained_backlog``: see :func:`explained_backlog_rows`.
     """
     out: list[Row] = []
     figures: dict[str, Any] = {}
@@ -454,6 +566,8 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
         (curve.explain_p50_ms, "explain one unsatisfiable claim, p50", 100.0, "ms"),
         (curve.explain_extra_mib, "explain one unsatisfiable claim: extra memory (first-claim peak RSS growth, "
                                   "unsatisfiable less fitting)", 10.0, "MiB"),
+        (curve.cold_selector_ms, "explain one claim whose selector nothing has evaluated yet (a new literal)",
+         100.0, "ms"),
         (curve.startup_s, "startup: process start -> informers synced and first pending claim explained", 10.0, "s"),
     ):
         if not series:
@@ -467,6 +581,8 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
         figures.update(rss_figures)
     if backlog is not None:
         out.append(backlog_row(backlog, targets.backlog, backlog_where))
+    if explained_backlog is not None:
+        out += explained_backlog_rows(explained_backlog, targets.backlog)
     if apf is not None:
         missing = int(apf["claims"]) - int(apf["explained"])
         out.append(Row("low API Priority and Fairness limit: claims left unexplained + error lines logged",
@@ -499,8 +615,8 @@ def markdown_tables(document: Mapping[str, Any]) -> str:
         lines.append(f"| {what} | {_cell(float(t['value']), 2)} {t['unit']} | {t['comparison']} {_cell(t['limit'], 1)} "
                      f"{t['unit']} | {'yes' if t['pass'] else '**no**'} | {basis.rstrip(']')} |")
     lines += ["", "| GPU nodes (+MIG) | devices | claims allocated | pods | controller RSS synced | first claim | "
-              "fitting p50 | unsatisfiable p50 | backlog claims/s | scheduler pods/s | startup |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "fitting p50 | unsatisfiable p50 | new selector | backlog claims/s | scheduler pods/s | startup |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in (document.get("figures") or {}).get("sizes") or []:
         last = (r.get("rss_samples") or [{}])[-1]
         fc = r.get("first_claim") or {}
@@ -514,6 +630,7 @@ def markdown_tables(document: Mapping[str, Any]) -> str:
             f"| {r['nodes']:,} (+{r.get('mig_nodes', 0):,}) | {_cell(r.get('devices'))} | {_cell(last.get('claims'), 0)} | "
             f"{_cell(last.get('pods'), 0)} | {_cell(last.get('rss_mib'), 0)} MiB | {first} | "
             f"{_cell(p50(r.get('fit_probes') or []), 0)} ms | {_cell(p50(r.get('explain_probes') or []), 0)} ms | "
+            f"{_cell(cold_selector_ms(r.get('cold_probe') or {}), 0)} ms | "
             f"{_cell((r.get('backlog') or {}).get('claims_per_s'), 1)} | {_cell((r.get('fill') or {}).get('pods_per_s'), 1)} | "
             f"{_cell((r.get('startup') or {}).get('explained_s'), 1)} s |")
     return "\n".join(lines) + "\n"

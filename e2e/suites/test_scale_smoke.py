@@ -2,7 +2,8 @@
 
 Its own control plane with kwok nodes (not the session's bed): 500 GPU nodes and 50 dynamic-MIG
 nodes, 1,000 claims allocated (200 of them by the kube-scheduler), our controller started afresh several times,
-probes, a backlog of pending claims and a run under a low API Priority and Fairness limit. What is
+probes, a backlog of pending claims (then listed by ``explain -A`` and explained again without pod
+Events) and a run under a low API Priority and Fairness limit. What is
 asserted is what 500 nodes can show: every claim allocated or explained, no error logged, and the
 APF run; the latency and memory targets belong to ``make bench-scale`` at 5,000 nodes.
 """
@@ -44,11 +45,26 @@ def test_the_scheduler_allocates_every_fill_claim(smoke: dict[str, Any]) -> None
 
 def test_every_pending_claim_is_resolved_or_explained(smoke: dict[str, Any]) -> None:
     (run,) = smoke["runs"]
-    probes = [run["first_claim"], run["first_unsat"], *run["fit_probes"], *run["explain_probes"]]
+    probes = [run["first_claim"], run["first_unsat"], *run["fit_probes"], *run["explain_probes"], run["cold_probe"]]
     assert all(p["latency_s"] is not None and p["evaluations"] >= 1 for p in probes), probes
     backlog = run["backlog"]
     assert backlog["explained"] == backlog["claims"] == scale.SMOKE.backlog_at_once, backlog
     assert run["startup"]["explained_s"] >= run["startup"]["synced_s"] > 0
+
+
+def test_the_kept_backlog_is_listed_by_explain_and_explained_again_without_pod_events(smoke: dict[str, Any]) -> None:
+    explained = smoke["explained_backlog"]
+    assert not explained["failed"], explained["failed"]
+    backlog = scale.SMOKE.backlog_at_once
+    listing = explained["explain_all"]
+    assert listing["pending"] == listing["listed"] == backlog and listing["reasons"] >= 1, listing
+    on, off = explained["on"], explained["off"]
+    assert on["explained"] == off["explained"] == backlog and off["explained_before_it"] == 0, (on, off)
+    # The API server counted each run's patches of the claims; pods were told only in the first.
+    for run in (on, off):
+        assert run["writes"].get("resourceclaims PATCH 200", 0) >= backlog, run["writes"]
+    assert on["told"].get("Pod", 0) > 0 and "Pod" not in off["told"], (on["told"], off["told"])
+    assert sum(on["writes"].values()) > sum(off["writes"].values())
 
 
 def test_no_error_logged(smoke: dict[str, Any]) -> None:

@@ -125,13 +125,16 @@ class FakeCluster:
         self.stopped_all += 1
         return []
 
+    def events_by_reporter(self, namespace: str) -> dict[str, dict[str, int]]:
+        return {"on": {"Pod": 10_000, "ResourceClaim": 9000}, "off": {"ResourceClaim": 10_000}}
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """run_curve with the cluster, the controllers and the measurements faked; what they were asked."""
     from e2e.bench import scale
 
-    seen: dict[str, Any] = {"backlogs": [], "clusters": []}
+    seen: dict[str, Any] = {"backlogs": [], "clusters": [], "explained": []}
 
     def cluster(*args: Any) -> FakeCluster:
         sc = FakeCluster(*args)
@@ -150,13 +153,26 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def backlog(sc: FakeCluster, plan: Any, claims: int, label: str, *, remove: bool = True) -> dict[str, Any]:
         seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
         return {"claims": claims, "explained": claims, "within_window": claims, "window_s": 60.0,
-                "all_explained_s": claims / 100, "claims_per_s": 100.0, "problems": []}
+                "all_explained_s": claims / 100, "claims_per_s": 100.0, "problems": [], "label": label,
+                "reporter": "on", "writes": {"resourceclaims PATCH 200": claims, "events POST 201": 2 * claims - 1000}}
 
-    probe = {"latency_s": 0.01, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
+    def explain_all(sc: FakeCluster, samples: int) -> dict[str, Any]:
+        seen["explained"].append(("explain -A", samples, sc.gpu_nodes))
+        return {"seconds": 2.5, "samples": [2.5] * samples, "pending": 10_000, "reasons": 3, "listed": 10_000}
+
+    def off(sc: FakeCluster, plan: Any, names: list[str], label: str) -> dict[str, Any]:
+        seen["explained"].append(("no pod events", len(names), names[0], label))
+        return {"claims": len(names), "explained": len(names), "explained_before_it": 0, "reporter": "off",
+                "writes": {"resourceclaims PATCH 200": len(names), "events POST 201": len(names)},
+                "problems": ["an error line"]}
+
+    probe = {"latency_s": 0.01, "sum_s": 0.01, "evaluations": 1, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
     monkeypatch.setattr(scale, "ScaleCluster", cluster)
     monkeypatch.setattr(scale, "synced_sample", sample)
     monkeypatch.setattr(scale, "later_sample", later)
     monkeypatch.setattr(scale, "backlog_phase", backlog)
+    monkeypatch.setattr(scale, "explain_all", explain_all)
+    monkeypatch.setattr(scale, "pod_events_off_phase", off)
     monkeypatch.setattr(scale, "probe", lambda *a, **k: dict(probe))
     monkeypatch.setattr(scale, "apf_phase", lambda sc, plan: {"claims": 1, "explained": 1, "problems": [], "rejected": 3})
     monkeypatch.setattr(scale, "create", lambda *a, **k: {})
@@ -206,6 +222,68 @@ def test_a_size_that_fails_keeps_its_samples_and_the_10000_backlog_runs_on_the_c
     assert result.figures["failed_sizes_partial"][0]["nodes"] == 5000
 
 
+def test_the_kept_backlog_is_listed_by_explain_then_explained_again_without_pod_events(
+        fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench import scale
+
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    # Only the backlog kept at the end, once explained: explain -A first, then the same claims again.
+    assert fake["explained"] == [("explain -A", 3, 5000), ("no pod events", 10_000, "backlog-5000-0", "5000")]
+    explained = doc["explained_backlog"]
+    assert explained["nodes"] == 5000 and explained["claims"] == 10_000 and not explained["failed"]
+    assert explained["on"]["told"] == {"Pod": 10_000, "ResourceClaim": 9000}
+    assert explained["off"]["told"] == {"ResourceClaim": 10_000}
+    assert doc["runs"][-1]["controller_problems"] == ["an error line"]
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(binaries, "kubernetes_version", lambda: "v0")
+    try:
+        result = scale.result_of(doc, _plan())
+    finally:
+        monkey.undo()
+    rows = {t["what"].partition(" [")[0]: t for t in result.targets}
+    writes = rows["API writes for 10,000 pending pods, pod Events on ÷ off"]
+    assert writes["value"] == pytest.approx(29_000 / 20_000) and writes["pass"]
+    assert rows["explain -A with 10,000 pending claims: the answer"]["value"] == 2.5
+    cold = rows["explain one claim whose selector nothing has evaluated yet (a new literal) at 5,000 nodes"]
+    assert cold["value"] == pytest.approx(10.0) and "measured at 5,000 nodes" in cold["what"]
+
+
+def test_an_explained_backlog_that_does_not_fit_the_budget_is_left_out(fake: dict[str, Any], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench import scale
+
+    monkeypatch.setattr(scale.Plan, "explained_backlog_s", lambda self: self.budget_s + 1)
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    assert doc["explained_backlog"] is None and fake["explained"] == []
+    monkeypatch.setattr(binaries, "kubernetes_version", lambda: "v0")
+    result = scale.result_of(doc, _plan())
+    assert not any("pod Events" in t["what"] or "explain -A" in t["what"] for t in result.targets)
+    assert any(n.startswith("explain -A and the API writes") for n in result.notes)
+
+
+def test_a_failed_explain_or_run_without_pod_events_is_said_and_leaves_the_other(
+        fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench import scale
+
+    def broken(*a: Any) -> dict[str, Any]:
+        raise RuntimeError("explain -A exited with 1: dra-driver explain: cannot reach the cluster")
+
+    def slow(*a: Any) -> dict[str, Any]:
+        raise TimeoutError("controller 99-5000-no-pod-events: informers not synced 600s after start")
+
+    monkeypatch.setattr(scale, "explain_all", broken)
+    monkeypatch.setattr(scale, "pod_events_off_phase", slow)
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    explained = doc["explained_backlog"]
+    assert set(explained["failed"]) == {"explain_all", "pod_events_off"} and "on" not in explained
+    monkeypatch.setattr(binaries, "kubernetes_version", lambda: "v0")
+    result = scale.result_of(doc, _plan())
+    assert not any("pod Events" in t["what"] or "explain -A" in t["what"] for t in result.targets)
+    assert any(n.startswith("explain_all: failed: explain -A exited with 1") for n in result.notes)
+    assert any(n.startswith("pod_events_off: failed: controller") for n in result.notes)
+
+
 def test_a_size_skipped_for_the_budget_gets_its_10000_backlog_at_the_largest_size_that_ran(
         fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from e2e.bench import scale
@@ -215,6 +293,7 @@ def test_a_size_skipped_for_the_budget_gets_its_10000_backlog_at_the_largest_siz
     assert doc["skipped_sizes"] == [5000] and not doc["failed_sizes"]
     assert fake["backlogs"][-1] == ("2000-at-once", 10_000, False, 2000)
     assert doc["backlog_at_once"]["after_failed_size"] is None
+    assert fake["explained"][-1] == ("no pod events", 10_000, "backlog-2000-at-once-0", "2000-at-once")
 
 
 def test_without_time_for_it_the_10000_backlog_is_projected(fake: dict[str, Any], tmp_path: Path,
@@ -225,6 +304,7 @@ def test_without_time_for_it_the_10000_backlog_is_projected(fake: dict[str, Any]
     doc = scale.run_curve(_plan(budget_s=100.0), tmp_path, log=lambda line: None)
     assert [b[0] for b in fake["backlogs"]] == ["500", "1000", "2000"]
     assert doc["backlog_at_once"]["claims"] == 1000
+    assert doc["explained_backlog"] is None and fake["explained"] == [], "its backlog was deleted"
 
 
 def test_the_last_planned_size_keeps_its_backlog_and_needs_no_other(fake: dict[str, Any], tmp_path: Path) -> None:

@@ -14,10 +14,14 @@ from e2e.bench.scale_rows import (
     Curve,
     HistogramReading,
     Targets,
+    api_writes,
     backlog_outcome,
     backlog_row,
     backlog_seconds,
+    cold_selector_ms,
     expected_pods_per_s,
+    explain_listing,
+    explained_backlog_rows,
     fill_deadline_s,
     fill_pods,
     fit_linear,
@@ -32,6 +36,7 @@ from e2e.bench.scale_rows import (
     rss_rows,
     size_seconds,
     where_backlog_ran,
+    writes_since,
 )
 
 METRICS = """\
@@ -192,14 +197,14 @@ def test_markdown_tables_show_each_row_with_its_basis_and_each_size() -> None:
             "rss_samples": [{"claims": 2000, "pods": 3000, "rss_mib": 180.4}],
             "first_claim": {"latency_s": 2.4, "cache_mib": 350.0},
             "fit_probes": [{"latency_s": 0.2}, {"latency_s": 0.3}, {"latency_s": None}],
-            "explain_probes": [{"latency_s": 0.4}],
+            "explain_probes": [{"latency_s": 0.4}], "cold_probe": {"sum_s": 0.062, "evaluations": 1},
             "backlog": {"claims_per_s": 1.8}, "fill": {"pods_per_s": 8.3}, "startup": {"explained_s": 4.6}}]},
     }
     text = markdown_tables(document)
     assert ("| first claim after start at 5,000 nodes | 4.00 s | <= 1.0 s | **no** | "
             "extrapolated to 5,000 nodes from 500 to 2,000 |") in text
-    assert ("| 500 (+50) | 11,600 | 2,000 | 3,000 | 180 MiB | 2.40 s, +350 MiB | 200 ms | 400 ms | 1.8 | 8.3 | 4.6 s |"
-            in text)
+    assert ("| 500 (+50) | 11,600 | 2,000 | 3,000 | 180 MiB | 2.40 s, +350 MiB | 200 ms | 400 ms | 62 ms | 1.8 | 8.3 "
+            "| 4.6 s |" in text)
 
 
 # --------------------------------------------------------------------------- RSS: plain pods apart
@@ -372,3 +377,93 @@ def test_where_the_backlog_ran_says_when_it_was_a_larger_cluster_or_a_projection
     out, _ = rows(Curve(), Targets(), throughput=None, apf=None, backlog_where=after,
                   backlog=backlog_outcome(10_000, 0.0, [1.0] * 10_000, window_s=60.0, waited_s=75.0))
     assert out[0].basis == f"measured {after}"
+
+
+# --------------------------------------------------------------------------- pending pods: writes, explain -A, a new selector
+
+def _requests(*rows: tuple[str, str, str, str, str, int]) -> str:
+    """apiserver_request_total as the API server writes it: (group, resource, subresource, verb, code, count)."""
+    return "".join(
+        f'apiserver_request_total{{code="{code}",component="apiserver",dry_run="",group="{group}",resource="{res}",'
+        f'scope="resource",subresource="{sub}",verb="{verb}",version="v1"}} {n}\n'
+        for group, res, sub, verb, code, n in rows)
+
+
+EVENTS_V1, RESOURCE_V1, LEASES_V1 = "events.k8s.io", "resource.k8s.io", "coordination.k8s.io"
+WRITES_BEFORE = _requests((EVENTS_V1, "events", "", "POST", "201", 100),
+                          (RESOURCE_V1, "resourceclaims", "", "PATCH", "200", 50),
+                          (RESOURCE_V1, "resourceclaims", "", "LIST", "200", 7),
+                          (LEASES_V1, "leases", "", "PUT", "200", 900))
+WRITES_AFTER = _requests((EVENTS_V1, "events", "", "POST", "201", 20_100),
+                         (EVENTS_V1, "events", "", "POST", "409", 3),
+                         ("", "events", "", "POST", "201", 2),
+                         (RESOURCE_V1, "resourceclaims", "", "PATCH", "200", 10_050),
+                         (RESOURCE_V1, "resourceclaims", "status", "PUT", "200", 4),
+                         (RESOURCE_V1, "resourceclaims", "", "LIST", "200", 9),
+                         (LEASES_V1, "leases", "", "PUT", "200", 1900))
+
+
+def test_the_api_servers_count_of_writes_to_claims_and_events_whatever_their_outcome() -> None:
+    before, after = api_writes(WRITES_BEFORE), api_writes(WRITES_AFTER)
+    assert before == {"events POST 201": 100, "resourceclaims PATCH 200": 50}
+    # Both API groups' Events, refused writes too, a subresource named; reads and leases left out.
+    assert writes_since(before, after) == {"events POST 201": 20_002, "events POST 409": 3,
+                                           "resourceclaims PATCH 200": 10_000, "resourceclaims/status PUT 200": 4}
+
+
+def _run(claims: int, explained: int, writes: dict[str, int], **more: Any) -> dict[str, Any]:
+    return {"claims": claims, "explained": explained, "writes": writes, **more}
+
+
+def test_pod_events_on_against_off_is_a_factor_of_the_same_claims_writes() -> None:
+    on = _run(10_000, 10_000, {"events POST 201": 19_000, "resourceclaims PATCH 200": 10_000},
+              told={"Pod": 9500, "ResourceClaim": 9500})
+    off = _run(10_000, 10_000, {"events POST 201": 10_000, "resourceclaims PATCH 200": 10_000}, explained_before_it=0)
+    (row,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": on, "off": off}, 10_000)
+    assert row.what == "API writes for 10,000 pending pods, pod Events on ÷ off"
+    assert row.value == pytest.approx(1.45) and row.limit == 1.5 and not row.higher_is_better
+    assert row.basis.startswith("measured at 5,000 nodes: 29,000 writes with pod Events (2.90 per pending pod), "
+                                "20,000 without (2.00 per pending pod)")
+    assert "9,500 about pods" in row.note and "resourceclaims PATCH 200: 10,000" in row.note
+    # Runs that did not explain the same claims are not compared.
+    (short,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": on,
+                                       "off": {**off, "explained": 9000}}, 10_000)
+    assert math.isnan(short.value) and "without: 9,000 of 10,000 explained" in short.basis
+    (stale,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": on,
+                                       "off": {**off, "explained_before_it": 12}}, 10_000)
+    assert math.isnan(stale.value) and "12 still explained" in stale.basis
+
+
+LISTING = """\
+3 pending claim(s) in all namespaces, 2 reason(s):
+
+Unsatisfiable (2): cannot allocate: request gpu: 0 candidates, need 1
+  ns/a
+  ns/b
+
+Unsatisfiable (1): cannot allocate: request gpu: 8 candidates, need 9
+  ns/c
+"""
+
+
+def test_explain_all_is_timed_from_process_start_and_says_what_it_listed() -> None:
+    listing = explain_listing(LISTING)
+    assert listing == {"pending": 3, "reasons": 2, "listed": 3, "lines": 8}
+    with pytest.raises(ValueError, match="not a listing"):
+        explain_listing("no pending claims in all namespaces\n")
+    doc = {"seconds": 2.2, "samples": [3.1, 2.2, 2.0], **listing}
+    (row,) = explained_backlog_rows({"nodes": 2000, "claims": 3, "explain_all": doc}, 10_000)
+    assert row.what == "explain -A with 10,000 pending claims: the answer" and row.value == 2.2 and row.limit == 5.0
+    assert row.basis.startswith("measured at 2,000 nodes with 3 pending claims, not 10,000: "
+                                "`python -m dra_driver explain -A`, process start to exit, the median of 3 runs "
+                                "(3.10, 2.20, 2.00 s); it listed 3 pending claims in 2 reason(s)")
+
+
+def test_a_new_selector_costs_every_evaluation_of_its_claim() -> None:
+    assert cold_selector_ms({"sum_s": 0.09, "evaluations": 2}) == pytest.approx(90.0)
+    assert cold_selector_ms({}) is None and cold_selector_ms({"sum_s": 0.0, "evaluations": 0}) is None
+    out, _ = rows(Curve(cold_selector_ms=[(500.0, 8.0), (1000.0, 16.0)]), Targets(), throughput=None, backlog=None,
+                  apf=None)
+    (row,) = out
+    assert row.what == "explain one claim whose selector nothing has evaluated yet (a new literal) at 5,000 nodes"
+    assert row.value == pytest.approx(80.0) and row.limit == 100.0 and "extrapolated" in row.basis
