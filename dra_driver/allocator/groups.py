@@ -4,7 +4,8 @@ A fleet publishes thousands of devices that differ only in fields no selector lo
 address, index): a selector on ``productName`` sees four kinds of device in 40,000. A
 :class:`Partition` groups an inventory's devices by the values a :class:`Projection` names (the
 fields the selectors read, :mod:`dra_driver.allocator.cel.reads`, and what the later stages of the
-funnel look at), so the funnel and the search decide once per group. :func:`outcome` caches a
+funnel look at), so the funnel and the search decide once per group; the grouping reads the
+devices column-wise (:mod:`dra_driver.allocator.columns`). :func:`outcome` caches a
 selector's outcome by the values it reads, across claims and inventories.
 
 Only devices of usable pools whose CEL input is clean are grouped; the others (an attribute with
@@ -18,14 +19,17 @@ import json
 import threading
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from dra_driver.allocator.cel.compile import CompiledSelector, DeviceActivation, device_activation
 from dra_driver.allocator.cel.errors import CelRuntimeError
 from dra_driver.allocator.cel.reads import Domain, Reads
+from dra_driver.allocator.columns import Alike, Profile, pool_columns, reading
 from dra_driver.allocator.inventory import (
     Device,
     DeviceKey,
@@ -208,53 +212,102 @@ def partition(inventory: Inventory, projection: Projection,
 
 
 def _build(inventory: Inventory, projection: Projection, coarse: Coarse | None) -> Partition:
-    devices = inventory.devices
-    group_of = array("i", [-1]) * len(devices)
-    numbers: dict[tuple[Any, ...], int] = {}
-    groups: list[Group] = []
-    outside = coarse.partition.group_of if coarse is not None else None
+    grouping = _Grouping(inventory, projection, coarse)
+    start = 0
     for pool in inventory.pools:
-        if not pool.usable:
-            continue
-        keys = pool_keys(pool, projection, coarse)
-        for j, d in enumerate(pool.devices):
-            key = keys[j]
-            if key is None:
-                continue
-            shared = True
-            if key is OUTSIDE:
-                assert outside is not None
-                key, shared = (OUTSIDE, outside[d.index]), False  # numbered by this inventory's class partition
-            g = numbers.get(key)
+        size = len(pool.devices)
+        start, first = start + size, start  # a pool's devices are consecutive in the inventory
+        if pool.usable and size:
+            grouping.add(pool, first)
+    return Partition(projection, grouping.groups, grouping.group_of)
+
+
+class _Grouping:
+    """A partition being built, pool by pool: devices numbered by signature
+    (:mod:`dra_driver.allocator.columns`), each signature's key read from its first device, groups
+    numbered in the order of their first device. A device the class rejects is signed by its class
+    group alone: an int, never a tuple."""
+
+    def __init__(self, inventory: Inventory, projection: Projection, coarse: Coarse | None) -> None:
+        self.group_of = array("i", [-1]) * len(inventory.devices)
+        self.groups: list[Group] = []
+        self._numbers: dict[Any, int] = {}  # key -> group number
+        self._number_of: dict[Any, int] = {}  # signature -> group number
+        self._profiles: dict[Profile, Any] = {}  # profile -> the signature its devices share (or None)
+        self._key_of = key_function(projection)
+        self._names, self._whole = reading(projection.reads, projection.capacity)
+        self._outside = coarse.partition.group_of if coarse is not None else None
+        self._accepted = coarse.accepted if coarse is not None else frozenset()
+
+    def add(self, pool: Pool, first: int) -> None:
+        """The devices of ``pool``, the first of them at ``first`` in the inventory."""
+        cols = pool_columns(pool)
+        size = len(pool.devices)
+        classes = self._outside[first:first + size] if self._outside is not None else None
+        if cols.whole:  # the usual pool: its devices read alike, one signature
+            sig = self._common(cols.alike[0].profile, classes)
+            if sig is not None:
+                g = self._number(sig, pool.devices[0])
+                self.group_of[first:first + size] = array("i", [g]) * size
+                self.groups[g].members.extend(range(first, first + size))
+                return
+        self._add_sets(pool, first, [(same.positions, self._signatures(pool, same, classes)) for same in cols.alike])
+
+    def _number(self, sig: Any, dev: Device) -> int:
+        g = self._number_of.get(sig)
+        if g is None:
+            key = (OUTSIDE, sig) if type(sig) is int else self._key_of(dev)
+            g = self._numbers.get(key)
             if g is None:
-                g = numbers[key] = len(groups)
-                groups.append(Group(key, d))
-            elif shared:
-                keys[j] = groups[g].key  # one tuple per group, not per device, kept on the pool
-            groups[g].members.append(d.index)
-            group_of[d.index] = g
-    return Partition(projection, groups, group_of)
+                g = self._numbers[key] = len(self.groups)
+                self.groups.append(Group(key, dev))
+            self._number_of[sig] = g
+        return g
 
+    def _common(self, profile: Profile, classes: Sequence[int] | None) -> Any:
+        """The one signature of devices alike that the class puts in ``classes``: the class group
+        where the class rejects them all as one group, else what they read alike; None where
+        they may differ."""
+        if classes is not None:
+            if classes.count(classes[0]) != len(classes):
+                return None
+            if classes[0] not in self._accepted:
+                return classes[0]
+        if profile not in self._profiles:
+            self._profiles[profile] = profile.signature(self._names, self._whole)
+        return self._profiles[profile]
 
-def pool_keys(pool: Pool, projection: Projection, coarse: Coarse | None = None) -> list[Any]:
-    """The projection's values for each of the pool's devices (None for a device whose CEL input is
-    not clean, :data:`OUTSIDE` for one the class rejects). Kept on the pool: an inventory rebuilt
-    after a slice changed takes the unchanged pools over, and with them what was read of their
-    devices (whether the class rejects a device depends only on what the class reads of it)."""
-    kept = pool.keys
-    found = kept.get(projection)
-    if found is None:
-        key_of = key_function(projection)
-        if coarse is None:
-            found = [key_of(d) if d.cel_clean else None for d in pool.devices]
-        else:
-            class_group, accepted = coarse.partition.group_of, coarse.accepted
-            found = [None if not d.cel_clean else key_of(d) if class_group[d.index] in accepted else OUTSIDE
-                     for d in pool.devices]
-        if len(kept) >= MAX_PARTITIONS:
-            kept.clear()
-        kept[projection] = found
-    return found
+    def _signatures(self, pool: Pool, same: Alike, classes: array[int] | None) -> Any:
+        """The one signature of a set of devices alike, or (a list) each device's."""
+        some = [classes[j] for j in same.positions] if classes is not None else None
+        sig = self._common(same.profile, some)
+        if sig is not None:
+            return sig
+        sigs: list[Any] = same.signatures(pool, self._names, self._whole)
+        if some is not None:
+            sigs = [s if c in self._accepted else c for s, c in zip(sigs, some, strict=True)]
+        return sigs
+
+    def _add_sets(self, pool: Pool, first: int, sets: list[tuple[list[int], Any]]) -> None:
+        """The devices of a pool that are not all alike: ``sets`` holds, for each set of devices
+        alike, their positions in the pool and their one signature or (a list) each one's. New
+        signatures are numbered in device order, and each group's members stay in order."""
+        seen: list[tuple[int, Any]] = []
+        for positions, sig in sets:
+            seen.extend(zip(positions, sig, strict=True) if type(sig) is list else [(positions[0], sig)])
+        seen.sort(key=itemgetter(0))
+        numbered = {sig: self._number(sig, pool.devices[j]) for j, sig in seen}
+        chunks: dict[int, list[list[int]]] = {}  # group -> runs of its members, each in order
+        for positions, sig in sets:
+            gs = list(map(numbered.__getitem__, sig)) if type(sig) is list else [numbered[sig]] * len(positions)
+            runs: dict[int, list[int]] = {}
+            for j, g in zip(positions, gs, strict=True):
+                self.group_of[first + j] = g
+                runs.setdefault(g, []).append(first + j)
+            for g, run in runs.items():
+                chunks.setdefault(g, []).append(run)
+        for g, found in chunks.items():
+            self.groups[g].members.extend(found[0] if len(found) == 1 else sorted(chain.from_iterable(found)))
 
 
 # --------------------------------------------------------------------------- the values read

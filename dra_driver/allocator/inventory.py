@@ -212,9 +212,9 @@ class Pool:
     # for this pool are the same takes the pool over instead of digesting them again.
     sources: tuple[Mapping[str, Any], ...] = ()
     _consumer_keys: frozenset[DeviceKey] | None = None
-    # What selectors read of each device, by projection (allocator.groups.pool_keys): the same
-    # for every inventory that takes this pool over.
-    keys: dict[Any, list[Any]] = field(default_factory=dict)
+    # What grouping reads of its devices whatever the selectors (allocator.columns.pool_columns):
+    # the same for every inventory that takes this pool over.
+    columns: Any = None
     _counters_key: tuple[tuple[str, tuple[tuple[str, Fraction | int], ...]], ...] | None = None
     # What a device alone asks of these counters, answered (allocator.funnel): shared by the pools
     # that hold the same counters, found once per pool rather than by hashing its counters per claim.

@@ -280,7 +280,9 @@ def test_selectors_are_evaluated_once_per_kind_of_device(monkeypatch: pytest.Mon
     assert 4 <= len(runs) <= 8 * 4  # one device per (product, index), never one per device: 320
 
 
-def test_a_rebuilt_inventory_reads_only_the_pools_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rebuilt_inventory_groups_the_changed_slice_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The columns a partition is built from belong to one inventory: the one rebuilt after a slice
+    changed groups the changed device by its new value, and reads one device per signature."""
     slices = shared([slice_(f"node-{n}", [gpu(f"gpu-{i}", {"model": {"string": "AB"[n % 2]}}) for i in range(4)])
                      for n in range(10)])  # fmt: skip
     inv = build_inventory(slices)
@@ -301,9 +303,14 @@ def test_a_rebuilt_inventory_reads_only_the_pools_that_changed(monkeypatch: pyte
     monkeypatch.setattr(groups, "read_key", lambda dev, reads: real(groups.Projection(reads))(dev))
     res = resolve(claim(MODEL_A, count=4), rebuilt, CLASSES)
     assert res.allocation is not None and res.node == "node-0"
-    assert set(read) == {"node-3"}
+    # The class's grouping reads node-0; the request's the first A, the first B, and node-3 twice:
+    # the changed slice is a copy, its A and B entries objects of their own (equal ones, so its
+    # devices join the A and B groups).
+    assert read == ["node-0", "node-0", "node-1", "node-3", "node-3"]
     part = next(part for projection, part in rebuilt.partitions.built.items() if projection.within)
     assert sorted(len(g.members) for g in part.groups) == [19, 21]  # node-3's first GPU moved to model A
+    before = next(part for projection, part in inv.partitions.built.items() if projection.within)
+    assert sorted(len(g.members) for g in before.groups) == [20, 20]
 
 
 def _summary(inv: Any) -> tuple[Any, ...]:
@@ -503,7 +510,7 @@ def test_the_request_reads_only_the_devices_its_class_accepts(monkeypatch: pytes
     inv = build_inventory(_typed_fleet())
     refined = [outcome(inv, BIG), outcome(inv, BIG, count=3), outcome(inv, BIG, count=2)]
     assert read and all(name.startswith("gpu-") for name in read), "MIG devices were read for the request"
-    assert len(read) == 12
+    assert read == ["gpu-0", "gpu-0"]  # one GPU of each memory size
     assert refined[0][0] is not None and refined[1][0] is None
     assert "is false" in refined[1][2]
 
