@@ -9,7 +9,7 @@ NODES ?= 2
 PYTEST_ARGS ?=
 IMAGE ?= dra-driver:dev
 
-.PHONY: all venv prereqs prereqs-demo pins-check pin proto proto-check lint unit e2e e2e-oldest e2e-next e2e-kind image test bench bench-scale binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
+.PHONY: all venv prereqs prereqs-demo pins-check prefetch pin proto proto-check lint unit e2e e2e-oldest e2e-next e2e-kind image test bench bench-scale binaries runtime real-node-up real-node-down cluster-up cluster-down demo demo-down deploy-checks clean
 
 all: test
 
@@ -32,6 +32,11 @@ prereqs-demo:
 # (warm) when a build would have to resolve anything go.sum does not name.
 pins-check:
 	$(PYTHON) -m e2e.tooling.gotools check
+
+# make test's Go builds, started ahead in one background worker at the lowest CPU priority, so that
+# they use the core the stages before them leave idle; it stops when make does (e2e/tooling/prefetch.py).
+prefetch: $(STAMP)
+	$(PY) -m e2e.tooling.prefetch start --watch $$PPID
 
 # Re-pin a Go tool and print what changed, e.g. `make pin TOOL=kubernetes@v1.36.4` or
 # `make pin TOOL=kubernetes-1.38@v1.38.0-rc.0` (it fails, naming the proxy's reason, until the tag is served); then commit.
@@ -91,7 +96,7 @@ real-node-down: $(STAMP)
 deploy-checks: $(STAMP)
 	$(PY) deploy/checks/helm.py
 
-test: prereqs proto-check pins-check lint unit e2e e2e-oldest e2e-next e2e-kind
+test: prereqs proto-check pins-check prefetch lint unit e2e e2e-oldest e2e-next e2e-kind
 
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench
