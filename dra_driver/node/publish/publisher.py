@@ -266,6 +266,9 @@ class SlicePublisher:
             except Exception as exc:  # last resort: the publisher retries whatever failed
                 METRICS.slice_errors.inc()
                 self._log.error("publishing ResourceSlices failed; retrying", error=str(exc), retry_in=backoff)
+                # A failed periodic resync is still due: without moving it, the loop would retry at
+                # once, without end, for as long as the API server stays unreachable.
+                next_resync = max(next_resync, time.monotonic() + backoff)
                 self.request_sync(backoff)
                 backoff = min(backoff * 2, self.max_backoff)
         self._wake.set()

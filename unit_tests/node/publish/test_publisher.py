@@ -107,6 +107,29 @@ def test_publisher_retries_after_errors() -> None:
         thread.join(timeout=5)
 
 
+def test_publisher_backs_off_while_the_api_server_is_unreachable_past_a_resync() -> None:
+    """A periodic resync that fails stays due: the retries must still wait out their backoff."""
+    class Down(InMemorySliceApi):
+        calls = 0
+
+        def list(self, res: Resource, **kwargs: Any) -> dict[str, Any]:
+            self.calls += 1
+            raise ApiError(0, "Unreachable", "API server not reached (ConnectionRefusedError)")
+
+    client = Down()
+    pub = SlicePublisher(client, DRIVER, "node-a", max_backoff=0.2, resync_interval=0.05, watch_timeout=1)
+    pub.update([dev("gpu-0")])
+    stop = threading.Event()
+    thread = pub.start(stop)
+    try:
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    # Backoff 0.05, 0.1, 0.2, 0.2, ... is under a dozen tries in 1.5 s; a loop that ignores it makes thousands.
+    assert 3 <= client.calls <= 15, client.calls
+
+
 # --- the publisher over the project's Kubernetes boundary ----------------------------------------
 
 
