@@ -186,13 +186,19 @@ def test_protobuf_claim_list_reads_what_the_api_server_holds(bed: Bed, ns: str) 
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [H100_NODE]}]}]}}}  # fmt: skip
     bed.kubectl("replace", "--subresource=status", "-f", "-", input_text=json.dumps(claim))
     api = RestKubeApi.from_kubeconfig(str(bed.kubeconfig))
+    # The two lists are taken one after the other while earlier tests' namespaces may still be
+    # going away; they must agree once the cluster holds still between them.
+    deadline = time.monotonic() + 60
     try:
-        wire = api.list_claim_allocations().items
+        while True:
+            by_uid = {c["metadata"]["uid"]: c for c in api.list_claim_allocations().items}
+            as_json = {c["metadata"]["uid"]: allocation_view(c) for c in all_claims(bed)}
+            if by_uid == as_json or time.monotonic() > deadline:
+                break
+            time.sleep(1)
     finally:
         api.close()
-    as_json = [allocation_view(c) for c in all_claims(bed)]
-    by_uid = {c["metadata"]["uid"]: c for c in wire}
-    assert by_uid == {c["metadata"]["uid"]: c for c in as_json}
+    assert by_uid == as_json
     assert by_uid[claim["metadata"]["uid"]]["status"]["allocation"]["devices"]["results"] == results
 
 
