@@ -32,7 +32,7 @@ def build_parser(prog: str = "dra-driver", *, kubectl_plugin: bool = False) -> a
                          help="the namespace of a pod/ or claim/ name, or the one to list; default: the context's")
     explain.add_argument("--all-namespaces", "-A", action="store_true", help="list the pending claims of every namespace")
     explain.add_argument("--context", default=None, help="the kubeconfig context to use; default: its current one")
-    add_shared_arguments(explain, driver_name=False)
+    add_shared_arguments(explain)
     explain.add_argument("--output", "-o", choices=["text", "json", "yaml", "wide"], default="text",
                          help="wide: a list also names the pods waiting for each claim")
     add_scheduler_rules_argument(explain, RULE_CHOICES)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         from dra_driver.tools import explain
 
         return explain.main(args.target, kubeconfig=args.kubeconfig, output=args.output, namespace=args.namespace,
-                            all_namespaces=args.all_namespaces, context=args.context,
+                            all_namespaces=args.all_namespaces, context=args.context, driver=args.driver_name,
                             scheduler_rules=args.scheduler_rules)
     except KeyboardInterrupt:
         return 130

@@ -28,7 +28,7 @@ from dra_driver.k8s.client import CLAIMS, RestKubeApi
 from dra_driver.tools import explain
 from e2e.bench import coldexplain
 from e2e.bench.common import REPO, Result, summarize_ms
-from e2e.bench.resolution import CLAIM_SPEC, ensure_cluster
+from e2e.bench.resolution import CLAIM_SPEC, FAKE_DRIVER, ensure_cluster
 from e2e.bench.resolution import NAMESPACE as SCHED_NAMESPACE
 from e2e.bench.sharedbed import BenchBed
 
@@ -41,7 +41,7 @@ def _time_main(ref: str, kubeconfig: str, samples: int) -> tuple[list[float], di
     for _ in range(samples):
         out, err = io.StringIO(), io.StringIO()
         t0 = time.perf_counter()
-        code = explain.main(ref, kubeconfig=kubeconfig, output="json", out=out, err=err)
+        code = explain.main(ref, kubeconfig=kubeconfig, output="json", driver=FAKE_DRIVER, out=out, err=err)
         times.append(time.perf_counter() - t0)
         if code != 0:
             raise RuntimeError(f"explain {ref} failed: {err.getvalue()}")
@@ -58,7 +58,7 @@ def _time_parts(ref: str, kubeconfig: str, samples: int) -> dict[str, list[float
             t0 = time.perf_counter()
             obj, slices, classes, claims = explain.fetch(api, ns, name)
             t1 = time.perf_counter()
-            explain.build_report(obj, slices, classes, claims, engine=Engine())
+            explain.build_report(obj, slices, classes, claims, engine=Engine(), driver=FAKE_DRIVER)
             evaluate.append(time.perf_counter() - t1)
             fetch.append(t1 - t0)
     finally:
@@ -70,7 +70,8 @@ def _time_command(ref: str, kubeconfig: str, samples: int) -> list[float]:
     times = []
     for _ in range(samples):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "dra_driver", "explain", ref, "--kubeconfig", kubeconfig, "-o", "json"],
+        subprocess.run([sys.executable, "-m", "dra_driver", "explain", ref, "--kubeconfig", kubeconfig, "-o", "json",
+                        "--driver-name", FAKE_DRIVER],
                        cwd=REPO, check=True, capture_output=True)
         times.append(time.perf_counter() - t0)
     return times
@@ -99,7 +100,8 @@ def run(bed: BenchBed, quick: bool) -> Result:
         "samples": samples, "command_samples": cmd_samples, "claims_in_cluster": len(all_claims),
         "slices_in_cluster": slices, "devices_in_cluster": devices,
     })
-    explain.main(f"{NAMESPACE}/pending", kubeconfig=kubeconfig, output="json", out=io.StringIO(), err=io.StringIO())
+    explain.main(f"{NAMESPACE}/pending", kubeconfig=kubeconfig, output="json", driver=FAKE_DRIVER, out=io.StringIO(),
+                 err=io.StringIO())
     pending, report = _time_main(f"{NAMESPACE}/pending", kubeconfig, samples)
     parts = _time_parts(f"{NAMESPACE}/pending", kubeconfig, samples)
     command = _time_command(f"{NAMESPACE}/pending", kubeconfig, cmd_samples)

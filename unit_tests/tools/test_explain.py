@@ -137,5 +137,17 @@ def test_cli_wiring() -> None:
     assert rc == 1
 
 
+def test_the_driver_name_is_the_one_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver deployed under another name (the chart's ``driverName``) explains its own claims."""
+    from dra_driver import cli
+
+    seen: list[str] = []
+    monkeypatch.setattr(explain, "main", lambda *args, driver, **kwargs: seen.append(driver) or 0)
+    assert cli.main(["explain", "default/c1", "--driver-name", "gpu.example.com"]) == 0
+    monkeypatch.setenv("DRIVER_NAME", "gpu.example.org")
+    assert cli.kubectl_main(["explain", "default/c1"]) == 0
+    assert seen == ["gpu.example.com", "gpu.example.org"]
+
+
 def test_claim_listing_unused() -> None:
     assert CLAIMS.plural == "resourceclaims"
