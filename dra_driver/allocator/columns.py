@@ -117,7 +117,11 @@ class Profile:
 
 
 def _maps(devices: list[Device], kind: str) -> list[Mapping[str, Any]]:
-    return [m if type(m) is dict else as_mapping(m) for m in map(methodcaller("get", kind), [d.raw for d in devices])]
+    return _read(kind, [d.raw for d in devices])
+
+
+def _read(kind: str, raws: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [m if type(m) is dict else as_mapping(m) for m in map(methodcaller("get", kind), raws)]
 
 
 def _flags(devices: list[Device]) -> list[tuple[str, bool, bool]]:
@@ -131,23 +135,25 @@ def _alike(devices: list[Device], positions: list[int]) -> list[Alike]:
         return []
     grouped = devices if len(positions) == len(devices) else [devices[j] for j in positions]
     flags = _flags(grouped)
-    maps = {kind: _maps(grouped, kind) for kind in KINDS}
+    raws = [d.raw for d in grouped]
+    maps = {kind: _read(kind, raws) for kind in KINDS}
     if flags.count(flags[0]) == len(flags) and all(map(_same_names, maps.values())):
-        sets = [list(range(len(grouped)))]
-    else:
-        by_base: dict[tuple[Any, ...], list[int]] = {}
-        bases = zip(flags, map(tuple, maps["attributes"]), map(tuple, maps["capacity"]), strict=True)
-        for i, base in enumerate(bases):
-            by_base.setdefault(base, []).append(i)
-        sets = list(by_base.values())
+        return [Alike(positions, _profile(flags[0], maps))]
+    by_base: dict[tuple[Any, ...], list[int]] = {}
+    bases = zip(flags, map(tuple, maps["attributes"]), map(tuple, maps["capacity"]), strict=True)
+    for i, base in enumerate(bases):
+        by_base.setdefault(base, []).append(i)
     return [Alike([positions[i] for i in members],
                   _profile(flags[members[0]], {kind: [maps[kind][i] for i in members] for kind in KINDS}))
-            for members in sets]
+            for members in by_base.values()]
 
 
 def _same_names(maps: list[Mapping[str, Any]]) -> bool:
     """Whether the maps publish the same names in the same order."""
-    names = tuple(maps[0])
+    first = maps[0]
+    if all(map(is_, maps, repeat(first))):
+        return True
+    names = tuple(first)
     return all(map(eq, map(tuple, maps), repeat(names)))
 
 
