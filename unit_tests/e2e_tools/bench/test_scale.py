@@ -29,6 +29,12 @@ def test_the_at_once_backlog_reserves_a_sync_its_pods_and_the_wait() -> None:
     assert FULL.at_once_s() == pytest.approx(90 + 10_000 / 100 + 75)
 
 
+def test_what_follows_the_kept_backlog_is_reserved_from_that_backlogs_own_run() -> None:
+    # The 10,000 of 2026-11-28's slower machine: synced 12.8 s after spawn, all explained 64.9 s later.
+    backlog = {"claims": 10_000, "synced_s": 12.8, "waited_s": 64.9}
+    assert FULL.explained_backlog_s(backlog) == pytest.approx(3 * 10 + 10_000 / 150 + 12.8 + 64.9 + 15)
+
+
 def test_the_curve_takes_a_failed_sizes_samples_and_older_ones_without_plain_pods() -> None:
     old = {"devices": 11_600, "claims": 2000, "pods": 3000, "rss_mib": 134.2}
     new = {"devices": 11_600, "claims": 2000, "pods": 2000, "plain_pods": 0, "rss_mib": 123.0}
@@ -154,6 +160,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["backlogs"].append((label, claims, remove, sc.gpu_nodes))
         return {"claims": claims, "explained": claims, "within_window": claims, "window_s": 60.0,
                 "all_explained_s": claims / 100, "claims_per_s": 100.0, "problems": [], "label": label,
+                "synced_s": 10.0, "waited_s": claims / 100,
                 "reporter": "on", "writes": {"resourceclaims PATCH 200": claims, "events POST 201": 2 * claims - 1000}}
 
     def explain_all(sc: FakeCluster, samples: int) -> dict[str, Any]:
@@ -253,7 +260,7 @@ def test_an_explained_backlog_that_does_not_fit_the_budget_is_left_out(fake: dic
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from e2e.bench import scale
 
-    monkeypatch.setattr(scale.Plan, "explained_backlog_s", lambda self: self.budget_s + 1)
+    monkeypatch.setattr(scale.Plan, "explained_backlog_s", lambda self, backlog: self.budget_s + 1)
     doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
     assert doc["explained_backlog"] is None and fake["explained"] == []
     monkeypatch.setattr(binaries, "kubernetes_version", lambda: "v0")
