@@ -494,8 +494,9 @@ def explain_all_row(doc: Mapping[str, Any], target: int, where: str) -> Row:
     """``explain -A`` over the explained backlog: the median of its runs, each from process start
     to exit."""
     runs = ", ".join(f"{s:.2f}" for s in doc["samples"])
+    cpu = f", of it its own CPU {', '.join(f'{s:.2f}' for s in doc['cpu_s'])} s" if doc.get("cpu_s") else ""
     basis = (f"{where}: `python -m dra_driver explain -A`, process start to exit, the median of "
-             f"{len(doc['samples'])} runs ({runs} s); it listed {doc['listed']:,} pending claims in "
+             f"{len(doc['samples'])} runs ({runs} s{cpu}); it listed {doc['listed']:,} pending claims in "
              f"{doc['reasons']} reason(s), read from the annotations, nothing resolved")
     return Row(f"explain -A with {_n(target)} pending claims: the answer", float(doc["seconds"]), 5.0, "s", basis)
 

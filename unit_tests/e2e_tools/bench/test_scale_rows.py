@@ -451,12 +451,13 @@ def test_explain_all_is_timed_from_process_start_and_says_what_it_listed() -> No
     assert listing == {"pending": 3, "reasons": 2, "listed": 3, "lines": 8}
     with pytest.raises(ValueError, match="not a listing"):
         explain_listing("no pending claims in all namespaces\n")
-    doc = {"seconds": 2.2, "samples": [3.1, 2.2, 2.0], **listing}
+    doc = {"seconds": 2.2, "samples": [3.1, 2.2, 2.0], "cpu_s": [1.5, 1.4, 1.4], **listing}
     (row,) = explained_backlog_rows({"nodes": 2000, "claims": 3, "explain_all": doc}, 10_000)
     assert row.what == "explain -A with 10,000 pending claims: the answer" and row.value == 2.2 and row.limit == 5.0
     assert row.basis.startswith("measured at 2,000 nodes with 3 pending claims, not 10,000: "
                                 "`python -m dra_driver explain -A`, process start to exit, the median of 3 runs "
-                                "(3.10, 2.20, 2.00 s); it listed 3 pending claims in 2 reason(s)")
+                                "(3.10, 2.20, 2.00 s, of it its own CPU 1.50, 1.40, 1.40 s); it listed 3 pending claims "
+                                "in 2 reason(s)")
 
 
 def test_a_new_selector_costs_every_evaluation_of_its_claim() -> None:
