@@ -38,10 +38,10 @@ The claims ``explain -n`` and ``-A`` list
 =========================================
 Every claim of a namespace or of the cluster, to group the pending ones by what the controller
 wrote on them. Listed as JSON, the claims' managedFields, specs and statuses are most of what the
-server encodes and the client decodes, and on a large cluster the decoding alone took most of the
-command's time (docs/scale.md). :func:`noted_claims` reads them in protobuf through
-``api/proto/kubewire/claimnotes.proto``: identity, deletion, the named annotations, the requests'
-DeviceClasses and the allocated devices.
+server encodes and the client decodes, and on a large cluster decoding them cost the command more
+CPU than all its other work (docs/scale.md). :func:`noted_claims` reads them in protobuf through
+``api/proto/kubewire/claimnotes.proto``: name, namespace, deletion, the named annotations, the
+requests' DeviceClasses and the allocated devices.
 """
 
 from __future__ import annotations

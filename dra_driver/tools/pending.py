@@ -4,7 +4,7 @@ the controller wrote on it.
 Read from the claims' annotations (:mod:`dra_driver.controller.annotations`), not re-resolved: one
 list of claims answers for 10,000 of them, where resolving each would take minutes. The list is
 read in protobuf, each claim reduced to what the report reads (:func:`dra_driver.k8s.wire.noted_claims`):
-as JSON, decoding 30,000 claims was most of the command's time at 5,000 nodes (docs/scale.md). A pending
+as JSON, decoding 30,000 claims cost more CPU than all else the command does (docs/scale.md). A pending
 claim without our annotations is one the controller found satisfiable (it waits for the
 scheduler), one no pod waits for, or one it has not evaluated yet; they are listed under one
 heading saying so. Claims whose DeviceClasses select another driver's devices are left out.
