@@ -9,17 +9,19 @@ selector, or the controller meeting a new template.
 Here a device's *signature* stands for its key: a *base* number for its driver, its flags and the
 names its attribute and capacity maps publish in order (which spelling of a name comes last,
 whether a domain is published at all), then the identity of each entry the projection reads, and
-of each whole map it reads. Two devices with one signature have one key: the key is a function of
-the driver, the flags, the names in order and the contents of what is read, and one object has one
-content (slices are never edited in place once handed over). Equal entries that are not one object
-only give more signatures, never a wrong group. The key is then read once per signature, from its
-first device.
+of each whole map it reads. Two devices with one signature have equal keys: the key is a function
+of the driver, the flags, the names in order and the contents of what is read, and one object has
+one content (slices are never edited in place once handed over). Devices with different signatures
+may still have equal keys: the key is read once per signature, from its first device, and equal
+keys make one group.
 
-A node's GPUs differ in a few attributes (UUID, index, PCI address) and share every other entry
-(decoded slices share equal entries, :mod:`dra_driver.k8s.compact`). :class:`PoolColumns` records,
-once per pool, which names differ between its devices: a projection that reads none of them gives
-the whole pool one signature, found with one lookup in one device's maps. A pool where a name read
-differs gets a signature per device.
+A node's GPUs differ in a few attributes (UUID, index, PCI address) and agree on every other entry.
+:class:`PoolColumns` records, once per pool, which names hold different entries on its devices
+(compared as values: equal entries give equal keys): a projection that reads none of them gives
+the pool's devices one signature, the first device's. Decoded slices share equal entries
+(:mod:`dra_driver.k8s.compact`), so the pools of one model share a :class:`Profile`, and a
+projection finds that signature once per profile. A pool where a name read differs gets a
+signature per device.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterable, Mapping
-from itertools import compress, repeat
-from operator import eq, is_, is_not, methodcaller
+from itertools import repeat
+from operator import eq, is_, methodcaller
 from typing import Any
 
 from dra_driver.allocator.cel.reads import Reads
@@ -93,10 +95,10 @@ class Alike:
 
 
 class Profile:
-    """What an :class:`Alike` set publishes alike: its base, the names whose entry is not one
-    object for all of its devices, the kinds whose map is, and one device's maps. Sets that publish
-    the same share one (a fleet of one model, one), so a projection finds its signature once per
-    profile, not once per pool."""
+    """What an :class:`Alike` set publishes alike: its base, the names whose entries differ between
+    its devices, the kinds whose map is one object for all of them, and the first device's maps.
+    Sets whose first devices publish the same objects (and differ in the same names) share one: a
+    fleet of one model, one. A projection finds its signature once per profile, not once per pool."""
 
     __slots__ = ("base", "maps", "same_map", "varying")
 
@@ -108,8 +110,8 @@ class Profile:
         self.same_map = same_map
 
     def signature(self, names: list[Name], whole: list[str]) -> tuple[Any, ...] | None:
-        """The one signature of the devices for a projection that reads the entries ``names`` and
-        the maps ``whole``; None where they may differ."""
+        """The signature the devices share (the first device's) for a projection that reads the
+        entries ``names`` and the maps ``whole``; None where their keys may differ."""
         if not self.varying.isdisjoint(names) or not self.same_map.issuperset(whole):
             return None
         return (self.base, *(id(self.maps[kind].get(name)) for kind, name in names),
@@ -176,13 +178,12 @@ def _profile(flags: tuple[str, bool, bool], maps: dict[str, list[Mapping[str, An
     for kind in KINDS:
         if kind in same_map:
             continue
-        # The same names in the same order: entries are compared place by place.
-        first = firsts[kind]
-        names, values = tuple(first), list(first.values())
-        changed: set[str] = set()
-        for m in maps[kind]:
-            changed.update(compress(names, map(is_not, m.values(), values)))
-        varying.update((kind, name) for name in changed)
+        # The same names in the same order: each name's entries, one per device, side by side.
+        # Equal entries give equal keys (a key holds what its entries say, compared as values), so
+        # entries that are equal, one object or not, do not tell the devices apart.
+        entries = zip(*map(list, map(methodcaller("values"), maps[kind])), strict=True)
+        varying.update((kind, name) for name, alike in zip(firsts[kind], entries, strict=True)
+                       if alike.count(alike[0]) != len(alike))
     base = _number((flags, tuple(firsts["attributes"]), tuple(firsts["capacity"])))
     differ = frozenset(varying)
     # The key names objects by id: the profile it finds holds them, so no other object has their id.

@@ -153,9 +153,10 @@ def test_generated_fleets_group_as_device_by_device(first: int) -> None:
             assert _summary(partition(inv, within, _given(coarse))) == _reference(inv, within, coarse), (seed, within)
 
 
-def _nodes(models: str) -> list[dict[str, Any]]:
-    """A node of four GPUs per letter of ``models``, as the informer holds them."""
-    view = slice_view()
+def _nodes(models: str, view: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A node of four GPUs per letter of ``models``, as the informer holds them (equal entries one
+    object) unless ``view`` says otherwise."""
+    view = view or slice_view()
     return [view({"metadata": {"name": f"node-{n}"}, "spec": {
         "driver": D, "nodeName": f"node-{n}", "pool": {"name": f"node-{n}", "generation": 1, "resourceSliceCount": 1},
         "devices": [{"name": f"gpu-{j}", "attributes": {"model": {"string": model}, "uuid": {"string": f"{n}-{j}"}},
@@ -170,6 +171,16 @@ def test_a_node_of_one_model_is_one_set_alike_with_one_profile() -> None:
     profiles = [c.alike[0].profile for c in found]
     assert profiles[0] is profiles[1] and profiles[2] is not profiles[0]
     assert profiles[0].varying == frozenset({("attributes", "uuid")})
+
+
+def test_equal_entries_that_are_not_one_object_do_not_tell_devices_apart() -> None:
+    inv = build_inventory(_nodes("AB", view=lambda sl: sl))  # as decoded: every entry its own object
+    found = [columns.pool_columns(p) for p in inv.pools]
+    assert all(c.whole and c.alike[0].profile.varying == {("attributes", "uuid")} for c in found)
+    projection = Projection(Reads(fields=(("attributes", D, "model"), ("capacity", D, "memory"))))
+    part = partition(inv, projection)
+    assert _summary(part) == _reference(inv, projection, None)
+    assert [len(g.members) for g in part.groups] == [4, 4]
 
 
 def test_a_new_selector_over_nodes_alike_reads_one_device_per_profile(monkeypatch: pytest.MonkeyPatch) -> None:
