@@ -5,8 +5,9 @@ builds: Kubernetes for the bed, 1.36 for the smoke subset, the 1.38 kube-schedul
 tools. The stages between them leave a core idle much of the time: pytest runs on one core, and
 the e2e suite spends about half its time waiting on the control plane. ``start`` launches one
 detached worker, at the lowest CPU priority, that builds every tool set ``make test`` will ask for,
-in the order the stages ask for them; each stage still calls ``gotools.ensure`` itself and either
-finds the set complete, waits on the set's lock while the worker finishes it, or builds it.
+in the order the stages ask for them (``make test`` runs ``e2e-oldest`` last, so that Kubernetes 1.36
+builds beside the stages that wait most); each stage still calls ``gotools.ensure`` itself and
+either finds the set complete, waits on the set's lock while the worker finishes it, or builds it.
 
 The worker only warms the cache: the same pins, the same recipe, the same folders and locks as the
 stages' own builds. A set it fails to build is logged and left to the stage, which then builds it
@@ -43,13 +44,14 @@ def tool_sets() -> list[tuple[str, ...]]:
         ["helm"], [cdicheck.TOOL], [mocknvml.TOOL], [fakedriver.TOOL],
         # make e2e: the bed and its real node, then the scale smoke's kwok
         (binaries.MINORS[binaries.kubernetes_minor()], "etcd"), runtime.RUNTIME_TOOLS, runtime.CNI_TOOLS, [kwok.TOOL],
-        # make e2e-oldest, make e2e-next
-        (binaries.MINORS[oldest], "etcd"),
+        # make e2e-next
         *([tool] for tool in binaries.SCHEDULER_ONLY_MINORS.values()),
         # make e2e-kind: the node image (kindnode.ensure_binaries' order; the bed's Kubernetes and
         # the runtime are above)
         [kindnode.KIND_TOOL], kindnode.NODE_TOOLS, [kindnode.CRICTL_TOOL], [kindnode.ETCD_TOOL],
         [kindnode.COREDNS_TOOL], [kindnode.KINDNET_TOOL], [kindnode.LOCAL_PATH_TOOL],
+        # make e2e-oldest, last in make test
+        (binaries.MINORS[oldest], "etcd"),
     ]
     seen: list[tuple[str, ...]] = []
     for names in sets:

@@ -27,11 +27,19 @@ def test_the_sets_are_the_stages_own_calls_in_stage_order(monkeypatch: pytest.Mo
     bed = binaries.tools()
     monkeypatch.setenv(binaries.MINOR_ENV, "1.36")
     oldest = binaries.tools()
-    expected_in_order = [bed, runtime.RUNTIME_TOOLS, oldest, (binaries.SCHEDULER_ONLY_MINORS["1.38"],),
-                         kindnode.NODE_TOOLS, (kindnode.LOCAL_PATH_TOOL,)]
+    # make test's stage order: e2e, e2e-next, e2e-kind, e2e-oldest.
+    expected_in_order = [bed, runtime.RUNTIME_TOOLS, (binaries.SCHEDULER_ONLY_MINORS["1.38"],),
+                         kindnode.NODE_TOOLS, (kindnode.LOCAL_PATH_TOOL,), oldest]
     positions = [sets.index(tuple(s)) for s in expected_in_order]
     assert positions == sorted(positions), sets
     assert bed == kindnode.K8S_TOOLS
+
+
+def test_make_test_runs_its_stages_in_the_order_the_worker_builds_for() -> None:
+    makefile = (Path(__file__).parents[3] / "Makefile").read_text()
+    prereqs = next(line for line in makefile.splitlines() if line.startswith("test:")).split()
+    stages = [s for s in prereqs if s.startswith("e2e")]
+    assert stages == ["e2e", "e2e-next", "e2e-kind", "e2e-oldest"], prereqs
 
 
 def test_a_set_that_fails_is_left_to_its_stage_and_the_rest_still_build(
