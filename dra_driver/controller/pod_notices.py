@@ -5,9 +5,12 @@
 gets a Warning Event too (reason as on the claim, note
 ``claim <the pod's name for it> (<ResourceClaim name>): <the claim's summary>``): one per claim
 that cannot be allocated, written when that claim's verdict changes or the pod starts waiting for
-it, not on every re-evaluation. What was told lives in memory only: a new controller process tells
-each waiting pod once more, and since an Event's name is derived from what it says
-(:func:`dra_driver.k8s.events.event_name`), that repeat folds into the Event already there.
+it, not on every re-evaluation. A pod counts as told once its Event is handed to the recorder,
+which does not drop it for want of write budget (under a backlog it waits for what the claims'
+explanations leave) and writes it only while the pod is still told that verdict here. What was
+told lives in memory only: a new controller process tells each waiting pod once more, and since
+an Event's name is derived from what it says (:func:`dra_driver.k8s.events.event_name`), that
+repeat folds into the Event already there.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ class PodNotices:
         with self._lock:
             told = self._told.get(claim_key, {})
             return [p for p in pods if told.get(key_of(p)) != digest]
+
+    def is_told(self, claim_key: str, pod_key: str, digest: str) -> bool:
+        """Whether the pod still waits for the claim and was last told ``digest`` of it."""
+        with self._lock:
+            return self._told.get(claim_key, {}).get(pod_key) == digest
 
     def told(self, claim_key: str, pod_key: str, digest: str) -> None:
         with self._lock:

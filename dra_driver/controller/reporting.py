@@ -9,6 +9,7 @@ repeats into a series and writes in the background.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 from dra_driver import logs
@@ -43,14 +44,17 @@ class Reporter:
         self.pod_notices = PodNotices()
         self.pod_events = pod_events
 
-    def emit(self, regarding: Obj, what: Occurrence, resource: Resource) -> None:
+    def emit(self, regarding: Obj, what: Occurrence, resource: Resource, *,
+             wanted: Callable[[], bool] | None = None) -> None:
         """Best effort (the annotation carries the same information): written in the background, a
         repeat folded into the Event already there, one given up on counted as error kind ``event``.
-        The note is cut here, ending in ``...`` as the controller's notes always have, so the
-        recorder's own cut (``…``) never changes it."""
+        With ``wanted``, one that waits for the write budget rather than being dropped
+        (:class:`EventRecorder`). The note is cut here, ending in ``...`` as the controller's notes
+        always have, so the recorder's own cut (``…``) never changes it."""
         if not self.leadership.is_leader():
             return
-        self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)))
+        self.events.record(object_ref(regarding, resource), replace(what, note=one_line(what.note, MAX_EVENT_NOTE)),
+                           wanted=wanted)
 
     def write_annotations(self, claim: Obj, outcome: Outcome | None, log: logs.Logger) -> Obj | None:
         """Bring our annotations in line with ``outcome``. Returns the claim as it now stands on the
@@ -89,7 +93,10 @@ class Reporter:
     def tell_pods(self, claim: Obj, outcome: Outcome | None, pods: list[Obj]) -> None:
         """A Warning Event on each of ``pods`` (those waiting for ``claim``) not yet told this
         verdict; nothing for a claim that can be allocated, whose pods forget what they were told.
-        They go through :meth:`emit`: the controller's write budget, best effort, leader only."""
+        They go through :meth:`emit`, leader only, from the controller's write budget: the pod's
+        Event is the one a person reads, so under a backlog it waits for the budget the claims'
+        explanations leave rather than being dropped, and it is not written at all if by then the
+        pod no longer waits for this verdict."""
         key = key_of(claim)
         if not self.pod_events:
             return
@@ -103,8 +110,14 @@ class Reporter:
         name = str(meta(claim).get("name"))
         for pod in self.pod_notices.untold(key, pods, digest):
             note = pod_event_note(pod_claim_names(pod).get(key, []), name, outcome.summary)
-            self.emit(pod, Occurrence("Warning", reason, "Explain", note), PODS)
-            self.pod_notices.told(key, key_of(pod), digest)
+            pod_key = key_of(pod)
+            # Told first: the writer's thread asks ``wanted`` and may do so before emit returns.
+            self.pod_notices.told(key, pod_key, digest)
+            self.emit(pod, Occurrence("Warning", reason, "Explain", note), PODS,
+                      wanted=self._still_told(key, pod_key, digest))
+
+    def _still_told(self, claim_key: str, pod_key: str, digest: str) -> Callable[[], bool]:
+        return lambda: self.leadership.is_leader() and self.pod_notices.is_told(claim_key, pod_key, digest)
 
     def record(self, claim: Obj, outcome: Outcome, log: logs.Logger) -> Obj | None:
         if outcome.verdict is Verdict.ERROR:

@@ -14,7 +14,8 @@ from dra_driver.k8s.names import parse_namespaced_name
 DEFAULT_MAX_WRITES_PER_SECOND = 250.0
 """The controller's default write budget. A backlog of 10,000 pending claims must be explained
 within a minute, one merge patch each: 167 writes a second at the least; at 250 the patches take
-40 s, and the Events about them (best effort, see dra_driver.k8s.ratelimit) get what is left.
+40 s, and the Events get what is left: the claims' are best effort (see dra_driver.k8s.ratelimit),
+the waiting pods' go out once the explanations are written (dra_driver.controller.pod_notices).
 client-go's own default (5/s, burst 10) would take over half an hour. For scale: the kube-scheduler
 writes more than this budget at 5,000 nodes (a binding and a claim status per pod;
 docs/scale.md#the-codes-figures), and API Priority and Fairness still throttles us before the API
@@ -62,7 +63,8 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
         help="Seconds between full re-evaluations of pending claims [RESYNC_SECONDS]")
     add("--max-writes-per-second", type=_write_rate, default=env("MAX_WRITES_PER_SECOND", f"{DEFAULT_MAX_WRITES_PER_SECOND:g}"),
         help="Writes to the API server (explanations, Events, allocations) at most this many a second, on average; "
-             "Events are dropped rather than delayed when the budget is spent [MAX_WRITES_PER_SECOND]")
+             "Events about claims are dropped rather than delayed when the budget is spent; a pod's Event waits "
+             "for it [MAX_WRITES_PER_SECOND]")
     add("--allocation-ledger", default=env("ALLOCATION_LEDGER"),
         help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
              "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")

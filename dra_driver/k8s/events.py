@@ -15,6 +15,12 @@ Events are best effort: a failure is retried a few times, then counted through `
 forgotten; nothing here ever blocks or fails the caller. A write the caller's own client refused
 because its write budget is spent (``ApiError.throttled``) is not retried: it is counted through
 ``on_throttled`` and forgotten quietly, since retrying would only spend budget the claims need.
+
+An Event recorded with ``wanted`` is the one place a person will read something (a pod's, where
+``kubectl describe pod`` shows why it waits): it is never shed under load, and one the write budget
+has no token for waits for the budget instead of being dropped; it goes out once the writes ahead
+of it are done, as long as ``wanted()`` still holds then (a pod that stopped waiting, or a verdict
+since replaced, is not written at all).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ MAX_FIELD = 128
 ATTEMPTS = 4
 MAX_SERIES = 1024
 """Series remembered for folding; the oldest quiet one is forgotten beyond this."""
+BUDGET_RETRY_SECONDS = 1.0
+"""How long Events that must go out wait after the write budget had no token for one."""
 SHED_LOG_SECONDS = 60.0
 """Events shed under load (more pending than :data:`MAX_SERIES`) are counted, and said in one
 warning at most this often: a burst of 10,000 pending claims must not log 9,000 lines."""
@@ -159,6 +167,8 @@ class _Series:
     """What the stored Event says; 0 while it has not been created by this process."""
     last_write: float = 0.0
     failures: int = 0
+    wanted: Callable[[], bool] | None = None
+    """Set for an Event that must go out while this holds (:meth:`EventRecorder.record`)."""
 
 
 class EventRecorder:
@@ -183,10 +193,18 @@ class EventRecorder:
         to forget. A scan of the series for it instead was a visible share of the controller's time
         in a backlog, where nearly all :data:`MAX_SERIES` series wait to be written (docs/scale.md,
         the third round)."""
+        self._sheddable: dict[tuple[str, str], None] = {}
+        """The pending series recorded without ``wanted``, oldest first: the ones shed under load.
+        Those with ``wanted`` are neither shed nor counted against :data:`MAX_SERIES`; they are
+        bounded by what the caller wants told (a pod each, while it waits)."""
+        self._budget_back = 0.0
+        """Before this (the clock's time) the write budget had no token: Events that must go out wait."""
         self._shed_since = 0
         self._shed_said: float | None = None
 
-    def record(self, regarding: ObjectRef, what: Occurrence) -> None:
+    def record(self, regarding: ObjectRef, what: Occurrence, *, wanted: Callable[[], bool] | None = None) -> None:
+        """One occurrence. With ``wanted``, an Event that must go out while ``wanted()`` holds (the
+        module's docstring); it is called from the writer's thread, outside the recorder's lock."""
         key = (event_namespace(regarding), event_name(regarding, what, self.controller, self.instance))
         with self._lock:
             # Moved to the end: the series stay in the order of their last occurrence, so the
@@ -197,29 +215,35 @@ class EventRecorder:
                 self._forget_quiet_locked()
                 series = _Series(regarding, what, occurrences=0)
             self._series[key] = series
+            series.wanted = wanted
             series.occurrences += 1
             self._pending_locked(key)
         self._wake.set()
 
     def _forget_quiet_locked(self) -> None:
-        while len(self._series) >= MAX_SERIES:
+        while len(self._quiet) + len(self._sheddable) >= MAX_SERIES:
             oldest = next(iter(self._quiet), None)
             if oldest is None:
-                # Everything is waiting to be written (or being written): drop the oldest instead.
-                oldest = next(iter(self._series))
-                if oldest in self._dirty:
-                    self._dirty.discard(oldest)
-                    self._shed(self._series[oldest])
+                # Everything else is waiting to be written: shed the oldest that may be.
+                oldest = next(iter(self._sheddable))
+                self._dirty.discard(oldest)
+                self._sheddable.pop(oldest)
+                self._shed(self._series[oldest])
             self._quiet.pop(oldest, None)
             del self._series[oldest]
 
     def _pending_locked(self, key: tuple[str, str]) -> None:
-        if key in self._series:
+        series = self._series.get(key)
+        if series is not None:
             self._dirty.add(key)
             self._quiet.pop(key, None)
+            self._sheddable.pop(key, None)
+            if series.wanted is None:
+                self._sheddable[key] = None
 
     def _quiet_locked(self, key: tuple[str, str]) -> None:
         if key in self._series and key not in self._dirty:
+            self._sheddable.pop(key, None)
             self._quiet[key] = None
 
     # -- the writer
@@ -238,27 +262,41 @@ class EventRecorder:
         now = self._clock()
         with self._lock:
             # In the order they occurred, so they go quiet (and are forgotten) in that order too.
-            due = [k for k in self._series if k in self._dirty and (force or self._due_at(self._series[k]) <= now)]
-        for key in due:
-            self._write(key)
+            due = [(k, s.wanted is not None) for k, s in self._series.items()
+                   if k in self._dirty and (force or self._due_at(s) <= now)]
+        budget_spent = False
+        for key, waits in due:
+            # Once the budget is spent the Events that wait for it wait; the others are tried (and
+            # dropped without a token) as before.
+            if not (budget_spent and waits) and not self._write(key):
+                budget_spent = True
         with self._lock:
             if not self._dirty:
                 return None
             return max(0.0, min(self._due_at(self._series[k]) for k in self._dirty) - self._clock())
 
     def _due_at(self, series: _Series) -> float:
+        waited = self._budget_back if series.wanted is not None else 0.0
         if series.written == 0 and series.failures == 0:
-            return 0.0  # a new Event goes out at once
+            return waited  # a new Event goes out at once, or once the budget is back
         backoff = min(30.0, 0.5 * 2 ** series.failures) if series.failures else 0.0
-        return series.last_write + max(self.min_interval if series.written else 0.0, backoff)
+        return max(waited, series.last_write + max(self.min_interval if series.written else 0.0, backoff))
 
-    def _write(self, key: tuple[str, str]) -> None:
+    def _write(self, key: tuple[str, str]) -> bool:
+        """Write one due series; False when it waits for the write budget (so do those after it)."""
         with self._lock:
             series = self._series.get(key)
             if series is None or key not in self._dirty:
-                return
+                return True
             self._dirty.discard(key)
+            self._sheddable.pop(key, None)
             want = series.occurrences
+        if series.wanted is not None and not series.wanted():
+            with self._lock:
+                # Not told, and not to be: only what the stored Event already says stays counted.
+                series.occurrences -= want - series.written
+                self._quiet_locked(key)
+            return True
         namespace, name = key
         log = _log.bind(event=name, namespace=namespace, reason=series.what.reason,
                         regarding=f"{series.regarding.kind}/{series.regarding.name}")
@@ -270,28 +308,35 @@ class EventRecorder:
                 series.occurrences -= series.written
                 series.written = 0
                 self._pending_locked(key)
-            return
+            return True
         except Exception as exc:  # last resort: a refused or failed write (or a bug) is a failure of this series
             series.failures += 1
             series.last_write = self._clock()
+            if isinstance(exc, ApiError) and exc.throttled and series.wanted is not None:
+                log.debug("Event waits for the write budget", error=str(exc))
+                series.failures = 0
+                with self._lock:
+                    self._budget_back = self._clock() + BUDGET_RETRY_SECONDS
+                    self._pending_locked(key)
+                return False
             if isinstance(exc, ApiError) and exc.throttled and self._on_throttled is not None:
                 log.debug("Event dropped: write budget spent", error=str(exc))
                 self._on_throttled()
                 series.failures = 0
                 with self._lock:
                     self._quiet_locked(key)
-                return
+                return True
             if series.failures >= ATTEMPTS:
                 self._dropped(series, str(exc))
                 series.failures = 0
                 series.written = max(series.written, 1)  # do not re-create on the next occurrence
                 with self._lock:
                     self._quiet_locked(key)
-                return
+                return True
             log.warning("cannot write Event; will retry", error=str(exc), attempt=series.failures)
             with self._lock:
                 self._pending_locked(key)
-            return
+            return True
         with self._lock:
             series.occurrences += written - want  # adopting another process's count raises it
             series.written = written
@@ -301,6 +346,7 @@ class EventRecorder:
                 self._pending_locked(key)
             else:
                 self._quiet_locked(key)
+        return True
 
     def _store(self, namespace: str, name: str, series: _Series, want: int) -> int:
         """Make the stored Event say ``want`` occurrences (more when another process counted some

@@ -212,8 +212,10 @@ class Plan:
     at_once_sync_s: float = 90.0
     """For the budget: a fresh controller's sync before a backlog run of its own (36 s at 5,000 nodes)."""
     explain_all_samples: int = 3
-    settle_most_s: float = 30.0
-    """How long, after the last claim was explained, the API server's count of writes may take to stand still."""
+    settle_most_s: float = 120.0
+    """How long, after the last claim was explained, the API server's count of writes may take to
+    stand still: the pods' Events go out after the claims' explanations, one writer at the budget's
+    pace (10,000 take about a minute); it returns as soon as the count stands still."""
 
     def mig_nodes(self, nodes: int) -> int:
         return nodes // self.mig_per

@@ -145,17 +145,35 @@ def test_the_write_budget_setting() -> None:
 
 
 class TestBudget:
-    def test_events_give_way_to_explanations(self) -> None:
+    def test_events_give_way_to_explanations_and_the_pods_waits_for_the_budget(self) -> None:
         kube = cluster(gpus=2)
         pending(kube, 3)
         ctrl, _, _ = make(kube, max_writes_per_second=0.001)  # one write, then none for 1000 s
         sync(ctrl)
         with capture_logs() as logs:
             ctrl.process_next(timeout=0)
-            assert ctrl.events.flush(timeout=5.0)  # the recorder's background write, done here
+            # The recorder's background writes, done here: the pod's Event is still waiting.
+            assert not ctrl.events.flush(timeout=0.3)
         assert SUMMARY_ANNOTATION in ann(kube, "default/c0") and not events(kube)
-        assert ctrl.metrics.value("errors_total", {"kind": "event_throttled"}) == 2  # the claim's and its pod's
+        assert ctrl.metrics.value("errors_total", {"kind": "event_throttled"}) == 1  # the claim's, dropped
         assert not [e for e in logs if e["log_level"] in ("warning", "error")]
+        ctrl.api.bucket.rate = 1000.0  # type: ignore[attr-defined]  # the claims' writes are done
+        assert ctrl.events.flush(timeout=5.0)
+        [told] = events(kube)
+        assert told["regarding"]["kind"] == "Pod" and told["regarding"]["name"] == "p0"
+        assert "(c0)" in told["note"] and told["reason"] == "Unsatisfiable"
+
+    def test_a_pods_event_waiting_for_the_budget_is_not_written_once_the_pod_is_gone(self) -> None:
+        kube = cluster(gpus=2)
+        pending(kube, 1)
+        ctrl, _, _ = make(kube, max_writes_per_second=0.001)
+        sync(ctrl)
+        ctrl.process_next(timeout=0)
+        assert not ctrl.events.flush(timeout=0.3)
+        kube.delete(PODS, "default/p0")
+        ctrl.api.bucket.rate = 1000.0  # type: ignore[attr-defined]
+        step(ctrl)  # the pod's deletion seen, then the Events written
+        assert not [e for e in events(kube) if e["regarding"]["kind"] == "Pod"]
 
     def test_a_throttled_write_is_retried_quietly(self) -> None:
         kube = cluster(gpus=2)
@@ -363,7 +381,8 @@ def test_the_write_budget_paces_a_backlog() -> None:
     elapsed = time.monotonic() - t0
     written = len(kube.writes("merge_patch")) + len(events(kube))
     assert len(kube.writes("merge_patch")) == 40, "every explanation is written"
-    assert len(events(kube)) < 40, "Events give way when the budget is spent"
+    assert len(events(kube, kind="ResourceClaim")) < 40, "the claims' Events give way when the budget is spent"
+    assert len(events(kube, kind="Pod")) == 40, "every pod is told, once the explanations are written"
     assert elapsed >= (written - 20) / 20 - 0.05
     assert ctrl.metrics.value("write_wait_seconds_total") > 0
 

@@ -205,3 +205,64 @@ def test_the_quietest_written_series_is_forgotten_first() -> None:
     remembered = {s.regarding.name for s in rec._series.values()}
     assert "claim-0" in remembered and "claim-new" in remembered
     assert "claim-1" not in remembered and "claim-2" in remembered
+
+
+def pod_ref(i: int) -> ObjectRef:
+    return ObjectRef("v1", "Pod", f"pod-{i}", uid=f"pod-uid-{i}", namespace="ns")
+
+
+WHY = Occurrence("Warning", "Unsatisfiable", "Explain", "claim gpu (pod-gpu-x): no device matches")
+
+
+def test_events_that_must_go_out_are_never_shed() -> None:
+    """A pod's Event (recorded with ``wanted``) is what a person reads: a burst beyond the pending
+    limit sheds the others, never these, and they do not count against the limit."""
+    api, clock = FakeKube(), Clock()
+    shed: list[int] = []
+    rec = recorder(api, clock, on_throttled=lambda: shed.append(1))
+    for i in range(MAX_SERIES + 10):
+        rec.record(pod_ref(i), WHY, wanted=lambda: True)
+    for i in range(MAX_SERIES + 3):
+        rec.record(notices.claim_ref(ClaimRef(f"uid-{i}", "ns", f"claim-{i}")), BROKEN)
+    assert len(shed) == 3
+    assert rec.write_due() is None
+    kinds = [e["regarding"]["kind"] for e in stored(api)]  # type: ignore[index]
+    assert kinds.count("Pod") == MAX_SERIES + 10 and kinds.count("ResourceClaim") == MAX_SERIES
+
+
+def test_an_event_that_must_go_out_waits_for_the_write_budget() -> None:
+    """The write budget has no token (a client-side 429): the claims' Events are dropped as before,
+    the pod's waits, tried again a moment later, and goes out once a token is there."""
+    api, clock = FakeKube(), Clock()
+    throttled: list[int] = []
+    spent = ApiError(429, "ClientRateLimited", "events: dropped, the controller's write budget (250/s) is spent")
+    api.fail["create:events"] = spent
+    rec = recorder(api, clock, on_throttled=lambda: throttled.append(1))
+    rec.record(pod_ref(1), WHY, wanted=lambda: True)
+    rec.record(pod_ref(2), WHY, wanted=lambda: True)
+    rec.record(NODE, BROKEN)
+    wait = rec.write_due()
+    assert throttled == [1], "the Event without wanted is dropped; the pods' wait"
+    assert len(api.writes("create")) == 2, "one pod's Event tried, the other not while the budget is spent"
+    assert wait is not None and wait > 0
+    clock.now += 0.5
+    assert rec.write_due() is not None and len(api.writes("create")) == 2, "not before the budget may be back"
+    del api.fail["create:events"]
+    clock.now += 1
+    assert rec.write_due() is None
+    assert sorted(e["regarding"]["name"] for e in stored(api)) == ["pod-1", "pod-2"]  # type: ignore[index]
+
+
+def test_an_event_no_longer_wanted_is_not_written() -> None:
+    """By the time the budget is back the pod no longer waits (or was since told another verdict):
+    nothing is written for it, and a later occurrence is still written as new."""
+    api, clock = FakeKube(), Clock()
+    wanted = [False]
+    rec = recorder(api, clock)
+    rec.record(pod_ref(1), WHY, wanted=lambda: wanted[0])
+    assert rec.write_due() is None and not stored(api)
+    wanted[0] = True
+    rec.record(pod_ref(1), WHY, wanted=lambda: wanted[0])
+    assert rec.write_due() is None
+    [event] = stored(api)
+    assert "series" not in event, "the occurrence not written is not counted"

@@ -416,15 +416,20 @@ def _run(claims: int, explained: int, writes: dict[str, int], **more: Any) -> di
 
 
 def test_pod_events_on_against_off_is_a_factor_of_the_same_claims_writes() -> None:
-    on = _run(10_000, 10_000, {"events POST 201": 19_000, "resourceclaims PATCH 200": 10_000},
-              told={"Pod": 9500, "ResourceClaim": 9500})
-    off = _run(10_000, 10_000, {"events POST 201": 10_000, "resourceclaims PATCH 200": 10_000}, explained_before_it=0)
+    on = _run(10_000, 10_000, {"events POST 201": 11_500, "resourceclaims PATCH 200": 10_000},
+              told={"Pod": 10_000, "ResourceClaim": 1500})
+    off = _run(10_000, 10_000, {"events POST 201": 1_400, "resourceclaims PATCH 200": 10_000}, explained_before_it=0)
     (row,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": on, "off": off}, 10_000)
     assert row.what == "API writes for 10,000 pending pods, pod Events on ÷ off"
-    assert row.value == pytest.approx(1.45) and row.limit == 1.5 and not row.higher_is_better
-    assert row.basis.startswith("measured at 5,000 nodes: 29,000 writes with pod Events (2.90 per pending pod), "
-                                "20,000 without (2.00 per pending pod)")
-    assert "9,500 about pods" in row.note and "resourceclaims PATCH 200: 10,000" in row.note
+    assert row.value == pytest.approx(21_500 / 11_400) and row.limit == 2.0 and not row.higher_is_better
+    assert row.basis.startswith("measured at 5,000 nodes: 21,500 writes with pod Events (2.15 per pending pod), "
+                                "11,400 without (1.14 per pending pod)")
+    assert row.basis.endswith("every waiting pod told")
+    assert "10,000 about pods" in row.note and "resourceclaims PATCH 200: 10,000" in row.note
+    # Pods left untold are the loss the row must show: not met, whatever the factor.
+    (untold,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": {**on, "told": {"Pod": 772}},
+                                        "off": off}, 10_000)
+    assert math.isnan(untold.value) and untold.basis.startswith("not met: 772 of 10,000 waiting pods were told")
     # Runs that did not explain the same claims are not compared.
     (short,) = explained_backlog_rows({"nodes": 5000, "claims": 10_000, "on": on,
                                        "off": {**off, "explained": 9000}}, 10_000)
