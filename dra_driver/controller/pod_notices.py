@@ -64,6 +64,10 @@ class PodNotices:
                     if not told:
                         del self._told[ck]
 
+    def clear(self) -> None:
+        with self._lock:
+            self._told.clear()
+
     def __len__(self) -> int:
         with self._lock:
             return sum(len(t) for t in self._told.values())

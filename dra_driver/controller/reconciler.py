@@ -282,6 +282,16 @@ class Controller:
             keys = sorted(self._claim_pods.get(claim_key, ()))
         return [p for k in keys if (p := self.pods.store.get(k)) is not None]
 
+    def became_leader(self) -> None:
+        """What this replica knew from an earlier term may be stale: other leaders wrote meanwhile,
+        and pods it had told while leading were not written once it stopped (their Events go out
+        only while it leads). Forget it all and look at everything again; a pod told before is told
+        once more, folded into the Event already there."""
+        with self._lock:
+            self._settled.clear()
+        self.reporter.pod_notices.clear()
+        self.resync()
+
     def resync(self) -> None:
         """Enqueue everything that may need attention (periodically and on becoming leader), with
         the scheduler rules re-read when due: a change of rules re-explains every pending claim
@@ -427,7 +437,7 @@ class Controller:
             leader = self.leadership.is_leader()
             self.metrics.is_leader.set(1 if leader else 0)
             if leader and not was_leader:
-                self.resync()
+                self.became_leader()
             was_leader = leader
             if self.clock() >= next_resync:
                 self.resync()

@@ -6,7 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ctrlfix import FakeClock, add_claim, add_pod, allocated_status, ann, claim, cluster, events, pod, settings, step
+from ctrlfix import (
+    FakeClock,
+    add_claim,
+    add_pod,
+    allocated_status,
+    ann,
+    claim,
+    cluster,
+    drain,
+    events,
+    pod,
+    settings,
+    step,
+    sync,
+)
 from kubefake import FakeKube
 
 from dra_driver.controller.keys import SUMMARY_ANNOTATION
@@ -194,6 +208,30 @@ class TestPodEvents:
         ctrl = make(kube, leadership=Follower())
         step(ctrl)
         assert events(kube) == [] and len(ctrl.reporter.pod_notices) == 0
+
+    def test_a_pod_told_while_leading_but_not_written_is_told_on_the_next_term(self) -> None:
+        class Flip:
+            leader = True
+
+            def is_leader(self) -> bool:
+                return self.leader
+
+        kube = cluster(gpus=1)
+        add_claim(kube, claim(count=2))
+        add_pod(kube, pod("p", "c1"))
+        lead = Flip()
+        ctrl = make(kube, leadership=lead)
+        sync(ctrl)
+        while ctrl.process_next(timeout=0):
+            pass  # the pod is told: its Event waits in the recorder
+        lead.leader = False
+        assert ctrl.events.flush(timeout=5.0)
+        assert events(kube, kind="Pod") == [], "a replica that lost the Lease writes no pod Event"
+        lead.leader = True
+        ctrl.became_leader()
+        drain(ctrl)
+        [told] = events(kube, kind="Pod")
+        assert told["regarding"]["name"] == "p"
 
 
 class TestNotices:
