@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import stat
+import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,22 @@ from e2e.testbed import cdicheck
 DRIVER = "gpu.dra-driver.io"
 NODE = "node-a"
 UID = "0b1c2d3e-0000-4000-8000-000000000000"
-UPSTREAM_TESTDATA = Path.home() / "go/pkg/mod/k8s.io/dynamic-resource-allocation@v0.37.2/api/metadata/testdata"
+
+
+def _go_module_cache() -> Path:
+    """Where the go command keeps modules: ``GOMODCACHE`` when set (a cold run points it at an empty
+    folder), else what ``go env`` says, else Go's default."""
+    if os.environ.get("GOMODCACHE"):
+        return Path(os.environ["GOMODCACHE"])
+    try:
+        found = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        found = ""
+    return Path(found) if found else Path.home() / "go/pkg/mod"
+
+
+# make test's pins-check brings the module (it lists the Kubernetes pin's packages) before the unit tests run.
+UPSTREAM_TESTDATA = _go_module_cache() / "k8s.io/dynamic-resource-allocation@v0.37.2/api/metadata/testdata"
 
 
 def split_stream(text: str) -> list[dict[str, Any]]:
@@ -130,7 +146,7 @@ class TestDocument:
         assert doc["requests"] == [{"name": "gpu"}]  # Go omits an empty device list
 
     @pytest.mark.skipif(not UPSTREAM_TESTDATA.is_dir(), reason="k8s.io/dynamic-resource-allocation@v0.37.2 "
-                        "is not in the Go module cache (only the bed's Go builds bring it)")
+                        "is not in the Go module cache (make pins-check brings it)")
     @pytest.mark.parametrize("release", ["HEAD", "v1.36.0"])
     def test_upstream_fixtures_re_encode_byte_for_byte(self, release: str) -> None:
         raw = (UPSTREAM_TESTDATA / release / "metadata.json").read_text()
