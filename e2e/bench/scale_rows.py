@@ -460,10 +460,8 @@ def backlog_row(b: Backlog, target: int, where: str = "") -> Row:
 POD_EVENTS_LIMIT = 2.1
 """Pod Events on ÷ off: one write per pending pod on top of the claims' explanations, which under a
 backlog are one patch per claim: 2 against 1. The claims' own Events are best effort (dropped
-when the budget has no token), and how many get one varies from run to run: 69 and 484 of 10,000
-in the two runs of 2026-11-29, 0.04 of the factor; 0.1 is left for that. The first rows set 1.5,
-counting an Event per claim written too, and this session's first 2.0, without that allowance
-(docs/scale.md)."""
+when the budget has no token), and how many find one varies from run to run: 0.1 is left for
+that (the runs, and the limits before this one, in docs/scale.md)."""
 
 
 def pod_events_row(on: Mapping[str, Any], off: Mapping[str, Any], target: int, where: str) -> Row:

@@ -173,7 +173,7 @@ class TestBudget:
         kube.delete(PODS, "default/p0")
         ctrl.api.bucket.rate = 1000.0  # type: ignore[attr-defined]
         step(ctrl)  # the pod's deletion seen, then the Events written
-        assert not [e for e in events(kube) if e["regarding"]["kind"] == "Pod"]
+        assert events(kube, kind="Pod") == []
 
     def test_a_throttled_write_is_retried_quietly(self) -> None:
         kube = cluster(gpus=2)

@@ -38,10 +38,8 @@ UID = "0b1c2d3e-0000-4000-8000-000000000000"
 
 
 def _go_module_cache() -> Path:
-    """Where the go command keeps modules: ``GOMODCACHE`` when set (a cold run points it at an empty
-    folder), else what ``go env`` says, else Go's default."""
-    if os.environ.get("GOMODCACHE"):
-        return Path(os.environ["GOMODCACHE"])
+    """Where the go command keeps modules (``go env`` honours ``GOMODCACHE``, which a cold run points
+    at an empty folder), or Go's default without a go command."""
     try:
         found = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
