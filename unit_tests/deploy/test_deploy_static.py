@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.testbed.cluster import FEATURE_GATES
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "dra-driver"
@@ -298,6 +300,25 @@ def test_example_specifics() -> None:
 
 # ---- kind ---------------------------------------------------------------------------------------
 
+# Naming one of these in --feature-gates stops a 1.38 component from starting ("unrecognized feature gate").
+GATES_REMOVED_IN_1_38 = ("DynamicResourceAllocation", "ServiceAccountTokenPodNodeInfo")
+
+
+def test_no_component_of_the_bed_or_the_chart_names_a_gate_1_38_removed() -> None:
+    assert not set(GATES_REMOVED_IN_1_38) & set(FEATURE_GATES)
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for line in path.read_text().splitlines():
+            if "feature-gates" in line or "featureGates" in line:
+                assert not any(gate in line for gate in GATES_REMOVED_IN_1_38), f"{path}: {line}"
+
+
+def test_no_probe_of_the_chart_is_a_grpc_probe() -> None:
+    # From 1.38 the kubelet fails a gRPC probe at once on a refused connection, so one that starts
+    # before the plugin's socket exists counts against the pod; the chart's probes are exec or HTTP.
+    for path in sorted((CHART / "templates").glob("*.yaml")):
+        assert not re.search(r"^\s*grpc:", path.read_text(), re.M), path
+
+
 def test_kind_config() -> None:
     cfg = yaml.safe_load(KIND_CONFIG.read_text())
     assert cfg["kind"] == "Cluster" and cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
@@ -310,8 +331,8 @@ def test_kind_config() -> None:
     for gate in ("DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints", "DRAPrioritizedList",
                  "DRAAdminAccess", "DRAExtendedResource", "DRAResourceClaimDeviceStatus"):
         assert gates.get(gate) is True, gate
-    # Valid on 1.38 too: the gate it removed, the gates it locked on, the API version it no longer serves.
-    assert "DynamicResourceAllocation" not in gates
+    # Valid on 1.38 too: the gates it removed, the gates it locked on, the API version it no longer serves.
+    assert not set(GATES_REMOVED_IN_1_38) & set(gates)
     assert all(gates.get(gate, True) is True for gate in (
         "DRAPartitionableDevices", "DRADeviceBindingConditions", "DRADeviceTaints", "DRADeviceTaintRules"))
     assert "resource.k8s.io/v1beta1" not in cfg["runtimeConfig"]
