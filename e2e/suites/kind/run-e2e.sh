@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end run on a kind cluster with simulated GPUs, installed as a user installs it:
-#   create the cluster (e2e/suites/kind/kind-config.yaml: 1 control plane, 2 workers, CDI, DRA gates) ->
-#   build the image (deploy/image/build.py, as `make image`) and `kind load` it ->
+#   create the cluster (e2e/suites/kind/kind-config.yaml: 1 control plane, 2 workers, CDI, DRA gates),
+#   building the image meanwhile (deploy/image/build.py, as `make image`) -> `kind load` it ->
 #   `helm install` the chart with gpuBackend=simulated on worker 1 -> wait for the plugins ->
 #   pytest e2e/suites -m "not testbed_only" with E2E_CLUSTER=kind (the shared suite) ->
 #   pytest e2e/suites/kind (what only a real install shows: registration from the DaemonSet, RBAC from
@@ -82,6 +82,10 @@ export PATH
 created=0
 cleanup() {
   local rc=$?
+  if [[ -n "${build_pid:-}" ]]; then
+    kill "${build_pid}" 2>/dev/null || true
+    wait "${build_pid}" 2>/dev/null || true
+  fi
   if [[ "${rc}" -ne 0 ]] && kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
     log "failure (rc=${rc}): plugin pods and logs"
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" get pods -o wide || true
@@ -105,6 +109,15 @@ cleanup() {
 trap cleanup EXIT
 
 mkdir -p "$(dirname "${KUBECONFIG_FILE}")"
+# The image builds while kind creates the cluster: one is mostly CPU, the other mostly waiting on
+# the nodes' containers, so on a 2-core machine the build costs the run almost nothing.
+build_pid=""
+build_log="${ROOT}/.run/kind-image-build.log"
+if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
+  log "building ${IMAGE} in the background (deploy/image/build.py, as make image; log ${build_log})"
+  "${PYTHON}" deploy/image/build.py --tag "${IMAGE}" >"${build_log}" 2>&1 &
+  build_pid=$!
+fi
 if kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
   [[ "${KEEP_CLUSTER:-0}" == "1" ]] || die "cluster ${CLUSTER_NAME} already exists; delete it or set KEEP_CLUSTER=1 to reuse it"
   log "reusing cluster ${CLUSTER_NAME}"
@@ -146,9 +159,15 @@ done
 kubectl wait --for=condition=Ready nodes --all --timeout=180s
 
 # ---- image -------------------------------------------------------------------------------------
-if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
-  log "building ${IMAGE} (deploy/image/build.py, as make image)"
-  "${PYTHON}" deploy/image/build.py --tag "${IMAGE}"
+if [[ -n "${build_pid}" ]]; then
+  log "waiting for the image build"
+  if ! wait "${build_pid}"; then
+    build_pid=""
+    cat "${build_log}" >&2
+    die "building ${IMAGE} failed (its output is above, and in ${build_log})"
+  fi
+  build_pid=""
+  tail -n 3 "${build_log}" >&2
 fi
 log "loading ${IMAGE} into the kind nodes"
 kind load docker-image "${IMAGE}" --name "${CLUSTER_NAME}"
