@@ -397,3 +397,14 @@ def test_relative_links_point_at_files_that_exist(page: Path) -> None:
         if not (page.parent / target).exists():
             missing.append(target)
     assert not missing, f"{rel(page)} links to files that do not exist: {missing}"
+
+
+REPO_PATH = re.compile(r"`((?:dra_driver|e2e|unit_tests|deploy|api|scripts|docs)/[A-Za-z0-9_./-]*)`")
+
+
+@pytest.mark.parametrize("page", [p for p in doc_pages() if p.name != "history.md"], ids=lambda p: rel(p))
+def test_repository_paths_the_docs_name_exist(page: Path) -> None:
+    """(docs/history.md names paths as they were then.)"""
+    missing = sorted({path for path in REPO_PATH.findall(page.read_text())
+                      if "foo" not in path and not (ROOT / path.rstrip("/")).exists()})
+    assert not missing, f"{rel(page)} names files that do not exist: {missing}"
