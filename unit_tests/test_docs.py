@@ -2,7 +2,7 @@
 
 * the metrics table (docs/operating.md, or the README's) to the series the code registers (every ``Counter``,
   ``Gauge`` and ``Histogram`` built with a ``registry=`` under dra_driver/, read from the source);
-* the Events table (docs/operating.md) to the reasons the code emits (every ``Occurrence(...)``
+* the Events table (docs/operating.md) to the reasons and types the code emits (every ``Occurrence(...)``
   with a literal reason, and the controller's verdict reasons, ``EVENT_REASON``);
 * the flag tables (docs/configuration.md, and any other table row that starts with a flag) to the
   parsers ``dra-driver`` builds: flags, environment variables, defaults;
@@ -115,20 +115,30 @@ def registered_metrics() -> dict[str, Metric]:
     return metrics
 
 
-def emitted_reasons() -> dict[str, str]:
-    """Event reason -> where the code emits it."""
-    reasons: dict[str, str] = {}
+def emitted_events() -> dict[str, tuple[str, set[str]]]:
+    """Event reason -> (where the code emits it, the types it is written with: Normal, Warning)."""
+    reasons: dict[str, tuple[str, set[str]]] = {}
+    verdict_reasons: list[tuple[str, str]] = []
     for path, tree in sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and call_name(node) == "Occurrence" and len(node.args) >= 2:
-                reason = node.args[1]
+                kind, reason = node.args[0], node.args[1]
+                types = {kind.value} if isinstance(kind, ast.Constant) and isinstance(kind.value, str) else set()
                 if isinstance(reason, ast.Constant) and isinstance(reason.value, str):
-                    reasons.setdefault(reason.value, f"{rel(path)}:{node.lineno}")
+                    reasons.setdefault(reason.value, (f"{rel(path)}:{node.lineno}", set()))[1].update(types)
+                elif "EVENT_REASON" in ast.unparse(reason) or isinstance(reason, ast.Name):
+                    verdict_reasons.extend(("", t) for t in types)
             if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EVENT_REASON" for t in node.targets)
                     and isinstance(node.value, ast.Dict)):
                 for value in node.value.values:
                     if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                        reasons.setdefault(value.value, f"{rel(path)}:{node.lineno} (EVENT_REASON)")
+                        reasons.setdefault(value.value, (f"{rel(path)}:{node.lineno} (EVENT_REASON)", set()))
+                        verdict_reasons.append((value.value, ""))
+    # The verdict reasons are written through EVENT_REASON, with the types of those calls.
+    verdict_types = {t for _, t in verdict_reasons if t}
+    for reason, _ in verdict_reasons:
+        if reason:
+            reasons[reason][1].update(verdict_types)
     return reasons
 
 
@@ -236,16 +246,23 @@ def test_the_metrics_table_lists_every_registered_series_and_nothing_else() -> N
 
 
 def test_the_events_table_lists_every_reason_the_code_emits_and_nothing_else() -> None:
-    code = emitted_reasons()
+    events = emitted_events()
+    code = {reason: where for reason, (where, _) in events.items()}
     assert {"PrepareFailed", "Unsatisfiable"} <= set(code), f"the test read only {sorted(code)}: the parsing is broken"
     page, text, offset = table_page("Events")
     documented = {}
+    problems = []
     for number, cells in table_rows(text):
         reason = first_ticked(cells[0])
         if reason and re.fullmatch(r"[A-Z][A-Za-z]+", reason):
             documented[reason] = offset + number - 1
-    problems = [f"missing row: `{reason}` (emitted at {where})" for reason, where in sorted(code.items())
-                if reason not in documented]
+            types = events.get(reason, ("", set()))[1]
+            stated = set(re.findall(r"Normal|Warning", cells[1])) if len(cells) > 1 else set()
+            if reason in events and types and stated != types:
+                problems.append(f"line {offset + number - 1}: `{reason}` is written as {'/'.join(sorted(types))} "
+                                f"({code[reason]}); the table says {'/'.join(sorted(stated)) or 'nothing'}")
+    problems += [f"missing row: `{reason}` (emitted at {where})" for reason, where in sorted(code.items())
+                 if reason not in documented]
     problems += [f"line {line}: `{reason}` is listed, but no code under dra_driver/ emits it"
                  for reason, line in sorted(documented.items()) if reason not in code]
     assert not problems, f"{rel(page)}, the Events table:\n  " + "\n  ".join(problems)
