@@ -7,7 +7,7 @@
 * the flag tables (docs/configuration.md, and any other table row that starts with a flag) to the
   parsers ``dra-driver`` builds: flags, environment variables, defaults;
 * the README's figures to the committed benchmark results (e2e/bench/results/);
-* the README to its length.
+* the README to its length, and every page's relative links and repository paths to files that exist.
 
 A failure names the page, the table, what is missing or wrong, and where in the code it comes from.
 """
