@@ -145,7 +145,7 @@ class FencedAllocator:
             self.accounting.keep(fresh_claim, claim)
             self.requeue(claim, 0)
             return False
-        fresh = self.api.list(CLAIMS).items
+        fresh = self._claims_now()
         outcome = self.resolve(fresh_claim, fresh)
         if outcome.verdict is not Verdict.SATISFIABLE or outcome.allocation is None:
             self.reporter.record(fresh_claim, outcome, log)
@@ -168,7 +168,7 @@ class FencedAllocator:
         try:
             if not self.reserve(target, allocation, log):
                 return False
-            taken = allocation_conflicts(allocation, uid, self.api.list(CLAIMS).items)
+            taken = allocation_conflicts(allocation, uid, self._claims_now())
             if taken:
                 log.info("devices were allocated before the fence was up; re-resolving", other=key_of(taken[0][0]))
                 self.release(uid)
@@ -303,6 +303,12 @@ class FencedAllocator:
         if stale:
             self.log.info("released fence ledger entries", count=len(stale))
 
+    def _claims_now(self) -> list[Obj]:
+        """Every claim, a consistent read; one that cannot be decoded counts with what it holds
+        (:mod:`dra_driver.k8s.quarantine`), so that its devices are never handed out twice."""
+        listed = self.api.list(CLAIMS)
+        return listed.items + [bad.view for bad in listed.undecodable]
+
     def verify_allocation(self, claim: Obj, log: logs.Logger, *, settled: bool) -> bool:
         """Post-write check of a controller allocation; True when it stands.
 
@@ -311,7 +317,7 @@ class FencedAllocator:
         uid = uid_of(claim)
         if not self.accounting.tracks(uid):
             return True
-        fresh = self.api.list(CLAIMS).items
+        fresh = self._claims_now()
         mine = next((c for c in fresh if uid_of(c) == uid), None)
         if mine is None or not is_allocated(mine):
             self.accounting.forget(uid)

@@ -28,6 +28,10 @@ class ControllerMetrics:
             f"{PREFIX}_claims_allocated_total", "ResourceClaims allocated by the controller", registry=r
         )
         self.errors = Counter(f"{PREFIX}_errors_total", "Errors by kind", ["kind"], registry=r)
+        self.undecodable_objects = Counter(
+            f"{PREFIX}_undecodable_objects_total",
+            "Versions of API objects that could not be decoded and were left out of the caches", ["resource"], registry=r
+        )
         self.resolve_seconds = Histogram(
             f"{PREFIX}_resolve_duration_seconds",
             "Time to resolve one ResourceClaim against the inventory",

@@ -69,6 +69,7 @@ from dra_driver.k8s.client import (
     ApiError,
     ConfigurationError,
     KubeApi,
+    Resource,
     RestKubeApi,
 )
 from dra_driver.k8s.compact import without_managed_fields
@@ -76,6 +77,7 @@ from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 from dra_driver.k8s.objects import Obj, key_of, resource_version
+from dra_driver.k8s.quarantine import Undecodable
 from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
 from dra_driver.k8s.wire import POD_CLAIM_REFS
 from dra_driver.k8s.workqueue import WorkQueue
@@ -162,12 +164,16 @@ class Controller:
         self.ledger_name = settings.allocation_ledger[1]
         self.queue: WorkQueue[Item] = WorkQueue(clock=clock)
         # What each store keeps: see dra_driver.controller.views.
-        self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view)
+        self.claims = Informer(api, CLAIMS, self._on_claim, transform=claim_view,
+                               on_undecodable=self._undecodable(CLAIMS))
         self.pods = Informer(api, PODS, self._on_pod, field_selector=WAITING_PODS, transform=pod_view,
-                             reduced=POD_CLAIM_REFS)
-        self.slices = Informer(api, SLICES, self._on_slice, reduced=slice_reading())
-        self.classes = Informer(api, DEVICE_CLASSES, self._on_class, transform=without_managed_fields)
-        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields)
+                             reduced=POD_CLAIM_REFS, on_undecodable=self._undecodable(PODS))
+        self.slices = Informer(api, SLICES, self._on_slice, reduced=slice_reading(),
+                               on_undecodable=self._undecodable(SLICES))
+        self.classes = Informer(api, DEVICE_CLASSES, self._on_class, transform=without_managed_fields,
+                                on_undecodable=self._undecodable(DEVICE_CLASSES))
+        self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields,
+                                  on_undecodable=self._undecodable(CLAIM_TEMPLATES))
         self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)
         self._lock = threading.RLock()
         self._pod_claims: dict[str, set[str]] = {}
@@ -200,6 +206,10 @@ class Controller:
         """When the main loop (0) and each worker last came round."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
+
+    def _undecodable(self, resource: Resource) -> Callable[[Undecodable], None]:
+        """Told by an informer of an object it could not decode: the Warning Event and metric."""
+        return lambda bad: self.reporter.undecodable(bad, resource)
 
     def _on_claim(self, old: Obj | None, new: Obj | None) -> None:
         obj = new or old

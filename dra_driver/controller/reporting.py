@@ -25,6 +25,7 @@ from dra_driver.k8s.events import EventRecorder, Occurrence, object_ref
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.leader import Leadership
 from dra_driver.k8s.objects import Obj, key_of, meta
+from dra_driver.k8s.quarantine import Undecodable
 
 
 class Reporter:
@@ -124,6 +125,15 @@ class Reporter:
             self.metrics.error("resolve")
             log.warning("claim evaluation failed", error=outcome.text)
         return self.write_annotations(claim, outcome, log)
+
+    def undecodable(self, bad: Undecodable, resource: Resource) -> None:
+        """A Warning Event ``Undecodable`` on an object the informers could not decode (once per
+        version of it: the informer tells each once), and the metric."""
+        self.metrics.undecodable_objects.labels(resource=resource.plural).inc()
+        note = (f"the controller cannot decode this {resource.kind} ({bad.reason}) and leaves it out of its view "
+                "until a version of it decodes: its raw fields (opaque parameters) hold text that is not valid "
+                "UTF-8, a lone surrogate, or nesting too deep to read")
+        self.emit(bad.view, Occurrence("Warning", "Undecodable", "Read", note), resource)
 
     def validate_object(self, obj: Obj, resource: Resource) -> list[str]:
         """Warning Event ``InvalidConfig`` once per (object, generation, set of errors)."""

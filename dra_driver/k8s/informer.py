@@ -16,6 +16,12 @@ it. An object the transform drops is treated as absent: its arrival is no event,
 makes a kept object irrelevant reaches the handler as a deletion. The transform runs as each list
 page and each watch event is decoded, so a resource's whole JSON is never held at once.
 
+An object that cannot be decoded (:mod:`dra_driver.k8s.quarantine`: a tenant's claim whose raw
+parameters are not valid JSON text) is quarantined: the store keeps the last version of it that
+decoded, or nothing, as if the undecodable change had not happened; the rest of the list and
+watch goes on as usual. It is logged and handed to ``on_undecodable`` (the controller's metric
+and Warning Event) once per version of it; a version that decodes, or its deletion, ends it.
+
 The work queue their handlers feed is :mod:`dra_driver.k8s.workqueue`'s.
 """
 
@@ -29,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dra_driver import logs, memory
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
 from dra_driver.k8s.objects import Obj, key_of, resource_version
+from dra_driver.k8s.quarantine import UNDECODABLE, Undecodable
 from dra_driver.k8s.wire import Reduced
 
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the bookmark that ends a streamed list
@@ -147,6 +154,7 @@ class Informer:
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
         streaming: bool = True,
+        on_undecodable: Callable[[Undecodable], None] | None = None,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -165,6 +173,9 @@ class Informer:
         """What a streaming list in progress has received so far (empty otherwise), for a reader
         that starts work on it before the list ends: it may copy the list, never change it. A new
         list object means a new list started, or, once :attr:`synced` is set, that the list ended."""
+        self.on_undecodable = on_undecodable
+        self.undecodable: dict[str, Undecodable] = {}
+        """The objects quarantined now, by store key."""
         self._need_list = True
         self._applied = 0  # watch events applied, for _trim
         self.synced = threading.Event()
@@ -179,7 +190,7 @@ class Informer:
         t0 = time.monotonic()
         result = self.api.list(self.resource, field_selector=self.field_selector, transform=transform,
                                reduced=self.reduced)
-        self._listed(result.items, result.resource_version, t0, streamed=False)
+        self._listed(result.items, result.resource_version, t0, streamed=False, undecodable=result.undecodable)
 
     def stream(self, stop: threading.Event | None = None) -> None:
         """List by watching, then go on watching on the same connection until the server ends it
@@ -190,6 +201,7 @@ class Informer:
         server cannot stream lists: :meth:`run` then lists instead)."""
         t0 = time.monotonic()
         items: list[Obj] = []
+        bad: list[Undecodable] = []
         self.streamed = items
         listing = True
         for event in self.api.watch(
@@ -208,16 +220,28 @@ class Informer:
                 kept = self._decoded(obj)
                 if kept is not None:
                     items.append(kept)
+            elif event.get("type") == UNDECODABLE:
+                bad.append(event["undecodable"])
             elif event.get("type") == "BOOKMARK" and _initial_events_end(obj):
-                self._listed(items, resource_version(obj), t0, streamed=True)
+                self._listed(items, resource_version(obj), t0, streamed=True, undecodable=bad)
                 self.streamed = []  # after synced is set: a reader seeing a new list knows which
-                items, listing = [], False
+                items, bad, listing = [], [], False
         if listing:
             raise ApiError(0, "IncompleteList", f"{self.resource.plural}: the watch ended before every object was sent")
 
-    def _listed(self, items: list[Obj], version: str, t0: float, *, streamed: bool) -> None:
+    def _listed(self, items: list[Obj], version: str, t0: float, *, streamed: bool,
+                undecodable: list[Undecodable]) -> None:
         self._log.info("listed", kept=len(items), seconds=round(time.monotonic() - t0, 3), resource_version=version,
-                       streamed=streamed)
+                       streamed=streamed, undecodable=len(undecodable))
+        quarantined = {key_of(u.view): u for u in undecodable}
+        for key in quarantined:
+            last = self.store.get(key)
+            if last is not None:
+                items.append(last)  # the last version that decoded stays: no deletion of what exists
+        for key in set(self.undecodable) - set(quarantined):
+            del self.undecodable[key]
+        for u in quarantined.values():
+            self._quarantine(u)
         changed, deleted = self.store.replace(items)
         self.resource_version = version
         self._need_list = False
@@ -258,6 +282,20 @@ class Informer:
             if rv:
                 self.resource_version = rv
             return
+        if etype == UNDECODABLE:
+            bad: Undecodable = event["undecodable"]
+            if bad.event_type == "DELETED":
+                self.undecodable.pop(key_of(obj), None)
+                gone = self.store.delete(obj)
+                if gone is not None:
+                    self._notify(gone, None)
+            else:
+                self._quarantine(bad)  # the store keeps what it had
+            if rv:
+                self.resource_version = rv
+            return
+        if etype in ("ADDED", "MODIFIED", "DELETED"):
+            self.undecodable.pop(key_of(obj), None)
         if etype in ("ADDED", "MODIFIED"):
             kept = self._decoded(obj)
             if kept is None:
@@ -278,6 +316,21 @@ class Informer:
         self._applied += 1
         if self._applied % TRIM_EVERY == 0:
             _trim()
+
+    def _quarantine(self, bad: Undecodable) -> None:
+        key = key_of(bad.view)
+        known = self.undecodable.get(key)
+        self.undecodable[key] = bad
+        if known is not None and resource_version(known.view) == resource_version(bad.view):
+            return  # told already (a re-list finds it again)
+        self._log.warning("an object cannot be decoded; it is left out of the cache", object=bad.ref,
+                          object_uid=bad.uid, resource_version=resource_version(bad.view), reason=bad.reason,
+                          last_decoded_kept=self.store.get(key) is not None)
+        if self.on_undecodable is not None:
+            try:
+                self.on_undecodable(bad)
+            except Exception:  # last resort: reporting must not stop the informer
+                self._log.exception("reporting an undecodable object failed")
 
     def _decoded(self, obj: Obj) -> Obj | None:
         """A decoded object as the store keeps it; watch events, like list items, may carry no

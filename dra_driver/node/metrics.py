@@ -69,6 +69,10 @@ class PluginMetrics:
                                   ["xid"], registry=r)
         self.events_dropped = Counter(f"{PREFIX}_events_dropped_total",
                                       "Kubernetes Events that could not be written", registry=r)
+        self.undecodable_objects = Counter(
+            f"{PREFIX}_undecodable_objects_total",
+            "Versions of API objects that could not be decoded and were left out of the caches", ["resource"],
+            registry=r)
         self.driver_edits_available = Gauge(
             f"{PREFIX}_driver_edits_available",
             "1 when the NVIDIA Container Toolkit found the driver and claims get its CDI edits; 0 when it did not "

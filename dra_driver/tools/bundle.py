@@ -51,6 +51,7 @@ from dra_driver.k8s.client import (
     ApiError,
     ConfigurationError,
     KubeApi,
+    ListResult,
     RestKubeApi,
 )
 from dra_driver.k8s.objects import Obj, meta
@@ -217,6 +218,12 @@ class Bundle:
     def add_json(self, name: str, doc: Any) -> None:
         self.files[name] = (json.dumps(redact(doc), indent=1, sort_keys=True, default=str) + "\n").encode()
 
+    def listed(self, what: str, result: ListResult) -> list[Obj]:
+        """A list's items; each object that could not be decoded is a line in the manifest."""
+        self.problems += [f"{what}: {bad.ref} (uid {bad.uid}) cannot be decoded and is left out: {bad.reason}"
+                          for bad in result.undecodable]
+        return result.items
+
     def attempt(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run one collection step; a failure becomes a line in the manifest."""
         try:
@@ -231,10 +238,11 @@ class Bundle:
 def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, nodes_of_interest: list[str],
                     rules: SchedulerRules | None = None) -> None:
     """``rules``: the scheduler version the explanations decide as (the newest the engine knows by default)."""
-    slices = bundle.attempt("resourceslices", lambda: [s for s in api.list(SLICES).items if ours(s, driver)])
-    classes = bundle.attempt("deviceclasses", lambda: api.list(DEVICE_CLASSES).items)
-    claims = bundle.attempt("resourceclaims", lambda: api.list(CLAIMS).items)
-    all_pods = bundle.attempt("pods", lambda: api.list(PODS).items)
+    slices = bundle.attempt("resourceslices", lambda: [
+        s for s in bundle.listed("resourceslices", api.list(SLICES)) if ours(s, driver)])
+    classes = bundle.attempt("deviceclasses", lambda: bundle.listed("deviceclasses", api.list(DEVICE_CLASSES)))
+    claims = bundle.attempt("resourceclaims", lambda: bundle.listed("resourceclaims", api.list(CLAIMS)))
+    all_pods = bundle.attempt("pods", lambda: bundle.listed("pods", api.list(PODS)))
     if all_pods is not None:
         bundle.secrets |= env_values(all_pods)
     pods = [p for p in all_pods if uses_claims(p) or driver_pod(p)] if all_pods is not None else None

@@ -29,8 +29,10 @@ from kubefake import FakeKube
 from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, allocation_conflicts
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.k8s.claims import FINALIZER, device_ids
-from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, SLICES, ApiError
+from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, SLICES, ApiError, ListResult
 from dra_driver.k8s.objects import key_of
+from dra_driver.k8s.quarantine import Undecodable
+from dra_driver.k8s.wire import allocation_view
 
 
 class TestConflicts:
@@ -390,3 +392,33 @@ class TestAllocationFence:
         c = kube.obj(CLAIMS, "default/c1")
         assert c is not None and not (c.get("status") or {}).get("allocation")
         assert not kube.writes("replace_status")
+
+
+class TestUndecodableClaims:
+    def test_what_an_undecodable_claim_holds_is_never_handed_out(self) -> None:
+        # A claim whose raw parameters do not decode is left out of lists and of the cache; the
+        # devices it holds still count against a controller allocation.
+        kube = cluster(gpus=2)
+        bad = claim("bad")
+        bad["metadata"]["uid"] = "bad"
+        bad["status"] = allocated_status(["gpu-0"])
+        add_claim(kube, bad)
+        add_claim(kube, claim(count=2, opt_in=True))
+        listed = kube.list
+
+        def list_without_bad(res: Any, **kw: Any) -> ListResult:
+            result = listed(res, **kw)
+            if res is not CLAIMS:
+                return result
+            view = allocation_view(kube.obj(CLAIMS, "default/bad") or {})
+            return ListResult([i for i in result.items if i["metadata"]["name"] != "bad"], result.resource_version,
+                              [Undecodable(view, "str is not valid UTF-8")])
+
+        kube.list = list_without_bad  # type: ignore[method-assign]
+        ctrl, _ = make_controller(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation")
+        assert ctrl.metrics.value("claims_allocated_total") == 0
+        assert [e["regarding"]["name"] for e in events(kube, "Undecodable")] == ["bad"]
+        assert ctrl.metrics.value("undecodable_objects_total", {"resource": "resourceclaims"}) == 1

@@ -161,3 +161,27 @@ def test_main_without_a_cluster_still_writes_the_node_part(tmp_path: Path, monke
         doc = json.load(io.BytesIO(tar.extractfile(member).read()))  # type: ignore[union-attr]
     assert any("does not exist" in p for p in doc["notCollected"])
     assert doc["versions"]["dra-driver"] and doc["node"] == "n1"
+
+
+def test_a_claim_that_cannot_be_decoded_is_named_and_the_rest_collected() -> None:
+    from typing import Any
+
+    from dra_driver.k8s.client import ListResult
+    from dra_driver.k8s.quarantine import Undecodable
+
+    api = FakeKube()
+    api.add(CLAIMS, {"metadata": {"name": "c1", "namespace": "ns", "uid": "u1"}})
+    listed = api.list
+    bad = Undecodable({"metadata": {"name": "bad", "namespace": "ns", "uid": "u2"}, "status": {}},
+                      "str is not valid UTF-8: surrogates not allowed")
+
+    def with_bad(res: Any, **kw: Any) -> ListResult:
+        result = listed(res, **kw)
+        return ListResult(result.items, result.resource_version, [bad] if res is CLAIMS else [])
+
+    api.list = with_bad  # type: ignore[method-assign]
+    got = b.Bundle()
+    b.collect_cluster(got, api, DRIVER, Engine(), [])
+    assert got.problems == ["resourceclaims: ns/bad (uid u2) cannot be decoded and is left out: "
+                            "str is not valid UTF-8: surrogates not allowed"]
+    assert [c["metadata"]["name"] for c in json.loads(got.files["cluster/resourceclaims.json"])] == ["c1"]

@@ -87,7 +87,9 @@ class SlicePublisher:
         self._log = _log.bind(node=node_name, driver=driver_name)
         self._withholding = Withholding(driver_name, self._log, on_withheld)
         self.informer = Informer(api, SLICES, self._on_change, field_selector=self.field_selector,
-                                 watch_timeout=watch_timeout, max_backoff=max_backoff)
+                                 watch_timeout=watch_timeout, max_backoff=max_backoff,
+                                 on_undecodable=lambda _bad: METRICS.undecodable_objects.labels(
+                                     resource=SLICES.plural).inc())
 
     # -- desired state ----------------------------------------------------------------------------
 
