@@ -57,6 +57,12 @@ def stale_claim_unprepared(claim: ClaimRef, error: str | None) -> Occurrence:
                       f"claim {claim.ref} ({claim.uid}) is gone from the API server but unpreparing it failed: {error}")
 
 
+def stale_claims_deferred(waiting: int, bound: int) -> Occurrence:
+    return Occurrence("Warning", "StaleClaimsDeferred", "CleanUp",
+                      f"{waiting} more prepared claims are gone from the API server than one sweep unprepares "
+                      f"({bound}, --max-stale-unprepares); they are unprepared in the next sweeps")
+
+
 ROLLING_UPDATE_KUBELET = (1, 33)
 """The first kubelet that keeps a driver registered while two of its instances come and go."""
 

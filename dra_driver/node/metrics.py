@@ -69,6 +69,13 @@ class PluginMetrics:
                                   ["xid"], registry=r)
         self.events_dropped = Counter(f"{PREFIX}_events_dropped_total",
                                       "Kubernetes Events that could not be written", registry=r)
+        self.stale_claims_unprepared = Counter(
+            f"{PREFIX}_stale_claims_unprepared_total",
+            "Claims the stale-claim sweep unprepared (gone from the API server, past the grace period), by result",
+            ["result"], registry=r)
+        self.stale_claims_deferred = Counter(
+            f"{PREFIX}_stale_claims_deferred_total",
+            "Gone claims a sweep left to the next ones (over --max-stale-unprepares)", registry=r)
         self.undecodable_objects = Counter(
             f"{PREFIX}_undecodable_objects_total",
             "Versions of API objects that could not be decoded and were left out of the caches", ["resource"],

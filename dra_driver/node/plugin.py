@@ -69,6 +69,7 @@ from dra_driver.node.publish.healthboard import HealthBoard
 from dra_driver.node.publish.ownership import PublisherLock
 from dra_driver.node.publish.publisher import SlicePublisher
 from dra_driver.node.settings import PluginSettings
+from dra_driver.node.stale import StaleClaims, read_claim
 from dra_driver.ondisk import PUBLISHER_LOCK_FILE
 
 DRAIN_SECONDS = 20.0
@@ -83,36 +84,42 @@ def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
                                             user_agent="dra-driver-plugin")
 
 
-def stale_claims(prepared: dict[str, tuple[str, str]], api: kube.KubeApi) -> list[ClaimRef]:
-    """Prepared claims that are gone from the API server, or replaced by a claim with another UID.
+def sweep_stale_claims(state: DeviceState, api: kube.KubeApi, claims: StaleClaims, now: float, log: Logger,
+                       events: notices.NodeEvents) -> None:
+    """One sweep: read every prepared claim, unprepare what :class:`StaleClaims` finds gone
+    (:mod:`dra_driver.node.stale`), say what waits."""
+    state.refresh()
+    seen = {}
+    for uid, entry in state.prepared_claims().items():
+        ref = ClaimRef(uid, entry.namespace, entry.name)
+        seen[uid] = (ref, read_claim(api, ref))
+    verdict = claims.decide(seen, now)
+    for ref in verdict.suspected:
+        log.info("a prepared claim was not found; it counts as gone only if the next sweep does not find it either",
+                 claim_uid=ref.uid, claim=ref.ref)
+    for ref in verdict.waiting:
+        log.info("a prepared claim is gone from the API server; it keeps its devices for the grace period, for the "
+                 "kubelet's own Unprepare", claim_uid=ref.uid, claim=ref.ref, grace_seconds=claims.grace)
+    if verdict.deferred:
+        METRICS.stale_claims_deferred.inc(len(verdict.deferred))
+        log.warning("more prepared claims are gone than one sweep unprepares; the rest wait for the next sweeps",
+                    unprepared=len(verdict.unprepare), waiting=len(verdict.deferred), bound=claims.max_per_sweep,
+                    claim_uids=[ref.uid for ref in verdict.deferred])
+        events.on_node(notices.stale_claims_deferred(len(verdict.deferred), claims.max_per_sweep))
+    for ref in verdict.unprepare:
+        error = state.unprepare([ref]).get(ref.uid)
+        if error is None:
+            claims.unprepared(ref.uid)
+        METRICS.stale_claims_unprepared.labels(result="error" if error else "success").inc()
+        log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
+        events.on_node(notices.stale_claim_unprepared(ref, error))
 
-    A claim that cannot be read for another reason (API server down) is kept: unpreparing a live
-    claim would pull a GPU from under a running pod.
-    """
-    stale = []
-    for uid, (namespace, name) in prepared.items():
-        try:
-            obj = api.get(kube.CLAIMS, name, namespace=namespace)
-        except kube.ApiError as exc:
-            if exc.not_found:
-                stale.append(ClaimRef(uid, namespace, name))
-            continue  # any other failure means "unknown", which keeps the claim
-        except Exception:  # the client's transport failures: "unknown" as well
-            continue
-        if obj.get("metadata", {}).get("uid") != uid:
-            stale.append(ClaimRef(uid, namespace, name))
-    return stale
 
-
-def _cleanup_loop(state: DeviceState, api: kube.KubeApi, interval: float, stop: threading.Event, log: Logger,
-                  events: notices.NodeEvents) -> None:
-    while not stop.wait(interval):
-        state.refresh()
-        prepared = {uid: (e.namespace, e.name) for uid, e in state.prepared_claims().items()}
-        for ref in stale_claims(prepared, api):
-            error = state.unprepare([ref]).get(ref.uid)
-            log.info("unprepared a claim deleted from the API server", claim_uid=ref.uid, claim=ref.ref, error=error)
-            events.on_node(notices.stale_claim_unprepared(ref, error))
+def _cleanup_loop(state: DeviceState, api: kube.KubeApi, settings: PluginSettings, stop: threading.Event,
+                  log: Logger, events: notices.NodeEvents) -> None:
+    claims = StaleClaims(grace=settings.stale_claim_grace, max_per_sweep=settings.max_stale_unprepares)
+    while not stop.wait(settings.cleanup_interval):
+        sweep_stale_claims(state, api, claims, time.monotonic(), log, events)
 
 
 def health_event(change: HealthChange, ownership: PublisherLock, events: notices.NodeEvents) -> None:
@@ -315,7 +322,7 @@ def run(settings: PluginSettings) -> int:
     publisher.start(stop)
     status_writer.start(stop)
     handler.report_recovered()
-    threading.Thread(target=_cleanup_loop, args=(state, api, settings.cleanup_interval, stop, log, events),
+    threading.Thread(target=_cleanup_loop, args=(state, api, settings, stop, log, events),
                      name="stale-claim-cleanup", daemon=True).start()
 
     stop.wait()

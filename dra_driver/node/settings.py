@@ -58,6 +58,10 @@ class PluginSettings:
     """The driver root as the host sees it; default: --nvidia-driver-root."""
     boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
     """Where the boot ID is read; tests point it at a file to simulate a reboot."""
+    stale_claim_grace: float = 300.0
+    """Seconds a claim found gone keeps its devices before the sweep unprepares it (dra_driver.node.stale)."""
+    max_stale_unprepares: int = 10
+    """Claims one stale-claim sweep unprepares at most."""
     rolling_update: bool = False
     """Sockets of their own per pod, so that a new pod serves beside the old one (kubelet 1.33 or later)."""
     pod_uid: str | None = None
@@ -185,6 +189,11 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add("--cleanup-interval", type=float,
         default=float(env("CLEANUP_INTERVAL", str(DEFAULT_CLEANUP_INTERVAL)) or DEFAULT_CLEANUP_INTERVAL),
         help="Seconds between sweeps that unprepare claims deleted from the API server [CLEANUP_INTERVAL]")
+    add("--stale-claim-grace", type=float, default=float(env("STALE_CLAIM_GRACE", "300") or 300),
+        help="Seconds a claim the sweep found gone keeps its devices (CDI spec, checkpoint entry) for the kubelet's "
+             "own Unprepare before the sweep unprepares it [STALE_CLAIM_GRACE]")
+    add("--max-stale-unprepares", type=int, default=int(env("MAX_STALE_UNPREPARES", "10") or 10),
+        help="Claims one sweep unprepares at most; more wait for the next sweeps, with a warning [MAX_STALE_UNPREPARES]")
     add("--health-file", default=env("HEALTH_FILE"),
         help="Simulated backend: JSON file of injected health events, re-read on change [HEALTH_FILE]")
     add("--ignored-xids", default=env("IGNORED_XIDS", ",".join(map(str, DEFAULT_IGNORED_XIDS))),
@@ -236,6 +245,9 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
     if unknown or not strategies:
         raise ValueError(
             f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
+    if args.stale_claim_grace < 0 or args.max_stale_unprepares < 1:
+        raise ValueError(f"--stale-claim-grace must be 0 or more (got {args.stale_claim_grace:g}) and "
+                         f"--max-stale-unprepares 1 or more (got {args.max_stale_unprepares})")
     instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
     settings = PluginSettings(
         node_name=args.node_name,
@@ -254,6 +266,8 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         dynamic_mig=bool(args.dynamic_mig),
         socket_group=args.socket_group,
         cleanup_interval=float(args.cleanup_interval),
+        stale_claim_grace=float(args.stale_claim_grace),
+        max_stale_unprepares=int(args.max_stale_unprepares),
         health_file=Path(args.health_file) if args.health_file else None,
         ignored_xids=xids,
         health_port=int(args.health_port),

@@ -112,6 +112,7 @@ class SimNode:
             f"--kubeconfig={kubeconfig}",
             "--log-format=json",
             "--cleanup-interval=5",
+            "--stale-claim-grace=5",  # a stale claim is unprepared within ~15 s (two sweeps, then the grace)
             f"--health-port={self.health_port}",
             *self.flags,
             *extra,

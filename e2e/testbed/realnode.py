@@ -431,6 +431,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             f"--kubeconfig={self.kubeconfig}",
             "--log-format=json",
             f"--cleanup-interval={self.cleanup_interval:g}",
+            f"--stale-claim-grace={self.cleanup_interval:g}",
             *rolling,
         ], env=env)
         self._write_state()
