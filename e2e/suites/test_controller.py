@@ -14,17 +14,20 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from dra_driver.controller.views import pod_view, slice_reading, slice_view
-from dra_driver.k8s.client import PODS, SLICES, RestKubeApi
+from dra_driver.k8s.client import CLAIMS, PODS, SLICES, RestKubeApi
 from dra_driver.k8s.objects import key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view
+from e2e.testbed.apiproxy import send_raw
 from e2e.testbed.clusterview import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
 ALLOCATE_ANNOTATION = f"{DRIVER}/allocate"
@@ -492,3 +495,77 @@ def test_opt_in_allocation_beside_the_scheduler(bed: Bed, ns: str, rounds: int) 
     assert sampled >= rounds
     # Both allocators really competed: each got GPUs in this run.
     assert served["controller"] and served["scheduler"], served
+
+
+# --------------------------------------------------------------------------- a claim that cannot be decoded
+
+UNDECODABLE_PARAMETERS = {
+    "surrogate": b'"\\ud800"',
+    "raw-ff": b'"\xff"',
+    "deep": b'{"a":' * 1100 + b"1" + b"}" * 1100,
+}
+"""What a tenant can put in a claim's opaque parameters that orjson refuses: the API server stores
+each as sent (a raw field) and serves it back in every list and watch that holds the claim."""
+
+
+def _create_raw(bed: Bed, ns: str, name: str, parameters: bytes) -> tuple[int, bytes]:
+    doc = claim_doc(name, config=[{"opaque": {"driver": "other.example.com", "parameters": {"x": "@PARAMS@"}}}])
+    body = json.dumps(doc).encode().replace(b'"@PARAMS@"', parameters)
+    return send_raw(bed.kubeconfig, "POST", CLAIMS.path(ns), body)
+
+
+def test_a_claim_that_cannot_be_decoded_blinds_nothing(bed: Bed, ns: str, tmp_path: Path) -> None:
+    created: list[str] = []
+    refused: dict[str, str] = {}
+    try:
+        for kind, parameters in UNDECODABLE_PARAMETERS.items():
+            status, data = _create_raw(bed, ns, f"bad-{kind}", parameters)
+            if status == 201:
+                created.append(f"bad-{kind}")
+            else:
+                refused[kind] = f"{status}: {data[:160].decode(errors='replace')}"
+        # What the review measured on the bed's API server: it stores both kinds of bad text.
+        assert {"bad-surrogate", "bad-raw-ff"} <= set(created), refused
+        listed = RestKubeApi.from_kubeconfig(str(bed.kubeconfig)).list(CLAIMS, namespace=ns)
+        assert sorted(u.name for u in listed.undecodable) == sorted(created) and not listed.items
+
+        # The controller says so: one Warning Event on each, naming it.
+        def undecodable_events() -> dict[str, list[dict[str, Any]]]:
+            out: dict[str, list[dict[str, Any]]] = {}
+            for e in bed.get("events.events.k8s.io", ns=ns)["items"]:
+                if e.get("reason") == "Undecodable":
+                    out.setdefault(e["regarding"]["name"], []).append(e)
+            return out
+
+        wait_for("an Undecodable Event on each bad claim", lambda: sorted(undecodable_events()) == sorted(created), 60)
+        # It keeps explaining the others...
+        bed.apply([claim_doc("after-bad", selectors=(f'device.attributes["{DRIVER}"].productName == "none"',))], ns=ns)
+        wait_for("the controller's explanation of another claim", lambda: EXPLANATION_ANNOTATION in (
+            bed.get("resourceclaim", "after-bad", ns)["metadata"].get("annotations") or {}), 60)  # fmt: skip
+        out = explain(bed, f"{ns}/after-bad")
+        assert out.returncode == 0 and "unsatisfiable" in out.stdout, out.stdout + out.stderr
+        # ... and allocating, with a consistent list of every claim.
+        bed.apply([claim_doc("allocated-beside-bad", opt_in=True)], ns=ns)
+        wait_for("the controller's allocation", lambda: bed.get("resourceclaim", "allocated-beside-bad", ns).get(
+            "status", {}).get("allocation"), 60)  # fmt: skip
+        # debug-bundle lists every claim and names the bad ones.
+        bundle = tmp_path / "bundle.tar.gz"
+        proc = subprocess.run([sys.executable, "-m", "dra_driver", "debug-bundle", f"--kubeconfig={bed.kubeconfig}",
+                               "-o", str(bundle)], cwd=REPO, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        with tarfile.open(bundle) as tar:
+            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+        not_collected = json.loads(files["manifest.json"])["notCollected"]
+        for name in created:
+            assert any(f"{ns}/{name}" in line and "cannot be decoded" in line for line in not_collected), not_collected
+        in_bundle = {c["metadata"]["name"] for c in json.loads(files["cluster/resourceclaims.json"])}
+        assert {"after-bad", "allocated-beside-bad"} <= in_bundle and not in_bundle & set(created)
+        events = undecodable_events()
+        assert all(len(events[name]) == 1 for name in created), events
+        record_result = {"created": created, "refused_by_the_api_server": refused,
+                         "events": {n: events[n][0]["note"][:160] for n in created}}
+        print(json.dumps(record_result, indent=1))
+    finally:
+        for name in created:  # before other tests list claims: they must not meet these
+            send_raw(bed.kubeconfig, "DELETE", CLAIMS.path(ns, name))
+        bed.kubectl("delete", "resourceclaim", "allocated-beside-bad", "-n", ns, "--wait=false", check=False)

@@ -9,13 +9,23 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dra_driver.node.kubelet import probe
-from e2e.suites.reliability import plugin_name, record, registration_socket
+from e2e.suites.reliability import (
+    checkpoint_entries,
+    log_path,
+    plugin_name,
+    record,
+    registration_socket,
+    restart_plugin_clean,
+    wait_serving,
+)
 from e2e.suites.test_crash import pod, templates
+from e2e.testbed.apiproxy import ApiProxy
 from e2e.testbed.clusterview import DRIVER, EXPLANATION_ANNOTATION, Bed, claim_of, example, wait_for, wait_running
 from e2e.testbed.dracalls import DraClient, dra_socket, timed
 
@@ -118,3 +128,74 @@ def test_apiserver_outage(bed: Bed, ns: str) -> None:
 @pytest.mark.long
 def test_apiserver_outage_long(bed: Bed, ns: str) -> None:
     outage(bed, ns, 60, "apiserver_outage_long")
+
+
+# --- an API server that answers 404 for the whole resource.k8s.io group -------------------------------
+
+SWEEP_SECONDS = 5.0  # the bed's --cleanup-interval (e2e/testbed/nodes.py)
+
+
+def claim_state(bed: Bed, node: str, uid: str) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
+    """A claim's checkpoint entry and its CDI spec files, byte for byte."""
+    entries, _ = checkpoint_entries(bed, node)
+    entry = entries.get(uid)
+    cdi = Path(bed.fleet.nodes[node].cdi_dir)
+    return (entry.to_dict() if entry else None), {p.name: p.read_bytes() for p in sorted(cdi.glob(f"*{uid}*"))}
+
+
+def resource_group_404(bed: Bed, ns: str, tmp_path: Path, seconds: float, key: str) -> None:
+    node = "gpu-node-1"
+    bed.apply(templates(), ns=ns)
+    bed.apply([pod("kept", node)], ns=ns)
+    wait_running(bed, ns, "kept", 120)
+    claim = claim_of(bed, ns, "kept", "gpu")
+    name, uid = claim["metadata"]["name"], claim["metadata"]["uid"]
+    fleet = bed.fleet
+    proxy = ApiProxy(fleet.kubeconfig)
+    try:
+        fleet.procs.stop(plugin_name(node))
+        fleet.procs.start(plugin_name(node),
+                          fleet.nodes[node].plugin_args(proxy.kubeconfig(tmp_path / "proxy.kubeconfig")))
+        wait_serving(bed, node)
+        log = log_path(bed, plugin_name(node))
+        offset = log.stat().st_size
+        before = claim_state(bed, node, uid)
+        entries_before = len(checkpoint_entries(bed, node)[0])
+        assert before[0] is not None and before[1], "the claim is prepared, with its CDI spec"
+        proxy.refused_group = "resource.k8s.io"
+        time.sleep(seconds)
+        proxy.refused_group = None
+        reads = [p for p in proxy.refused if p.endswith(f"/namespaces/{ns}/resourceclaims/{name}")]
+        time.sleep(2 * SWEEP_SECONDS + 1)  # two sweeps that read the claim again, through the healed proxy
+        after = claim_state(bed, node, uid)
+        entries_after = len(checkpoint_entries(bed, node)[0])
+        with open(log, "rb") as f:
+            f.seek(offset)
+            lines = [json.loads(x) for x in f.read().decode(errors="replace").splitlines() if x.startswith("{")]
+    finally:
+        restart_plugin_clean(bed, node)
+        proxy.close()
+    swept = [x for x in lines if "deleted from the API server" in str(x.get("event", ""))]
+    result = {
+        "what": "every request under /apis/resource.k8s.io/ answered 404 page not found by a loopback proxy in "
+                f"front of the API server, for the plugin of {node}; stale-claim sweep every {SWEEP_SECONDS:g} s",
+        "seconds": seconds, "claim_reads_answered_404": len(reads), "unprepared_by_the_sweep": len(swept),
+        "checkpoint_entries": [entries_before, entries_after], "claim_state_unchanged": after == before,
+        "lost": [x.get("claim") for x in swept],
+    }
+    record("crash", key, result)
+    print(json.dumps(result, indent=1))
+    assert len(reads) >= seconds / SWEEP_SECONDS - 2, f"the sweeps did not read the claim through the proxy: {reads}"
+    assert not swept, swept
+    assert after == before, "the claim's checkpoint entry or CDI spec changed"
+    assert bed.get("pod", "kept", ns)["status"]["phase"] == "Running"
+
+
+def test_resource_group_404_unprepares_nothing(bed: Bed, ns: str, tmp_path: Path) -> None:
+    # 60 s of 404s: twelve sweeps, six times the two consecutive ones a deletion needs.
+    resource_group_404(bed, ns, tmp_path, 60, "resource_group_404")
+
+
+@pytest.mark.long
+def test_resource_group_404_unprepares_nothing_long(bed: Bed, ns: str, tmp_path: Path) -> None:
+    resource_group_404(bed, ns, tmp_path, 180, "resource_group_404_long")
