@@ -168,3 +168,14 @@ def test_the_informer_quarantines_and_keeps_the_rest_whole(srv: Server) -> None:
     assert inf.store.get("ns/b")["metadata"]["resourceVersion"] == "9"
     assert inf.store.get("ns/c") is None and seen.changes[-1] == ("delete", "c")
     assert sorted(inf.undecodable) == ["ns/new-bad"]
+
+
+def test_a_streamed_list_quarantines_too(srv: Server) -> None:
+    seen = Seen()
+    inf = Informer(srv.api, CLAIMS, seen, on_undecodable=seen.bad.append)
+    end = b'{"metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}'
+    srv.replies = [[_event("ADDED", encoded(claim("a"))), _event("ADDED", encoded(claim("bad"), PAYLOADS["deep"])),
+                    _event("BOOKMARK", end)]]
+    inf.stream()
+    assert inf.store.keys() == ["ns/a"] and inf.synced.is_set() and inf.resource_version == "9"
+    assert [u.ref for u in seen.bad] == ["ns/bad"] and list(inf.undecodable) == ["ns/bad"]
