@@ -11,7 +11,7 @@ Usage::
 
 The checks: ``helm lint --strict`` and ``helm template`` for several value combinations, every
 rendered document parsed as YAML and checked for apiVersion/kind/metadata.name; values that the
-schema or the templates must reject are rejected; a Kubernetes version below 1.34 is refused.
+schema or the templates must reject are rejected; a Kubernetes version below 1.36 is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from e2e.tooling import gotools  # noqa: E402
 
 CHART_DIR = REPO_ROOT / "deploy" / "helm" / "dra-driver"
 # The Kubernetes version handed to `helm template`/`lint`: the bed's pinned release (the chart
-# refuses anything below 1.34).
+# refuses anything below 1.36).
 KUBE_VERSION = gotools.TOOLS["kubernetes"].version().lstrip("v")
 
 # name -> extra `helm template` arguments; each must render and pass the document checks.
@@ -63,10 +63,7 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "zero-write-budget": (["--set", "controller.maxWritesPerSecond=0"], r"maxWritesPerSecond"),
     "bad-xid": (["--set-json", "ignoredXids=[\"thirteen\"]"], r"ignoredXids"),
     "unknown-key": (["--set", "gpuBakend=nvml"], r"gpuBakend|additional properties"),
-    "old-kubernetes": (["--kube-version", "1.33.5"], r"1\.34"),
-    "dynamic-mig-on-1.34": (["--set", "dynamicMig=true", "--kube-version", "1.34.2"], r"dynamicMig=true needs Kubernetes 1\.35"),
-    "consumable-shares-on-1.35": (["--set", "consumableShares=memory", "--kube-version", "1.35.1"],
-                                  r"consumableShares=memory needs Kubernetes 1\.36"),
+    "old-kubernetes": (["--kube-version", "1.35.4"], r"1\.36"),
     "bad-consumable-shares": (["--set", "consumableShares=lots"], r"consumableShares"),
     "zero-consumable-shares": (["--set", "consumableShares=0"], r"consumableShares"),
     "http-probe-without-port": (["--set", "kubeletPlugin.probes.mode=http", "--set", "kubeletPlugin.healthPort=0"],
@@ -167,12 +164,12 @@ def run_checks(helm: Path) -> int:
         shutil.copytree(CHART_DIR, loose)
         chart_yaml = loose / "Chart.yaml"
         chart_yaml.write_text(re.sub(r"(?m)^kubeVersion:.*$\n?", "", chart_yaml.read_text()))
-        proc = template(helm, ["--kube-version", "1.33.5"], env, chart=loose)
-        if proc.returncode == 0 or "needs Kubernetes 1.34 or newer" not in proc.stderr:
-            failures.append(f"template guard did not reject Kubernetes 1.33: rc={proc.returncode} {proc.stderr[-300:]}")
-            print("reject template-guard-1.33: FAIL")
+        proc = template(helm, ["--kube-version", "1.35.4"], env, chart=loose)
+        if proc.returncode == 0 or "needs Kubernetes 1.36 or newer" not in proc.stderr:
+            failures.append(f"template guard did not reject Kubernetes 1.35: rc={proc.returncode} {proc.stderr[-300:]}")
+            print("reject template-guard-1.35: FAIL")
         else:
-            print("reject template-guard-1.33: ok (template fail message)")
+            print("reject template-guard-1.35: ok (template fail message)")
     if failures:
         print("\n".join(["", "FAILURES:", *failures]), file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""Validate the deploy/ manifests against a real API server (Kubernetes 1.34+).
+"""Validate the deploy/ manifests against a real API server (Kubernetes 1.36+).
 
     python deploy/checks/server_check.py --kubeconfig PATH [--kubectl PATH] [--keep]
 
@@ -9,7 +9,7 @@
    DeviceClasses, examples).
 3. Applies the chart's RBAC and ValidatingAdmissionPolicy for real under the release name
    ``dra-check`` and checks, by impersonating the plugin's ServiceAccount with a node name in
-   its user extra, that it may write ResourceSlices of its own node and driver only, and its
+   its user extra, that it may write ResourceSlices of its own node, pool and driver only, and its
    driver's ``status.devices`` entries of claims on its own node only; and with ``kubectl auth
    can-i`` that the controller cannot write ResourceSlices.
 4. Checks that the admin-access example is refused in an unlabelled namespace.
@@ -96,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     plugin = [f"--as=system:serviceaccount:{NS_DRIVER}:{RELEASE}-dra-driver-kubelet-plugin"]
     on_a = [*plugin, "--as-user-extra=authentication.kubernetes.io/node-name=node-a"]
 
-    def slice_doc(name: str, node: str, driver: str = DRIVER) -> str:
+    def slice_doc(name: str, node: str, driver: str = DRIVER, pool: str | None = None, generation: int = 1) -> str:
         return yaml.safe_dump({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1},
                      "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}})
 
     for attempt in range(10):  # the policy may need a moment to become active
@@ -112,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
            proc.stdout + proc.stderr)
     proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-a", "node-a"))
     expect(proc.returncode == 0, "plugin may create its own node's slice", proc.stderr)
+    # Its own nodeName but node-b's pool, at a higher generation: it would shadow node-b's devices.
+    proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-p", "node-a", pool="node-b", generation=9))
+    expect(proc.returncode != 0 and "ValidatingAdmissionPolicy" in proc.stderr and "pool node-b" in proc.stderr,
+           "plugin may not create a slice of another node's pool", proc.stdout + proc.stderr)
+    proc = k(*on_a, "replace", "-f", "-", stdin=slice_doc("dra-check-a", "node-a", pool="node-b", generation=9))
+    expect(proc.returncode != 0 and "pool node-b" in proc.stderr, "plugin may not move its own slice into another node's pool",
+           proc.stdout + proc.stderr)
     proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-x", "node-a", "x.example.com"))
     expect(proc.returncode != 0, "plugin may not create another driver's slice", proc.stdout + proc.stderr)
     proc = k(*plugin, "create", "-f", "-", stdin=slice_doc("dra-check-n", "node-a"))
@@ -143,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.keep:
         k("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=policy_yaml)
-        for name in ("dra-check-a", "dra-check-b", "dra-check-x", "dra-check-n"):
+        for name in ("dra-check-a", "dra-check-b", "dra-check-x", "dra-check-n", "dra-check-p"):
             k("delete", "resourceslice", name, "--ignore-not-found", "--wait=false")
         k("delete", "resourceclaim", "dra-check-status", "-n", NS_EXAMPLES, "--ignore-not-found", "--wait=false")
         k("delete", "namespace", NS_DRIVER, NS_EXAMPLES, NS_ADMIN, "--wait=false")
