@@ -6,10 +6,13 @@ these (and the driver's own), the controller's leader Lease, and versions. With 
 ``NODE_NAME`` set, as in the plugin's pod) it adds what only the node has: the checkpoint (with any
 quarantined copies), this driver's CDI specs and a snapshot of the plugin's ``/metrics``.
 
-Redacted before anything is written: container environment values (and those values wherever
-else they turn up, an annotation or a log line), the ``last-applied-configuration`` annotation (a
-copy of the spec with those values), managed fields, fields named like credentials, and anything
-shaped like a bearer token or JWT anywhere in the text.
+Redacted before anything is written, in every object collected: container environment values (and
+those values wherever else they turn up, a log line or a node file), containers' ``command`` and
+``args``, the values of every annotation but the driver's own (``gpu.dra-driver.io/...``; the
+``last-applied-configuration`` copy of the spec among them), managed fields, every field whose name
+names a credential (:func:`credential_key`: ``token``, ``accessToken``, ``password``, ``clientSecret``,
+``apiKey``, ``key``, ... in any case), and anything shaped like a bearer token or JWT anywhere in the
+text.
 Secrets are never read. What could not be collected (RBAC, an unreachable endpoint) is listed in
 ``manifest.json``; it does not stop the rest.
 """
@@ -72,12 +75,18 @@ MAX_EXPLAINED_CLAIMS = 500
 """Claims explained one by one; beyond this the claims are still in the bundle, unexplained."""
 MAX_NODE_FILE_BYTES = 16 << 20
 
-_SENSITIVE_KEY = re.compile(r"(?i)^(token|.*password|.*secret(key)?|bearer.*|client-key(-data)?|.*private-?key|apikey|api-key)$")
+_CREDENTIAL_WORDS = frozenset({"token", "password", "passwd", "passphrase", "secret", "credential", "credentials",
+                                "key", "apikey", "auth", "authorization", "bearer", "cookie"})
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
+# A ``key`` beside one of these is the Kubernetes field that names a key (a toleration's, a taint's,
+# a selector requirement's, a secretKeyRef's, a projected item's), not a key itself.
+_STRUCTURAL_KEY_SIBLINGS = frozenset({"operator", "effect", "values", "name", "path"})
+_OUR_ANNOTATIONS = f"{CONFIG_API_GROUP}/"
+_COMMAND_FIELDS = ("command", "args")
 _TOKENS = (
     re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # a JWT (ServiceAccount tokens)
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
 )
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
@@ -90,16 +99,33 @@ def redact_text(text: str) -> str:
     return _TOKENS[1].sub(lambda m: m.group(1) + REDACTED, text)
 
 
+def credential_key(name: str) -> bool:
+    """Whether a field called ``name`` holds a credential: its last word (camelCase, ``-`` and ``_``
+    split it) is one of :data:`_CREDENTIAL_WORDS`, in any case, or it ends in ``<such word>-data``
+    (``client-key-data``). ``secretName`` or ``tokenFile`` only say where one is, and stay."""
+    words = [w.lower() for w in _WORDS.findall(name)]
+    if words and words[-1] == "data":
+        words = words[:-1]
+    return bool(words) and (words[-1] in _CREDENTIAL_WORDS or "".join(words) in _CREDENTIAL_WORDS)
+
+
 def redact(value: Any) -> Any:
-    """A deep copy with credentials, environment values and tokens replaced by ``<redacted>``."""
+    """A deep copy with credentials, environment values, commands, foreign annotations and tokens
+    replaced by ``<redacted>``."""
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            if k == "managedFields":
+            key = str(k)
+            if key == "managedFields":
                 continue
-            if k == "env" and isinstance(v, list):
+            if key == "env" and isinstance(v, list):
                 out[k] = [_redact_env(e) for e in v]
-            elif k == _LAST_APPLIED or (_SENSITIVE_KEY.match(str(k)) and isinstance(v, str | bytes)):
+            elif key == "annotations" and isinstance(v, Mapping):
+                out[k] = {name: redact(note) if str(name).startswith(_OUR_ANNOTATIONS) else REDACTED
+                          for name, note in v.items()}
+            elif key in _COMMAND_FIELDS and isinstance(v, list):  # a container's, a probe's, a hook's
+                out[k] = [REDACTED for _ in v]
+            elif _holds_credential(key, v, value):
                 out[k] = REDACTED
             else:
                 out[k] = redact(v)
@@ -109,6 +135,13 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     return value
+
+
+def _holds_credential(key: str, value: Any, siblings: Mapping[str, Any]) -> bool:
+    """A credential-named field with a value that could be one (flags and counts stay)."""
+    if value is None or isinstance(value, bool | int | float) or not credential_key(key):
+        return False
+    return not (key == "key" and any(s in siblings for s in _STRUCTURAL_KEY_SIBLINGS))
 
 
 def env_values(pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -343,8 +376,8 @@ def manifest(bundle: Bundle, *, created: datetime, server_version: Any, node: st
         "node": node,
         "files": sorted(bundle.files),
         "notCollected": bundle.problems,
-        "redacted": "container environment values, last-applied-configuration, managedFields, credential-named "
-                    "fields, bearer tokens and JWTs; Secrets are never read",
+        "redacted": "container environment values, command and args, annotations but the driver's own, "
+                    "managedFields, credential-named fields, bearer tokens and JWTs; Secrets are never read",
     }
 
 

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.testbed_only
 REPORTER = "gpu.dra-driver.io/kubelet-plugin"
 GPU_NODE, MIG_NODE = "gpu-node-1", "gpu-node-2"
 SECRET_VALUE = "s3cr3t-do-not-ship"
+# Seeded where the bundle's redaction must reach (a command line, annotations of a pod and a claim).
+SECRET_COMMAND, SECRET_NOTE, SECRET_CLAIM_NOTE = "s3cr3t-cmd-7781", "s3cr3t-note-5531", "s3cr3t-claim-note-2290"
 
 
 # --- helpers ------------------------------------------------------------------------------------------
@@ -222,8 +224,13 @@ def test_failed_prepare_is_an_event_on_the_claim(bed: Bed, ns: str) -> None:
 
 def test_debug_bundle_is_complete_and_redacted(bed: Bed, ns: str, tmp_path: Path) -> None:
     env = [{"name": "API_KEY", "value": SECRET_VALUE}]
-    bed.apply(gpu_pod("bundled", GPU_NODE, env=env), ns=ns)
-    bed.kubectl("annotate", "pod", "bundled", "-n", ns, "note=Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123")
+    docs = gpu_pod("bundled", GPU_NODE, env=env)
+    # sh -c takes the word after the script as $0: there only to be seen in the pod's spec.
+    docs[1]["spec"]["containers"][0]["command"] = ["sh", "-c", "sleep 86400", SECRET_COMMAND]
+    bed.apply(docs, ns=ns)
+    bed.kubectl("annotate", "pod", "bundled", "-n", ns, "note=Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123",
+                f"deploy.example.com/access-token={SECRET_NOTE}")
+    bed.kubectl("annotate", "resourceclaim", "bundled-gpu", "-n", ns, f"team.example.com/notes={SECRET_CLAIM_NOTE}")
     wait_running(bed, ns, "bundled", timeout=120)
     node = bed.fleet.nodes[GPU_NODE]
     out = tmp_path / "bundle.tar.gz"
@@ -263,10 +270,13 @@ def test_debug_bundle_is_complete_and_redacted(bed: Bed, ns: str, tmp_path: Path
         text = data.decode(errors="replace")
         assert SECRET_VALUE not in text, f"{name} leaks an environment value"
         assert "abcdefghijklmnopqrstuvwxyz0123" not in text, f"{name} leaks a bearer token"
+        for seeded in (SECRET_COMMAND, SECRET_NOTE, SECRET_CLAIM_NOTE):
+            assert seeded not in text, f"{name} leaks {seeded}"
         if token:
             assert token not in text, f"{name} leaks the kubeconfig's token"
     pod = next(p for p in doc["cluster/pods.json"] if p["metadata"]["name"] == "bundled")
     assert pod["spec"]["containers"][0]["env"] == [{"name": "API_KEY", "value": "<redacted>"}]
+    assert pod["spec"]["containers"][0]["command"] == ["<redacted>"] * 4
     assert took < 60, f"a bundle of a small cluster took {took:.1f}s"
 
 

@@ -36,7 +36,8 @@ def test_redaction_keeps_names_and_drops_values() -> None:
     env = out["spec"]["containers"][0]["env"]
     assert env[0] == {"name": "PASSWORD", "value": b.REDACTED}
     assert env[1]["valueFrom"]["secretKeyRef"]["name"] == "s", "where a value comes from stays"
-    assert out["metadata"]["annotations"]["note"] == f"Authorization: Bearer {b.REDACTED}"
+    assert out["metadata"]["annotations"]["note"] == b.REDACTED, "not the driver's annotation"
+    assert b.redact({"message": f"Authorization: Bearer {JWT}"}) == {"message": f"Authorization: Bearer {b.REDACTED}"}
     assert b.redact({"token": "abc", "clientSecret": "x", "tokens": 3}) == {
         "token": b.REDACTED, "clientSecret": b.REDACTED, "tokens": 3}
 
@@ -185,3 +186,74 @@ def test_a_claim_that_cannot_be_decoded_is_named_and_the_rest_collected() -> Non
     assert got.problems == ["resourceclaims: ns/bad (uid u2) cannot be decoded and is left out: "
                             "str is not valid UTF-8: surrogates not allowed"]
     assert [c["metadata"]["name"] for c in json.loads(got.files["cluster/resourceclaims.json"])] == ["c1"]
+
+
+# Seeded into every kind of object the bundle collects; none may be in the archive.
+SEEDED = {
+    "cmd": "S3cretCommandLine-7781", "arg": "--password=S3cretArg-4412", "probe": "S3cretProbe-0917",
+    "note": "S3cretAnnotation-5531", "access": "S3cretAccessToken-2290", "pw": "S3cretPassword-8830",
+    "api": "S3cretApiKey-6604", "key": "S3cretBareKey-1175", "client": "S3cretClientSecret-3346",
+    "env": "S3cretEnvValue-9902", "class": "S3cretClassToken-4420", "event": "S3cretEventNote-1209",
+}
+
+
+def seeded_cluster() -> FakeKube:
+    s = SEEDED
+    api = FakeKube()
+    api.add(SLICES, {"metadata": {"name": "s1", "annotations": {"team": s["note"]}}, "spec": {
+        "driver": DRIVER, "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "gpu-0", "taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}]}})
+    api.add(DEVICE_CLASSES, {"metadata": {"name": "gpu.gpu.dra-driver.io"}, "spec": {"config": [{"opaque": {
+        "driver": DRIVER, "parameters": {"registry": {"Token": s["class"]}}}}]}})
+    api.add(CLAIMS, {"metadata": {"name": "c1", "namespace": "ns", "annotations": {
+        "gpu.dra-driver.io/explanation-summary": "no GPU left", "other.example.com/x": s["note"]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpu.dra-driver.io"}}],
+                             "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                                 "accessToken": s["access"], "db": {"PASSWORD": s["pw"], "api-key": s["api"]},
+                                 "key": s["key"], "oauth": {"client_secret": s["client"]}}}}]}}})
+    api.add(PODS, {"metadata": {"name": "user", "namespace": "ns", "annotations": {"deploy-notes": s["note"]}},
+                   "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}],
+                            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                            "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", s["cmd"]],
+                                            "args": [s["arg"]], "env": [{"name": "PLAIN", "value": s["env"]}],
+                                            "livenessProbe": {"exec": {"command": ["check", s["probe"]]}}}]}})
+    api.add(EVENTS, {"metadata": {"name": "e", "namespace": "ns", "annotations": {"x": s["event"]}},
+                     "reason": "Unsatisfiable", "note": f"saw {s['env']} in the log",
+                     "regarding": {"kind": "ResourceClaim", "name": "c1", "namespace": "ns"}})
+    return api
+
+
+def test_a_bundle_of_a_seeded_cluster_holds_none_of_the_secrets(tmp_path: Path) -> None:
+    got = b.Bundle()
+    b.collect_cluster(got, seeded_cluster(), DRIVER, Engine(), ["n1"])
+    out = tmp_path / "bundle.tar.gz"
+    b.write_bundle(got, "top", str(out))
+    with tarfile.open(out) as tar:
+        text = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()).decode()  # type: ignore[union-attr]
+    for what, secret in SEEDED.items():
+        assert secret.split("=")[-1] not in text, f"{what} ({secret}) is in the bundle"
+    assert not got.problems
+    files = {k: json.loads(v) for k, v in got.scrubbed().items()}
+    # What debugging needs stays: the driver's own annotations, keys that only name a key, the shape.
+    (claim,) = files["cluster/resourceclaims.json"]
+    assert claim["metadata"]["annotations"] == {"gpu.dra-driver.io/explanation-summary": "no GPU left",
+                                                "other.example.com/x": b.REDACTED}
+    (pod_out,) = files["cluster/pods.json"]
+    container = pod_out["spec"]["containers"][0]
+    assert container["command"] == [b.REDACTED] * 3 and container["args"] == [b.REDACTED]
+    assert container["image"] == "busybox" and container["env"] == [{"name": "PLAIN", "value": b.REDACTED}]
+    assert pod_out["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    (slice_out,) = files["cluster/resourceslices.json"]
+    assert slice_out["spec"]["devices"][0]["taints"][0]["key"] == "example.com/maintenance"
+
+
+def test_credential_keys() -> None:
+    for name in ("token", "accessToken", "ACCESS_TOKEN", "password", "PASSWORD", "clientSecret", "client_secret",
+                 "apiKey", "api-key", "x-api-key", "key", "privateKey", "client-key-data", "bearerToken",
+                 "Authorization", "sshPassphrase", "AWS_SECRET_ACCESS_KEY", "credentials"):
+        assert b.credential_key(name), name
+    for name in ("secretName", "secretKeyRef", "tokenFile", "name", "monkey", "keyring", "keys", "tokenExpiry"):
+        assert not b.credential_key(name), name
+    # Flags and counts under such a name stay: they are no credential.
+    assert b.redact({"automountServiceAccountToken": False, "token": 3}) == {
+        "automountServiceAccountToken": False, "token": 3}
