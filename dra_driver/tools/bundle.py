@@ -68,6 +68,7 @@ from dra_driver.ondisk import (
     metadata_spec_prefix,
 )
 from dra_driver.tools.explain import build_report
+from dra_driver.tools.terminal import printable
 
 REDACTED = "<redacted>"
 LEASE_NAME = "dra-driver-controller"
@@ -465,5 +466,5 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
         return 1
     print(f"dra-driver debug-bundle: wrote {where} ({len(bundle.files)} files)", file=sys.stderr)
     for problem in bundle.problems:
-        print(f"  not collected: {problem}", file=sys.stderr)
+        print(f"  not collected: {printable(problem)}", file=sys.stderr)
     return 0

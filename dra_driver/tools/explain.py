@@ -60,6 +60,7 @@ from dra_driver.k8s.client import (
 from dra_driver.k8s.objects import Obj, describe_node_selector, meta
 from dra_driver.tools.drivers import claim_drivers
 from dra_driver.tools.targets import Kind, TargetError, parse_target
+from dra_driver.tools.terminal import printable
 
 
 class ExplainError(Exception):
@@ -474,5 +475,5 @@ def main(
         print(yaml.safe_dump(json.loads(json.dumps(report, default=str)), sort_keys=True, allow_unicode=True).rstrip(),
               file=stdout)
     else:
-        print(render(report), file=stdout)
+        print(printable(render(report)), file=stdout)
     return 0

@@ -1,0 +1,26 @@
+"""Text bound for a person's terminal, made safe to print.
+
+Names, CEL selectors, messages and annotations in a report come from whoever wrote the objects. A
+control character among them (an escape sequence, a carriage return that overwrites the line
+before it, a bidirectional override that reorders what the reader sees) would reach the admin's
+terminal as a command, not as text; :func:`printable` shows each one as its escape instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL, C1 controls, and Unicode's bidirectional embeddings,
+# overrides and isolates and the line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as ``\\xNN`` or ``\\uNNNN``; tabs and the
+    report's own newlines stay."""
+    return _CONTROL.sub(_escape, text)
