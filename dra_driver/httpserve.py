@@ -9,7 +9,9 @@ Prometheus, one GET per connection, and ``http.server`` brings ``html``, ``mimet
 email-header parser for nothing the pages use, memory in the node plugin, whose memory is measured
 against a Go driver's (docs/benchmarks.md#the-codes-figures). The request line and headers are
 bounded in size and count and read with a timeout, so a client that never finishes its request costs
-one thread for that long.
+one thread for that long; at most :data:`MAX_CONNECTIONS` are served at once, and a connection
+beyond them is answered ``503`` at once and closed, so a flood of connections costs a bounded number
+of threads, not one each.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from io import BufferedIOBase
+from typing import Any
 
 from dra_driver import logs
 
@@ -28,6 +31,8 @@ HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
 MAX_LINE = 8192
 MAX_HEADERS = 100
 READ_TIMEOUT = 10.0
+MAX_CONNECTIONS = 16
+"""Connections served at once, one thread each; probes and a scrape need a few."""
 
 _log = logs.get("http")
 
@@ -35,6 +40,30 @@ _log = logs.get("http")
 class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type[socketserver.BaseRequestHandler],
+                 max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            # Answered here, on the serving thread: a short write into a fresh socket's buffer.
+            with contextlib.suppress(OSError):
+                request.sendall(_response(HTTPStatus.SERVICE_UNAVAILABLE, b"busy\n", "text/plain"))
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again, the error goes on
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _status_line(code: int) -> bytes:
@@ -103,7 +132,7 @@ def bind(host: str, port: int, pages: Mapping[str, Page]) -> Server:
                 code, body, ctype = HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error, see the log\n", "text/plain"
             return _response(code, body, ctype, head_only=method == "HEAD")
 
-    return Server((host, port), Handler)
+    return Server((host, port), Handler, MAX_CONNECTIONS)
 
 
 def serve_in_background(server: Server, name: str) -> threading.Thread:

@@ -6,6 +6,7 @@ import http.client
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -120,3 +121,31 @@ def test_a_client_that_leaves_before_the_answer_costs_no_traceback(port: int, ca
     time.sleep(0.2)
     assert "Traceback" not in capsys.readouterr().err
     assert _get(port, "GET", "/metrics")[0] == 200
+
+
+def test_connections_beyond_the_bound_are_refused_not_threaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(httpserve, "MAX_CONNECTIONS", 3)
+    server = httpserve.bind("127.0.0.1", 0, {"/healthz": lambda: (200, b"ok\n", "text/plain")})
+    httpserve.serve_in_background(server, "test-http")
+    port = server.server_address[1]
+    before = threading.active_count()
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        for sock in stalled:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished: each holds its thread
+        time.sleep(0.3)
+        floods = [_raw(port, b"GET /healthz HTTP/1.1\r\n\r\n") for _ in range(20)]
+        assert all(reply.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for reply in floods), floods[0]
+        assert threading.active_count() - before <= 3
+    finally:
+        for sock in stalled:
+            sock.close()
+    # The slots come back as the stalled clients go.
+    deadline = time.monotonic() + 5
+    while _raw(port, b"GET /healthz HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 503") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _get(port, "GET", "/healthz")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
