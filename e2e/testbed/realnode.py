@@ -55,9 +55,6 @@ NODE_NAME = "real-node-1"
 PROFILE = "h100-8x"
 TAINT_KEY = "dra-driver.io/real-node"
 NODE_LABEL = "dra-driver.io/real-node"
-NVIDIA_MAJOR = 195
-UVM_MAJOR = 235
-CAPS_MAJOR = 236
 
 
 def pod_overrides(node_name: str = NODE_NAME) -> dict[str, Any]:
@@ -69,6 +66,9 @@ def pod_overrides(node_name: str = NODE_NAME) -> dict[str, Any]:
 
 
 def _device_numbers(rel: str) -> tuple[int, int]:
+    """The numbers the simulated backend gives the node (never the NVIDIA driver's)."""
+    from dra_driver.node.discovery.simulated import CAPS_MAJOR, NVIDIA_MAJOR, UVM_MAJOR
+
     name = Path(rel).name
     if name == "nvidiactl":
         return NVIDIA_MAJOR, 255

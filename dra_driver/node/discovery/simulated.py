@@ -43,9 +43,11 @@ def mig_uuid(parent_uuid: str, profile: str, placement: MigPlacement) -> str:
 # --- fake /dev -----------------------------------------------------------------------------------
 
 
-# Majors the NVIDIA driver uses: nvidiaN and nvidiactl (minor 255) share 195; nvidia-uvm and the
-# capability nodes get dynamic majors on a real host, so any unused numbers do here.
-NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 235, 236
+# Never the NVIDIA driver's numbers (nvidiaN and nvidiactl are 195 on a real host, nvidia-uvm and
+# the capability nodes get dynamic majors, 234-254 or 384-511): a simulated GPU on a host with real
+# ones would hand a container the real device. 120-122 are in Linux's block of char majors for local
+# and experimental use, which the kernel never hands out dynamically (docs/devices.md).
+NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 120, 121, 122
 
 
 def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
@@ -76,8 +78,10 @@ def create_fake_device_files(dev_root: Path, gpus: Iterable[Gpu]) -> list[Path]:
 
 def _make_device_node(path: Path, major: int, minor: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_symlink() and path.exists() and stat.S_ISCHR(path.stat().st_mode):
+    if (not path.is_symlink() and path.exists() and stat.S_ISCHR(path.stat().st_mode)
+            and path.stat().st_rdev == os.makedev(major, minor)):
         return
+    # A node of another number (one an older version made with the NVIDIA driver's) is replaced too.
     # A link or plain file left by a run without CAP_MKNOD is replaced as soon as mknod is allowed:
     # containerd's CDI injection lstat()s the host path and refuses anything but a device node.
     tmp = path.with_name(f".{path.name}.tmp")

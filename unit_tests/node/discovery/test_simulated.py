@@ -143,7 +143,11 @@ def test_fake_device_files(tmp_path: Path) -> None:
     for name in ("nvidia0", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         assert is_device_node(dev / name)
     if not (dev / "nvidia0").is_symlink():
-        assert os.major((dev / "nvidia0").stat().st_rdev) == 195 and os.minor((dev / "nvidiactl").stat().st_rdev) == 255
+        # Never the NVIDIA driver's majors (195; dynamic 234-254 and 384-511): on a host with real
+        # GPUs a simulated one would be a real one in the container.
+        majors = {os.major(p.stat().st_rdev) for p in dev.rglob("nvidia*") if p.is_char_device()}
+        assert majors == {120, 121, 122}, majors
+        assert os.minor((dev / "nvidiactl").stat().st_rdev) == 255 and os.minor((dev / "nvidia3").stat().st_rdev) == 3
     for path in mig_device_paths(tmp_path, gpus[0], gpus[0].mig_devices[0]):
         assert is_device_node(path)
     paths = create_fake_device_files(tmp_path, gpus)  # idempotent
@@ -152,6 +156,17 @@ def test_fake_device_files(tmp_path: Path) -> None:
     mig = backend.create_mig_instance(gpus[3], gpus[3].mig_profiles[0], MigPlacement(3, 1))
     for path in mig_device_paths(tmp_path, gpus[3], mig):
         assert is_device_node(path)
+
+
+def test_a_fake_device_node_with_the_real_nvidia_major_is_replaced(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    try:
+        os.mknod(dev / "nvidia0", stat.S_IFCHR | 0o666, os.makedev(195, 0))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")  # the unit stage runs as root in CI, where it runs
+    SimulatedBackend("a100-mig", "node-a", dev_root=tmp_path).discover()
+    assert os.major((dev / "nvidia0").stat().st_rdev) == 120
 
 
 def test_fake_device_files_without_mknod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
