@@ -458,7 +458,11 @@ def test_chart_rendering_details() -> None:
     assert env["GPU_BACKEND"]["value"] == "simulated"
     assert not ctr["securityContext"].get("privileged")
     mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
-    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
+    assert {"/var/lib/kubelet/plugins_registry", f"/var/lib/kubelet/plugins/{DRIVER}", "/var/run/cdi"} <= mounts
+    # Only the driver's own plugin directory, not the other plugins' sockets and state beside it.
+    assert "/var/lib/kubelet/plugins" not in mounts
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert "/var/lib/kubelet/plugins" not in paths and f"/var/lib/kubelet/plugins/{DRIVER}" in paths
     assert "/dev" not in mounts and "/driver-root" not in mounts
     assert env["ROLLING_UPDATE"]["value"] == "true"
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
