@@ -240,15 +240,23 @@ class FencedAllocator:
         devices = sorted(device_ids(allocation, exclusive_only=True))
         token = fence.new_token()
         held: list[str] = []
+        full: list[int] = []  # the entries and bytes of the ledger that had no room
 
         def edit(data: dict[str, str]) -> dict[str, str] | None:
             held[:] = fence.conflicting_entries(data, devices, uid)
-            return None if held else fence.with_reservation(data, devices, uid, token, self.driver)
+            if held:
+                return None
+            new = fence.with_reservation(data, devices, uid, token, self.driver)
+            full[:] = [len(data), fence.ledger_bytes(data)] if fence.ledger_bytes(new) > fence.MAX_LEDGER_BYTES else []
+            return None if full else new
 
         self._edit_ledger(edit)
         if held:
             log.info("devices are held in the fence ledger for another claim; re-resolving", keys=held)
             self.requeue(claim, 0.5)
+            return False
+        if full:
+            self.ledger_full(claim, len(devices), full[0], full[1], log)
             return False
         sentinel = fence.sentinel_key(token, self.driver)
         probe = with_allocation(claim, fence.probe_allocation(allocation, token, self.driver))
@@ -279,6 +287,21 @@ class FencedAllocator:
         self.reporter.emit(claim, Occurrence("Warning", "AllocationFenceMissing", "Allocate", note), CLAIMS)
         self.requeue(claim, FENCE_RETRY_SECONDS)
         return False
+
+    def ledger_full(self, claim: Obj, devices: int, entries: int, size: int, log: logs.Logger) -> None:
+        """The ledger has no room for a claim's devices: not allocated by the controller (the
+        kube-scheduler still may), said in a log line, a metric and a Warning Event, and retried
+        after a while, when entries of released claims may have gone."""
+        ledger = f"{self.ledger_namespace}/{self.ledger_name}"
+        self.metrics.error("ledger_full")
+        log.error("allocation fence ledger full", ledger=ledger, entries=entries, bytes=size,
+                  limit=fence.MAX_LEDGER_BYTES, devices=devices)
+        note = (f"not allocating: the allocation fence ledger ConfigMap {ledger} holds {entries} entries "
+                f"({size} bytes) and has no room for this claim's {devices} device(s) within "
+                f"{fence.MAX_LEDGER_BYTES} bytes; the kube-scheduler may still allocate the claim for a pod, "
+                "and the controller tries again as controller allocations are released")
+        self.reporter.emit(claim, Occurrence("Warning", "AllocationLedgerFull", "Allocate", note), CLAIMS)
+        self.requeue(claim, FENCE_RETRY_SECONDS)
 
     def release(self, uid: str) -> None:
         """Drop the ledger entries of claim ``uid``."""

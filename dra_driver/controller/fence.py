@@ -16,7 +16,13 @@ controller check the claims a last time (any collision written before the fence 
 then) and write its allocation. Entries stay while the claim holds the devices, so a scheduler
 whose cache lags behind the allocation is still refused.
 
-This module holds the pure parts: keys, ledger edits and the recognition of the denial.
+The ledger is one ConfigMap, and the API server refuses a ConfigMap whose data exceeds 1 MiB, so it
+holds at most :data:`MAX_LEDGER_BYTES` (keys and values as the API server counts them; about 11,000
+devices, docs/architecture.md). A reservation that would pass the bound is not written
+(:func:`ledger_bytes`): the controller does not allocate that claim, says so, and leaves it to the
+kube-scheduler until entries are released.
+
+This module holds the pure parts: keys, ledger edits, the bound and the recognition of the denial.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ POLICY_NAME = "allocation-fence.gpu.dra-driver.io"
 DEFAULT_LEDGER = "dra-driver-allocations"
 FENCE_MESSAGE = "allocation fence:"
 _SENTINEL_DEVICE = "probe"
+MAX_LEDGER_BYTES = 1024 * 1024
+"""The API server's limit on a ConfigMap's data (the sum of its keys' and values' lengths)."""
 
 DeviceKey = tuple[str, str, str]
 
@@ -68,6 +76,11 @@ def with_reservation(data: Mapping[str, str], devices: Iterable[DeviceKey], uid:
         out[ledger_key(*d)] = uid
     out[sentinel_key(token, driver)] = "fence"
     return out
+
+
+def ledger_bytes(data: Mapping[str, str]) -> int:
+    """The size of ledger data as the API server measures a ConfigMap's against its limit."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
 
 
 def conflicting_entries(data: Mapping[str, str], devices: Iterable[DeviceKey], uid: str) -> list[str]:

@@ -422,3 +422,36 @@ class TestUndecodableClaims:
         assert ctrl.metrics.value("claims_allocated_total") == 0
         assert [e["regarding"]["name"] for e in events(kube, "Undecodable")] == ["bad"]
         assert ctrl.metrics.value("undecodable_objects_total", {"resource": "resourceclaims"}) == 1
+
+
+class TestLedgerBound:
+    """The ledger is one ConfigMap: it never grows past the API server's 1 MiB limit on its data."""
+
+    def test_a_claim_without_room_in_the_ledger_is_not_allocated_and_says_why(self) -> None:
+        from dra_driver.controller import fence
+
+        kube = cluster(gpus=1)
+        add_claim(kube, claim("c1", opt_in=True))
+        # Other entries fill the ledger to a few bytes under the bound (long values: a cheap fake).
+        filler = {f"{DRIVER}_node-{i}_gpu-0": "u" * 100_000 for i in range(10)}
+        filler["pad"] = "u" * (fence.MAX_LEDGER_BYTES - fence.ledger_bytes(filler) - 3 - 40)
+        kube.add(CONFIGMAPS, {"metadata": {"name": "dra-driver-allocations", "namespace": "kube-system"},
+                              "data": dict(filler)})
+        ctrl, _ = make_controller(kube)
+        step(ctrl)
+        c = kube.obj(CLAIMS, "default/c1")
+        assert c is not None and not (c.get("status") or {}).get("allocation")
+        assert not kube.writes("replace_status")
+        cm = kube.obj(CONFIGMAPS, "kube-system/dra-driver-allocations")
+        assert cm is not None and cm["data"] == filler, "the ledger is left as it was"
+        note = events(kube, "AllocationLedgerFull")[0]["note"]
+        assert "kube-system/dra-driver-allocations" in note and f"{len(filler)} entries" in note
+        assert ctrl.metrics.value("errors_total", {"kind": "ledger_full"}) == 1
+
+    def test_ledger_bytes_counts_as_the_api_server_does(self) -> None:
+        from dra_driver.controller import fence
+
+        assert fence.ledger_bytes({"ab": "cde", "é": "x"}) == 2 + 3 + 2 + 1
+        # About 11,000 devices of realistic names fit (docs/architecture.md).
+        one = {f"{DRIVER}_gpu-node-1234_gpu-7-mig-1g.10gb-3": "0b1c2d3e-0000-4000-8000-000000000001"}
+        assert 10_000 < fence.MAX_LEDGER_BYTES // fence.ledger_bytes(one) < 12_500
