@@ -24,7 +24,8 @@ def test_server_side_dry_run_and_rbac(bed: Bed) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "FAIL" not in proc.stdout
     # The checks that matter most must have run, not just passed vacuously.
-    needles = ("server-side dry run", "own node's slice", "another node's slice", "another node's pool", "controller can-i create resourceslices == no",
+    needles = ("server-side dry run", "own node's slice", "another node's slice", "another node's pool",
+               "controller can-i create resourceslices == no",
                "may write its driver's status.devices", "node-b may not write status.devices")
     for needle in needles:
         assert needle in proc.stdout, f"server_check output lacks {needle!r}"
