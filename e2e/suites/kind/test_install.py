@@ -10,16 +10,17 @@ from e2e.suites.kind.install import Install, nodes_labelled, on_node, plugin_soc
 from e2e.testbed.clusterview import wait_for
 
 # Run inside a pod with its own ServiceAccount token: POST a ResourceSlice for ``node`` with
-# dryRun=All (authorization and admission run in full, nothing is stored). Prints the HTTP status
-# and the API server's message.
+# dryRun=All (authorization and admission run in full, nothing is stored), in pool ``argv[2]`` if
+# given (else the node's). Prints the HTTP status and the API server's message.
 CREATE_SLICE = r"""
 import json, os, ssl, sys, urllib.error, urllib.request
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
 base = "https://%s:%s" % (os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"])
 node = sys.argv[1]
+pool = sys.argv[2] if len(sys.argv) > 2 else node
 body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"generateName": "e2e-rbac-"},
         "spec": {"driver": "gpu.dra-driver.io", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
 req = urllib.request.Request(base + "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", method="POST",
                              data=json.dumps(body).encode(),
                              headers={"Authorization": "Bearer " + open(sa + "/token").read(),
@@ -92,6 +93,9 @@ def test_plugin_may_write_only_its_own_nodes_slice(install: Install) -> None:
     # RBAC lets the plugin write slices; the per-node admission policy refuses another node's.
     assert theirs["code"] in (403, 422), f"the plugin could create {other}'s slice: {theirs}"
     assert other in theirs["message"] or "node" in theirs["message"].lower(), theirs
+    # Its own node, but the other node's pool: it would shadow that node's devices.
+    shadow = exec_python(install, pod["metadata"]["name"], "plugin", CREATE_SLICE, pod["spec"]["nodeName"], other)
+    assert shadow["code"] in (403, 422) and f"pool {other}" in shadow["message"], shadow
 
 
 def test_controller_cannot_write_slices(install: Install) -> None:
