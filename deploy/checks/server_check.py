@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-p", "node-a", pool="node-b", generation=9))
     expect(proc.returncode != 0 and "ValidatingAdmissionPolicy" in proc.stderr and "pool node-b" in proc.stderr,
            "plugin may not create a slice of another node's pool", proc.stdout + proc.stderr)
-    proc = k(*on_a, "replace", "-f", "-", stdin=slice_doc("dra-check-a", "node-a", pool="node-b", generation=9))
+    own = json.loads(k(*on_a, "get", "resourceslice", "dra-check-a", "-o", "json").stdout or "{}")
+    own.setdefault("spec", {})["pool"] = {"name": "node-b", "generation": 9, "resourceSliceCount": 1}
+    proc = k(*on_a, "replace", "-f", "-", stdin=json.dumps(own))
     expect(proc.returncode != 0 and "pool node-b" in proc.stderr, "plugin may not move its own slice into another node's pool",
            proc.stdout + proc.stderr)
     proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-x", "node-a", "x.example.com"))
