@@ -93,6 +93,39 @@ class FakeBackend:
                 self.destroyed.append(mig.uuid)
 
 
+class FakeGpuControl:
+    """The GPUs' compute policy as the driver's nvidia-smi would hold it, with every call made."""
+
+    def __init__(self) -> None:
+        self.modes: dict[str, str] = {}
+        self.time_slices: dict[str, int] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail: dict[str, str] = {}
+        """Call name (``set_time_slice``, ...) -> the message it fails with."""
+
+    def _call(self, name: str, gpu: str, arg: str) -> None:
+        self.calls.append((name, gpu, arg))
+        if name in self.fail:
+            from dra_driver.node.prepare.gpupolicy import GpuPolicyError
+            raise GpuPolicyError(self.fail[name])
+
+    def compute_mode(self, gpu_uuid: str) -> str:
+        self._call("compute_mode", gpu_uuid, "")
+        return self.modes.get(gpu_uuid, "Default")
+
+    def set_compute_mode(self, gpu_uuid: str, mode: str) -> None:
+        self._call("set_compute_mode", gpu_uuid, mode)
+        self.modes[gpu_uuid] = {"DEFAULT": "Default"}.get(mode, mode)
+
+    def set_time_slice(self, gpu_uuid: str, value: int) -> None:
+        self._call("set_time_slice", gpu_uuid, str(value))
+        self.time_slices[gpu_uuid] = value
+
+    def sets(self) -> list[tuple[str, str]]:
+        """The time-slices set, in order: (GPU, value)."""
+        return [(gpu, arg) for name, gpu, arg in self.calls if name == "set_time_slice"]
+
+
 @dataclass
 class FakeReader:
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -165,6 +198,7 @@ class Env:
         self.tmp = tmp_path
         self.reader = FakeReader()
         self.backend = FakeBackend()
+        self.gpus = FakeGpuControl()
         self.devices = build_devices()
         self.boot = boot
         self.instance: str | None = None
@@ -182,7 +216,7 @@ class Env:
         return DeviceState(
             node_name=NODE, driver_name=DRIVER, devices=self.devices, cdi=self.new_cdi(),
             checkpoint=CheckpointStore(self.tmp / "state", NODE, DRIVER, boot_id=self.boot, instance=self.instance),
-            api=self.reader, backend=self.backend, proc_root=self.proc, **self.state_options(),
+            api=self.reader, backend=self.backend, proc_root=self.proc, gpu_control=self.gpus, **self.state_options(),
         )
 
     # Hooks for test beds that vary one part of the state (metadata, driver edits, shares).

@@ -53,6 +53,7 @@ from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
+from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, SmiControl, find_tool
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
@@ -156,6 +157,17 @@ def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Back
     return backend, backend.discover()
 
 
+def gpu_control(settings: PluginSettings, backend: Backend | None) -> GpuControl:
+    """nvidia-smi from the driver root for real GPUs. Simulated ones have no compute policy, unless a
+    driver root of stand-in tools is given (the tests' way to watch what the plugin sets)."""
+    root = settings.nvidia_driver_root
+    if backend is not None and backend.name == "nvml":
+        return SmiControl(root)
+    if str(root) != "/" and find_tool(root, "nvidia-smi") is not None:
+        return SmiControl(root)
+    return NoGpuControl()
+
+
 def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevice], api: kube.KubeApi,
                  backend: Backend | None = None, driver_edits: Callable[[], dict[str, Any]] | None = None,
                  on_prepare_error: Callable[[ClaimRef, str], None] | None = None) -> DeviceState:
@@ -175,6 +187,7 @@ def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevi
         metadata=MetadataFiles(settings.state_dir, settings.cdi_root, settings.driver_name,
                                enabled=settings.device_metadata),
         on_prepare_error=on_prepare_error,
+        gpu_control=gpu_control(settings, backend),
     )
 
 

@@ -33,6 +33,7 @@ from e2e.testbed.clusterview import (
     wait_for,
     wait_running,
 )
+from e2e.testbed.standins import install as standin_tools
 
 NODE = "gpu-node-1"  # h100-8x: 81559Mi per GPU, MIG-capable with a profile catalogue
 pytestmark = pytest.mark.testbed_only
@@ -187,6 +188,55 @@ def test_one_container_two_requests(bed: Bed, clean_ns: str, shares_on: None) ->
     same = by_request["big"]["device"] == by_request["small"]["device"]
     print(f"\ntwo-requests: big on {by_request['big']['device']}, small on {by_request['small']['device']}"
           f" ({'two shares of one GPU' if same else 'two GPUs'})")
+
+
+def time_sliced(ns: str, pods: int) -> list[dict[str, Any]]:
+    """A template for a 30Gi share of the GPU with minor 0 time-sliced with interval Long, and pods using it."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "ts-long"},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "shared-gpu.gpu.dra-driver.io", "capacity": {"requests": {"memory": "30Gi"}},
+                "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == 0'}}]}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.dra-driver.io/v1alpha1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]}}},
+    }
+    docs: list[dict[str, Any]] = [template]
+    for i in range(pods):
+        docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ts-{i}", "namespace": ns},
+                     "spec": {"terminationGracePeriodSeconds": 1,
+                              "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "ts-long"}],
+                              "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                              "resources": {"claims": [{"name": "gpu"}]}}]}})
+    return docs
+
+
+def test_two_time_sliced_claims_on_one_gpu_set_its_interval_once(bed: Bed, clean_ns: str) -> None:
+    """The plugin programs the GPU through nvidia-smi (the stand-in of e2e/testbed/standins, which
+    records each call): compute mode Default and time-slice 3 (Long) when the first claim is prepared,
+    nothing for the second, the default put back after the last."""
+    root = standin_tools.install(bed.fleet.nodes[NODE].root / "standin-driver-root")
+    restart_with(bed, ("--consumable-shares=memory", f"--nvidia-driver-root={root}"), shareable,
+                 f"{NODE}'s GPUs published as shareable")
+    try:
+        bed.apply(time_sliced(clean_ns, 2), ns=clean_ns)
+        for pod in ("ts-0", "ts-1"):
+            wait_running(bed, clean_ns, pod, timeout=180)
+            assert observed(bed, clean_ns, pod)["ctr0"]["env"]["DRA_GPU_0_TIMESLICE_INTERVAL"] == "Long"
+        (uuid,) = {attr(d, "uuid") for pod in ("ts-0", "ts-1") for d in allocated(bed, claim_of(bed, clean_ns, pod, "gpu"))}
+        policy = [c for c in standin_tools.calls(root) if "--query-gpu=compute_mode" not in c]
+        assert policy == [["-i", uuid, "-c", "DEFAULT"], ["compute-policy", "-i", uuid, "--set-timeslice=3"]], policy
+        bed.delete("pod", "ts-0", clean_ns)
+        time.sleep(3)  # the kubelet peer's unprepare of ts-0's claim has had its time
+        assert standin_tools.gpus(root)[uuid]["timeslice"] == 3, "ts-1 still runs time-sliced"
+        bed.delete("pod", "ts-1", clean_ns)
+        wait_for("the GPU's time-slice back to its default after the last claim",
+                 lambda: standin_tools.gpus(root)[uuid]["timeslice"] == 0, 60)
+        resets = [c for c in standin_tools.calls(root) if c == ["compute-policy", "-i", uuid, "--set-timeslice=0"]]
+        assert len(resets) == 1, standin_tools.calls(root)
+    finally:
+        restart_with(bed, (), plain, f"{NODE}'s GPUs published without shares again")
 
 
 def test_dynamic_mig_partitions_then_whole_gpu_waits(bed: Bed, clean_ns: str) -> None:

@@ -77,6 +77,7 @@ from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.exclusive import Hold, check_exclusive, hold_of_planned
+from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, TimeSlicer, gpus_of
 from dra_driver.node.prepare.groupcommit import GroupCommit
 from dra_driver.node.prepare.ledger import Ledger
 from dra_driver.node.prepare.materialize import Materializer, creates_mig
@@ -120,6 +121,7 @@ class DeviceState:
         consumable_shares: ConsumableShares = DISABLED,
         on_prepare_error: Callable[[ClaimRef, str], None] | None = None,
         metadata: MetadataFiles | None = None,
+        gpu_control: GpuControl | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -129,6 +131,7 @@ class DeviceState:
         self._planner = ClaimPlanner(node_name, driver_name, cdi, frozenset(sharing_strategies), consumable_shares,
                                      proc_root, metadata)
         self._node = Materializer(cdi, metadata, backend, proc_root, self._log)
+        self._slicer = TimeSlicer(gpu_control or NoGpuControl())
         self._lock = threading.RLock()
         self._reader = ClaimReader(api, max_parallel_gets)
         self._ledger = Ledger(checkpoint, self._log)
@@ -182,6 +185,7 @@ class DeviceState:
             self._ledger.load()
             boot = self._ledger.store.boot_id
             changed = False
+            rolled_back: list[ClaimEntry] = []
             for uid, entry in list(self._ledger.entries.items()):
                 log = self._claim_log(uid, entry.ref)
                 if entry.state is ClaimState.PREPARE_STARTED:
@@ -190,7 +194,7 @@ class DeviceState:
                         log.warning("rolled back a claim whose preparation was interrupted")
                     except Exception as exc:  # last resort: one claim must not stop the plugin's start
                         log.error("rolling back an interrupted preparation failed", error=str(exc))
-                    del self._ledger.entries[uid]
+                    rolled_back.append(self._ledger.entries.pop(uid))
                     changed = True
                     continue
                 try:
@@ -202,6 +206,7 @@ class DeviceState:
                     log.error("could not re-create the CDI spec of a prepared claim", error=str(exc))
             if changed:
                 self._ledger.save_quietly()
+            self._recover_time_slices(rolled_back)
             leftovers = self._ledger.store.remove_stale_temp_files() + self._node.remove_temp_files()
             if leftovers:
                 self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
@@ -213,6 +218,19 @@ class DeviceState:
             self._log.info("recovered prepared claims", claims=len(self._ledger.entries),
                            rebooted=self._ledger.store.rebooted)
             self._ledger.publish()
+
+    def _recover_time_slices(self, rolled_back: list[ClaimEntry]) -> None:
+        """The GPUs' intervals as the checkpoint says: reset where only a rolled-back claim (or an
+        unprepare cut short after it removed its entry) left one, set again for prepared claims."""
+        live = list(self._ledger.entries.values())
+        try:
+            for change in self._slicer.reset(rolled_back, live):
+                self._log.info("reset the time-slice of a GPU no prepared claim time-slices", gpu=change.gpu_uuid)
+            for change in self._slicer.reapply(live):
+                self._log.debug("time-slice of a prepared claim's GPU set again", gpu=change.gpu_uuid,
+                                interval=change.interval.value)
+        except ClaimFailure as exc:  # the plugin serves anyway; each claim's prepare reports its own
+            self._log.error("could not restore the GPUs' time-slices at start-up", error=str(exc))
 
     # -- prepare
 
@@ -325,8 +343,9 @@ class DeviceState:
             )
         # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
         # whose rollback needs the devices, need this record on disk before they are created.
+        # So do time-sliced GPUs: the entry is the record of the interval set, read again after a crash.
         if any(p.claim.uid not in self._ledger.intended or any(creates_mig(d.device, d.prepared) for d in p.devices)
-               for p in plans):
+               or gpus_of(self._ledger.entries[p.claim.uid]) for p in plans):
             error = self._ledger.save()
             if error is not None:
                 for plan in plans:
@@ -343,6 +362,7 @@ class DeviceState:
             c = plan.claim
             try:
                 entry = self._ledger.entries[c.uid]
+                self._set_time_slices(entry)
                 self._node.write(entry, self._devices)
                 failpoints.hit("prepare.after-cdi-write")
                 self._ledger.entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
@@ -390,6 +410,23 @@ class DeviceState:
             return None
         return live
 
+    def _set_time_slices(self, entry: ClaimEntry) -> None:
+        # Against the claims whose interval is set: those prepared, this batch's earlier ones included
+        # (a later one in the batch is PrepareStarted, like this one, and sets nothing yet).
+        changes = self._slicer.set_for(entry, [e for e in self._ledger.entries.values()
+                                               if e.state is ClaimState.PREPARE_COMPLETED])
+        if changes:
+            self._claim_log(entry.uid, entry.ref).info(
+                "set the time-slice of the claim's GPUs", gpus=[c.gpu_uuid for c in changes],
+                interval=changes[0].interval.value)
+            failpoints.hit("prepare.after-time-slice")
+
+    def _reset_time_slices(self, entry: ClaimEntry, log: Logger) -> None:
+        changes = self._slicer.reset([entry], self._ledger.entries.values())
+        if changes:
+            log.info("reset the time-slice of GPUs no other claim time-slices", gpus=[c.gpu_uuid for c in changes])
+            failpoints.hit("unprepare.after-time-slice")
+
     def _fail(self, plan: Plan, exc: BaseException, outcomes: dict[str, PrepareOutcome]) -> None:
         c = plan.claim
         log = self._claim_log(c.uid, c.ref)
@@ -406,6 +443,7 @@ class DeviceState:
         if entry is not None:
             try:
                 self._node.rollback(entry, self._devices)
+                self._reset_time_slices(entry, log)
             except Exception as rb:  # last resort: the claim's answer is its failure, not the rollback's
                 log.error("rollback after a failed preparation was incomplete", error=str(rb))
         outcomes[c.uid] = PrepareOutcome(error=msg)
@@ -452,6 +490,13 @@ class DeviceState:
                 self._node.rollback(entry, self._devices)
                 failpoints.hit("unprepare.after-spec-delete")
                 removed[uid] = self._ledger.entries.pop(uid)
+                try:
+                    self._reset_time_slices(entry, log)
+                except ClaimFailure:
+                    # Kept, like a failed save: the kubelet's retry resets the GPU; a restart meanwhile
+                    # sets the interval again for the claim still recorded.
+                    self._ledger.entries[uid] = removed.pop(uid)
+                    raise
                 self._ledger.intended.discard(uid)  # a prepare still running for it must write its own record
                 out[uid] = None
             except ClaimFailure as exc:  # rollback gathers every failure (NVML's included) into one

@@ -1,0 +1,43 @@
+"""Place the stand-in tools in a driver root and read what they recorded."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOOLS = {"nvidia-smi": HERE / "nvidia_smi.py"}
+BIN = "usr/bin"
+
+
+def install(driver_root: Path, names: tuple[str, ...] = tuple(TOOLS)) -> Path:
+    """``<driver_root>/usr/bin/<name>`` for each stand-in, run by this interpreter; returns the root."""
+    bin_dir = driver_root / BIN
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        target = bin_dir / name
+        target.write_text(f"#!{sys.executable}\n" + TOOLS[name].read_text())
+        target.chmod(0o755)
+    return driver_root
+
+
+def state_dir(driver_root: Path) -> Path:
+    return driver_root / "var" / "standins"
+
+
+def calls(driver_root: Path, tool: str = "nvidia-smi") -> list[list[str]]:
+    """The argument lists the stand-in ``tool`` was run with, in order."""
+    path = state_dir(driver_root) / "calls.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [line["args"] for line in lines if line["tool"] == tool]
+
+
+def gpus(driver_root: Path) -> dict[str, dict[str, Any]]:
+    """The GPUs as the stand-ins hold them: UUID -> computeMode, timeslice."""
+    path = state_dir(driver_root) / "state.json"
+    found: dict[str, dict[str, Any]] = json.loads(path.read_text()).get("gpus", {}) if path.exists() else {}
+    return found
