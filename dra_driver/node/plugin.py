@@ -55,6 +55,7 @@ from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
 from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, SmiControl, find_tool
 from dra_driver.node.prepare.metadata import MetadataFiles
+from dra_driver.node.prepare.mps import MpsDaemons, MpsSupervisor
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
@@ -123,6 +124,31 @@ def _cleanup_loop(state: DeviceState, api: kube.KubeApi, settings: PluginSetting
         sweep_stale_claims(state, api, claims, time.monotonic(), log, events)
 
 
+MPS_CHECK_INTERVAL_S = 5.0
+"""How often the plugin asks its MPS control daemons whether they still answer."""
+
+
+def _mps_loop(state: DeviceState, devices: Mapping[str, AllocatableDevice], board: HealthBoard,
+              stop: threading.Event) -> None:
+    """A dead MPS control daemon is started again; meanwhile (and for as long as it cannot be) the
+    devices of its GPU are reported Unhealthy to the kubelet."""
+    while not stop.wait(MPS_CHECK_INTERVAL_S):
+        dead = state.dead_mps()
+        if not dead:
+            continue
+        on_gpu = {gpu: [name for name, d in devices.items() if d.gpu.uuid == gpu] for gpu in dead}
+        for gpu, names in on_gpu.items():
+            for name in names:
+                board.update(name, "Unhealthy", f"the MPS control daemon of GPU {gpu} stopped; starting it again")
+        errors = state.restart_mps()
+        for gpu, names in on_gpu.items():
+            for name in names:
+                if gpu in errors:
+                    board.update(name, "Unhealthy", errors[gpu])
+                else:
+                    board.update(name, "Healthy")
+
+
 def health_event(change: HealthChange, ownership: PublisherLock, events: notices.NodeEvents) -> None:
     """Only the publishing instance tells of health changes: two instances would say each twice."""
     if ownership.held.is_set():
@@ -172,12 +198,16 @@ def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevi
                  backend: Backend | None = None, driver_edits: Callable[[], dict[str, Any]] | None = None,
                  on_prepare_error: Callable[[ClaimRef, str], None] | None = None) -> DeviceState:
     """The prepare state, its CDI specs, checkpoint and device metadata where the settings put them."""
+    control = gpu_control(settings, backend)
+    # The daemons run where the driver's tools do: real GPUs, or simulated ones given stand-in tools.
+    mps = (MpsSupervisor(MpsDaemons(settings.nvidia_driver_root, settings.state_dir, control))
+           if isinstance(control, SmiControl) else None)
     return DeviceState(
         node_name=settings.node_name,
         driver_name=settings.driver_name,
         devices=devices,
         cdi=CdiSpecs(settings.cdi_root, settings.driver_name, settings.dev_root, node_name=settings.node_name,
-                     driver_edits=driver_edits),
+                     driver_edits=driver_edits, mps_state_dir=settings.state_dir if mps else None),
         checkpoint=CheckpointStore(settings.state_dir, settings.node_name, settings.driver_name,
                                    boot_id_path=settings.boot_id_path, instance=settings.pod_uid),
         api=api,
@@ -187,7 +217,8 @@ def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevi
         metadata=MetadataFiles(settings.state_dir, settings.cdi_root, settings.driver_name,
                                enabled=settings.device_metadata),
         on_prepare_error=on_prepare_error,
-        gpu_control=gpu_control(settings, backend),
+        gpu_control=control,
+        mps=mps,
     )
 
 
@@ -337,6 +368,8 @@ def run(settings: PluginSettings) -> int:
     handler.report_recovered()
     threading.Thread(target=_cleanup_loop, args=(state, api, settings, stop, log, events),
                      name="stale-claim-cleanup", daemon=True).start()
+    if state.runs_mps:
+        threading.Thread(target=_mps_loop, args=(state, devices, board, stop), name="mps-daemons", daemon=True).start()
 
     stop.wait()
     servers.stop(DRAIN_SECONDS)

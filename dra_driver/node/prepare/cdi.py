@@ -26,6 +26,7 @@ from typing import Any
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
+from dra_driver.node.prepare.mps import container_edits
 from dra_driver.node.prepare.records import (
     CdiError,
     is_uuid,
@@ -94,7 +95,8 @@ class CdiSpecs:
     """Writes, deletes and lists the per-claim CDI specs of one driver in one directory."""
 
     def __init__(self, cdi_root: Path, driver_name: str, dev_root: Path = Path("/"),
-                 *, node_name: str = "", driver_edits: Callable[[], dict[str, Any]] | None = None) -> None:
+                 *, node_name: str = "", driver_edits: Callable[[], dict[str, Any]] | None = None,
+                 mps_state_dir: Path | None = None) -> None:
         self.cdi_root = Path(cdi_root)
         self.driver_name = validate_driver_name(driver_name)
         self.vendor = f"k8s.{driver_name}"
@@ -105,6 +107,8 @@ class CdiSpecs:
         # The driver's libraries, binaries and hooks (dra_driver.node.prepare.toolkit); raises when the driver
         # is missing, so that no spec starts a container without it.
         self._driver_edits = driver_edits
+        self.mps_state_dir = mps_state_dir
+        """Set when the plugin runs MPS control daemons there: MPS claims' containers get their directories."""
 
     # names
     def cdi_device_name(self, claim_uid: str, device_name: str, share_id: str | None = None) -> str:
@@ -140,6 +144,9 @@ class CdiSpecs:
                          "containerEdits": d.edits} for d in edits.devices],
             "containerEdits": edits.common,
         }
+        if self.mps_state_dir is not None:
+            daemons = container_edits(self.mps_state_dir, [d.mps_gpu for d in devices if d.mps_gpu])
+            spec["containerEdits"] = merge_edits(spec["containerEdits"], daemons)
         if self._driver_edits is not None:
             spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())
         spec["cdiVersion"] = minimum_cdi_version(spec)

@@ -44,6 +44,8 @@ class ClaimDevice:
     """A share's consumed memory."""
     compute_share_percent: int | None = None
     """A share's consumed compute, percent of the device."""
+    mps_gpu: str | None = None
+    """The GPU whose MPS control daemon the container's clients use (an MPS config on a whole GPU)."""
 
 
 def share_env(prefix: str, dev: ClaimDevice) -> list[str]:

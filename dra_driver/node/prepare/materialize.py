@@ -22,6 +22,7 @@ from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
 from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
+from dra_driver.node.prepare.mps import runs_mps
 from dra_driver.node.prepare.records import CdiError, ClaimFailure
 from dra_driver.node.prepare.toolkit import DriverEditsError
 
@@ -41,7 +42,7 @@ def claim_device(dev: PreparedDevice) -> ClaimDevice:
         device_name=dev.device, request=dev.requests[0] if dev.requests else "", uuid=dev.uuid,
         gpu_minor=dev.gpu_minor, mig_caps=dev.mig_caps, sharing=dev.sharing, admin_access=dev.admin_access,
         share_id=dev.share_id, memory_share_bytes=dev.memory_share_bytes,
-        compute_share_percent=dev.compute_share_percent,
+        compute_share_percent=dev.compute_share_percent, mps_gpu=dev.gpu_uuid if runs_mps(dev) else None,
     )
 
 

@@ -82,6 +82,8 @@ from dra_driver.node.prepare.groupcommit import GroupCommit
 from dra_driver.node.prepare.ledger import Ledger
 from dra_driver.node.prepare.materialize import Materializer, creates_mig
 from dra_driver.node.prepare.metadata import MetadataFiles
+from dra_driver.node.prepare.mps import MpsSupervisor
+from dra_driver.node.prepare.mps import gpus_of as mps_gpus_of
 from dra_driver.node.prepare.plan import ClaimPlanner, Plan, verify_claim
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
 from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
@@ -122,6 +124,7 @@ class DeviceState:
         on_prepare_error: Callable[[ClaimRef, str], None] | None = None,
         metadata: MetadataFiles | None = None,
         gpu_control: GpuControl | None = None,
+        mps: MpsSupervisor | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -132,6 +135,7 @@ class DeviceState:
                                      proc_root, metadata)
         self._node = Materializer(cdi, metadata, backend, proc_root, self._log)
         self._slicer = TimeSlicer(gpu_control or NoGpuControl())
+        self._mps = mps
         self._lock = threading.RLock()
         self._reader = ClaimReader(api, max_parallel_gets)
         self._ledger = Ledger(checkpoint, self._log)
@@ -207,6 +211,7 @@ class DeviceState:
             if changed:
                 self._ledger.save_quietly()
             self._recover_time_slices(rolled_back)
+            self._recover_mps()
             leftovers = self._ledger.store.remove_stale_temp_files() + self._node.remove_temp_files()
             if leftovers:
                 self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
@@ -231,6 +236,44 @@ class DeviceState:
                                 interval=change.interval.value)
         except ClaimFailure as exc:  # the plugin serves anyway; each claim's prepare reports its own
             self._log.error("could not restore the GPUs' time-slices at start-up", error=str(exc))
+
+    def _recover_mps(self) -> None:
+        """Adopt the daemons prepared claims use, start the dead ones again, stop the others."""
+        if self._mps is None:
+            return
+        done = self._mps.reconcile(self._ledger.entries.values())
+        for gpu, what in done.done.items():
+            self._log.info(f"MPS control daemon {what} at start-up", gpu=gpu)
+        for gpu in done.stopped:
+            self._log.info("stopped an MPS control daemon no prepared claim uses", gpu=gpu)
+        for gpu, error in done.errors.items():
+            self._log.error("could not start the MPS control daemon of a prepared claim's GPU", gpu=gpu, error=error)
+
+    @property
+    def runs_mps(self) -> bool:
+        return self._mps is not None
+
+    def dead_mps(self) -> list[str]:
+        """The GPUs whose MPS control daemon a prepared claim uses and that does not answer."""
+        if self._mps is None:
+            return []
+        with self._lock, self._shared.current():
+            return self._mps.dead(self._ledger.entries.values())
+
+    def restart_mps(self) -> dict[str, str]:
+        """Start again the daemons of prepared claims that died; GPU -> the error of one that could
+        not be started."""
+        if self._mps is None:
+            return {}
+        with self._lock, self._shared.current():
+            done = self._mps.reconcile(self._ledger.entries.values())
+        for gpu, what in done.done.items():
+            if what == "started":
+                self._log.warning("started again the MPS control daemon of a GPU that prepared claims use", gpu=gpu)
+        for gpu, error in done.errors.items():
+            self._log.error("cannot start the MPS control daemon of a GPU that prepared claims use", gpu=gpu,
+                            error=error)
+        return done.errors
 
     # -- prepare
 
@@ -345,7 +388,8 @@ class DeviceState:
         # whose rollback needs the devices, need this record on disk before they are created.
         # So do time-sliced GPUs: the entry is the record of the interval set, read again after a crash.
         if any(p.claim.uid not in self._ledger.intended or any(creates_mig(d.device, d.prepared) for d in p.devices)
-               or gpus_of(self._ledger.entries[p.claim.uid]) for p in plans):
+               or gpus_of(self._ledger.entries[p.claim.uid]) or mps_gpus_of(self._ledger.entries[p.claim.uid])
+               for p in plans):
             error = self._ledger.save()
             if error is not None:
                 for plan in plans:
@@ -363,6 +407,7 @@ class DeviceState:
             try:
                 entry = self._ledger.entries[c.uid]
                 self._set_time_slices(entry)
+                self._start_mps(entry)
                 self._node.write(entry, self._devices)
                 failpoints.hit("prepare.after-cdi-write")
                 self._ledger.entries[c.uid] = replace(entry, state=ClaimState.PREPARE_COMPLETED, updated=now_rfc3339())
@@ -421,6 +466,21 @@ class DeviceState:
                 interval=changes[0].interval.value)
             failpoints.hit("prepare.after-time-slice")
 
+    def _start_mps(self, entry: ClaimEntry) -> None:
+        if self._mps is None or not mps_gpus_of(entry):
+            return
+        done = self._mps.start_for(entry, self._ledger.entries.values())
+        self._claim_log(entry.uid, entry.ref).info("MPS control daemons of the claim's GPUs ready", daemons=done)
+        failpoints.hit("prepare.after-mps-start")
+
+    def _stop_mps(self, entry: ClaimEntry, log: Logger) -> None:
+        if self._mps is None:
+            return
+        stopped = self._mps.stop_for([entry], self._ledger.entries.values())
+        if stopped:
+            log.info("stopped the MPS control daemons no other claim uses", gpus=stopped)
+            failpoints.hit("unprepare.after-mps-stop")
+
     def _reset_time_slices(self, entry: ClaimEntry, log: Logger) -> None:
         changes = self._slicer.reset([entry], self._ledger.entries.values())
         if changes:
@@ -444,6 +504,7 @@ class DeviceState:
             try:
                 self._node.rollback(entry, self._devices)
                 self._reset_time_slices(entry, log)
+                self._stop_mps(entry, log)
             except Exception as rb:  # last resort: the claim's answer is its failure, not the rollback's
                 log.error("rollback after a failed preparation was incomplete", error=str(rb))
         outcomes[c.uid] = PrepareOutcome(error=msg)
@@ -492,6 +553,7 @@ class DeviceState:
                 removed[uid] = self._ledger.entries.pop(uid)
                 try:
                     self._reset_time_slices(entry, log)
+                    self._stop_mps(entry, log)
                 except ClaimFailure:
                     # Kept, like a failed save: the kubelet's retry resets the GPU; a restart meanwhile
                     # sets the interval again for the claim still recorded.

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-TOOLS = {"nvidia-smi": HERE / "nvidia_smi.py"}
+TOOLS = {"nvidia-smi": HERE / "nvidia_smi.py", "nvidia-cuda-mps-control": HERE / "mps_control.py"}
 BIN = "usr/bin"
 
 
@@ -34,6 +34,23 @@ def calls(driver_root: Path, tool: str = "nvidia-smi") -> list[list[str]]:
         return []
     lines = [json.loads(line) for line in path.read_text().splitlines() if line]
     return [line["args"] for line in lines if line["tool"] == tool]
+
+
+def mps_calls(driver_root: Path) -> list[dict[str, Any]]:
+    """What the stand-in MPS control was asked: runs (``args``) and the commands its daemons answered
+    (``daemon``: the daemon's pid, ``command``)."""
+    path = state_dir(driver_root) / "calls.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [line for line in lines if line["tool"] == "nvidia-cuda-mps-control"]
+
+
+def set_mps(driver_root: Path, **settings: Any) -> None:
+    """Error injection for the stand-in MPS control (``readyDelay``, ``failStart``); none clears it."""
+    folder = state_dir(driver_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mps.json").write_text(json.dumps(settings))
 
 
 def gpus(driver_root: Path) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,209 @@
+"""MPS control daemons: which GPUs get one and with what defaults, the container's edits, and the
+state's prepare, unprepare, failure and crash paths (FakeDaemons holds the daemons in memory; the
+real process handling runs against the stand-in tool in unit_tests/e2e_tools/testbed/test_standins.py)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crashes import Crash
+from nodefix import MPS, Env, env_of, gpu_config, make_claim
+
+from dra_driver import failpoints
+from dra_driver.gpuconfig import MpsSettings, SharingConfig, Strategy
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
+from dra_driver.node.prepare.gpupolicy import GpuPolicyError
+from dra_driver.node.prepare.mps import (
+    Defaults,
+    MpsDaemons,
+    MpsSupervisor,
+    container_edits,
+    control_commands,
+    daemon_dir,
+    to_stop,
+    wanted,
+)
+from dra_driver.node.prepare.state import DeviceState
+
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+GPU1 = "GPU-00000001-0000-0000-0000-000000000000"
+
+
+def mps(pct: int | None = None, mem: int | None = None) -> SharingConfig:
+    return SharingConfig(Strategy.MPS, None, MpsSettings(pct, f"{mem}" if mem else None, mem))
+
+
+def entry(uid: str, *devices: tuple[str, SharingConfig, DeviceKind]) -> ClaimEntry:
+    return ClaimEntry(uid=uid, namespace="ns", name=uid, state=ClaimState.PREPARE_COMPLETED, devices=tuple(
+        PreparedDevice(pool="n", device=f"d-{i}", requests=("r",), cdi_device_ids=(), sharing=sharing,
+                       gpu_uuid=gpu, kind=kind) for i, (gpu, sharing, kind) in enumerate(devices)))
+
+
+def test_a_daemons_defaults_are_the_smallest_limits_of_its_claims() -> None:
+    a = entry("a", (GPU0, mps(50, 10 * 2**30), DeviceKind.GPU))
+    b = entry("b", (GPU0, mps(30), DeviceKind.GPU), (GPU1, mps(), DeviceKind.GPU))
+    c = entry("c", (GPU1, mps(20), DeviceKind.MIG), ("GPU-x", SharingConfig(), DeviceKind.GPU))
+    assert wanted([a, b, c]) == {GPU0: Defaults(30, 10 * 2**30), GPU1: Defaults(None, None)}
+    assert control_commands(Defaults(30, 10 * 2**30)) == [
+        "set_default_active_thread_percentage 30", "set_default_device_pinned_mem_limit 0 10240M"]
+    assert control_commands(Defaults()) == []
+    assert to_stop([a], [b]) == [] and to_stop([b], [a]) == [GPU1] and to_stop([a, b], [c]) == [GPU0, GPU1]
+
+
+def test_the_container_gets_the_daemons_directories(tmp_path: Path) -> None:
+    edits = container_edits(tmp_path, [GPU0])
+    assert edits["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        (f"{tmp_path}/mps/{GPU0}/pipe", "/tmp/nvidia-mps"), (f"{tmp_path}/mps/{GPU0}/log", "/var/log/nvidia-mps"),
+        ("/dev/shm", "/dev/shm")]
+    assert container_edits(tmp_path, []) == {}
+    with pytest.raises(GpuPolicyError, match="is not a GPU UUID"):
+        daemon_dir(tmp_path, "../etc")
+
+
+class FakeDaemons(MpsDaemons):
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(Path("/nonexistent"), state_dir, control=None)  # type: ignore[arg-type]
+        self.live: dict[str, Defaults] = {}
+        self.starts: list[str] = []
+        self.stops: list[str] = []
+        self.fail: str | None = None
+
+    def running(self, gpu_uuid: str) -> bool:
+        return gpu_uuid in self.live
+
+    def ensure(self, gpu_uuid: str, defaults: Defaults) -> str:
+        if self.fail:
+            raise GpuPolicyError(self.fail)
+        was = gpu_uuid in self.live
+        daemon_dir(self.state_dir, gpu_uuid).mkdir(parents=True, exist_ok=True)
+        self.live[gpu_uuid] = defaults
+        if not was:
+            self.starts.append(gpu_uuid)
+        return "adopted" if was else "started"
+
+    def stop(self, gpu_uuid: str) -> bool:
+        home = daemon_dir(self.state_dir, gpu_uuid)
+        if home.exists():
+            home.rmdir()
+        if gpu_uuid in self.live:
+            del self.live[gpu_uuid]
+            self.stops.append(gpu_uuid)
+            return True
+        return False
+
+
+class MpsEnv(Env):
+    def __init__(self, tmp_path: Path) -> None:
+        self.daemons = FakeDaemons(tmp_path / "state")
+        super().__init__(tmp_path)
+
+    def new_cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.cdi_root, "gpu.dra-driver.io", self.tmp / "devroot", node_name="node-a",
+                        mps_state_dir=self.tmp / "state")
+
+    def state_options(self) -> dict[str, Any]:
+        return {"mps": MpsSupervisor(self.daemons)}
+
+
+@pytest.fixture
+def menv(tmp_path: Path) -> MpsEnv:
+    return MpsEnv(tmp_path)
+
+
+def share(device: str, memory: str) -> dict[str, Any]:
+    return {"request": "gpu", "device": device, "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": memory}}
+
+
+def test_three_shares_one_daemon_three_clients_stopped_after_the_last(menv: MpsEnv) -> None:
+    refs = [menv.reader.add(make_claim(f"c{i}", [share("gpu-0", f"{10 * (i + 1)}Gi")],
+                                       config=[gpu_config({"strategy": "MPS"})])) for i in range(3)]
+    for ref in refs:
+        assert menv.state.prepare([ref])[ref.uid].ok
+    assert menv.daemons.starts == [GPU0], "one daemon for the GPU"
+    assert menv.daemons.live[GPU0] == Defaults(None, 10 * 2**30), "the smallest share is the default"
+    for i, ref in enumerate(refs):
+        common = menv.spec(ref.uid)["containerEdits"]
+        env = env_of(common)
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={10240 * (i + 1)}M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert {m["containerPath"] for m in common["mounts"]} == {"/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm"}
+    for ref in refs[:2]:
+        assert menv.state.unprepare([ref]) == {ref.uid: None}
+    assert menv.daemons.stops == []
+    assert menv.state.unprepare([refs[2]]) == {refs[2].uid: None}
+    assert menv.daemons.stops == [GPU0] and menv.daemons.live == {}
+
+
+def test_a_daemon_that_cannot_start_fails_the_claim_with_nothing_left(menv: MpsEnv) -> None:
+    menv.daemons.fail = "the MPS control daemon of GPU x did not become ready within 30s"
+    ref = menv.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
+    out = menv.state.prepare([ref])[ref.uid]
+    assert out.error == menv.daemons.fail
+    assert not menv.spec_exists(ref.uid) and menv.checkpoint() == {} and menv.daemons.live == {}
+
+
+def test_mps_on_two_gpus_in_one_claim_is_refused(menv: MpsEnv) -> None:
+    ref = menv.reader.add(make_claim("a", [("gpu", "gpu-0"), ("gpu", "gpu-1")], config=[gpu_config(MPS)]))
+    out = menv.state.prepare([ref])[ref.uid]
+    assert out.error is not None and "MPS on 2 GPUs in one claim is not supported" in out.error
+    assert menv.daemons.live == {} and menv.checkpoint() == {}
+
+
+def test_a_restart_adopts_a_running_daemon_and_starts_a_dead_one(menv: MpsEnv) -> None:
+    ref = menv.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
+    assert menv.state.prepare([ref])[ref.uid].ok
+    menv.state.close()
+    menv.state = menv.new_state()
+    assert menv.daemons.starts == [GPU0], "adopted, not started twice"
+    del menv.daemons.live[GPU0]  # it died
+    assert menv.state.dead_mps() == [GPU0]
+    assert menv.state.restart_mps() == {}
+    assert menv.daemons.starts == [GPU0, GPU0] and menv.state.dead_mps() == []
+
+
+@pytest.mark.parametrize("point", ["prepare.after-started", "prepare.after-mps-start", "prepare.after-cdi-write",
+                                   "prepare.after-completed"])
+def test_a_crash_in_prepare_leaves_a_daemon_only_for_a_prepared_claim(menv: MpsEnv, crashing: None,
+                                                                      point: str) -> None:
+    ref = menv.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
+    failpoints.configure({failpoints.ENV: f"{point}=1"})
+    with pytest.raises(Crash):
+        menv.state.prepare([ref])
+    failpoints.configure({})
+    menv.state = menv.new_state()
+    kept = ref.uid in menv.state.prepared_claims()
+    assert set(menv.daemons.live) == ({GPU0} if kept else set())
+    assert menv.state.prepare([ref])[ref.uid].ok and set(menv.daemons.live) == {GPU0}
+    assert menv.state.unprepare([ref]) == {ref.uid: None} and menv.daemons.live == {}
+
+
+@pytest.mark.parametrize("point", ["unprepare.after-spec-delete", "unprepare.after-mps-stop",
+                                   "unprepare.after-checkpoint"])
+def test_a_crash_in_unprepare_keeps_the_daemon_of_a_claim_still_running(menv: MpsEnv, crashing: None,
+                                                                        point: str) -> None:
+    a, b = refs = [menv.reader.add(make_claim(n, [share("gpu-0", "10Gi")], config=[gpu_config({"strategy": "MPS"})]))
+                   for n in "ab"]
+    assert all(o.ok for o in menv.state.prepare(refs).values())
+    assert menv.state.unprepare([a]) == {a.uid: None}
+    failpoints.configure({failpoints.ENV: f"{point}=1"})
+    with pytest.raises(Crash):
+        menv.state.unprepare([b])
+    failpoints.configure({})
+    menv.state = menv.new_state()
+    kept = b.uid in menv.state.prepared_claims()
+    assert set(menv.daemons.live) == ({GPU0} if kept else set()), "a daemon exactly when a claim uses it"
+    assert menv.state.unprepare([b]) == {b.uid: None}
+    assert menv.daemons.live == {} and not (menv.tmp / "state" / "mps" / GPU0).exists()
+
+
+def test_without_daemons_mps_claims_get_their_limits_alone(env: Env) -> None:
+    assert isinstance(env.state, DeviceState) and not env.state.runs_mps
+    ref = env.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
+    assert env.state.prepare([ref])[ref.uid].ok
+    common = env.spec(ref.uid)["containerEdits"]
+    assert "mounts" not in common and env_of(common)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
