@@ -143,10 +143,12 @@ def find_tool(driver_root: Path, name: str) -> Path | None:
 
 
 def tool_environment(driver_root: Path) -> dict[str, str]:
-    """The environment the driver's tools run with: their libraries from the driver root (the
-    plugin's image has none of its own)."""
+    """The environment the driver's tools run with: their binaries and libraries from the driver
+    root (the plugin's image has none of its own)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     if str(driver_root) != "/":
+        # The MPS control daemon starts nvidia-cuda-mps-server, which it looks for on PATH.
+        env["PATH"] = ":".join([*(str(driver_root / d) for d in SMI_DIRS if (driver_root / d).is_dir()), env["PATH"]])
         dirs = [str(driver_root / d) for d in LIBRARY_DIRS if (driver_root / d).is_dir()]
         if dirs:
             env["LD_LIBRARY_PATH"] = ":".join(dirs)
