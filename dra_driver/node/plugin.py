@@ -45,7 +45,7 @@ from dra_driver.node import events as notices
 from dra_driver.node.describe.devices import AllocatableDevice, describe, enumerate_devices
 from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu
-from dra_driver.node.discovery.nvml import NvmlError
+from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.kubelet import httpport, probe
 from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
@@ -53,7 +53,7 @@ from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
-from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, SmiControl, find_tool
+from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, NvmlControl, SmiControl, find_tool
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.mps import MpsDaemons, MpsSupervisor
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
@@ -187,8 +187,8 @@ def gpu_control(settings: PluginSettings, backend: Backend | None) -> GpuControl
     """nvidia-smi from the driver root for real GPUs. Simulated ones have no compute policy, unless a
     driver root of stand-in tools is given (the tests' way to watch what the plugin sets)."""
     root = settings.nvidia_driver_root
-    if backend is not None and backend.name == "nvml":
-        return SmiControl(root)
+    if isinstance(backend, NvmlBackend):
+        return NvmlControl(backend, root)
     if str(root) != "/" and find_tool(root, "nvidia-smi") is not None:
         return SmiControl(root)
     return NoGpuControl()
@@ -201,7 +201,7 @@ def device_state(settings: PluginSettings, devices: Mapping[str, AllocatableDevi
     control = gpu_control(settings, backend)
     # The daemons run where the driver's tools do: real GPUs, or simulated ones given stand-in tools.
     mps = (MpsSupervisor(MpsDaemons(settings.nvidia_driver_root, settings.state_dir, control))
-           if isinstance(control, SmiControl) else None)
+           if isinstance(control, SmiControl | NvmlControl) else None)
     return DeviceState(
         node_name=settings.node_name,
         driver_name=settings.driver_name,

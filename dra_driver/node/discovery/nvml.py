@@ -149,6 +149,12 @@ def nvml_available(nvml_module: ModuleType | None = None) -> tuple[bool, str]:
     return True, ""
 
 
+COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+"""NVML_COMPUTEMODE_* as nvidia-smi prints them."""
+COMPUTE_MODE_VALUES = {"DEFAULT": 0, "PROHIBITED": 2, "EXCLUSIVE_PROCESS": 3}
+"""The modes NVML sets (EXCLUSIVE_THREAD is deprecated)."""
+
+
 class NvmlBackend:
     name = "nvml"
 
@@ -343,6 +349,28 @@ class NvmlBackend:
             ))
         result.sort(key=lambda m: (m.placement.start, m.gpu_instance_id, m.compute_instance_id))
         return tuple(result)
+
+    # -- compute mode ------------------------------------------------------------------------------
+
+    def compute_mode(self, gpu_uuid: str) -> str:
+        """The GPU's compute mode, named as nvidia-smi prints it (``Default``, ``Exclusive_Process``, ...)."""
+        nv = self.nv
+        with self._lock:
+            h = self._call(f"GPU {gpu_uuid}: getting the GPU handle", nv.nvmlDeviceGetHandleByUUID, gpu_uuid)
+            mode = int(self._call(f"GPU {gpu_uuid}: reading the compute mode", nv.nvmlDeviceGetComputeMode, h))
+        return COMPUTE_MODE_NAMES.get(mode, f"mode {mode}")
+
+    def set_compute_mode(self, gpu_uuid: str, mode: str) -> None:
+        """``DEFAULT``, ``EXCLUSIVE_PROCESS`` or ``PROHIBITED`` (nvidia-smi's ``-c`` names)."""
+        value = COMPUTE_MODE_VALUES.get(mode)
+        if value is None:
+            raise NvmlError(f"GPU {gpu_uuid}: {mode!r} is not a compute mode to set "
+                            f"({', '.join(COMPUTE_MODE_VALUES)})")
+        nv = self.nv
+        with self._lock:
+            h = self._call(f"GPU {gpu_uuid}: getting the GPU handle", nv.nvmlDeviceGetHandleByUUID, gpu_uuid)
+            self._call(f"GPU {gpu_uuid}: setting the compute mode to {mode}", nv.nvmlDeviceSetComputeMode, h, value)
+        _log.info("set the compute mode", gpu=gpu_uuid, mode=mode)
 
     # -- dynamic MIG -------------------------------------------------------------------------------
 

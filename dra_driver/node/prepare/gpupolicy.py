@@ -13,9 +13,9 @@ GPU is back to its default. A crash at any line thus leaves one of: an entry the
 back (its GPUs reset unless another claim still time-slices them), an entry still prepared (its
 interval set again, which is idempotent), or no entry and a GPU already reset.
 
-The interval is set the way NVIDIA documents it, with ``nvidia-smi`` from the driver root: the
-compute mode back to ``DEFAULT`` (``nvidia-smi -i <uuid> -c DEFAULT``) and then
-``nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>``; NVML has no call for it. A GPU
+The interval is set the way NVIDIA documents it: the compute mode back to ``DEFAULT`` (through NVML
+on real GPUs, :class:`NvmlControl`), then ``nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>``
+with ``nvidia-smi`` from the driver root; NVML has no call for the interval. A GPU
 whose compute mode is not ``Default`` was set so by someone else (this driver never leaves one in
 another mode for time-slicing), and a claim asking to time-slice it is refused rather than
 overriding them. MIG devices are not programmed: the interval is the whole GPU's, and a MIG slice's
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dra_driver.gpuconfig import Strategy, TimeSliceInterval
+from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
 from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.records import ClaimFailure
 
@@ -195,6 +196,30 @@ class SmiControl:
     def set_time_slice(self, gpu_uuid: str, value: int) -> None:
         self._run(["compute-policy", "-i", gpu_uuid, f"--set-timeslice={value}"],
                   f"setting the time-slice of GPU {gpu_uuid} to {value}")
+
+
+class NvmlControl:
+    """Real GPUs: the compute mode through NVML (the backend's own session), the time-slice through
+    nvidia-smi, which is the only way to it."""
+
+    def __init__(self, backend: NvmlBackend, driver_root: Path) -> None:
+        self.backend = backend
+        self.smi = SmiControl(driver_root)
+
+    def compute_mode(self, gpu_uuid: str) -> str:
+        try:
+            return self.backend.compute_mode(gpu_uuid)
+        except NvmlError as exc:
+            raise GpuPolicyError(str(exc)) from None
+
+    def set_compute_mode(self, gpu_uuid: str, mode: str) -> None:
+        try:
+            self.backend.set_compute_mode(gpu_uuid, mode)
+        except NvmlError as exc:
+            raise GpuPolicyError(str(exc)) from None
+
+    def set_time_slice(self, gpu_uuid: str, value: int) -> None:
+        self.smi.set_time_slice(gpu_uuid, value)
 
 
 # --- applying ---------------------------------------------------------------------------------

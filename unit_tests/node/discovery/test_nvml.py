@@ -78,6 +78,7 @@ class FakeNvml(types.ModuleType):
         self.calls: list[str] = []
         self.init_error: int | None = None
         self.set_mig_error: int | None = None
+        self.modes: dict[int, int] = {}
         self.c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
         self.NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
         self.NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 9
@@ -158,6 +159,15 @@ class FakeNvml(types.ModuleType):
             raise err(self.set_mig_error)
         h.mig = mode
         return 0
+
+    def nvmlDeviceGetComputeMode(self, h: FakeGpu) -> int:
+        return self.modes.get(h.index, 0)
+
+    def nvmlDeviceSetComputeMode(self, h: FakeGpu, mode: int) -> None:
+        self.calls.append(f"setmode {h.index} {mode}")
+        if self.set_mig_error is not None:
+            raise err(self.set_mig_error)
+        self.modes[h.index] = mode
 
     # MIG catalogue
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: FakeGpu, idx: int) -> Any:
@@ -335,6 +345,20 @@ def test_create_rolls_back_gi_when_ci_fails(fake_sysfs: Path, monkeypatch: pytes
     with pytest.raises(NvmlError, match="insufficient permissions"):
         backend.create_mig_instance(g2, g2.mig_profiles[4], MigPlacement(0, 8))
     assert not fake.gpus[2].gis and any(c.startswith("destroy-gi") for c in fake.calls)
+
+
+def test_compute_mode_is_read_and_set_by_nvidia_smis_names(fake_sysfs: Path) -> None:
+    fake = make_fake()
+    backend = NvmlBackend(sysfs_root=fake_sysfs, nvml_module=fake)
+    uuid = backend.discover()[1].uuid
+    assert backend.compute_mode(uuid) == "Default"
+    backend.set_compute_mode(uuid, "EXCLUSIVE_PROCESS")
+    assert backend.compute_mode(uuid) == "Exclusive_Process" and fake.calls[-1] == "setmode 1 3"
+    with pytest.raises(NvmlError, match="'EXCLUSIVE_THREAD' is not a compute mode to set"):
+        backend.set_compute_mode(uuid, "EXCLUSIVE_THREAD")
+    fake.set_mig_error = 4
+    with pytest.raises(NvmlError, match=f"GPU {uuid}: setting the compute mode to DEFAULT: insufficient permissions"):
+        backend.set_compute_mode(uuid, "DEFAULT")
 
 
 def test_enabling_mig_needs_permission(fake_sysfs: Path) -> None:

@@ -166,6 +166,20 @@ def test_dynamic_mig_instance_lives_in_the_mock_until_destroyed(open_nvml: Calla
     backend.destroy_mig_instance(mig)  # already gone: not an error
 
 
+def test_compute_mode_changes_are_recorded_by_the_mock(open_nvml: Callable[..., NvmlBackend], tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    backend = open_nvml("dgxh100", state)
+    uuid = backend.discover()[2].uuid
+    assert backend.compute_mode(uuid) == "Default"
+    backend.set_compute_mode(uuid, "EXCLUSIVE_PROCESS")
+    backend.set_compute_mode(uuid, "DEFAULT")
+    backend.set_compute_mode(uuid, "PROHIBITED")
+    held = mocknvml.read_state(state)["gpus"][2]
+    assert (held["computeMode"], held["computeModeChanges"]) == (2, [3, 0, 2])
+    backend.close()
+    assert open_nvml("dgxh100", state).compute_mode(uuid) == "Prohibited", "the mode outlives the process"
+
+
 def test_mig_instances_outlive_the_process_like_on_a_gpu(open_nvml: Callable[..., NvmlBackend], tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     first = open_nvml("dgxh100", state)

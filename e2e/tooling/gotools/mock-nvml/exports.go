@@ -490,6 +490,36 @@ func nvmlDeviceSetMigMode(device C.nvmlDevice_t, mode C.uint, activation *C.nvml
 	})
 }
 
+//export nvmlDeviceGetComputeMode
+func nvmlDeviceGetComputeMode(device C.nvmlDevice_t, mode *C.nvmlComputeMode_t) C.nvmlReturn_t {
+	return onGpu("nvmlDeviceGetComputeMode", device, func(m *Machine, gpu *server.Device) nvml.Return {
+		record := m.modeOf(gpu)
+		if mode == nil || record == nil {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		*mode = C.nvmlComputeMode_t(record.Current)
+		return nvml.SUCCESS
+	})
+}
+
+// nvmlDeviceSetComputeMode takes the modes NVML documents as settable: DEFAULT, PROHIBITED and
+// EXCLUSIVE_PROCESS (EXCLUSIVE_THREAD is deprecated and refused, as the driver refuses it).
+//
+//export nvmlDeviceSetComputeMode
+func nvmlDeviceSetComputeMode(device C.nvmlDevice_t, mode C.nvmlComputeMode_t) C.nvmlReturn_t {
+	return onGpu("nvmlDeviceSetComputeMode", device, func(m *Machine, gpu *server.Device) nvml.Return {
+		record := m.modeOf(gpu)
+		value := int(mode)
+		if record == nil || (value != int(nvml.COMPUTEMODE_DEFAULT) && value != int(nvml.COMPUTEMODE_PROHIBITED) &&
+			value != int(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS)) {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		record.Current = value
+		record.Changes = append(record.Changes, value)
+		return changed(m)
+	})
+}
+
 //export nvmlDeviceIsMigDeviceHandle
 func nvmlDeviceIsMigDeviceHandle(device C.nvmlDevice_t, isMig *C.uint) C.nvmlReturn_t {
 	return call("nvmlDeviceIsMigDeviceHandle", func(m *Machine) nvml.Return {

@@ -47,6 +47,14 @@ type Machine struct {
 	Server    *server.Server
 	GPUs      []*server.Device
 	StatePath string
+	// Compute modes (go-nvml's mock keeps none): the current one and every change, per GPU.
+	Modes []computeMode
+}
+
+// computeMode is a GPU's NVML_COMPUTEMODE_* and the modes it was set to, in order, for tests to read.
+type computeMode struct {
+	Current int
+	Changes []int
 }
 
 // MigDevice is what NVML calls a MIG device: one compute instance, addressed as a device.
@@ -87,7 +95,18 @@ func newMachine(name string) (*Machine, error) {
 		gpu.UUID = "GPU-" + uuid.NewSHA1(uuidNamespace, []byte(fmt.Sprintf("%s/gpu/%d", name, i))).String()
 		m.GPUs = append(m.GPUs, gpu)
 	}
+	m.Modes = make([]computeMode, len(m.GPUs))
 	return m, nil
+}
+
+// modeOf is the compute-mode record of gpu (nil for a device that is not one of the machine's GPUs).
+func (m *Machine) modeOf(gpu *server.Device) *computeMode {
+	for i, g := range m.GPUs {
+		if g == gpu {
+			return &m.Modes[i]
+		}
+	}
+	return nil
 }
 
 func migUUID(d MigDevice) string {

@@ -24,6 +24,9 @@ type gpuState struct {
 	UUID         string    `json:"uuid,omitempty"`
 	MigMode      int       `json:"migMode"`
 	GpuInstances []giState `json:"gpuInstances"`
+	// NVML_COMPUTEMODE_* now, and every mode nvmlDeviceSetComputeMode set, in order.
+	ComputeMode        int   `json:"computeMode"`
+	ComputeModeChanges []int `json:"computeModeChanges"`
 }
 
 type giState struct {
@@ -86,6 +89,7 @@ func (m *Machine) restore(data []byte) error {
 			return fmt.Errorf("gpus: index %d is not a GPU of %s (it has %d)", g.Index, m.Name, len(m.GPUs))
 		}
 		gpu := m.GPUs[g.Index]
+		m.Modes[g.Index] = computeMode{Current: g.ComputeMode, Changes: append([]int{}, g.ComputeModeChanges...)}
 		if ret := setMigMode(gpu, g.MigMode); ret != nvml.SUCCESS {
 			return fmt.Errorf("GPU %d: migMode %d: %s", g.Index, g.MigMode, returnText(ret))
 		}
@@ -113,7 +117,8 @@ func (m *Machine) restore(data []byte) error {
 func (m *Machine) snapshot() stateFile {
 	state := stateFile{Machine: m.Name, GPUs: []gpuState{}}
 	for i, gpu := range m.GPUs {
-		g := gpuState{Index: i, UUID: gpu.UUID, MigMode: gpu.MigMode, GpuInstances: []giState{}}
+		g := gpuState{Index: i, UUID: gpu.UUID, MigMode: gpu.MigMode, GpuInstances: []giState{},
+			ComputeMode: m.Modes[i].Current, ComputeModeChanges: append([]int{}, m.Modes[i].Changes...)}
 		for _, gi := range gpuInstances(gpu) {
 			profile, _ := gpuInstanceProfile(gpu, gi.Info.ProfileId)
 			s := giState{ID: gi.Info.Id, ProfileID: gi.Info.ProfileId, Profile: gpuInstanceProfileName(profile),
