@@ -216,6 +216,14 @@ def time_sliced(ns: str, pods: int) -> list[dict[str, Any]]:
     return docs
 
 
+def unprepared(bed: Bed, claim: str) -> bool:
+    """Whether NODE's plugin log says it unprepared ``claim`` (namespace/name)."""
+    for line in bed.plugin_log(NODE).splitlines():
+        if '"unprepared claim"' in line and f'"claim": "{claim}"' in line.replace('":"', '": "'):
+            return True
+    return False
+
+
 def test_two_time_sliced_claims_on_one_gpu_set_its_interval_once(bed: Bed, clean_ns: str) -> None:
     """The plugin programs the GPU through nvidia-smi (the stand-in of e2e/testbed/standins, which
     records each call): compute mode Default and time-slice 3 (Long) when the first claim is prepared,
@@ -231,8 +239,9 @@ def test_two_time_sliced_claims_on_one_gpu_set_its_interval_once(bed: Bed, clean
         (uuid,) = {attr(d, "uuid") for pod in ("ts-0", "ts-1") for d in allocated(bed, claim_of(bed, clean_ns, pod, "gpu"))}
         policy = [c for c in standin_tools.calls(root) if "--query-gpu=compute_mode" not in c]
         assert policy == [["-i", uuid, "-c", "DEFAULT"], ["compute-policy", "-i", uuid, "--set-timeslice=3"]], policy
+        first = claim_of(bed, clean_ns, "ts-0", "gpu")["metadata"]["name"]
         bed.delete("pod", "ts-0", clean_ns)
-        time.sleep(3)  # the kubelet peer's unprepare of ts-0's claim has had its time
+        wait_for(f"{first} unprepared", lambda: unprepared(bed, f"{clean_ns}/{first}"), 60)
         assert standin_tools.gpus(root)[uuid]["timeslice"] == 3, "ts-1 still runs time-sliced"
         bed.delete("pod", "ts-1", clean_ns)
         wait_for("the GPU's time-slice back to its default after the last claim",

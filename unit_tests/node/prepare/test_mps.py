@@ -207,3 +207,19 @@ def test_without_daemons_mps_claims_get_their_limits_alone(env: Env) -> None:
     assert env.state.prepare([ref])[ref.uid].ok
     common = env.spec(ref.uid)["containerEdits"]
     assert "mounts" not in common and env_of(common)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+
+def test_two_plugin_instances_of_a_node_share_one_daemon(menv: MpsEnv) -> None:
+    """A rolling update: instance B starts beside A on the same state directory, takes new claims, and
+    A goes; the daemon A started is adopted, never started twice, and stops after the last claim."""
+    a_ref = menv.reader.add(make_claim("a", [share("gpu-0", "10Gi")], config=[gpu_config({"strategy": "MPS"})]))
+    assert menv.state.prepare([a_ref])[a_ref.uid].ok
+    second = menv.new_state()
+    b_ref = menv.reader.add(make_claim("b", [share("gpu-0", "20Gi")], config=[gpu_config({"strategy": "MPS"})]))
+    assert second.prepare([b_ref])[b_ref.uid].ok
+    assert menv.daemons.starts == [GPU0]
+    menv.state.close()
+    assert second.unprepare([a_ref]) == {a_ref.uid: None} and menv.daemons.live
+    assert second.unprepare([b_ref]) == {b_ref.uid: None}
+    assert menv.daemons.stops == [GPU0] and menv.daemons.live == {}
+    second.close()
