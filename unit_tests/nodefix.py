@@ -19,6 +19,8 @@ from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
+from dra_driver.node.prepare.gpupolicy import GpuPolicyError
+from dra_driver.node.prepare.mps import Defaults, MpsDaemons, MpsSupervisor, daemon_dir
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
@@ -247,3 +249,57 @@ def env_of(edits: dict[str, Any]) -> dict[str, str]:
 
 
 # --- happy path -------------------------------------------------------------------------------
+
+
+# --- MPS control daemons ----------------------------------------------------------------------
+
+GPU0_UUID = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+class FakeDaemons(MpsDaemons):
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(Path("/nonexistent"), state_dir, control=None)  # type: ignore[arg-type]
+        self.live: dict[str, Defaults] = {}
+        self.starts: list[str] = []
+        self.stops: list[str] = []
+        self.fail: str | None = None
+
+    def running(self, gpu_uuid: str) -> bool:
+        return gpu_uuid in self.live
+
+    def ensure(self, gpu_uuid: str, defaults: Defaults) -> str:
+        if self.fail:
+            raise GpuPolicyError(self.fail)
+        was = gpu_uuid in self.live
+        daemon_dir(self.state_dir, gpu_uuid).mkdir(parents=True, exist_ok=True)
+        self.live[gpu_uuid] = defaults
+        if not was:
+            self.starts.append(gpu_uuid)
+        return "adopted" if was else "started"
+
+    def stop(self, gpu_uuid: str) -> bool:
+        home = daemon_dir(self.state_dir, gpu_uuid)
+        if home.exists():
+            home.rmdir()
+        if gpu_uuid in self.live:
+            del self.live[gpu_uuid]
+            self.stops.append(gpu_uuid)
+            return True
+        return False
+
+
+class MpsEnv(Env):
+    def __init__(self, tmp_path: Path) -> None:
+        self.daemons = FakeDaemons(tmp_path / "state")
+        super().__init__(tmp_path)
+
+    def new_cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.cdi_root, "gpu.dra-driver.io", self.tmp / "devroot", node_name="node-a",
+                        mps_state_dir=self.tmp / "state")
+
+    def state_options(self) -> dict[str, Any]:
+        return {"mps": MpsSupervisor(self.daemons)}
+
+
+def share(device: str, memory: str) -> dict[str, Any]:
+    return {"request": "gpu", "device": device, "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": memory}}

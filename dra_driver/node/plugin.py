@@ -133,20 +133,24 @@ def _mps_loop(state: DeviceState, devices: Mapping[str, AllocatableDevice], boar
     """A dead MPS control daemon is started again; meanwhile (and for as long as it cannot be) the
     devices of its GPU are reported Unhealthy to the kubelet."""
     while not stop.wait(MPS_CHECK_INTERVAL_S):
-        dead = state.dead_mps()
-        if not dead:
-            continue
-        on_gpu = {gpu: [name for name, d in devices.items() if d.gpu.uuid == gpu] for gpu in dead}
-        for gpu, names in on_gpu.items():
-            for name in names:
-                board.update(name, "Unhealthy", f"the MPS control daemon of GPU {gpu} stopped; starting it again")
-        errors = state.restart_mps()
-        for gpu, names in on_gpu.items():
-            for name in names:
-                if gpu in errors:
-                    board.update(name, "Unhealthy", errors[gpu])
-                else:
-                    board.update(name, "Healthy")
+        check_mps_daemons(state, devices, board)
+
+
+def check_mps_daemons(state: DeviceState, devices: Mapping[str, AllocatableDevice], board: HealthBoard) -> list[str]:
+    """One round of :func:`_mps_loop`; the GPUs whose daemon was found dead."""
+    dead = state.dead_mps()
+    on_gpu = {gpu: [name for name, d in devices.items() if d.gpu.uuid == gpu] for gpu in dead}
+    for gpu, names in on_gpu.items():
+        for name in names:
+            board.update(name, "Unhealthy", f"the MPS control daemon of GPU {gpu} stopped; starting it again")
+    errors = state.restart_mps() if dead else {}
+    for gpu, names in on_gpu.items():
+        for name in names:
+            if gpu in errors:
+                board.update(name, "Unhealthy", errors[gpu])
+            else:
+                board.update(name, "Healthy")
+    return dead
 
 
 def health_event(change: HealthChange, ownership: PublisherLock, events: notices.NodeEvents) -> None:

@@ -4,23 +4,19 @@ real process handling runs against the stand-in tool in unit_tests/e2e_tools/tes
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from crashes import Crash
-from nodefix import MPS, Env, env_of, gpu_config, make_claim
+from nodefix import GPU0_UUID as GPU0
+from nodefix import MPS, Env, MpsEnv, env_of, gpu_config, make_claim, share
 
 from dra_driver import failpoints
 from dra_driver.gpuconfig import MpsSettings, SharingConfig, Strategy
-from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.gpupolicy import GpuPolicyError
 from dra_driver.node.prepare.mps import (
     Defaults,
-    MpsDaemons,
-    MpsSupervisor,
     container_edits,
     control_commands,
     daemon_dir,
@@ -29,7 +25,6 @@ from dra_driver.node.prepare.mps import (
 )
 from dra_driver.node.prepare.state import DeviceState
 
-GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-00000001-0000-0000-0000-000000000000"
 
 
@@ -63,60 +58,6 @@ def test_the_container_gets_the_daemons_directories(tmp_path: Path) -> None:
     assert container_edits(tmp_path, []) == {}
     with pytest.raises(GpuPolicyError, match="is not a GPU UUID"):
         daemon_dir(tmp_path, "../etc")
-
-
-class FakeDaemons(MpsDaemons):
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(Path("/nonexistent"), state_dir, control=None)  # type: ignore[arg-type]
-        self.live: dict[str, Defaults] = {}
-        self.starts: list[str] = []
-        self.stops: list[str] = []
-        self.fail: str | None = None
-
-    def running(self, gpu_uuid: str) -> bool:
-        return gpu_uuid in self.live
-
-    def ensure(self, gpu_uuid: str, defaults: Defaults) -> str:
-        if self.fail:
-            raise GpuPolicyError(self.fail)
-        was = gpu_uuid in self.live
-        daemon_dir(self.state_dir, gpu_uuid).mkdir(parents=True, exist_ok=True)
-        self.live[gpu_uuid] = defaults
-        if not was:
-            self.starts.append(gpu_uuid)
-        return "adopted" if was else "started"
-
-    def stop(self, gpu_uuid: str) -> bool:
-        home = daemon_dir(self.state_dir, gpu_uuid)
-        if home.exists():
-            home.rmdir()
-        if gpu_uuid in self.live:
-            del self.live[gpu_uuid]
-            self.stops.append(gpu_uuid)
-            return True
-        return False
-
-
-class MpsEnv(Env):
-    def __init__(self, tmp_path: Path) -> None:
-        self.daemons = FakeDaemons(tmp_path / "state")
-        super().__init__(tmp_path)
-
-    def new_cdi(self) -> CdiSpecs:
-        return CdiSpecs(self.cdi_root, "gpu.dra-driver.io", self.tmp / "devroot", node_name="node-a",
-                        mps_state_dir=self.tmp / "state")
-
-    def state_options(self) -> dict[str, Any]:
-        return {"mps": MpsSupervisor(self.daemons)}
-
-
-@pytest.fixture
-def menv(tmp_path: Path) -> MpsEnv:
-    return MpsEnv(tmp_path)
-
-
-def share(device: str, memory: str) -> dict[str, Any]:
-    return {"request": "gpu", "device": device, "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": memory}}
 
 
 def test_three_shares_one_daemon_three_clients_stopped_after_the_last(menv: MpsEnv) -> None:
