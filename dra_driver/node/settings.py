@@ -214,7 +214,8 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="Mount a file describing its devices (metadata.resource.k8s.io, Kubernetes 1.37 format) into every "
              "container that gets them; --no-device-metadata turns it off for new claims [DEVICE_METADATA]")
     add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
-        help="Where the host's NVIDIA driver is mounted; libnvidia-ml is looked up under it [NVIDIA_DRIVER_ROOT]")
+        help="Where the host's NVIDIA driver is mounted; libnvidia-ml, nvidia-smi (time-slicing) and "
+             "nvidia-cuda-mps-control (MPS) are looked up under it [NVIDIA_DRIVER_ROOT]")
     add("--host-driver-root", default=env("HOST_DRIVER_ROOT"),
         help="The driver root as the host sees it, when --nvidia-driver-root is its mount in this container "
              "(/driver-root); CDI specs name host paths. Default: --nvidia-driver-root [HOST_DRIVER_ROOT]")
