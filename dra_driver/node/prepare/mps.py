@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -240,6 +239,8 @@ class MpsDaemons:
             time.sleep(0.1)
         self._kill_starting(home)
         self.control.set_compute_mode(gpu_uuid, "DEFAULT")
+        import shutil  # here: at module level it brings bz2 and lzma into the plugin for this one removal
+
         shutil.rmtree(home, ignore_errors=True)
         return was
 
