@@ -1,10 +1,10 @@
 """What the node plugin tells operators through Events, and where they look for it.
 
-On the **Node** (``kubectl describe node``): a quarantined checkpoint, a GPU backend that is not
-available, a device turning unhealthy or recovering, a device withheld from the ResourceSlices
-because the API server would refuse it, a stale claim cleaned up, rolling updates on a kubelet too
-old for them. On the
-**ResourceClaim** (``kubectl describe resourceclaim``): a failed prepare, with the error the
+On the **Node** (``kubectl describe node``): a quarantined checkpoint, a node whose devices are
+not published (no NVML, no GPUs, NVIDIA's device plugin serving them) and publishing resumed, a
+device turning unhealthy or recovering, a device withheld from the ResourceSlices because the API
+server would refuse it, a stale claim cleaned up, rolling updates on a kubelet too old for them. On
+the **ResourceClaim** (``kubectl describe resourceclaim``): a failed prepare, with the error the
 kubelet received. Reporting controller ``gpu.dra-driver.io/kubelet-plugin``, instance = the node
 name; :class:`dra_driver.k8s.events.EventRecorder` folds repeats into one series.
 """
@@ -18,6 +18,7 @@ from dra_driver.k8s.client import CLAIMS
 from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.publish.checker import Violation
+from dra_driver.node.publish.gate import BACKEND_UNAVAILABLE, NO_GPUS, Closed
 from dra_driver.node.publish.health import HealthChange
 
 REPORTING_CONTROLLER = f"{CONFIG_API_GROUP}/kubelet-plugin"
@@ -29,10 +30,17 @@ def checkpoint_quarantined(path: Path, reason: str, copy: Path | None) -> Occurr
                       f"checkpoint {path} is unusable ({reason}); {where}; started with no prepared claims")
 
 
-def backend_unavailable(reason: str, fallback: str | None) -> Occurrence:
-    then = (f"publishing simulated GPUs ({fallback}) instead, nothing this node publishes is real hardware"
-            if fallback else "the plugin cannot start")
-    return Occurrence("Warning", "GpuBackendUnavailable", "Discover", f"NVML is not available: {reason}; {then}")
+def not_publishing(closed: Closed) -> Occurrence:
+    if closed.reason == BACKEND_UNAVAILABLE:
+        return Occurrence("Warning", "GpuBackendUnavailable", "PublishResourceSlices", closed.message)
+    if closed.reason == NO_GPUS:
+        return Occurrence("Warning", "NoGpusFound", "PublishResourceSlices", closed.message)
+    return Occurrence("Warning", "DevicePluginPresent", "PublishResourceSlices", closed.message)
+
+
+def publishing_resumed(was: Closed) -> Occurrence:
+    return Occurrence("Normal", "PublishingResumed", "PublishResourceSlices",
+                      f"publishing this node's devices again: {not_publishing(was).reason} no longer holds")
 
 
 def health_changed(change: HealthChange) -> Occurrence:

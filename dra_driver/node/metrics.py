@@ -63,6 +63,10 @@ class PluginMetrics:
             f"{PREFIX}_devices_withheld",
             "Devices left out of the node's ResourceSlices because the API server would refuse them (or did), "
             "by the first rule each breaks", ["reason"], registry=r)
+        self.not_publishing = Gauge(
+            f"{PREFIX}_not_publishing",
+            "1 while the plugin publishes no devices on purpose, by reason (backend_unavailable: no NVML; no_gpus; "
+            "device_plugin: NVIDIA's device plugin serves this node's GPUs)", ["reason"], registry=r)
         self.nvml_errors = Counter(f"{PREFIX}_nvml_errors_total", "Failed NVML calls, by NVML function", ["function"],
                                    registry=r)
         self.xid_events = Counter(f"{PREFIX}_xid_events_total", "XID events seen, by XID code (ignored ones included)",

@@ -60,6 +60,8 @@ from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
 from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
+from dra_driver.node.publish import gate
+from dra_driver.node.publish.gate import Closed, PublishGate
 from dra_driver.node.publish.health import (
     HealthChange,
     HealthFileSource,
@@ -178,13 +180,54 @@ def report_quarantine(state: DeviceState, events: notices.NodeEvents) -> None:
         events.on_node(notices.checkpoint_quarantined(store.path, store.quarantine_reason, store.quarantined))
 
 
-def discover(settings: PluginSettings, events: notices.NodeEvents) -> tuple[Backend, list[Gpu]]:
-    """The backend and its GPUs; a missing NVML is an Event on the Node before anything else."""
-    def fallback(reason: str) -> None:
-        events.on_node(notices.backend_unavailable(reason, settings.simulated_profile))
+def discover(settings: PluginSettings) -> tuple[Backend | None, list[Gpu], Closed | None]:
+    """The backend and its GPUs, or why this node publishes nothing for good: no NVML, or no GPUs.
+    Either way the plugin stays up (exiting would crash-loop the pod on every node without GPUs)."""
+    try:
+        backend = open_backend(settings.backend_choice)
+        gpus = backend.discover()
+    except NvmlError as exc:
+        return None, [], gate.backend_closed(str(exc))
+    return backend, gpus, None if gpus else gate.no_gpus_closed(backend.name)
 
-    backend = open_backend(settings.backend_choice, on_fallback=fallback)
-    return backend, backend.discover()
+
+GATE_RECHECK_SECONDS = 30.0
+"""How often the Node is read again for NVIDIA's device plugin (one GET per node)."""
+GATE_RETRY_SECONDS = 2.0
+"""Until the first read succeeds: nothing is published before the plugin knows."""
+
+
+def gate_changed(old: Closed | None, new: Closed | None, events: notices.NodeEvents, log: Logger) -> None:
+    """Say why the node publishes nothing, or that it publishes again: log, Event, metric."""
+    for reason in gate.REASONS:
+        METRICS.not_publishing.labels(reason=reason).set(1 if new is not None and new.reason == reason else 0)
+    if new is not None:
+        log.error("publishing no devices; the plugin stays up", reason=new.reason, why=new.message)
+        events.on_node(notices.not_publishing(new))
+    elif old is not None:
+        log.info("publishing the node's devices again", was=old.reason)
+        events.on_node(notices.publishing_resumed(old))
+
+
+def watch_gate(settings: PluginSettings, api: kube.KubeApi, publish_gate: PublishGate, fixed: Closed | None,
+               stop: threading.Event, log: Logger) -> None:
+    """Decide the gate now and, while the device plugin can come or go, again every
+    :data:`GATE_RECHECK_SECONDS`. A Node that cannot be read keeps the last decision."""
+    decided = False
+    while True:
+        if fixed is not None or settings.ignore_device_plugin:
+            publish_gate.decide(fixed)
+            return
+        try:
+            node = api.get(kube.NODES, settings.node_name)
+        except Exception as exc:  # the client's (ApiError, transport failures): retried
+            log.warning("cannot read the Node to look for NVIDIA's device plugin", error=str(exc),
+                        publishing="waits" if not decided else "unchanged")
+        else:
+            publish_gate.decide(gate.device_plugin_closed(node, settings.node_name))
+            decided = True
+        if stop.wait(GATE_RECHECK_SECONDS if decided else GATE_RETRY_SECONDS):
+            return
 
 
 def gpu_control(settings: PluginSettings, backend: Backend | None) -> GpuControl:
@@ -304,20 +347,14 @@ def run(settings: PluginSettings) -> int:
     recorder = EventRecorder(api, notices.REPORTING_CONTROLLER, settings.node_name, on_drop=METRICS.events_dropped.inc)
     recorder.start(stop)
     events = notices.NodeEvents(recorder, settings.node_name)
-    try:
-        backend, gpus = discover(settings, events)
-    except NvmlError as exc:
-        log.error("the GPU backend is not available; stopping", error=str(exc))
-        events.on_node(notices.backend_unavailable(str(exc), None))
-        recorder.flush(timeout=5.0)
-        return 1
+    backend, gpus, fixed_closed = discover(settings)
     devices = enumerate_devices(gpus, settings.dynamic_mig)
-    log.info("discovered GPUs", backend=backend.name, gpus=len(gpus), devices=len(devices),
+    log.info("discovered GPUs", backend=settings.backend, gpus=len(gpus), devices=len(devices),
              consumable_shares=str(settings.consumable_shares))
-    METRICS.build_info.labels(version=__version__, backend=backend.name,
+    METRICS.build_info.labels(version=__version__, backend=settings.backend,
                               driver_version=gpus[0].driver_version if gpus else "").set(1)
 
-    driver_edits = start_driver_edits(settings, backend, log)
+    driver_edits = start_driver_edits(settings, backend, log) if backend is not None else None
     state = device_state(
         settings, devices, api, backend=backend, driver_edits=driver_edits.edits if driver_edits else None,
         on_prepare_error=lambda claim, error: events.on_claim(claim, notices.prepare_failed(error)))
@@ -349,10 +386,15 @@ def run(settings: PluginSettings) -> int:
                                on_withheld=lambda device, why: events.on_node(notices.device_withheld(device, why)))
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
                                            settings.consumable_shares)
-    publisher.update(devices_json, counters_json)
+    publish_gate = PublishGate(publisher.update, lambda old, new: gate_changed(old, new, events, log))
+    publish_gate.update(devices_json, counters_json)
+    threading.Thread(target=watch_gate, args=(settings, api, publish_gate, fixed_closed, stop, log),
+                     name="publish-gate", daemon=True).start()
     publish_device_counts(devices, {})
-    if settings.health_monitoring:
-        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publisher.update(tainted, counters_json),
+    if backend is None:
+        log.info("no GPU backend: no health monitoring")
+    elif settings.health_monitoring:
+        monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publish_gate.update(tainted, counters_json),
                                 on_change=lambda change: health_event(change, ownership, events))
         start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
     else:
@@ -362,7 +404,8 @@ def run(settings: PluginSettings) -> int:
         try:
             healthz = httpport.serve(settings.health_port,
                                      lambda: probe.check(servers.registration_socket, settings.driver_name),
-                                     pages={"/metrics": METRICS.page}, degraded_fn=publisher.degraded)
+                                     pages={"/metrics": METRICS.page}, degraded_fn=publisher.degraded,
+                                     note_fn=lambda: closed.message if (closed := publish_gate.closed) else None)
             log.info("serving /healthz and /metrics", port=settings.health_port)
         except OSError as exc:
             # The kubelet's sockets matter more than the probes: keep serving it, say why loudly.

@@ -16,7 +16,7 @@ from dra_driver.config import add_shared_arguments, env, env_flag
 from dra_driver.gpuconfig import Strategy
 from dra_driver.k8s.names import is_driver_name
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
-from dra_driver.node.discovery.select import BackendChoice
+from dra_driver.node.discovery.select import BACKENDS, BackendChoice
 from dra_driver.ondisk import CDI_ROOT, KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, SocketPaths, socket_paths
 
 SHARING_STRATEGIES = tuple(s.value for s in Strategy)
@@ -66,6 +66,8 @@ class PluginSettings:
     """Sockets of their own per pod, so that a new pod serves beside the old one (kubelet 1.33 or later)."""
     pod_uid: str | None = None
     """This instance's pod; required with ``rolling_update``."""
+    ignore_device_plugin: bool = False
+    """Publish even where the Node shows NVIDIA's device plugin serving the GPUs (a node being migrated)."""
 
     @property
     def plugin_data_dir(self) -> Path:
@@ -168,8 +170,9 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--node-name", default=env("NODE_NAME"), help="Node this plugin serves [NODE_NAME] (required)")
     add_shared_arguments(parser)
-    add("--gpu-backend", default=env("GPU_BACKEND", "auto"), choices=["auto", "nvml", "simulated"],
-        help="GPU discovery backend [GPU_BACKEND]")
+    add("--gpu-backend", default=env("GPU_BACKEND", "nvml"), choices=list(BACKENDS),
+        help="GPU discovery backend: nvml (real GPUs) or simulated (fake GPUs of --simulated-profile; only when "
+             "named, never as a fallback) [GPU_BACKEND]")
     add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
         help="Built-in simulated node profile name or a YAML file [SIMULATED_PROFILE]")
     add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR),
@@ -227,6 +230,11 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add("--rolling-update", action=argparse.BooleanOptionalAction, default=env_flag(env("ROLLING_UPDATE")),
         help="Sockets named after this pod (--pod-uid), so that an updated pod serves beside the old one before it "
              "stops (needs kubelet 1.33 or later) [ROLLING_UPDATE]")
+    add("--ignore-device-plugin", action=argparse.BooleanOptionalAction,
+        default=env_flag(env("IGNORE_DEVICE_PLUGIN")),
+        help="Publish this node's GPUs even while its Node advertises nvidia.com/gpu or nvidia.com/mig-* (NVIDIA's "
+             "device plugin serves them too); only while moving a node from the device plugin to DRA, with nothing "
+             "scheduled through the device plugin [IGNORE_DEVICE_PLUGIN]")
     add("--pod-uid", default=env("POD_UID"), help="This plugin pod's UID; required with --rolling-update [POD_UID]")
     add("--nvidia-cdi-hook-path", default=env("NVIDIA_CDI_HOOK_PATH"),
         help="nvidia-cdi-hook as the host's container runtime finds it; default: beside nvidia-ctk "
@@ -284,6 +292,7 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         boot_id_path=Path(args.boot_id_path),
         rolling_update=bool(args.rolling_update),
         pod_uid=args.pod_uid or None,
+        ignore_device_plugin=bool(args.ignore_device_plugin),
     )
     problems = registration_problems(settings.driver_name, settings.sockets, settings.rolling_update)
     if problems:

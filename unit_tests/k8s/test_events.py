@@ -22,6 +22,7 @@ from dra_driver.k8s.events import (
 )
 from dra_driver.node import events as notices
 from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.publish import gate
 from dra_driver.node.publish.health import DeviceHealth, health_changes
 
 CONTROLLER = "gpu.dra-driver.io/kubelet-plugin"
@@ -149,9 +150,16 @@ def test_note_fits_the_api_limit() -> None:
 def test_plugin_notes_say_what_and_where() -> None:
     q = notices.checkpoint_quarantined(Path("/s/checkpoint.json"), "checksum mismatch", Path("/s/checkpoint.json.corrupt-1"))
     assert q.reason == "CheckpointQuarantined" and "checksum mismatch" in q.note and "corrupt-1" in q.note
-    b = notices.backend_unavailable("libnvidia-ml.so.1 was not found", "h100-8x")
-    assert b.reason == "GpuBackendUnavailable" and "libnvidia-ml" in b.note and "simulated" in b.note
-    assert "cannot start" in notices.backend_unavailable("no driver", None).note
+    b = notices.not_publishing(gate.backend_closed("libnvidia-ml.so.1 was not found"))
+    assert (b.type, b.reason) == ("Warning", "GpuBackendUnavailable") and "libnvidia-ml" in b.note
+    assert "publishing nothing" in b.note and "simulated" not in b.note
+    assert notices.not_publishing(gate.no_gpus_closed("nvml")).reason == "NoGpusFound"
+    closed = gate.device_plugin_closed({"status": {"capacity": {"nvidia.com/gpu": "8"}}}, "n1")
+    assert closed is not None
+    dp = notices.not_publishing(closed)
+    assert dp.reason == "DevicePluginPresent" and "nvidia.com/gpu" in dp.note and "--ignore-device-plugin" in dp.note
+    resumed = notices.publishing_resumed(closed)
+    assert resumed.type == "Normal" and resumed.reason == "PublishingResumed" and "DevicePluginPresent" in resumed.note
     stale = notices.stale_claim_unprepared(ClaimRef("u", "ns", "c"), None)
     assert stale.type == "Normal" and "ns/c" in stale.note
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +12,8 @@ from dra_driver.node.discovery.backend import Backend
 _log = logs.get("discovery")
 
 SIMULATED_STATE_FILE = "simulated-gpus.json"
+BACKENDS = ("nvml", "simulated")
+"""The ``--gpu-backend`` choices; ``simulated`` only ever when asked for by name."""
 
 # Where distributions put libnvidia-ml below a driver root (a container mounts the host's at /driver-root).
 NVML_LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64")
@@ -23,7 +24,7 @@ class BackendChoice:
     """Which backend to open, and what opening it needs."""
 
     backend: str
-    """``auto``, ``nvml`` or ``simulated``."""
+    """``nvml`` or ``simulated``."""
     node_name: str
     simulated_profile: str
     """A built-in profile name or a YAML file."""
@@ -55,27 +56,17 @@ def preload_nvml(driver_root: Path) -> Path | None:
     return None
 
 
-def open_backend(choice: BackendChoice, on_fallback: Callable[[str], None] | None = None) -> Backend:
-    """``nvml``, ``simulated``, or ``auto`` (NVML when libnvidia-ml initialises, else simulated, loudly:
-    ``on_fallback`` hears why)."""
-    if choice.backend not in ("auto", "nvml", "simulated"):
-        raise ValueError(f"unknown GPU backend {choice.backend!r} (expected auto, nvml or simulated)")
-    if choice.backend in ("auto", "nvml"):
+def open_backend(choice: BackendChoice) -> Backend:
+    """``nvml`` or ``simulated``, exactly as asked: there is no fallback from one to the other, so a
+    node without a working NVML never publishes simulated GPUs that the scheduler would place real
+    pods on. NVML's own failures surface when :meth:`discover` is called (:class:`NvmlError`)."""
+    if choice.backend not in BACKENDS:
+        raise ValueError(f"unknown GPU backend {choice.backend!r} (expected {' or '.join(BACKENDS)})")
+    if choice.backend == "nvml":
         preload_nvml(choice.nvidia_driver_root)
-        from dra_driver.node.discovery.nvml import NvmlBackend, nvml_available
+        from dra_driver.node.discovery.nvml import NvmlBackend
 
-        if choice.backend == "nvml":
-            return NvmlBackend(sysfs_root=choice.sysfs_root)
-        ok, reason = nvml_available()
-        if ok:
-            _log.info("using the NVML backend")
-            return NvmlBackend(sysfs_root=choice.sysfs_root)
-        _log.warning(
-            "NVML IS NOT AVAILABLE: FALLING BACK TO SIMULATED GPUS; nothing this node publishes is real hardware",
-            reason=reason, profile=choice.simulated_profile,
-        )
-        if on_fallback is not None:
-            on_fallback(reason)
+        return NvmlBackend(sysfs_root=choice.sysfs_root)
     return open_simulated(choice)
 
 

@@ -217,20 +217,28 @@ def test_settings_choose_the_backend_with_their_own_values(tmp_path: Path) -> No
         sysfs_root=tmp_path / "sys", dev_root=tmp_path / "root")
 
 
-def test_open_backend_simulated_and_auto_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from dra_driver.node.discovery import nvml, select
+def test_open_backend_opens_what_is_named_and_never_falls_back(tmp_path: Path) -> None:
+    from dra_driver.node.discovery import select
 
     backend = select.open_backend(_choice(tmp_path, "simulated"))
     assert backend.name == "simulated" and len(backend.discover()) == 4
     assert stat.S_ISCHR((tmp_path / "root" / "dev" / "nvidia0").stat().st_mode)
-    monkeypatch.setattr(nvml, "nvml_available", lambda: (False, "libnvidia-ml.so.1 was not found"))
-    auto = select.open_backend(_choice(tmp_path, "auto"))
-    assert auto.name == "simulated"
-    captured = capsys.readouterr()
-    assert "FALLING BACK TO SIMULATED" in captured.out + captured.err
-    with pytest.raises(ValueError):
-        select.open_backend(_choice(tmp_path, "magic"))
+    # `auto` (which fell back to simulated GPUs without NVML) is gone: simulated only by name.
+    for name in ("auto", "magic"):
+        with pytest.raises(ValueError, match=f"unknown GPU backend '{name}' \\(expected nvml or simulated\\)"):
+            select.open_backend(_choice(tmp_path, name))
+
+
+def test_nvml_without_a_driver_is_an_nvml_error_not_simulated_gpus(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_driver.node.discovery import nvml, select
+
+    def missing() -> None:
+        raise ImportError("libnvidia-ml.so.1 was not found")
+
+    monkeypatch.setattr(nvml, "load_pynvml", missing)
+    with pytest.raises(nvml.NvmlError, match="cannot import pynvml"):
+        select.open_backend(_choice(tmp_path, "nvml"))
 
 
 def test_dump_cli(capsys: pytest.CaptureFixture[str]) -> None:
