@@ -35,7 +35,7 @@ class Install:
         return run([self.helm_bin, "--kubeconfig", str(self.bed.kubeconfig), *args], timeout=timeout).stdout
 
     def upgrade(self, *sets: str) -> None:
-        self.helm("upgrade", self.release, str(CHART), "-n", self.namespace, "--reuse-values", "--wait",
+        self.helm("upgrade", self.release, str(CHART), "-n", self.namespace, "--reset-then-reuse-values", "--wait",
                   "--timeout", "5m", *sets)
         self.rollout()
 

@@ -86,3 +86,57 @@ device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '
 {{- define "dra-driver.pluginsDir" -}}
 {{- .Values.kubelet.pluginsDir | default (printf "%s/plugins" (trimSuffix "/" .Values.kubelet.rootDir)) | trimSuffix "/" -}}
 {{- end }}
+
+{{/* The plugin pod's affinity: kubeletPlugin.affinity, with a nodeAffinity to the nodes labelled
+     as having NVIDIA GPUs (any of kubeletPlugin.gpuNodeLabels = "true") unless it brings its own. */}}
+{{- define "dra-driver.pluginAffinity" -}}
+{{- $p := .Values.kubeletPlugin }}
+{{- $affinity := deepCopy ($p.affinity | default dict) }}
+{{- if and $p.gpuNodeLabels (not (hasKey $affinity "nodeAffinity")) }}
+{{- $terms := list }}
+{{- range $p.gpuNodeLabels }}
+{{- $terms = append $terms (dict "matchExpressions" (list (dict "key" . "operator" "In" "values" (list "true")))) }}
+{{- end }}
+{{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) }}
+{{- end }}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end }}
+{{- end -}}
+
+{{/* "true" when the plugin DaemonSet selects the Node `.node` (call with (dict "ctx" $ "node" $node)):
+     its nodeSelector and the required node affinity of dra-driver.pluginAffinity (matchExpressions
+     with In, NotIn, Exists, DoesNotExist; Gt, Lt and matchFields count as matching, so a node is
+     checked rather than skipped). Taints are not looked at. */}}
+{{- define "dra-driver.pluginSelectsNode" -}}
+{{- $labels := .node.metadata.labels | default dict }}
+{{- $ok := true }}
+{{- range $k, $v := .ctx.Values.kubeletPlugin.nodeSelector }}
+{{- if ne (toString (get $labels $k)) (toString $v) }}{{ $ok = false }}{{ end }}
+{{- if not (hasKey $labels $k) }}{{ $ok = false }}{{ end }}
+{{- end }}
+{{- $affinity := include "dra-driver.pluginAffinity" .ctx | fromYaml }}
+{{- $terms := dig "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" "nodeSelectorTerms" list $affinity }}
+{{- if and $ok $terms }}
+{{- $any := false }}
+{{- range $term := $terms }}
+{{- $all := true }}
+{{- range $e := ($term.matchExpressions | default list) }}
+{{- $has := hasKey $labels $e.key }}
+{{- $value := toString (get $labels $e.key) }}
+{{- $values := $e.values | default list }}
+{{- if and (eq $e.operator "In") (not (and $has (has $value $values))) }}{{ $all = false }}{{ end }}
+{{- if and (eq $e.operator "NotIn") $has (has $value $values) }}{{ $all = false }}{{ end }}
+{{- if and (eq $e.operator "Exists") (not $has) }}{{ $all = false }}{{ end }}
+{{- if and (eq $e.operator "DoesNotExist") $has }}{{ $all = false }}{{ end }}
+{{- end }}
+{{- if $all }}{{ $any = true }}{{ end }}
+{{- end }}
+{{- $ok = $any }}
+{{- end }}
+{{- if $ok }}true{{ end }}
+{{- end -}}
+
+{{/* Name of the allocation-fence ValidatingAdmissionPolicy and its binding: the release's own,
+     so that two releases never replace or delete each other's. */}}
+{{- define "dra-driver.fenceName" -}}
+{{- printf "%s-allocation-fence" (include "dra-driver.fullname" .) -}}
+{{- end -}}
