@@ -49,6 +49,8 @@ GOOD_COMBOS: dict[str, list[str]] = {
     "cdi-hook-install-dir": ["--set", "nvml.cdiHook.installDir=/home/kubernetes/bin/nvidia/"],
     "no-driver-edits": ["--set", "nvml.driverEdits=false"],
     "no-device-metadata": ["--set", "deviceMetadata.enabled=false"],
+    "every-node": ["--set-json", "kubeletPlugin.gpuNodeLabels=[]", "--set", "kubeletPlugin.ignoreDevicePlugin=true"],
+    "no-allocation-fence": ["--set", "allocationFence.enabled=false"],
     "monitoring": ["--set", "monitoring.enabled=true", "--set", "monitoring.labels.release=prometheus"],
     "no-controller": ["--set", "controller.enabled=false", "--set", "deviceClasses.enabled=false"],
     "other-driver-name": ["--set", "driverName=gpu.example.org", "--set", "logFormat=console",
@@ -58,6 +60,8 @@ GOOD_COMBOS: dict[str, list[str]] = {
 # name -> (extra args, regex that the error output must match)
 BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "bad-backend": (["--set", "gpuBackend=cuda"], r"gpuBackend"),
+    "bad-gpu-node-labels": (["--set-json", "kubeletPlugin.gpuNodeLabels=[true]"], r"gpuNodeLabels"),
+    "bad-ignore-device-plugin": (["--set", "kubeletPlugin.ignoreDevicePlugin=maybe"], r"ignoreDevicePlugin"),
     "bad-log-format": (["--set", "logFormat=xml"], r"logFormat"),
     "bad-replicas": (["--set", "controller.replicas=-1"], r"replicas"),
     "zero-write-budget": (["--set", "controller.maxWritesPerSecond=0"], r"maxWritesPerSecond"),

@@ -323,7 +323,14 @@ def test_kind_config() -> None:
     cfg = yaml.safe_load(KIND_CONFIG.read_text())
     assert cfg["kind"] == "Cluster" and cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     roles = [n["role"] for n in cfg["nodes"]]
-    assert roles.count("control-plane") == 1 and roles.count("worker") == 2
+    assert roles.count("control-plane") == 1 and roles.count("worker") == 3
+    # Two GPU workers, each with one of the labels the chart's default node affinity looks for, and
+    # a CPU-only worker with neither (where the defaults must put no plugin).
+    labels = [n.get("labels", {}) for n in cfg["nodes"] if n["role"] == "worker"]
+    gpu_labels = {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+    assert [sorted(gpu_labels & set(lab)) for lab in labels] == [
+        ["nvidia.com/gpu.present"], ["feature.node.kubernetes.io/pci-10de.present"], []]
+    assert all(lab.get(k) == "true" for lab in labels for k in gpu_labels & set(lab))
     for node in cfg["nodes"]:
         m = re.match(r"^kindest/node:v1\.(\d+)\.\d+", node["image"])
         assert m and int(m.group(1)) >= 36, node["image"]

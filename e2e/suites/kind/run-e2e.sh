@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end run on a kind cluster with simulated GPUs, installed as a user installs it:
-#   create the cluster (e2e/suites/kind/kind-config.yaml: 1 control plane, 2 workers, CDI, DRA gates),
-#   building the image meanwhile (deploy/image/build.py, as `make image`) -> `kind load` it ->
+#   create the cluster (e2e/suites/kind/kind-config.yaml: 1 control plane, 2 GPU workers and a CPU-only
+#   one, CDI, DRA gates), building the image meanwhile (deploy/image/build.py, as `make image`) -> `kind load` it ->
 #   `helm install` the chart with gpuBackend=simulated on worker 1 -> wait for the plugins ->
 #   pytest e2e/suites -m "not testbed_only" with E2E_CLUSTER=kind (the shared suite) ->
 #   pytest e2e/suites/kind (what only a real install shows: registration from the DaemonSet, RBAC from
