@@ -176,23 +176,51 @@ def test_quarantined_checkpoint_is_an_event_on_the_node(bed: Bed) -> None:
 
 
 @pytest.mark.skipif(nvml_available()[0], reason="this machine has NVML: the nvml backend would start")
-def test_a_crash_loop_is_one_event_series(bed: Bed) -> None:
-    """The plugin asked for NVML where there is none exits at once, like a crash loop: each restart
-    adds to one Event instead of writing a new one."""
+def test_without_nvml_the_plugin_stays_up_and_restarts_are_one_event_series(bed: Bed) -> None:
+    """The plugin asked for NVML where there is none stays up and publishes nothing (it used to exit
+    1: a crash loop on every CPU node); each restart adds to one Event instead of writing a new one.
+    A Node of its own (a plugin publishing nothing removes its node's slices), and its own
+    directories and port, so that the bed's running plugins are left alone."""
+    import signal
+    import socket
+    import tempfile
+
     fleet = bed.fleet
     node = fleet.nodes[MIG_NODE]
-    args = node.plugin_args(fleet.kubeconfig, ("--gpu-backend=nvml",))
+    cpu = "cpu-node-without-nvml"
+    bed.kubectl("create", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "Node",
+                                                             "metadata": {"name": cpu}}), check=False)
     before = {e["metadata"]["name"]: e.get("series", {}).get("count", 1)
-              for e in node_events(bed, MIG_NODE, "GpuBackendUnavailable")}
-    for _ in range(3):
-        proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 1, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr and "the GPU backend is not available" in proc.stderr, proc.stderr[-2000:]
-    (event,) = node_events(bed, MIG_NODE, "GpuBackendUnavailable")
-    count = event.get("series", {}).get("count", 1)
-    assert count == before.get(event["metadata"]["name"], 0) + 3, event
-    assert "NVML" in event["note"] and "cannot start" in event["note"]
-    assert "GpuBackendUnavailable" in bed.kubectl("describe", "node", MIG_NODE).stdout
+              for e in node_events(bed, cpu, "GpuBackendUnavailable")}
+    with tempfile.TemporaryDirectory(prefix="dra-nonvml-", dir="/tmp") as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        dirs = (f"--node-name={cpu}", f"--kubelet-registry-dir={tmp}/reg", f"--kubelet-plugins-dir={tmp}/plugins",
+                f"--state-dir={tmp}/state", f"--cdi-root={tmp}/cdi", f"--health-port={port}", "--no-rolling-update")
+        args = node.plugin_args(fleet.kubeconfig, ("--gpu-backend=nvml", *dirs))
+        for run in range(3):
+            proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                def counted(run: int = run) -> bool:
+                    events = node_events(bed, cpu, "GpuBackendUnavailable")
+                    return bool(events) and events[0].get("series", {}).get("count", 1) == \
+                        before.get(events[0]["metadata"]["name"], 0) + run + 1
+
+                wait_for(f"start {run + 1} counted in the Event", lambda p=proc: counted() or p.poll() is not None, 60)
+                assert proc.poll() is None, "the plugin exited"
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as resp:
+                    assert resp.status == 200 and "NVML is not available" in resp.read().decode()
+                assert value(page(port), "not_publishing", reason="backend_unavailable") == 1
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                out, _ = proc.communicate(timeout=30)
+            assert proc.returncode == 0 and "Traceback" not in out, out[-2000:]
+            assert "publishing no devices" in out, out[-2000:]
+    (event,) = node_events(bed, cpu, "GpuBackendUnavailable")
+    assert "NVML" in event["note"] and "publishing nothing" in event["note"], event["note"]
+    assert "GpuBackendUnavailable" in bed.kubectl("describe", "node", cpu).stdout
+    bed.kubectl("delete", "node", cpu, "--wait=false", check=False)
 
 
 def test_failed_prepare_is_an_event_on_the_claim(bed: Bed, ns: str) -> None:
