@@ -362,6 +362,19 @@ def _taint_reason(d: Device, alt: Alt) -> str | None:
     return None if taint is None else f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
 
 
+def holders(ctx: Ctx, d: Device) -> str:
+    """Who holds shares of ``d``, as the claim's author may be told: the claims of its own namespace
+    by name, those of other namespaces only counted (a tenant learns that a GPU is taken, not who
+    took it): ``ns/x, 2 claims in other namespaces``."""
+    namespace = as_str(as_mapping(ctx.claim.get("metadata")).get("namespace")) or "default"
+    owners = ctx.allocated.consumers.get(d.key, [])
+    own = [o for o in owners if o.partition("/")[0] == namespace]
+    others = len(owners) - len(own)
+    if others:
+        own.append("1 claim in another namespace" if others == 1 else f"{others} claims in other namespaces")
+    return ", ".join(own) or "other claims"
+
+
 def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
     """What other claims' shares leave of a device, when this request no longer fits:
     ``memory: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi`` (a device that stopped allowing
@@ -376,7 +389,7 @@ def _shared_reason(ctx: Ctx, d: Device, alt: Alt) -> str | None:
         total = totals[name][0].value
         taken = used.get(name, Fraction(0))
         if taken + amount.value > total:
-            owners = ", ".join(ctx.allocated.consumers.get(d.key, [])) or "other claims"
+            owners = holders(ctx, d)
             shown = status_name(d, name, qualified)
             asked = next((q for n, q in alt.capacity.items()
                           if (f"{d.key[0]}/{n}" if qualified and "/" not in n else n) == name), None)
@@ -520,7 +533,7 @@ def _competing_requests(ctx: Ctx) -> list[str]:
             parts = [f"{first[0].name} takes {show(first[1])}"] + [f"{alt.name} would take {show(a)}" for alt, a in rest]
             line = f"{key_str(dev.key)} {status_name(dev, name, qualified)}: {', '.join(parts)} of {show(total.value)}"
             if before:
-                owners = ", ".join(ctx.allocated.consumers.get(dev.key, [])) or "other claims"
+                owners = holders(ctx, dev)
                 line += f", with {show(before)} already consumed by {owners}"
             lines.append(line)
             break

@@ -127,13 +127,28 @@ def test_explain_json_has_consumed_capacity_and_the_rounding() -> None:
 def test_other_claims_consumption_is_named() -> None:
     # Issue 13: "gpu-0: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi".
     inv = build_inventory([node("node-1", [gpu(0, shared=True)])])
-    used = allocated_state([share_of("a/x", "gpu-0", "40Gi"), share_of("b/y", "gpu-0", "20Gi")])
+    used = allocated_state([share_of("ns/x", "gpu-0", "40Gi"), share_of("ns/y", "gpu-0", "20Gi")])
     res = resolve(claim(req("r0", memory="30Gi")), inv, CLASSES, used)
     assert res.allocation is None
     [note] = res.explanation.requests[0].closest
-    assert note.failed == "memory: 60Gi of 80Gi consumed by a/x, b/y; need 30Gi"
+    assert note.failed == "memory: 60Gi of 80Gi consumed by ns/x, ns/y; need 30Gi"
     assert any(s.stage == "capacity left by other claims" and s.kept == 0 for s in res.explanation.requests[0].stages)
     assert resolve(claim(req("r0", memory="20Gi")), inv, CLASSES, used).allocation is not None
+
+
+def test_other_namespaces_claims_are_only_counted() -> None:
+    # Issue 50: a tenant is told that a GPU is taken, not which other tenant's claim holds it.
+    inv = build_inventory([node("node-1", [gpu(0, shared=True)])])
+    used = allocated_state([share_of("ns/x", "gpu-0", "30Gi"), share_of("a/y", "gpu-0", "20Gi"),
+                            share_of("b/z", "gpu-0", "10Gi")])
+    res = resolve(claim(req("r0", memory="30Gi")), inv, CLASSES, used)
+    [note] = res.explanation.requests[0].closest
+    assert note.failed == "memory: 60Gi of 80Gi consumed by ns/x, 2 claims in other namespaces; need 30Gi"
+    text = res.explanation.render() + json.dumps(res.explanation.to_dict())
+    assert "a/y" not in text and "b/z" not in text
+    alone = allocated_state([share_of("a/y", "gpu-0", "60Gi")])
+    [note] = resolve(claim(req("r0", memory="30Gi")), inv, CLASSES, alone).explanation.requests[0].closest
+    assert note.failed == "memory: 60Gi of 80Gi consumed by 1 claim in another namespace; need 30Gi"
 
 
 def test_distinct_attribute_counts_per_node() -> None:
