@@ -10,6 +10,7 @@ from kubefake import FakeKube
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION
 from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.settings import ControllerSettings
+from dra_driver.k8s.labels import parse_selector
 from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Resource
 from dra_driver.k8s.objects import Obj
 
@@ -41,6 +42,7 @@ def settings(**over: Any) -> ControllerSettings:
         metrics_port=0,
         resync_seconds=30.0,
         allocation_ledger=("kube-system", "dra-driver-allocations"),
+        allocation_namespaces=parse_selector(""),  # every namespace: the tests of the gate say otherwise
     )
     base.update(over)
     return ControllerSettings(**base)

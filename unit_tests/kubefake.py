@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from dra_driver._proto.kubewire import claimnotes_pb2, meta_pb2, pods_pb2, slices_pb2
-from dra_driver.k8s.client import CLAIMS, ApiError, ListResult, Resource
+from dra_driver.k8s.client import CLAIMS, NAMESPACES, ApiError, ListResult, Resource
 from dra_driver.k8s.informer import INITIAL_EVENTS_END
 from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import Reduced, allocation_view
@@ -64,6 +64,10 @@ class FakeKube:
         m["resourceVersion"] = self._next_rv()
         self._bucket(res)[key_of(obj)] = obj
         self._record(res, "ADDED", obj)
+        if res.namespaced and m.get("namespace") and str(m["namespace"]) not in self._bucket(NAMESPACES):
+            # As on a cluster, an object's namespace exists (with the label the API server sets).
+            ns = str(m["namespace"])
+            self.add(NAMESPACES, {"metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}}})
         return copy.deepcopy(obj)
 
     def set(self, res: Resource, obj: Obj) -> Obj:

@@ -33,6 +33,7 @@ from dra_driver.allocator.inventory import Device, DeviceKey, Pool, key_str
 from dra_driver.allocator.readings import Reading, describe, readings, values_key
 from dra_driver.allocator.requests import Alt, lookup_attribute, taint_blocking
 from dra_driver.allocator.search import Ctx, Verdict
+from dra_driver.allocator.taintrules import RULE_KEY
 from dra_driver.k8s.objects import as_list, as_mapping, as_str
 
 MAX_CLOSEST = 5  # groups of devices shown per request
@@ -359,7 +360,11 @@ def _alone_answers(totals: tuple[tuple[str, tuple[tuple[str, Fraction | int], ..
 
 def _taint_reason(d: Device, alt: Alt) -> str | None:
     taint = taint_blocking(d, alt)
-    return None if taint is None else f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
+    if taint is None:
+        return None
+    rule = taint.get(RULE_KEY)
+    origin = f" from DeviceTaintRule {rule}" if rule else ""
+    return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}{origin} not tolerated"
 
 
 def holders(ctx: Ctx, d: Device) -> str:

@@ -16,15 +16,18 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from dra_driver import logs
 from dra_driver.allocator.inventory import Inventory, Prebuilt
 from dra_driver.allocator.resolve import Engine
+from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.keys import MAX_SUMMARY_BYTES
 from dra_driver.controller.metrics import ControllerMetrics
+from dra_driver.controller.placement import allowed_nodes, placement_key, restricting, unconstrained
 from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.verdicts import (
     Outcome,
@@ -37,7 +40,7 @@ from dra_driver.controller.verdicts import (
 from dra_driver.k8s.claims import classes_by_name, pod_node, uid_of
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer
-from dra_driver.k8s.objects import Obj, key_of
+from dra_driver.k8s.objects import Obj, key_of, meta
 
 PREBUILD_EVERY = 0.2
 """Seconds between looks at the slices a streaming list has received so far (see EngineInputs.prebuild)."""
@@ -49,8 +52,10 @@ class EngineInputs:
     """The inventory, the classes and the versions behind a verdict, and the engine that gives it.
 
     ``waiting_pods`` names the pods that wait for a claim (by key): a claim whose one pod is
-    pinned to a node is resolved on that node only. The informers are the controller's; this
-    class only reads their stores."""
+    pinned to a node is resolved on that node only, one whose pods are not on the nodes the
+    scheduler could place them on (:mod:`dra_driver.controller.placement`, from ``nodes``). The
+    devices carry the taints of the DeviceTaintRules in ``taint_rules``, as the scheduler's do.
+    The informers are the controller's; this class only reads their stores."""
 
     def __init__(
         self,
@@ -65,6 +70,8 @@ class EngineInputs:
         metrics: ControllerMetrics,
         waiting_pods: Callable[[str], list[Obj]],
         log: logs.Logger,
+        taint_rules: Informer | None = None,
+        nodes: Informer | None = None,
     ) -> None:
         self.engine = engine
         self.driver = driver
@@ -75,10 +82,16 @@ class EngineInputs:
         self.rules = rules
         self.metrics = metrics
         self.waiting_pods = waiting_pods
+        self.taint_rules = taint_rules
+        self.nodes = nodes
         self._log = log
         self._lock = threading.Lock()
         self._slices_version = 0
         self._classes_version = 0
+        self._nodes_version = 0
+        self._placements: tuple[Any, dict[Any, list[str] | None]] = (None, {})
+        """The nodes pods may use, by what they ask of nodes, while the nodes and the inventory stay
+        as they are: (state, answers)."""
         self._built: tuple[int, Inventory | None] = (-1, None)
         """The last inventory and the slices version it was built at."""
         self.prebuilt: Prebuilt | None = None
@@ -101,13 +114,17 @@ class EngineInputs:
         with self._lock:
             self._classes_version += 1
 
+    def nodes_changed(self) -> None:
+        with self._lock:
+            self._nodes_version += 1
+
     def seen(self, pods: Sequence[Obj]) -> tuple[Any, ...]:
         """What a pending claim's explanation depends on besides the claim itself, given the pods
         that wait for it: the versions of the slices, classes and allocations, the node its one
         pod is pinned to, and which pods wait for it (a pod that starts waiting is told the
         verdict), and the scheduler rules."""
         with self._lock:
-            return (self._slices_version, self._classes_version, self.accounting.version,
+            return (self._slices_version, self._classes_version, self._nodes_version, self.accounting.version,
                     tuple(sorted({n for p in pods if (n := pod_node(p))})), tuple(key_of(p) for p in pods),
                     self.rules.current())
 
@@ -127,7 +144,10 @@ class EngineInputs:
             # The last inventory lends its devices' CEL state to unchanged devices: a slice update
             # then costs CEL conversions only for the devices it changed.
             prebuilt, self.prebuilt = self.prebuilt, None
-            inv = self.engine.build_inventory(self.slices.store.values(), previous=last, prebuilt=prebuilt)
+            slices: Sequence[Mapping[str, Any]] = self.slices.store.values()
+            if self.taint_rules is not None:
+                slices = with_taint_rules(slices, taint_rules(self.taint_rules.store.values()))
+            inv = self.engine.build_inventory(slices, previous=last, prebuilt=prebuilt)
             with self._lock:
                 self._built = (version, inv)
             return version, inv
@@ -160,19 +180,51 @@ class EngineInputs:
                 return Outcome(verdict=Verdict.ERROR, summary=one_line(msg, MAX_SUMMARY_BYTES), text=msg,
                                config_errors=tuple(claim_config_errors(claim, classes, self.driver)))
             nodes = None
+            confined = False
             pods = self.waiting_pods(key_of(claim))
             pinned = {n for p in pods if (n := pod_node(p))}
             if len(pinned) == 1 and len(pods) == 1:
                 nodes = sorted(pinned)
+            elif not pinned:
+                nodes = self.schedulable_nodes(pods, inventory)
+                confined = nodes is not None
             rules = self.rules.current()
             memo = None
             if holdings_version is not None and not require_own_driver:
                 memo = (self._verdicts, (slices_version, classes_version, holdings_version, rules))
             with self._engine_lock:
-                return evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
-                                require_own_driver=require_own_driver, memo=memo, rules=rules)
+                outcome = evaluate(self.engine, claim, inventory, classes, allocated, driver=self.driver, nodes=nodes,
+                                   require_own_driver=require_own_driver, memo=memo, rules=rules)
+            if confined and nodes is not None and outcome.verdict is Verdict.UNSATISFIABLE:
+                outcome = confined_outcome(outcome, len(nodes), len(inventory.node_names))
+            return outcome
         finally:
             self.metrics.resolve_seconds.observe(time.perf_counter() - t0)
+
+    def schedulable_nodes(self, pods: Sequence[Obj], inventory: Inventory) -> list[str] | None:
+        """The inventory's nodes that every one of ``pods`` could be scheduled to, None when that is
+        all of them. Pods made from one template ask the same of nodes and share the answer; pods
+        that name no nodes look only at tainted and cordoned ones."""
+        if not pods or self.nodes is None:
+            return None
+        with self._lock:
+            state = (self._nodes_version, id(inventory))
+            if self._placements[0] != state:
+                self._placements = (state, {})
+            answers = self._placements[1]
+        key = tuple(sorted({placement_key(p) for p in pods}))
+        if key in answers:
+            return answers[key]
+        views = self.nodes.store.values()
+        known = {str(meta(n).get("name")): n for n in views}
+        candidates = None
+        if all(unconstrained(p) for p in pods):
+            candidates = sorted(restricting(views) & set(inventory.node_names))
+        answer = allowed_nodes(pods, inventory.node_names, known, candidates)
+        with self._lock:
+            if self._placements[0] == state:
+                answers[key] = answer
+        return answer
 
     # -- the warm-up
 
@@ -268,6 +320,13 @@ class EngineInputs:
         self._log.info("pools digested while the slices arrived", pools=len(prebuilt.pools), slices=taken,
                        seconds=round(time.perf_counter() - t0, 3))
         return True
+
+
+def confined_outcome(outcome: Outcome, allowed: int, total: int) -> Outcome:
+    """An unsatisfiable verdict on the nodes its pods could be scheduled to, saying so."""
+    note = (f"on the {allowed} of {total} nodes with devices that its pods can be scheduled to (node selector, "
+            "node affinity, node taints, cordons): ")
+    return replace(outcome, summary=one_line(note + outcome.summary, MAX_SUMMARY_BYTES), text=note + outcome.text)
 
 
 def synced(informers: Sequence[Informer], stop: threading.Event, deadline: float | None = None) -> bool:

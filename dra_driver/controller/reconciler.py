@@ -13,7 +13,11 @@ What it does
   writes the status of a claim that the scheduler allocates: there it only explains, and the
   scheduler's verdict wins (its allocation clears the annotations).
 * **Allocate on request.** A standalone claim (not generated for a pod) annotated
-  ``gpu.dra-driver.io/allocate: controller`` is allocated by the controller; see
+  ``gpu.dra-driver.io/allocate: controller`` is allocated by the controller, in the namespaces the
+  admin allows it in (``--allocation-namespace-selector``; none by default: elsewhere the claim
+  is told "not allowed here"), on the devices the scheduler would allow: DeviceTaintRules' taints
+  count, and a pod that waits for the claim confines it to the nodes the pod can be scheduled to
+  (:mod:`dra_driver.controller.placement`). See
   :meth:`dra_driver.controller.allocating.FencedAllocator.allocate` for the safety argument against
   double allocation.
 * **Validate opaque config** of this driver in claims, DeviceClasses and ResourceClaimTemplates
@@ -47,15 +51,18 @@ from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, FencedAl
 from dra_driver.controller.engine_inputs import EngineInputs, synced
 from dra_driver.controller.keys import OUR_ANNOTATIONS, REPORTING_CONTROLLER
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
+from dra_driver.controller.placement import node_view, same_placement
 from dra_driver.controller.reporting import Reporter
 from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.settings import ControllerSettings
 from dra_driver.controller.verdicts import (
     Action,
     Verdict,
+    allocation_refusal,
     claim_config_errors,
     classify,
     config_only_outcome,
+    not_allowed_outcome,
 )
 from dra_driver.controller.views import claim_view, holdings, needs_no_work, pod_view, slice_reading
 from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_keys, uid_of
@@ -63,7 +70,10 @@ from dra_driver.k8s.client import (
     CLAIM_TEMPLATES,
     CLAIMS,
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     EVENTS,
+    NAMESPACES,
+    NODES,
     PODS,
     SLICES,
     ApiError,
@@ -76,7 +86,7 @@ from dra_driver.k8s.compact import without_managed_fields
 from dra_driver.k8s.events import EventRecorder
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
-from dra_driver.k8s.objects import Obj, key_of, resource_version
+from dra_driver.k8s.objects import Obj, as_mapping, key_of, meta, resource_version
 from dra_driver.k8s.quarantine import Undecodable
 from dra_driver.k8s.ratelimit import TokenBucket, WriteLimitedApi
 from dra_driver.k8s.wire import POD_CLAIM_REFS
@@ -118,6 +128,13 @@ class Item(NamedTuple):
 
     def __str__(self) -> str:  # as the logs name it
         return f"{self.kind}:{self.key}"
+
+
+def namespace_view(namespace: Obj) -> Obj:
+    """What the controller keeps of a Namespace: its name and labels."""
+    m = meta(namespace)
+    return {"metadata": {"name": m.get("name"), "resourceVersion": m.get("resourceVersion"),
+                         "labels": dict(as_mapping(m.get("labels")))}}
 
 
 RESCAN = Item(Kind.RESCAN)
@@ -174,7 +191,17 @@ class Controller:
                                 on_undecodable=self._undecodable(DEVICE_CLASSES))
         self.templates = Informer(api, CLAIM_TEMPLATES, self._on_template, transform=without_managed_fields,
                                   on_undecodable=self._undecodable(CLAIM_TEMPLATES))
-        self.informers = (self.claims, self.pods, self.slices, self.classes, self.templates)
+        self.taint_rules = Informer(api, DEVICE_TAINT_RULES, self._on_taint_rule, transform=without_managed_fields,
+                                    optional=True, on_undecodable=self._undecodable(DEVICE_TAINT_RULES))
+        self.nodes = Informer(api, NODES, self._on_node, transform=node_view, on_undecodable=self._undecodable(NODES))
+        self.informers: tuple[Informer, ...] = (self.claims, self.pods, self.slices, self.classes, self.templates,
+                                                self.taint_rules, self.nodes)
+        self.namespaces: Informer | None = None
+        """The namespaces' labels, read only where controller allocation is on (to match them)."""
+        if settings.allocation_namespaces is not None:
+            self.namespaces = Informer(api, NAMESPACES, self._on_namespace, transform=namespace_view,
+                                       on_undecodable=self._undecodable(NAMESPACES))
+            self.informers += (self.namespaces,)
         self._lock = threading.RLock()
         self._pod_claims: dict[str, set[str]] = {}
         self._claim_pods: dict[str, set[str]] = {}
@@ -190,7 +217,8 @@ class Controller:
         self.accounting = Accounting(self.claims.store, self.engine, clock, lambda: self.queue.add(RESCAN))
         self.inputs = EngineInputs(self.engine, driver=self.driver, slices=self.slices, classes=self.classes,
                                    claims=self.claims, accounting=self.accounting, rules=self.rules,
-                                   metrics=self.metrics, waiting_pods=self.waiting_pods, log=self._log)
+                                   metrics=self.metrics, waiting_pods=self.waiting_pods, log=self._log,
+                                   taint_rules=self.taint_rules, nodes=self.nodes)
         self.reporter = Reporter(self.api, self.events, driver=self.driver, leadership=self.leadership,
                                  metrics=self.metrics, accounting=self.accounting, log=self._log,
                                  pod_events=settings.pod_events)
@@ -268,6 +296,27 @@ class Controller:
             self.queue.add(Item(Kind.CLASS, key_of(new)))
         self.inputs.classes_changed()
         self.queue.add(RESCAN)
+
+    def _on_taint_rule(self, old: Obj | None, new: Obj | None) -> None:
+        # A rule's taint is part of the devices it selects: the inventory is built again.
+        self.inputs.slices_changed()
+        self.queue.add(RESCAN)
+
+    def _on_node(self, old: Obj | None, new: Obj | None) -> None:
+        if not same_placement(old, new):
+            self.inputs.nodes_changed()
+            self.queue.add(RESCAN)
+
+    def _on_namespace(self, old: Obj | None, new: Obj | None) -> None:
+        if old is None or new is None or meta(old).get("labels") != meta(new).get("labels"):
+            self.queue.add(RESCAN)
+
+    def allocation_refused(self, claim: Obj) -> str | None:
+        """Why the controller may not allocate ``claim`` in its namespace; None when it may."""
+        namespace = str(meta(claim).get("namespace") or "default")
+        found = self.namespaces.store.get(namespace) if self.namespaces is not None else None
+        labels = None if found is None else {str(k): str(v) for k, v in as_mapping(meta(found).get("labels")).items()}
+        return allocation_refusal(namespace, labels, self.settings.allocation_namespaces)
 
     def _on_template(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
@@ -402,6 +451,11 @@ class Controller:
             with self._lock:
                 if self._settled.get(key) == (resource_version(claim), seen):
                     return  # explained as it stands, against what is there now
+        if action is Action.ALLOCATE and (refused := self.allocation_refused(claim)) is not None:
+            outcome = not_allowed_outcome(refused)
+            self.reporter.tell_pods(claim, outcome, self.waiting_pods(key))
+            self.reporter.record(claim, outcome, log)
+            return
         outcome = self.inputs.outcome_for(claim, require_own_driver=action is Action.ALLOCATE)
         self.reporter.tell_pods(claim, outcome, self.waiting_pods(key))
         if action is Action.EXPLAIN or outcome.verdict is not Verdict.SATISFIABLE:

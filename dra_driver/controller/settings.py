@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from dra_driver.allocator.rules import AUTO, RULE_CHOICES
 from dra_driver.config import add_scheduler_rules_argument, add_shared_arguments, env, env_flag
 from dra_driver.controller import fence
+from dra_driver.k8s.labels import LabelSelector, parse_selector
 from dra_driver.k8s.names import parse_namespaced_name
 
 DEFAULT_MAX_WRITES_PER_SECOND = 250.0
@@ -42,6 +43,9 @@ class ControllerSettings:
     """Whose allocation rules the engine follows: ``auto`` (the API server's version) or ``1.37``..."""
     pod_events: bool = True
     """A Warning Event on each pod waiting for a claim that cannot be allocated (dra_driver.controller.pod_notices)."""
+    allocation_namespaces: LabelSelector | None = None
+    """The namespaces (by their labels) whose claims the controller allocates when annotated
+    ``gpu.dra-driver.io/allocate: controller``; None: it allocates none (the default)."""
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +75,10 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pod-events", action=argparse.BooleanOptionalAction, default=env_flag(env("POD_EVENTS", "true")),
         help="Tell each pod that waits for a claim that cannot be allocated why, in a Warning Event on the pod "
              "(one write per pod and verdict, from the same write budget) [POD_EVENTS]")
+    add("--allocation-namespace-selector", default=env("ALLOCATION_NAMESPACE_SELECTOR", ""),
+        help="Allocate claims annotated gpu.dra-driver.io/allocate: controller only in namespaces whose labels match "
+             "this label selector (e.g. gpu.dra-driver.io/controller-allocation=enabled); empty (the default): the "
+             "controller allocates no claim, and says so on each annotated one [ALLOCATION_NAMESPACE_SELECTOR]")
     add_scheduler_rules_argument(parser, RULE_CHOICES)
 
 
@@ -90,6 +98,7 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         max_writes_per_second=float(args.max_writes_per_second),
         scheduler_rules=str(args.scheduler_rules),
         pod_events=bool(args.pod_events),
+        allocation_namespaces=_namespace_selector(args.allocation_namespace_selector),
     )
 
 
@@ -101,6 +110,15 @@ def _write_rate(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of writes a second, got {text!r}")
     return value
+
+
+def _namespace_selector(text: str | None) -> LabelSelector | None:
+    if not text or not text.strip():
+        return None
+    try:
+        return parse_selector(text)
+    except ValueError as exc:
+        raise ValueError(f"--allocation-namespace-selector: {exc}") from None
 
 
 def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from dra_driver.k8s.claims import (
     reserved_for,
 )
 from dra_driver.k8s.fields import one_line
+from dra_driver.k8s.labels import LabelSelector
 from dra_driver.k8s.objects import Obj
 
 # --------------------------------------------------------------------------------------------
@@ -146,6 +147,8 @@ class Verdict(StrEnum):
     UNSATISFIABLE = "Unsatisfiable"
     INVALID_CONFIG = "InvalidConfig"
     NOT_ALLOCATABLE = "NotAllocatable"
+    NOT_ALLOWED = "NotAllowed"
+    """Annotated for controller allocation in a namespace where the admin does not allow it."""
     ERROR = "Error"
 
 
@@ -153,6 +156,7 @@ EVENT_REASON = {
     Verdict.UNSATISFIABLE: "Unsatisfiable",
     Verdict.INVALID_CONFIG: "InvalidConfig",
     Verdict.NOT_ALLOCATABLE: "NotAllocatable",
+    Verdict.NOT_ALLOWED: "NotAllowed",
     Verdict.ERROR: "ResolveError",
 }
 
@@ -210,9 +214,13 @@ class VerdictMemo:
 
 
 def memo_key(claim: Mapping[str, Any], nodes: Sequence[str] | None) -> Hashable:
-    """What the engine's answer for an unallocated claim depends on besides the shared state."""
+    """What the engine's answer for an unallocated claim depends on besides the shared state: its
+    spec, the nodes it may use, and its namespace (an explanation names the claims of the claim's
+    own namespace that hold a device, and only counts the others)."""
     spec = claim.get("spec")
-    return orjson.dumps(spec, option=orjson.OPT_SORT_KEYS, default=str), tuple(nodes) if nodes is not None else None
+    namespace = claim_label(claim).partition("/")[0]
+    return (orjson.dumps(spec, option=orjson.OPT_SORT_KEYS, default=str), tuple(nodes) if nodes is not None else None,
+            namespace)
 
 
 def claim_label(claim: Mapping[str, Any]) -> str:
@@ -292,6 +300,29 @@ def evaluate(
                            text=text, config_errors=errors)
     return Outcome(verdict=Verdict.SATISFIABLE, summary=one_line(summary, MAX_SUMMARY_BYTES), allocation=allocation,
                    explanation=doc, text=text, config_errors=errors)
+
+
+def allocation_refusal(namespace: str, labels: Mapping[str, str] | None, allowed: LabelSelector | None) -> str | None:
+    """Why the controller does not allocate a claim of ``namespace`` (whose labels are ``labels``,
+    None when the controller does not know the namespace) that asks it to; None when it may.
+
+    The annotation lets a claim's author have devices without a pod, so without the scheduler's
+    say: only the namespaces an admin opened to it (``allowed``, a label selector) get that."""
+    if allowed is None:
+        why = "it is turned off in this cluster"
+    elif labels is None:
+        why = f"namespace {namespace} is not known to the controller"
+    elif not allowed.matches(labels):
+        why = (f"namespace {namespace} is not one the cluster's admin opened to it "
+               f"(namespaces labelled {allowed.text or 'with any labels'})")
+    else:
+        return None
+    return one_line(f"controller allocation is not allowed here: {why}; remove the {ALLOCATE_ANNOTATION} annotation "
+                    "and let the scheduler allocate the claim for a pod that uses it", MAX_SUMMARY_BYTES)
+
+
+def not_allowed_outcome(reason: str) -> Outcome:
+    return Outcome(verdict=Verdict.NOT_ALLOWED, summary=reason, text=reason)
 
 
 def invalid_config_summary(errors: Sequence[str], driver: str, unsatisfiable: str | None = None) -> str:

@@ -31,13 +31,14 @@ from dra_driver.controller.keys import EXPLANATION_ANNOTATION, OUR_ANNOTATIONS
 from dra_driver.k8s import wire
 from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_names
 from dra_driver.k8s.compact import Interner, without_managed_fields
-from dra_driver.k8s.objects import Obj, meta
+from dra_driver.k8s.objects import Obj, as_mapping, meta
 from dra_driver.k8s.wire import Reduced, allocation_view
 
 
 def pod_view(pod: Obj) -> Obj | None:
     """What the controller reads of a pod that waits for claims: name, UID (its Events name it),
-    node and every claim it references, wherever the pod names it (``spec.resourceClaims``,
+    node, what the scheduler's node filters read of it, and every claim it references, wherever
+    the pod names it (``spec.resourceClaims``,
     ``status.resourceClaimStatuses``, ``status.extendedResourceClaimStatus``), all under
     ``spec.resourceClaims`` with the name the pod gives each (one entry per name). None when it
     waits for no claim, finished pods included; so for a kept pod
@@ -55,6 +56,14 @@ def pod_view(pod: Obj) -> Obj | None:
     view_spec: Obj = {"resourceClaims": refs}
     if node:
         view_spec["nodeName"] = node
+    # What the scheduler's node filters read (dra_driver.controller.placement).
+    for field in ("nodeSelector", "tolerations"):
+        if as_mapping(spec).get(field):
+            view_spec[field] = as_mapping(spec)[field]
+    required = as_mapping(as_mapping(as_mapping(spec).get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if required:
+        view_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     return {"metadata": {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}, "spec": view_spec}
 
 

@@ -87,10 +87,13 @@ CLAIM_TEMPLATES = Resource(
 )
 DEVICE_CLASSES = Resource(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", "DeviceClass", namespaced=False)
 SLICES = Resource(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", "ResourceSlice", namespaced=False)
+DEVICE_TAINT_RULES = Resource(RESOURCE_GROUP, RESOURCE_VERSION, "devicetaintrules", "DeviceTaintRule", namespaced=False)
+"""resource.k8s.io/v1 from Kubernetes 1.37 (1.36 serves them as v1beta2 behind an off-by-default gate)."""
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 EVENTS = Resource("events.k8s.io", "v1", "events", "Event", namespaced=True)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 
 

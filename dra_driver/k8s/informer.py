@@ -155,6 +155,7 @@ class Informer:
         max_backoff: float = 30.0,
         streaming: bool = True,
         on_undecodable: Callable[[Undecodable], None] | None = None,
+        optional: bool = False,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -169,6 +170,9 @@ class Informer:
         self.resource_version = ""
         self.streaming = streaming
         """Whether lists are streamed (:meth:`stream`); cleared once the API server refuses."""
+        self.optional = optional
+        """A resource the API server may not serve (a kind newer than the cluster): a list that
+        finds no such resource (404) counts as an empty one, asked again after the longest back-off."""
         self.streamed: list[Obj] = []
         """What a streaming list in progress has received so far (empty otherwise), for a reader
         that starts work on it before the list ends: it may copy the list, never change it. A new
@@ -366,6 +370,14 @@ class Informer:
                     self._log.info("the API server does not stream lists; listing in pages", status=exc.status,
                                    error=str(exc))
                     self.streaming = False
+                    continue
+                if self.optional and self._need_list and exc.not_found:
+                    if not self.synced.is_set():
+                        self._log.info("the API server does not serve this resource; taken as none for now",
+                                       error=str(exc), retry_in=self.max_backoff)
+                    self._listed([], "", time.monotonic(), streamed=False)
+                    self._need_list = True
+                    stop.wait(self.max_backoff)
                     continue
                 self.errors += 1
                 if exc.throttled:

@@ -222,6 +222,14 @@ def pod_refs(pod: pods_pb2.Pod) -> Obj:
         spec["nodeName"] = pod.spec.nodeName
     if pod.spec.resourceClaims:
         spec["resourceClaims"] = [_named(rc.name, rc, "resourceClaimName") for rc in pod.spec.resourceClaims]
+    if pod.spec.nodeSelector:
+        spec["nodeSelector"] = dict(pod.spec.nodeSelector)
+    if pod.spec.affinity.nodeAffinity.HasField("requiredDuringSchedulingIgnoredDuringExecution"):
+        required = _node_selector(pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    if pod.spec.tolerations:
+        spec["tolerations"] = [{f: getattr(t, f) for f in ("key", "operator", "value", "effect") if t.HasField(f)}
+                               for t in pod.spec.tolerations]
     status: Obj = {}
     if pod.status.phase:
         status["phase"] = pod.status.phase

@@ -23,27 +23,38 @@ _sym_db = _symbol_database.Default()
 
 
 from dra_driver._proto.kubewire import meta_pb2 as dra__driver_dot___proto_dot_kubewire_dot_meta__pb2
+from dra_driver._proto.kubewire import slices_pb2 as dra__driver_dot___proto_dot_kubewire_dot_slices__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%dra_driver/_proto/kubewire/pods.proto\x12\x13\x64ra_driver.kubewire\x1a%dra_driver/_proto/kubewire/meta.proto\"c\n\x07PodList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\'\n\x05items\x18\x02 \x03(\x0b\x32\x18.dra_driver.kubewire.Pod\"\x94\x01\n\x03Pod\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dra_driver.kubewire.ObjectMeta\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1c.dra_driver.kubewire.PodSpec\x12.\n\x06status\x18\x03 \x01(\x0b\x32\x1e.dra_driver.kubewire.PodStatus\"Z\n\x07PodSpec\x12\x10\n\x08nodeName\x18\n \x01(\t\x12=\n\x0eresourceClaims\x18\' \x03(\x0b\x32%.dra_driver.kubewire.PodResourceClaim\";\n\x10PodResourceClaim\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x03 \x01(\t\"\xc0\x01\n\tPodStatus\x12\r\n\x05phase\x18\x01 \x01(\t\x12J\n\x15resourceClaimStatuses\x18\x0f \x03(\x0b\x32+.dra_driver.kubewire.PodResourceClaimStatus\x12X\n\x1b\x65xtendedResourceClaimStatus\x18\x12 \x01(\x0b\x32\x33.dra_driver.kubewire.PodExtendedResourceClaimStatus\"A\n\x16PodResourceClaimStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\";\n\x1ePodExtendedResourceClaimStatus\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%dra_driver/_proto/kubewire/pods.proto\x12\x13\x64ra_driver.kubewire\x1a%dra_driver/_proto/kubewire/meta.proto\x1a\'dra_driver/_proto/kubewire/slices.proto\"c\n\x07PodList\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.dra_driver.kubewire.ListMeta\x12\'\n\x05items\x18\x02 \x03(\x0b\x32\x18.dra_driver.kubewire.Pod\"\x94\x01\n\x03Pod\x12\x31\n\x08metadata\x18\x01 \x01(\x0b\x32\x1f.dra_driver.kubewire.ObjectMeta\x12*\n\x04spec\x18\x02 \x01(\x0b\x32\x1c.dra_driver.kubewire.PodSpec\x12.\n\x06status\x18\x03 \x01(\x0b\x32\x1e.dra_driver.kubewire.PodStatus\"\xbc\x02\n\x07PodSpec\x12\x44\n\x0cnodeSelector\x18\x07 \x03(\x0b\x32..dra_driver.kubewire.PodSpec.NodeSelectorEntry\x12\x10\n\x08nodeName\x18\n \x01(\t\x12/\n\x08\x61\x66\x66inity\x18\x12 \x01(\x0b\x32\x1d.dra_driver.kubewire.Affinity\x12\x34\n\x0btolerations\x18\x16 \x03(\x0b\x32\x1f.dra_driver.kubewire.Toleration\x12=\n\x0eresourceClaims\x18\' \x03(\x0b\x32%.dra_driver.kubewire.PodResourceClaim\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x08\x41\x66\x66inity\x12\x37\n\x0cnodeAffinity\x18\x01 \x01(\x0b\x32!.dra_driver.kubewire.NodeAffinity\"i\n\x0cNodeAffinity\x12Y\n.requiredDuringSchedulingIgnoredDuringExecution\x18\x01 \x01(\x0b\x32!.dra_driver.kubewire.NodeSelector\"J\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\";\n\x10PodResourceClaim\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x03 \x01(\t\"\xc0\x01\n\tPodStatus\x12\r\n\x05phase\x18\x01 \x01(\t\x12J\n\x15resourceClaimStatuses\x18\x0f \x03(\x0b\x32+.dra_driver.kubewire.PodResourceClaimStatus\x12X\n\x1b\x65xtendedResourceClaimStatus\x18\x12 \x01(\x0b\x32\x33.dra_driver.kubewire.PodExtendedResourceClaimStatus\"A\n\x16PodResourceClaimStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\";\n\x1ePodExtendedResourceClaimStatus\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dra_driver._proto.kubewire.pods_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PODLIST']._serialized_start=101
-  _globals['_PODLIST']._serialized_end=200
-  _globals['_POD']._serialized_start=203
-  _globals['_POD']._serialized_end=351
-  _globals['_PODSPEC']._serialized_start=353
-  _globals['_PODSPEC']._serialized_end=443
-  _globals['_PODRESOURCECLAIM']._serialized_start=445
-  _globals['_PODRESOURCECLAIM']._serialized_end=504
-  _globals['_PODSTATUS']._serialized_start=507
-  _globals['_PODSTATUS']._serialized_end=699
-  _globals['_PODRESOURCECLAIMSTATUS']._serialized_start=701
-  _globals['_PODRESOURCECLAIMSTATUS']._serialized_end=766
-  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_start=768
-  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_end=827
+  _globals['_PODSPEC_NODESELECTORENTRY']._loaded_options = None
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_options = b'8\001'
+  _globals['_PODLIST']._serialized_start=142
+  _globals['_PODLIST']._serialized_end=241
+  _globals['_POD']._serialized_start=244
+  _globals['_POD']._serialized_end=392
+  _globals['_PODSPEC']._serialized_start=395
+  _globals['_PODSPEC']._serialized_end=711
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_start=660
+  _globals['_PODSPEC_NODESELECTORENTRY']._serialized_end=711
+  _globals['_AFFINITY']._serialized_start=713
+  _globals['_AFFINITY']._serialized_end=780
+  _globals['_NODEAFFINITY']._serialized_start=782
+  _globals['_NODEAFFINITY']._serialized_end=887
+  _globals['_TOLERATION']._serialized_start=889
+  _globals['_TOLERATION']._serialized_end=963
+  _globals['_PODRESOURCECLAIM']._serialized_start=965
+  _globals['_PODRESOURCECLAIM']._serialized_end=1024
+  _globals['_PODSTATUS']._serialized_start=1027
+  _globals['_PODSTATUS']._serialized_end=1219
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_start=1221
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_end=1286
+  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_start=1288
+  _globals['_PODEXTENDEDRESOURCECLAIMSTATUS']._serialized_end=1347
 # @@protoc_insertion_point(module_scope)
