@@ -53,6 +53,8 @@ GOOD_COMBOS: dict[str, list[str]] = {
     "no-allocation-fence": ["--set", "allocationFence.enabled=false"],
     "monitoring": ["--set", "monitoring.enabled=true", "--set", "monitoring.labels.release=prometheus"],
     "no-controller": ["--set", "controller.enabled=false", "--set", "deviceClasses.enabled=false"],
+    "controller-allocation": ["--set", "controller.allocation.enabled=true",
+                              "--set", r"controller.allocation.namespaceSelector=team in (ml\,vision)"],
     "other-driver-name": ["--set", "driverName=gpu.example.org", "--set", "logFormat=console",
                           "--set", "admissionPolicy.enabled=false", "--set", "controller.replicas=2"],
 }
@@ -78,6 +80,9 @@ BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "relative-cdi-hook-install-dir": (["--set", "nvml.cdiHook.installDir=bin"], r"cdiHook/installDir"),
     "bad-device-metadata": (["--set", "deviceMetadata.enabled=maybe"], r"deviceMetadata"),
     "bad-scrape-interval": (["--set", "monitoring.interval=often"], r"interval"),
+    "controller-allocation-without-namespaces": (["--set", "controller.allocation.enabled=true",
+                                                  "--set", "controller.allocation.namespaceSelector= "],
+                                                 r"controller.allocation.namespaceSelector"),
     "replicas-without-leader-election": (["--set", "controller.replicas=2", "--set", "controller.leaderElection.enabled=false"],
                                          r"leaderElection"),
 }

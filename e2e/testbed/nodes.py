@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 # Which simulated profile each node gets, so the scenarios find H100s, MIG-enabled A100s and a
 # mixed node.
 NODE_PROFILES = ("h100-8x", "a100-mig", "mixed-l4-t4")
+REFUSED_NAMESPACE_LABEL = "e2e.dra-driver.io/controller-allocation-refused"
+"""The bed's controller allocates annotated claims in every namespace but those with this label
+(the chart's default allows none): the suites' fresh namespaces need no label, and a test of the
+gate labels its own."""
 
 
 @dataclass
@@ -206,6 +210,7 @@ class NodeFleet:
                 *bytecode.shipped_python(), "-m", "dra_driver", "controller", f"--kubeconfig={self.kubeconfig}",
                 f"--driver-name={DRIVER_NAME}", "--log-format=json", f"--metrics-port={self.controller_port}",
                 "--leader-election-namespace=kube-system", "--resync-seconds=5",
+                f"--allocation-namespace-selector=!{REFUSED_NAMESPACE_LABEL}",
             ])
 
     def _start_nodes(self, nodes: list[SimNode], timeout: float) -> None:

@@ -535,3 +535,29 @@ def test_chart_rendering_details() -> None:
         "MAX_WRITES_PER_SECOND"]["value"] == "40"
     assert dep["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert dep["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.timeout(1200)
+def test_chart_controller_allocation_is_opt_in_per_namespace() -> None:
+    """Issue 50: off by default (no selector reaches the controller, which then allocates nothing,
+    and it cannot read namespaces); on, the admin's selector and the namespaces' labels."""
+    _helm_or_skip()
+    render = _load_module(DEPLOY / "checks" / "render.py")
+
+    def controller(*values: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        args = [a for v in values for a in ("--set", v)]
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in render.chart_documents("dra-driver", args)}
+        ctr = docs[("Deployment", "dra-driver-controller")]["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in ctr["env"]}, docs[("ClusterRole", "dra-driver-controller")]["rules"]
+
+    def verbs(rules: list[dict[str, Any]], resource: str) -> set[str]:
+        return {v for r in rules if resource in r["resources"] for v in r["verbs"]}
+
+    env, rules = controller()
+    assert "ALLOCATION_NAMESPACE_SELECTOR" not in env
+    assert verbs(rules, "namespaces") == set()
+    assert verbs(rules, "devicetaintrules") == {"get", "list", "watch"}
+    assert {"list", "watch"} <= verbs(rules, "nodes")
+    env, rules = controller("controller.allocation.enabled=true", "controller.allocation.namespaceSelector=team=ml")
+    assert env["ALLOCATION_NAMESPACE_SELECTOR"] == "team=ml"
+    assert verbs(rules, "namespaces") == {"list", "watch"}
