@@ -10,8 +10,8 @@ from kubefake import FakeKube
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION
 from dra_driver.controller.reconciler import Controller
 from dra_driver.controller.settings import ControllerSettings
-from dra_driver.k8s.labels import parse_selector
 from dra_driver.k8s.client import CLAIMS, CONFIGMAPS, DEVICE_CLASSES, PODS, SLICES, ApiError, Resource
+from dra_driver.k8s.labels import parse_selector
 from dra_driver.k8s.objects import Obj
 
 DRIVER = "gpu.dra-driver.io"

@@ -36,6 +36,10 @@ class StageCount:
     kept: int
 
 
+TAINT_STAGE = "taints tolerated"
+"""The funnel's stage that removes devices whose taints a request does not tolerate."""
+
+
 @dataclass
 class CandidateNote:
     """Devices that got far and failed the same first condition in the same way.
@@ -98,6 +102,11 @@ class RequestExplanation:
         if losses:
             worst = min(losses, key=lambda s: s.kept)
             tail += f" ({worst.stage} left {worst.kept})"
+            # Whose taint it is (a DeviceTaintRule's names the rule): the one-line verdict says
+            # what an admin has to change.
+            tainted = next((n for n in self.closest if n.failed.startswith("taint ")), None)
+            if worst.stage == TAINT_STAGE and tainted is not None:
+                tail += f"; {tainted.label()}: {tainted.failed}"
         if self.cel_errors:
             issue = self.cel_errors[0]
             tail += f"; CEL error in {issue.source}: {issue.message}"

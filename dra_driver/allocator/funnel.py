@@ -27,7 +27,14 @@ from dra_driver.allocator.capacity import (
     status_name,
 )
 from dra_driver.allocator.cel.errors import CelError
-from dra_driver.allocator.explanation import CandidateNote, CelIssue, Explanation, RequestExplanation, StageCount
+from dra_driver.allocator.explanation import (
+    TAINT_STAGE,
+    CandidateNote,
+    CelIssue,
+    Explanation,
+    RequestExplanation,
+    StageCount,
+)
 from dra_driver.allocator.groups import Partition, remembered
 from dra_driver.allocator.inventory import Device, DeviceKey, Pool, key_str
 from dra_driver.allocator.readings import Reading, describe, readings, values_key
@@ -168,7 +175,7 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
                     losses.append(Loss(number, reason, [d.index]))
         info.stages.append(StageCount(name, alive.count()))
 
-    stage("taints tolerated", lambda d: _taint_reason(d, alt), inventory.tainted)
+    stage(TAINT_STAGE, lambda d: _taint_reason(d, alt), inventory.tainted)
     if alt.capacity or alive.any(lambda d: d.allow_multi):
         _capacity_stage(info, alt, alive, losses, ctx.rules.qualified_names)
     shared = [d for k in ctx.allocated.shared if (d := inventory.by_key.get(k)) is not None]

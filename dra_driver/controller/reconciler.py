@@ -51,7 +51,7 @@ from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, FencedAl
 from dra_driver.controller.engine_inputs import EngineInputs, synced
 from dra_driver.controller.keys import OUR_ANNOTATIONS, REPORTING_CONTROLLER
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
-from dra_driver.controller.placement import node_view, same_placement
+from dra_driver.controller.placement import node_view, placement_key, same_placement
 from dra_driver.controller.reporting import Reporter
 from dra_driver.controller.rules_source import RulesSource
 from dra_driver.controller.settings import ControllerSettings
@@ -276,7 +276,10 @@ class Controller:
             for ck in keys:
                 self._claim_pods.setdefault(ck, set()).add(pkey)
         self.reporter.pod_notices.forget_pod(pkey, before - keys)
-        for ck in before ^ keys:
+        # A pod that asks other things of nodes (a toleration added, a scheduling gate's selector)
+        # changes where its claims may go.
+        moved = keys if old is not None and new is not None and placement_key(old) != placement_key(new) else set()
+        for ck in (before ^ keys) | moved:
             if self._waiting_matters(ck):
                 self.queue.add(Item(Kind.CLAIM, ck))
 

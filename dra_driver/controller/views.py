@@ -31,7 +31,7 @@ from dra_driver.controller.keys import EXPLANATION_ANNOTATION, OUR_ANNOTATIONS
 from dra_driver.k8s import wire
 from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_names
 from dra_driver.k8s.compact import Interner, without_managed_fields
-from dra_driver.k8s.objects import Obj, as_mapping, meta
+from dra_driver.k8s.objects import Obj, as_list, as_mapping, meta
 from dra_driver.k8s.wire import Reduced, allocation_view
 
 
@@ -57,9 +57,12 @@ def pod_view(pod: Obj) -> Obj | None:
     if node:
         view_spec["nodeName"] = node
     # What the scheduler's node filters read (dra_driver.controller.placement).
-    for field in ("nodeSelector", "tolerations"):
-        if as_mapping(spec).get(field):
-            view_spec[field] = as_mapping(spec)[field]
+    if as_mapping(spec).get("nodeSelector"):
+        view_spec["nodeSelector"] = dict(as_mapping(as_mapping(spec)["nodeSelector"]))
+    tolerations = [{f: t[f] for f in ("key", "operator", "value", "effect") if f in t}
+                   for t in map(as_mapping, as_list(as_mapping(spec).get("tolerations")))]
+    if tolerations:
+        view_spec["tolerations"] = tolerations
     required = as_mapping(as_mapping(as_mapping(spec).get("affinity")).get("nodeAffinity")).get(
         "requiredDuringSchedulingIgnoredDuringExecution")
     if required:

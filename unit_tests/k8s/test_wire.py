@@ -220,6 +220,17 @@ JSON_PODS: list[dict[str, Any]] = [
     {"metadata": {"name": "deleting", "namespace": "other", "uid": "u4", "resourceVersion": "8",
                   "deletionTimestamp": "2026-11-27T04:00:00Z"},
      "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c3"}]}, "status": {"phase": "Pending"}},
+    # What the scheduler's node filters read (issue 50): the same from protobuf as from JSON.
+    {"metadata": {"name": "placed", "namespace": "ns", "uid": "u5", "resourceVersion": "9"},
+     "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c4"}], "nodeSelector": {"team": "ml"},
+              "affinity": {"nodeAffinity": {
+                  "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                      {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]},
+                  "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {}}]},
+                  "podAntiAffinity": {}},
+              "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5},
+                              {"operator": "Exists"}]},
+     "status": {"phase": "Pending"}},
 ]
 
 
@@ -256,6 +267,12 @@ def test_protobuf_pods_read_as_their_json_form_for_every_reader() -> None:
     assert items[0]["status"]["resourceClaimStatuses"][1] == {"name": "none"}, "unset stays absent, not empty"
     assert "labels" not in items[0]["metadata"] and "containers" not in items[0]["spec"]
     assert items[3]["metadata"]["deletionTimestamp"] == "2026-11-27T04:00:00Z"
+    placed = pod_view(items[4])
+    assert placed is not None and placed["spec"]["nodeSelector"] == {"team": "ml"}
+    assert placed["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                             {"operator": "Exists"}]
+    assert placed["spec"]["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}}
 
 
 def test_protobuf_watch_frames_are_events() -> None:
