@@ -4,9 +4,11 @@ only on a node that pod can be scheduled to; against a fake API server."""
 
 from __future__ import annotations
 
+import argparse
 import threading
 from typing import Any
 
+import pytest
 from ctrlfix import (
     DRIVER,
     add_claim,
@@ -24,6 +26,7 @@ from kubefake import FakeKube
 
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.reconciler import Controller
+from dra_driver.controller.settings import add_controller_arguments, controller_settings
 from dra_driver.controller.verdicts import memo_key
 from dra_driver.k8s.claims import device_ids
 from dra_driver.k8s.client import CLAIMS, DEVICE_TAINT_RULES, NAMESPACES, NODES, PODS, SLICES, ApiError
@@ -197,3 +200,18 @@ def test_copies_in_other_namespaces_do_not_share_an_explanation() -> None:
     a, b = claim("c", ns="a"), claim("c", ns="b")
     assert memo_key(a, None) != memo_key(b, None)
     assert memo_key(a, None) == memo_key(claim("d", ns="a"), None)
+
+
+def test_the_namespace_selector_setting() -> None:
+    parser = argparse.ArgumentParser()
+    add_controller_arguments(parser)
+
+    def allowed(*argv: str) -> Any:
+        return controller_settings(parser.parse_args(list(argv))).allocation_namespaces
+
+    assert allowed() is None, "off by default"
+    assert allowed("--allocation-namespace-selector", " ") is None
+    selector = allowed("--allocation-namespace-selector", "team in (ml,vision)")
+    assert selector.matches({"team": "ml"}) and not selector.matches({"team": "web"})
+    with pytest.raises(ValueError, match="--allocation-namespace-selector: label selector: 'team in ml'"):
+        allowed("--allocation-namespace-selector", "team in ml")
