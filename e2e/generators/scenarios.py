@@ -21,7 +21,8 @@ __all__ = ["DEFAULT_FEATURES", "DRIVER", "MODELS", "SHARE_AMOUNTS", "Scenario", 
 DRIVER = "gpu.dra-driver.io"
 # Feature areas the generator may use; drop one for clusters with the gate off.
 # "taint-none" (effect None) needs 1.35+, "counters" DRAPartitionableDevices,
-# "taints" DRADeviceTaints, "firstAvailable" DRAPrioritizedList, "shares" DRAConsumableCapacity.
+# "taints" DRADeviceTaints, "firstAvailable" DRAPrioritizedList, "shares" DRAConsumableCapacity,
+# "taint-rules" DeviceTaintRules served as resource.k8s.io/v1 (1.37+, DRADeviceTaintRules).
 DEFAULT_FEATURES = frozenset({"selectors", "all", "constraints", "firstAvailable", "counters", "taints"})
 # Of every SHARE_PERIOD consecutive seeds, the first SHARE_SEEDS get shareable devices and capacity
 # requests (when "shares" is a feature), so that any long enough corpus holds a known share of them.
@@ -64,11 +65,14 @@ class Scenario:
     # Other claims of the scenario's namespace, already allocated: each with the ``status`` to
     # write through the status subresource once the claim exists.
     allocated: list[dict[str, Any]] = field(default_factory=list)
+    # DeviceTaintRules (cluster-scoped; each selects the scenario's own pools only).
+    taint_rules: list[dict[str, Any]] = field(default_factory=list)
 
     def describe(self) -> str:
         reqs = self.claim["spec"]["devices"]["requests"]
         held = f", {len(self.allocated)} allocated claims" if self.allocated else ""
-        return (f"seed {self.seed}: {len(self.slices)} slices, {len(reqs)} requests{held}, "
+        rules = f", {len(self.taint_rules)} taint rules" if self.taint_rules else ""
+        return (f"seed {self.seed}: {len(self.slices)} slices, {len(reqs)} requests{held}{rules}, "
                 f"features {','.join(self.features)}")
 
     def selectors(self) -> list[str]:
@@ -119,7 +123,35 @@ def generate(
     class_name = f"{prefix}-gpu"
     classes = [device_class(class_name)]
     claim = _claim(rng, prefix, class_name, namespace, features, used)
-    return Scenario(seed, slices, classes, claim, sorted(used))
+    rules = _taint_rules(seed, prefix, slices, features, used)
+    return Scenario(seed, slices, classes, claim, sorted(used), taint_rules=rules)
+
+
+def _taint_rules(seed: int, prefix: str, slices: list[dict[str, Any]], features: frozenset[str],
+                 used: set[str]) -> list[dict[str, Any]]:
+    """DeviceTaintRules for a third of the scenarios: a whole pool or one device of it, with a
+    taint the claim's tolerations may or may not cover. Drawn from a stream of their own, so the
+    scenario's other objects stay those of its seed whether the feature is on or not."""
+    if "taint-rules" not in features:
+        return []
+    rng = random.Random(f"taint-rules-{seed}")
+    if rng.random() >= 0.35:
+        return []
+    used.add("taint-rules")
+    pools = sorted({sl["spec"]["pool"]["name"] for sl in slices})
+    effects = ["NoSchedule", "NoExecute"] + (["None"] if "taint-none" in features else [])
+    rules = []
+    for i in range(rng.randint(1, 2)):
+        pool = rng.choice(pools)
+        devices = [d["name"] for sl in slices if sl["spec"]["pool"]["name"] == pool for d in sl["spec"].get("devices", [])]
+        selector = {"driver": DRIVER, "pool": pool}
+        if devices and rng.random() < 0.7:
+            selector["device"] = rng.choice(devices)
+        taint = {"key": rng.choice(("gpu.dra-driver.io/unhealthy", "gpu.dra-driver.io/maintenance")),
+                 "value": "planned", "effect": rng.choice(effects)}
+        rules.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                      "metadata": {"name": f"{prefix}-rule-{i}"}, "spec": {"deviceSelector": selector, "taint": taint}})
+    return rules
 
 
 def generate_many(first_seed: int, count: int, **kwargs: Any) -> list[Scenario]:

@@ -57,6 +57,7 @@ from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import SCHEDULER_ABORTS
+from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.k8s.quantity import parse_quantity
 from e2e.generators import scenarios, scenarios_names
 
@@ -70,7 +71,7 @@ Kubectl = Callable[..., Any]
 # The per-node reason of the DynamicResources plugin when the allocator finds no allocation.
 CANNOT_ALLOCATE = "cannot allocate all claims"
 # Scenario features (e2e.generators.scenarios) and the scheduler features (structured.Features) they need.
-_NEEDS = {"shares": "ConsumableCapacity", "taints": "DeviceTaints", "taint-none": "DeviceTaints",
+_NEEDS = {"shares": "ConsumableCapacity", "taints": "DeviceTaints", "taint-none": "DeviceTaints", "taint-rules": "DeviceTaints",
           "counters": "PartitionableDevices", "firstAvailable": "PrioritizedList"}  # fmt: skip
 
 
@@ -144,9 +145,11 @@ def chance_on(case: Case) -> list[str]:
     return scenarios.cel_reads_both_spellings(case.scenario) if not case.rules.qualified_names else []
 
 
-def scenario_features(enabled: frozenset[str]) -> frozenset[str]:
-    """The generator's features a scheduler with the structured.Features ``enabled`` supports."""
-    wanted = scenarios.DEFAULT_FEATURES | {"taint-none", "shares"}
+def scenario_features(enabled: frozenset[str], taint_rules: bool = False) -> frozenset[str]:
+    """The generator's features a scheduler with the structured.Features ``enabled`` supports;
+    ``taint_rules``: the API server serves resource.k8s.io/v1 DeviceTaintRules (whose taints the
+    scheduler's slice tracker merges into the devices)."""
+    wanted = scenarios.DEFAULT_FEATURES | {"taint-none", "shares"} | ({"taint-rules"} if taint_rules else set())
     return frozenset(f for f in wanted if _NEEDS.get(f) is None or _NEEDS[f] in enabled)
 
 
@@ -191,7 +194,8 @@ def setup_objects(case: Case, batch: str) -> list[dict[str, Any]]:
     held = [{k: v for k, v in _with_labels(c, labels).items() if k != "status"} for c in case.scenario.allocated]
     return [ns, *node_objects(case, batch),
             *(_with_labels(c, labels) for c in case.scenario.classes),
-            *(_with_labels(s, labels) for s in case.scenario.slices), *held]  # fmt: skip
+            *(_with_labels(s, labels) for s in case.scenario.slices),
+            *(_with_labels(r, labels) for r in case.scenario.taint_rules), *held]  # fmt: skip
 
 
 def held_status_patches(case: Case) -> list[tuple[str, str, str]]:
@@ -222,7 +226,8 @@ def workload_objects(case: Case, batch: str) -> list[dict[str, Any]]:
 
 def _resolve(case: Case, nodes: Sequence[str]) -> Resolution:
     s = case.scenario
-    return resolve(s.claim, build_inventory(s.slices), s.classes, allocated_state(s.allocated),
+    slices = with_taint_rules(s.slices, taint_rules(s.taint_rules))
+    return resolve(s.claim, build_inventory(slices), s.classes, allocated_state(s.allocated),
                    nodes=[node_object(case, n, "") for n in nodes], rules=case.rules)
 
 
@@ -255,8 +260,20 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]
     return False
 
 
-def _blocking_taints(device: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [f"{t.get('key')}:{t.get('effect')}" for t in device.get("taints", [])
+def _rule_taints(s: scenarios.Scenario, key: tuple[str, str, str]) -> list[Mapping[str, Any]]:
+    """The taints of the scenario's DeviceTaintRules on the device ``key``: a selector field that
+    is set must equal the device's driver, pool or name."""
+    out = []
+    for rule in s.taint_rules:
+        sel = rule["spec"]["deviceSelector"]
+        if all(sel.get(f, own) == own for f, own in zip(("driver", "pool", "device"), key, strict=True)):
+            out.append(rule["spec"]["taint"])
+    return out
+
+
+def _blocking_taints(device: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]],
+                     ruled: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    return [f"{t.get('key')}:{t.get('effect')}" for t in [*device.get("taints", []), *ruled]
             if t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations)]  # fmt: skip
 
 
@@ -400,7 +417,7 @@ def check_allocation(s: scenarios.Scenario, allocation: Mapping[str, Any], node:
         why = _matches(exprs, dev, rules)
         if why:
             problems.append(f"{label} for {res.get('request')}: {why}")
-        blocking = _blocking_taints(raw, body.get("tolerations", []))
+        blocking = _blocking_taints(raw, body.get("tolerations", []), _rule_taints(s, key))
         if blocking:
             problems.append(f"{label}: untolerated taints {blocking}")
         for entry in raw.get("consumesCounters", []):
@@ -591,6 +608,8 @@ def cleanup_batch(kubectl: Kubectl, batch: str) -> None:
     sel = f"{BATCH_LABEL}={batch}"
     kubectl("delete", "pods", "-A", "-l", sel, "--force", "--grace-period=0", "--wait=false", check=False)
     kubectl("delete", "namespaces,nodes,resourceslices,deviceclasses", "-l", sel, "--wait=false", check=False)
+    # Apart: a server that does not serve them would fail the whole command above.
+    kubectl("delete", "devicetaintrules", "-l", sel, "--wait=false", check=False)
 
 
 def comparable(allocation: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -833,7 +852,8 @@ def check_unsatisfiable_request(s: scenarios.Scenario, request: str, nodes: Sequ
         wanted = body.get("capacity", {}).get("requests", {})
         for node in nodes:
             fit = [d for d in inventory.devices if d.node_name == node and inventory.pool_of(d).usable
-                   and _matches(exprs, d, rules) is None and not _blocking_taints(raw[d.key], body.get("tolerations", []))
+                   and _matches(exprs, d, rules) is None
+                   and not _blocking_taints(raw[d.key], body.get("tolerations", []), _rule_taints(s, d.key))
                    and _could_hold(raw[d.key], wanted, d.key[0], rules.qualified_names)
                    and (raw[d.key].get("allowMultipleAllocations")
                         or (d.key not in in_use and not _shares_leave_too_little(s, d.key, raw[d.key], wanted)))]  # fmt: skip

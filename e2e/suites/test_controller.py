@@ -569,3 +569,90 @@ def test_a_claim_that_cannot_be_decoded_blinds_nothing(bed: Bed, ns: str, tmp_pa
         for name in created:  # before other tests list claims: they must not meet these
             send_raw(bed.kubeconfig, "DELETE", CLAIMS.path(ns, name))
         bed.kubectl("delete", "resourceclaim", "allocated-beside-bad", "-n", ns, "--wait=false", check=False)
+
+
+# --------------------------------------------------------------------------- the scheduler's policy (issue 50)
+
+SUMMARY_ANNOTATION = f"{DRIVER}/explanation-summary"
+
+
+def _summary(bed: Bed, ns: str, claim: str) -> str | None:
+    return (bed.get("resourceclaim", claim, ns=ns)["metadata"].get("annotations") or {}).get(SUMMARY_ANNOTATION)
+
+
+def _free(bed: Bed, pool: str, device: str) -> bool:
+    return all((r["pool"], r["device"]) != (pool, device) for c in all_claims(bed)
+               for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+               if r["driver"] == DRIVER)  # fmt: skip
+
+
+def test_a_device_taint_rule_binds_the_controller_as_it_binds_the_scheduler(bed: Bed, ns: str) -> None:
+    """A GPU an admin took out of service with a DeviceTaintRule (the slice untouched): a tenant's
+    claim annotated for controller allocation is refused with an explanation naming the rule, the
+    real kube-scheduler refuses the same GPU to a pod, and once the rule is gone the controller
+    allocates it: the refusal was the rule's."""
+    if '"devicetaintrules"' not in bed.kubectl("get", "--raw", "/apis/resource.k8s.io/v1", check=False).stdout:
+        pytest.skip("resource.k8s.io/v1 DeviceTaintRule needs Kubernetes 1.37; this bed does not serve it")
+    device, rule = "gpu-5", f"{ns}-gpu-5-maintenance"
+    only_it = (H100, f'device.attributes["{DRIVER}"].index == 5')
+    wait_for(f"{H100_NODE}/{device} free of earlier tests' claims", lambda: _free(bed, H100_NODE, device), 180)
+    bed.apply([{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": rule},
+                "spec": {"deviceSelector": {"driver": DRIVER, "pool": H100_NODE, "device": device},
+                         "taint": {"key": "e2e.dra-driver.io/maintenance", "value": "planned", "effect": "NoSchedule"}}}])
+    try:
+        bed.apply([claim_doc("tenant", selectors=only_it, opt_in=True),
+                   {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "same-gpu"},
+                    "spec": {"spec": claim_doc("x", selectors=only_it)["spec"]}},
+                   {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "same-gpu"},
+                    "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "same-gpu"}],
+                             "containers": [{"name": "c", "image": "busybox:1.36", "command": ["sleep", "3600"],
+                                             "resources": {"claims": [{"name": "gpu"}]}}]}}], ns=ns)  # fmt: skip
+        summary = wait_for("the controller's refusal", lambda: _summary(bed, ns, "tenant"), 60)
+        assert f"from DeviceTaintRule {rule} not tolerated" in summary, summary
+        assert "e2e.dra-driver.io/maintenance=planned:NoSchedule" in summary
+        doc = json.loads(bed.get("resourceclaim", "tenant", ns=ns)["metadata"]["annotations"][EXPLANATION_ANNOTATION])
+        assert f"DeviceTaintRule {rule}" in json.dumps(doc)
+        assert "Unsatisfiable" in events_in_describe(bed, ns, "tenant", "Unsatisfiable")
+
+        def unschedulable() -> str | None:
+            conditions = bed.get("pod", "same-gpu", ns=ns).get("status", {}).get("conditions") or []
+            return next((c.get("message", "") for c in conditions if c.get("type") == "PodScheduled"
+                         and c.get("status") == "False" and c.get("reason") == "Unschedulable"), None)
+
+        said = wait_for("the scheduler's refusal of the pod", unschedulable, 90)
+        print(f"\nscheduler: {said}\ncontroller: {summary}")
+        time.sleep(5)  # both have had their chances; neither took the GPU
+        assert not bed.get("resourceclaim", "tenant", ns=ns).get("status", {}).get("allocation")
+        assert _free(bed, H100_NODE, device)
+
+        bed.kubectl("delete", "pod", "same-gpu", "-n", ns, "--grace-period=0", "--force", "--wait=true", check=False)
+        bed.kubectl("delete", "devicetaintrule", rule, "--wait=true", "--timeout=60s")
+        got = wait_for("the controller's allocation once the rule is gone",
+                       lambda: bed.get("resourceclaim", "tenant", ns=ns).get("status", {}).get("allocation"), 90)
+        assert [(r["pool"], r["device"]) for r in got["devices"]["results"]] == [(H100_NODE, device)]
+    finally:
+        bed.kubectl("delete", "devicetaintrule", rule, "--ignore-not-found", check=False)
+        _free_round(bed, ns)
+
+
+def test_a_namespace_outside_the_allow_list_is_not_allowed_here(bed: Bed, ns: str) -> None:
+    """Controller allocation is opt-in per namespace (the bed's controller allows every namespace
+    without REFUSED_NAMESPACE_LABEL): a claim annotated for it elsewhere is told so, on the claim
+    and in an Event, and holds nothing; opened, the same claim is allocated."""
+    from e2e.testbed.nodes import REFUSED_NAMESPACE_LABEL
+
+    bed.kubectl("label", "namespace", ns, f"{REFUSED_NAMESPACE_LABEL}=true")
+    try:
+        bed.apply([claim_doc("outside", selectors=(H100,), opt_in=True)], ns=ns)
+        summary = wait_for("the controller's refusal", lambda: _summary(bed, ns, "outside"), 60)
+        assert summary.startswith(f"controller allocation is not allowed here: namespace {ns} is not one the "
+                                  "cluster's admin opened to it"), summary
+        assert "NotAllowed" in events_in_describe(bed, ns, "outside", "NotAllowed")
+        time.sleep(3)
+        assert not bed.get("resourceclaim", "outside", ns=ns).get("status", {}).get("allocation")
+        bed.kubectl("label", "namespace", ns, f"{REFUSED_NAMESPACE_LABEL}-")
+        wait_for("the allocation once the namespace is opened",
+                 lambda: bed.get("resourceclaim", "outside", ns=ns).get("status", {}).get("allocation"), 60)
+        assert _summary(bed, ns, "outside") is None
+    finally:
+        _free_round(bed, ns)

@@ -89,7 +89,9 @@ def run_corpus(cluster: Cluster, first_seed: int, count: int, family: str = "cor
         f"the bed's gates {FEATURE_GATES} select the 1.{minor} scheduler's {variant} allocator; "
         f"the engine mirrors {mirrored_variant(minor)}")
     rules = SchedulerRules.for_version(version)
-    make: MakeCase = corpus_cases(diff.scenario_features(enabled)) if family == "corpus" else diff.make_names_case
+    rules_served = '"devicetaintrules"' in cluster.kubectl("get", "--raw", "/apis/resource.k8s.io/v1").stdout
+    features = diff.scenario_features(enabled, taint_rules=rules_served)
+    make: MakeCase = corpus_cases(features) if family == "corpus" else diff.make_names_case
     cases = [make(seed, rules) for seed in range(first_seed, first_seed + count)]
     for case in cases:
         problems = scenarios.validate_scenario(case.scenario)
@@ -120,6 +122,7 @@ def run_corpus(cluster: Cluster, first_seed: int, count: int, family: str = "cor
         "scenarios": len(counted),
         "excluded_reads_either_spelling": {"count": len(excluded), "seeds": [c.seed for c in excluded]},
         "share_scenarios": sum("shares" in c.scenario.features for c in counted),
+        "taint_rule_scenarios": sum("taint-rules" in c.scenario.features for c in counted),
         "agreements": len(agreements),
         "disagreements": [c.record() for c in counted if not c.agrees],
         "failures_compared": {v: sum(c.scheduler_verdict == v and c.agrees for c in counted)
@@ -304,6 +307,36 @@ def test_checker_rejects_wrong_allocations() -> None:
     short = json.loads(json.dumps(alloc))
     short["devices"]["results"] = []
     assert diff.check_allocation(case.scenario, short, case.engine_node)
+
+
+def test_taint_rules_bind_the_engine_and_the_checker() -> None:
+    """A scenario's DeviceTaintRules taint the devices they select for the engine (as the
+    scheduler's tracker does) and for the independent checker, which must be able to fail."""
+    features = diff.scenario_features(scheduler_features(FEATURE_GATES, 37), taint_rules=True)
+    assert "taint-rules" in features
+    assert "taint-rules" not in diff.scenario_features(scheduler_features(FEATURE_GATES, 37))
+    for seed in range(200):
+        case = diff.make_case(seed, features, SchedulerRules(37))
+        if "taint-rules" not in case.scenario.features or _engine(case) is None:
+            continue
+        alloc = json.loads(json.dumps(case.engine_allocation))
+        assert diff.check_allocation(case.scenario, alloc, case.engine_node, case.rules) == []
+        res = alloc["devices"]["results"][0]
+        body = next(r for r in case.scenario.claim["spec"]["devices"]["requests"]
+                    if r["name"] == res["request"].partition("/")[0])
+        if "exactly" not in body or body["exactly"].get("tolerations"):
+            continue
+        blocked = json.loads(json.dumps(case.scenario.taint_rules[0]))
+        blocked["spec"] = {"deviceSelector": {"driver": res["driver"], "pool": res["pool"], "device": res["device"]},
+                           "taint": {"key": "gpu.dra-driver.io/maintenance", "effect": "NoSchedule"}}
+        case.scenario.taint_rules.append(blocked)
+        assert any("untolerated taints" in p for p in diff.check_allocation(case.scenario, alloc, case.engine_node))
+        diff.run_engine(case)
+        again = case.engine_allocation
+        assert again is None or (res["pool"], res["device"]) not in {
+            (r["pool"], r["device"]) for r in again["devices"]["results"]}, "the engine took the tainted device"
+        return
+    raise AssertionError("no scenario with taint rules allocated a device without tolerations")
 
 
 def _engine(case: diff.Case) -> dict[str, Any] | None:
