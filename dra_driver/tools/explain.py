@@ -43,12 +43,14 @@ from dra_driver.allocator.capacity import rounding_note, show
 from dra_driver.allocator.inventory import Inventory, quantity_or_none
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
+from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     SLICES,
     ApiError,
     ConfigurationError,
@@ -350,12 +352,26 @@ class _Reads:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def tainted_slices(api: KubeApi) -> list[Obj]:
+    """Every ResourceSlice, with the taints of the DeviceTaintRules merged into the devices they
+    select, as the scheduler sees them. A server that does not serve the rules (before 1.37), or a
+    caller who may not read them, has none."""
+    slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
+    try:
+        rules = api.list(DEVICE_TAINT_RULES, cached=True).items
+    except ApiError as exc:
+        if exc.status not in (403, 404):
+            raise
+        return slices
+    return [dict(s) for s in with_taint_rules(slices, taint_rules(rules))]
+
+
 def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list[Obj], list[Obj]]:
     """The claim, every ResourceSlice and DeviceClass, and every claim's allocation (overlapping)."""
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
+        slices = tainted_slices(api)
         classes = api.list(DEVICE_CLASSES, cached=True).items
         return claim, slices, classes, reads.claims.result()
     finally:
@@ -369,7 +385,7 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
+        slices = tainted_slices(api)
         classes = api.list(DEVICE_CLASSES, cached=True).items
         drivers = claim_drivers(claim, classes_by_name(classes))
         if drivers and driver not in drivers:

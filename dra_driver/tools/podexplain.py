@@ -17,12 +17,11 @@ from typing import Any
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import EXTENDED_RESOURCES_CLAIM, classes_by_name, is_allocated, pod_node, status_of
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, SLICES, ApiError, KubeApi
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, KubeApi
 from dra_driver.k8s.objects import Obj, meta
 from dra_driver.tools.drivers import claim_drivers
-from dra_driver.tools.explain import ExplainError, build_report, render_text
+from dra_driver.tools.explain import ExplainError, build_report, render_text, tainted_slices
 
 NOT_CREATED = "not-created"
 MISSING = "missing"
@@ -71,7 +70,7 @@ def explain_pod(api: KubeApi, namespace: str, name: str, *, engine: Engine, driv
             except ApiError as exc:
                 if not exc.not_found:
                     raise
-    slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
+    slices = tainted_slices(api)
     classes = api.list(DEVICE_CLASSES, cached=True).items
     class_map = classes_by_name(classes)
     ours = {k: c for k, c in claims.items() if not (d := claim_drivers(c, class_map)) or driver in d}

@@ -151,3 +151,21 @@ def test_the_driver_name_is_the_one_given(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_claim_listing_unused() -> None:
     assert CLAIMS.plural == "resourceclaims"
+
+
+def test_a_device_taint_rule_counts_and_is_named() -> None:
+    # Issue 50: explain decides as the scheduler does, which merges DeviceTaintRules into the devices.
+    from dra_driver.k8s.client import DEVICE_TAINT_RULES, ApiError
+
+    kube = cluster(gpus=1)
+    add_claim(kube, claim())
+    kube.add(DEVICE_TAINT_RULES, {"metadata": {"name": "drain-node-a"}, "spec": {
+        "deviceSelector": {"pool": "node-a"}, "taint": {"key": "drain", "effect": "NoSchedule"}}})
+    rc, out, _ = run(kube, "default/c1")
+    assert rc == 0 and "unsatisfiable" in out
+    assert "taint drain=:NoSchedule from DeviceTaintRule drain-node-a not tolerated" in out
+    # A server without them (before 1.37), or a caller who may not read them: none.
+    for status in (404, 403):
+        kube.fail["list:devicetaintrules"] = ApiError(status, "NotFound", "no")
+        rc, out, _ = run(kube, "default/c1")
+        assert rc == 0 and "would be satisfiable" in out, status
