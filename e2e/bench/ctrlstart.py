@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from e2e.bench.storemem import DRIVER, job_claim, job_pod, plugin_slice
+from e2e.bench.storemem import DRIVER, gpu_node, job_claim, job_pod, plugin_slice
 
 PAGE = 500
 Obj = dict[str, Any]
@@ -81,6 +81,9 @@ class Cluster:
             "resourceslices": (nodes, plugin_slice),
             "deviceclasses": (1, lambda i: device_class),
             "resourceclaimtemplates": (0, lambda i: {}),
+            # What a waiting pod's claim may use (dra_driver.controller.placement); no taint rules.
+            "nodes": (nodes, gpu_node),
+            "devicetaintrules": (0, lambda i: {}),
             # The pending claims first: the controller's queue takes them in list order.
             "resourceclaims": (claims + len(first), lambda i: first[i] if i < len(first) else job_claim(i - len(first))),
             "pods": (pods + len(first), lambda i: first_pods[i] if i < len(first) else

@@ -164,6 +164,28 @@ def plugin_slice(n: int, profile: str = "h100-8x") -> Obj:
     }  # fmt: skip
 
 
+def gpu_node(n: int) -> Obj:
+    """The Node ``n`` (of :func:`plugin_slice`) as a GPU node's kubelet reports it, less its images."""
+    node = f"node-{n:04d}"
+    labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+              "node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/zone": f"zone-{n % 3}",
+              "nvidia.com/gpu.present": "true"}
+    conditions = [{"type": t, "status": "False" if t != "Ready" else "True", "reason": f"Kubelet{t}",
+                   "message": f"kubelet reports {t}", "lastHeartbeatTime": TS, "lastTransitionTime": TS}
+                  for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]
+    capacity = {"cpu": "192", "memory": "2097152Mi", "pods": "110", "ephemeral-storage": "3840Gi"}
+    return {
+        "metadata": {"name": node, "uid": f"5555-{n:08d}", "resourceVersion": str(200000 + n), "labels": labels,
+                     "creationTimestamp": TS, "managedFields": [_managed("kubelet"), _managed("kubelet", "status")]},
+        "spec": {"providerID": f"aws:///zone-{n % 3}/i-{n:017x}", "podCIDR": f"10.{n // 256 % 256}.{n % 256}.0/24"},
+        "status": {"capacity": capacity, "allocatable": capacity, "conditions": conditions,
+                   "addresses": [{"type": "InternalIP", "address": f"10.1.{n // 256 % 256}.{n % 256}"},
+                                 {"type": "Hostname", "address": node}],
+                   "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.4",
+                                "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64"}},
+    }  # fmt: skip
+
+
 def mig_slice(n: int, profile: str = "h100-8x") -> Obj:
     """The busiest of the slices the node plugin publishes for node ``n`` with dynamic MIG: 64 devices
     (GPUs and MIG placements) that consume counters. Such a node has four slices: the counter sets,

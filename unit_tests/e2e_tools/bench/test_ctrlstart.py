@@ -11,7 +11,8 @@ def test_a_small_start_and_backlog() -> None:
     got = run(nodes=30, claims=700, pods=1200, backlog=40, settle=0.5, timeout=120)
     assert got["backlog_explained"] == 40 and not got["fitting_claim_written"]
     assert got["writes"] >= 41  # the unsatisfiable claim, its 40 copies, and what Events the budget let through
-    assert set(got["listed_s"]) == {"resourceslices", "deviceclasses", "resourceclaimtemplates", "resourceclaims", "pods"}
+    assert set(got["listed_s"]) == {"resourceslices", "deviceclasses", "resourceclaimtemplates", "resourceclaims", "pods",
+                                    "nodes", "devicetaintrules"}
     assert 0 < got["start_to_all_listed_s"] <= got["start_to_first_explanation_s"]
     assert 20 < got["rss_settled_mib"] <= got["rss_peak_mib"]
 
