@@ -375,7 +375,7 @@ class Informer:
                     if not self.synced.is_set():
                         self._log.info("the API server does not serve this resource; taken as none for now",
                                        error=str(exc), retry_in=self.max_backoff)
-                    self._listed([], "", time.monotonic(), streamed=False)
+                    self._listed([], "", time.monotonic(), streamed=False, undecodable=[])
                     self._need_list = True
                     stop.wait(self.max_backoff)
                     continue
