@@ -97,6 +97,10 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 
 
+BAD_RESPONSE = "BadResponse"
+"""The reason of an ApiError(0) for an answer that came but cannot be read (not JSON, a broken frame)."""
+
+
 class ApiError(Exception):
     """A failed API call. ``status`` is the HTTP code, 0 when the server was not reached."""
 
@@ -110,6 +114,8 @@ class ApiError(Exception):
     def __str__(self) -> str:
         if self.status == 0:
             detail = f": {self.message}" if self.message else ""
+            if self.reason == BAD_RESPONSE:  # it was reached: what it sent broke off or does not decode
+                return f"the API server's answer cannot be read{detail}"
             return f"API server not reached ({self.reason}){detail}"
         text = f"{self.status} {self.reason}".strip()
         return f"{text}: {self.message}" if self.message else text
@@ -277,7 +283,7 @@ def _json_events(resp: http.client.HTTPResponse) -> Iterator[Obj]:
             try:
                 event = split_event(line)
             except ValueError:
-                raise ApiError(0, "BadResponse", f"a watch event that is not JSON: {exc}") from None
+                raise ApiError(0, BAD_RESPONSE, f"a watch event that is not JSON: {exc}") from None
         if isinstance(event, dict):
             yield event
 
@@ -408,7 +414,7 @@ class RestKubeApi:
             data = sent.resp.read()
         except (OSError, http.client.HTTPException) as exc:
             sent.conn.close()
-            raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
+            raise ApiError(0, BAD_RESPONSE, f"{method} {path}: {exc}") from None
         sent.transport.give(sent.conn, sent.resp)
         return _Response(sent.resp.status, sent.resp.headers, data)
 
@@ -418,7 +424,7 @@ class RestKubeApi:
             # orjson: lists of claims decode in a fraction of json's time (docs/benchmarks.md).
             return orjson.loads(resp.data) if resp.data else {}
         except ValueError as exc:
-            raise ApiError(0, "BadResponse", f"{method} {path}: {exc}") from None
+            raise ApiError(0, BAD_RESPONSE, f"{method} {path}: {exc}") from None
 
     def server_version(self) -> Obj:
         """``GET /version``: the API server's build (``gitVersion``, ``platform``, ...)."""
@@ -467,7 +473,7 @@ class RestKubeApi:
             if reduced is not None and str(resp.headers.get("Content-Type", "")).startswith(wire.PROTOBUF):
                 return reduced.decode_list(resp.data)
         except ValueError as exc:
-            raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
+            raise ApiError(0, BAD_RESPONSE, f"GET {path}: {exc}") from None
         md, items = _json_page(resp.data, path)
         if reduced is not None:
             items = [reduced.from_json(i) if isinstance(i, dict) else i for i in items]
@@ -514,7 +520,7 @@ class RestKubeApi:
         except ApiError:
             raise
         except wire.WireError as exc:
-            raise ApiError(0, "BadResponse", f"watch {res.plural}: {exc}") from None
+            raise ApiError(0, BAD_RESPONSE, f"watch {res.plural}: {exc}") from None
         except Exception as exc:  # what it catches: the stream's transport failures (reset, read timeout, ...)
             raise unreachable(exc, self.host) from None
         finally:
@@ -574,9 +580,9 @@ def _json_page(data: bytes, path: str) -> tuple[Mapping[str, Any], list[Obj | Un
         try:
             return split_page(data)
         except ValueError:
-            raise ApiError(0, "BadResponse", f"GET {path}: {exc}") from None
+            raise ApiError(0, BAD_RESPONSE, f"GET {path}: {exc}") from None
     if not isinstance(page, dict):
-        raise ApiError(0, "BadResponse", f"GET {path}: not a JSON object")
+        raise ApiError(0, BAD_RESPONSE, f"GET {path}: not a JSON object")
     md = page.get("metadata")
     items = page.get("items")
     return md if isinstance(md, dict) else {}, [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []

@@ -179,3 +179,10 @@ def test_a_streamed_list_quarantines_too(srv: Server) -> None:
     inf.stream()
     assert inf.store.keys() == ["ns/a"] and inf.synced.is_set() and inf.resource_version == "9"
     assert [u.ref for u in seen.bad] == ["ns/bad"] and list(inf.undecodable) == ["ns/bad"]
+
+
+def test_a_single_object_that_cannot_be_decoded_says_so(srv: Server) -> None:
+    srv.replies = [(200, "application/json", encoded(claim("bad"), PAYLOADS["raw-ff"]))]
+    with pytest.raises(ApiError) as e:
+        srv.api.get(CLAIMS, "bad", namespace="ns")
+    assert str(e.value).startswith("the API server's answer cannot be read: GET ") and "UTF-8" in str(e.value)
