@@ -77,7 +77,6 @@ from dra_driver.k8s.client import (
     PODS,
     SLICES,
     ApiError,
-    ConfigurationError,
     KubeApi,
     Resource,
     RestKubeApi,
@@ -529,13 +528,11 @@ def run(settings: ControllerSettings) -> int:
     log = logs.get("controller", driver=settings.driver_name, identity=settings.identity)
     gc.set_threshold(*GC_THRESHOLDS)
     memory.limit_arenas()  # before any thread starts: see dra_driver.memory
-    try:
-        # Idle connections kept: one per worker and per informer's next list, so a burst of writes
-        # does not open (and close again) a TLS connection per request.
-        api = RestKubeApi.from_kubeconfig(settings.kubeconfig, user_agent=f"dra-driver-controller/{os.getpid()}",
-                                          pool_size=WORKERS + 8)
-    except ConfigurationError as exc:
-        raise ValueError(str(exc)) from None
+    # Idle connections kept: one per worker and per informer's next list, so a burst of writes
+    # does not open (and close again) a TLS connection per request. A ConfigurationError is the
+    # command's one-line error (dra_driver.cli).
+    api = RestKubeApi.from_kubeconfig(settings.kubeconfig, user_agent=f"dra-driver-controller/{os.getpid()}",
+                                      pool_size=WORKERS + 8)
     stop = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dra_driver.allocator.rules import AUTO, RULE_CHOICES
-from dra_driver.config import add_scheduler_rules_argument, add_shared_arguments, env, env_flag
+from dra_driver.config import (
+    SettingsError,
+    add_env_argument,
+    add_scheduler_rules_argument,
+    add_shared_arguments,
+    port,
+    positive_number,
+    resolve_environment,
+)
 from dra_driver.controller import fence
 from dra_driver.k8s.labels import LabelSelector, parse_selector
 from dra_driver.k8s.names import parse_namespaced_name
@@ -49,40 +59,41 @@ class ControllerSettings:
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
+    def add(flag: str, variable: str, help: str, default: Any = None, **kw: Any) -> None:
+        add_env_argument(parser, flag, variable=variable, default=default, help=help, **kw)
+
     add_shared_arguments(parser)
-    add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
-    add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
-    add("--leader-elect", action=argparse.BooleanOptionalAction, default=env_flag(env("LEADER_ELECT", "true")),
-        help="Take a Lease before acting, so only one replica writes [LEADER_ELECT]")
-    add("--leader-election-namespace", default=env("POD_NAMESPACE", "kube-system"),
-        help="Namespace of the leader-election Lease [POD_NAMESPACE]")
-    add("--leader-election-id", default=env("LEADER_ELECTION_ID", "dra-driver-controller"),
-        help="Name of the leader-election Lease [LEADER_ELECTION_ID]")
-    add("--identity", default=env("POD_NAME", os.uname().nodename + f"-{os.getpid()}"),
-        help="This replica's identity in the Lease [POD_NAME]")
-    add("--metrics-port", type=int, default=int(env("METRICS_PORT", "8080") or 8080),
-        help="Port for /metrics and /healthz; 0 disables [METRICS_PORT]")
-    add("--resync-seconds", type=float, default=float(env("RESYNC_SECONDS", "30") or 30),
-        help="Seconds between full re-evaluations of pending claims [RESYNC_SECONDS]")
-    add("--max-writes-per-second", type=_write_rate, default=env("MAX_WRITES_PER_SECOND", f"{DEFAULT_MAX_WRITES_PER_SECOND:g}"),
-        help="Writes to the API server (explanations, Events, allocations) at most this many a second, on average; "
-             "Events about claims are dropped rather than delayed when the budget is spent; a pod's Event waits "
-             "for it [MAX_WRITES_PER_SECOND]")
-    add("--allocation-ledger", default=env("ALLOCATION_LEDGER"),
-        help="NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads; default: "
-             "dra-driver-allocations in the leader-election namespace [ALLOCATION_LEDGER]")
-    add("--pod-events", action=argparse.BooleanOptionalAction, default=env_flag(env("POD_EVENTS", "true")),
-        help="Tell each pod that waits for a claim that cannot be allocated why, in a Warning Event on the pod "
-             "(one write per pod and verdict, from the same write budget) [POD_EVENTS]")
-    add("--allocation-namespace-selector", default=env("ALLOCATION_NAMESPACE_SELECTOR", ""),
-        help="Allocate claims annotated gpu.dra-driver.io/allocate: controller only in namespaces whose labels match "
-             "this label selector (e.g. gpu.dra-driver.io/controller-allocation=enabled); empty (the default): the "
-             "controller allocates no claim, and says so on each annotated one [ALLOCATION_NAMESPACE_SELECTOR]")
+    add("--log-format", "LOG_FORMAT", "Log format", "json", choices=("json", "console"))
+    add("--log-level", "LOG_LEVEL", "Log level", "info")
+    add("--leader-elect", "LEADER_ELECT", "Take a Lease before acting, so only one replica writes", True,
+        boolean_flag=True)
+    add("--leader-election-namespace", "POD_NAMESPACE", "Namespace of the leader-election Lease", "kube-system")
+    add("--leader-election-id", "LEADER_ELECTION_ID", "Name of the leader-election Lease", "dra-driver-controller")
+    add("--identity", "POD_NAME", "This replica's identity in the Lease", shown="<hostname>-<pid>")
+    add("--metrics-port", "METRICS_PORT", "Port for /metrics and /healthz; 0 disables", 8080, convert=port)
+    add("--resync-seconds", "RESYNC_SECONDS", "Seconds between full re-evaluations of pending claims", 30.0,
+        convert=positive_number)
+    add("--max-writes-per-second", "MAX_WRITES_PER_SECOND",
+        "Writes to the API server (explanations, Events, allocations) at most this many a second, on average; "
+        "Events about claims are dropped rather than delayed when the budget is spent; a pod's Event waits "
+        "for it", DEFAULT_MAX_WRITES_PER_SECOND, convert=_write_rate)
+    add("--allocation-ledger", "ALLOCATION_LEDGER",
+        "NAMESPACE/NAME of the ConfigMap the allocation-fence admission policy reads",
+        shown="dra-driver-allocations in the leader-election namespace")
+    add("--pod-events", "POD_EVENTS", "Tell each pod that waits for a claim that cannot be allocated why, in a "
+        "Warning Event on the pod (one write per pod and verdict, from the same write budget)", True,
+        boolean_flag=True)
+    add("--allocation-namespace-selector", "ALLOCATION_NAMESPACE_SELECTOR",
+        "Allocate claims annotated gpu.dra-driver.io/allocate: controller only in namespaces whose labels match "
+        "this label selector (e.g. gpu.dra-driver.io/controller-allocation=enabled); empty (the default): the "
+        "controller allocates no claim, and says so on each annotated one", convert=_label_selector)
     add_scheduler_rules_argument(parser, RULE_CHOICES)
 
 
-def controller_settings(args: argparse.Namespace) -> ControllerSettings:
+def controller_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ControllerSettings:
+    """The settings of ``args`` (flags, then the variables of ``environ``, default the process's);
+    ValueError (SettingsError for a variable) says what cannot be used."""
+    resolve_environment(args, environ)
     return ControllerSettings(
         driver_name=args.driver_name,
         kubeconfig=args.kubeconfig,
@@ -91,14 +102,14 @@ def controller_settings(args: argparse.Namespace) -> ControllerSettings:
         leader_elect=bool(args.leader_elect),
         leader_election_namespace=args.leader_election_namespace,
         leader_election_id=args.leader_election_id,
-        identity=args.identity,
+        identity=args.identity or f"{os.uname().nodename}-{os.getpid()}",
         metrics_port=int(args.metrics_port),
         resync_seconds=float(args.resync_seconds),
         allocation_ledger=_ledger_ref(args.allocation_ledger, args.leader_election_namespace),
         max_writes_per_second=float(args.max_writes_per_second),
         scheduler_rules=str(args.scheduler_rules),
         pod_events=bool(args.pod_events),
-        allocation_namespaces=_namespace_selector(args.allocation_namespace_selector),
+        allocation_namespaces=args.allocation_namespace_selector,
     )
 
 
@@ -112,13 +123,13 @@ def _write_rate(text: str) -> float:
     return value
 
 
-def _namespace_selector(text: str | None) -> LabelSelector | None:
-    if not text or not text.strip():
+def _label_selector(text: str) -> LabelSelector | None:
+    if not text.strip():
         return None
     try:
         return parse_selector(text)
     except ValueError as exc:
-        raise ValueError(f"--allocation-namespace-selector: {exc}") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:
@@ -127,4 +138,4 @@ def _ledger_ref(text: str | None, namespace: str) -> tuple[str, str]:
     try:
         return parse_namespaced_name(text, "ConfigMap")
     except ValueError as exc:
-        raise ValueError(f"--allocation-ledger: {exc}") from None
+        raise SettingsError(f"--allocation-ledger (or $ALLOCATION_LEDGER): {exc}") from None

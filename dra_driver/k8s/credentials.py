@@ -445,25 +445,41 @@ class Credentials:
             self._loaded = replace(loaded, generation=self._loaded.generation + 1)
 
 
-def kubeconfig_path(kubeconfig: str | None) -> str | None:
-    """The kubeconfig that :func:`load_credentials` reads (a ``$KUBECONFIG`` list as given); None
-    for the in-cluster service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    if path:
-        if not any(os.path.exists(os.path.expanduser(p)) for p in path.split(os.pathsep) if p):
-            raise ConfigurationError(f"kubeconfig {path} does not exist")
-        return path
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+def in_cluster_possible(environ: Mapping[str, str], service_account_dir: str | None = None) -> bool:
+    """client-go's test (``inClusterClientConfig.Possible``): the service's host and port are set and
+    the service account's token is a file."""
+    token = os.path.join(service_account_dir or SERVICE_ACCOUNT_DIR, "token")
+    return bool(environ.get("KUBERNETES_SERVICE_HOST")) and bool(environ.get("KUBERNETES_SERVICE_PORT")) \
+        and os.path.isfile(token)
+
+
+def kubeconfig_path(kubeconfig: str | None, environ: Mapping[str, str] | None = None,
+                    service_account_dir: str | None = None) -> str | None:
+    """The kubeconfig that :func:`load_credentials` reads, None for the in-cluster service account;
+    in client-go's order (clientcmd's default loading rules, then the in-cluster fallback of its
+    deferred loader): ``kubeconfig`` (``--kubeconfig``; it must exist); else ``$KUBECONFIG``, a list
+    of files merged (missing ones skipped; returned as given); else ``~/.kube/config``; and only when
+    none of those files exists, the service account of the pod we run in."""
+    environ = os.environ if environ is None else environ
+    if kubeconfig:
+        if not os.path.exists(os.path.expanduser(kubeconfig)):
+            raise ConfigurationError(f"kubeconfig {kubeconfig} does not exist")
+        return kubeconfig
+    listed = environ.get("KUBECONFIG") or ""
+    files = [p for p in listed.split(os.pathsep) if p] if listed else [os.path.expanduser("~/.kube/config")]
+    if any(os.path.exists(os.path.expanduser(p)) for p in files):
+        return listed or files[0]
+    if in_cluster_possible(environ, service_account_dir):
         return None
-    default = os.path.expanduser("~/.kube/config")
-    if os.path.exists(default):
-        return default
+    if listed:
+        raise ConfigurationError(f"kubeconfig {listed} ($KUBECONFIG) does not exist, and not running in a cluster")
     raise ConfigurationError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
 
 
 def load_credentials(kubeconfig: str | None, context: str | None = None) -> Credentials:
-    """From ``kubeconfig``, ``$KUBECONFIG``, the in-cluster service account or ``~/.kube/config``, in
-    that order; ``context``: a kubeconfig's context other than its current one (checked to exist)."""
+    """From ``kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or the in-cluster service account, in
+    that order (:func:`kubeconfig_path`); ``context``: a kubeconfig's context other than its current
+    one (checked to exist)."""
     path = kubeconfig_path(kubeconfig)
     if path is None:
         if context:

@@ -11,8 +11,19 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dra_driver.config import add_shared_arguments, env, env_flag
+from dra_driver.config import (
+    SettingsError,
+    add_env_argument,
+    add_shared_arguments,
+    boolean,
+    non_negative_number,
+    port,
+    positive_integer,
+    positive_number,
+    resolve_environment,
+)
 from dra_driver.gpuconfig import Strategy
 from dra_driver.k8s.names import is_driver_name
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, parse_consumable_shares
@@ -161,102 +172,113 @@ def registration_socket_from_env(environ: Mapping[str, str], driver: str) -> Pat
     def get(name: str, default: str) -> str:
         return environ.get(name) or default
 
-    pod_uid = instance_pod_uid(env_flag(environ.get("ROLLING_UPDATE")), environ.get("POD_UID"))
+    try:
+        rolling = boolean(environ.get("ROLLING_UPDATE") or "false")
+    except argparse.ArgumentTypeError as exc:
+        raise SettingsError(f"$ROLLING_UPDATE (for --rolling-update): {exc}") from None
+    pod_uid = instance_pod_uid(rolling, environ.get("POD_UID"))
     return socket_paths(driver, Path(get("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR)),
                         Path(get("KUBELET_PLUGINS_DIR", KUBELET_PLUGINS_DIR)) / driver, pod_uid).registration
 
 
-def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--node-name", default=env("NODE_NAME"), help="Node this plugin serves [NODE_NAME] (required)")
-    add_shared_arguments(parser)
-    add("--gpu-backend", default=env("GPU_BACKEND", "nvml"), choices=list(BACKENDS),
-        help="GPU discovery backend: nvml (real GPUs) or simulated (fake GPUs of --simulated-profile; only when "
-             "named, never as a fallback) [GPU_BACKEND]")
-    add("--simulated-profile", default=env("SIMULATED_PROFILE", "h100-8x"),
-        help="Built-in simulated node profile name or a YAML file [SIMULATED_PROFILE]")
-    add("--kubelet-registry-dir", default=env("KUBELET_REGISTRY_DIR", KUBELET_REGISTRY_DIR),
-        help="Kubelet plugin-registration directory [KUBELET_REGISTRY_DIR]")
-    add("--kubelet-plugins-dir", default=env("KUBELET_PLUGINS_DIR", KUBELET_PLUGINS_DIR),
-        help="Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock [KUBELET_PLUGINS_DIR]")
-    add("--cdi-root", default=env("CDI_ROOT", CDI_ROOT), help="CDI spec directory [CDI_ROOT]")
-    add("--state-dir", default=env("STATE_DIR"), help="Checkpoint directory; default <plugins-dir>/<driver> [STATE_DIR]")
-    add("--dev-root", default=env("DEV_ROOT", "/"),
-        help="Root under which /dev/nvidia* live; a fake root for simulated GPUs [DEV_ROOT]")
-    add("--sysfs-root", default=env("SYSFS_ROOT", "/sys"), help="sysfs mount, for PCI NUMA/root lookups [SYSFS_ROOT]")
-    add("--log-format", default=env("LOG_FORMAT", "json"), choices=["json", "console"], help="[LOG_FORMAT]")
-    add("--log-level", default=env("LOG_LEVEL", "info"), help="[LOG_LEVEL]")
-    add("--dynamic-mig", action="store_true", default=env_flag(env("DYNAMIC_MIG")),
-        help="Publish every MIG profile x placement as a partitionable device [DYNAMIC_MIG]")
-    add("--socket-group", default=env("SOCKET_GROUP"), help="Group that may use the sockets (mode 0660) [SOCKET_GROUP]")
-    add("--cleanup-interval", type=float,
-        default=float(env("CLEANUP_INTERVAL", str(DEFAULT_CLEANUP_INTERVAL)) or DEFAULT_CLEANUP_INTERVAL),
-        help="Seconds between sweeps that unprepare claims deleted from the API server [CLEANUP_INTERVAL]")
-    add("--stale-claim-grace", type=float, default=float(env("STALE_CLAIM_GRACE", "300") or 300),
-        help="Seconds a claim the sweep found gone keeps its devices (CDI spec, checkpoint entry) for the kubelet's "
-             "own Unprepare before the sweep unprepares it [STALE_CLAIM_GRACE]")
-    add("--max-stale-unprepares", type=int, default=int(env("MAX_STALE_UNPREPARES", "10") or 10),
-        help="Claims one sweep unprepares at most; more wait for the next sweeps, with a warning [MAX_STALE_UNPREPARES]")
-    add("--health-file", default=env("HEALTH_FILE"),
-        help="Simulated backend: JSON file of injected health events, re-read on change [HEALTH_FILE]")
-    add("--ignored-xids", default=env("IGNORED_XIDS", ",".join(map(str, DEFAULT_IGNORED_XIDS))),
-        help="Comma-separated XIDs that do not make a GPU unhealthy [IGNORED_XIDS]")
-    # Hidden: only the reboot test needs another boot ID source.
-    add("--boot-id-path", default=env("BOOT_ID_PATH", "/proc/sys/kernel/random/boot_id"), help=argparse.SUPPRESS)
-    add("--health-port", type=int, default=int(env("HEALTH_PORT", "0") or 0),
-        help="Port for /healthz (checks the plugin's own sockets); 0 disables [HEALTH_PORT]")
-    add("--health-monitoring", action=argparse.BooleanOptionalAction, default=env_flag(env("HEALTH_MONITORING", "true")),
-        help="Watch GPU health (NVML events, or the simulated health file) and taint unhealthy devices [HEALTH_MONITORING]")
-    add("--sharing-strategies", default=env("SHARING_STRATEGIES", ",".join(SHARING_STRATEGIES)),
-        help="GpuConfig sharing strategies this node accepts; others fail at prepare [SHARING_STRATEGIES]")
-    add("--consumable-shares", default=env("CONSUMABLE_SHARES", "disabled"),
-        help="Publish full GPUs and static MIG devices for several claims at once: disabled, memory (claims "
-             "consume memory in 1Gi steps, all of it by default), unlimited (0 by default) or N (also N "
-             "'shares') [CONSUMABLE_SHARES]")
-    add("--device-metadata", action=argparse.BooleanOptionalAction, default=env_flag(env("DEVICE_METADATA", "true")),
-        help="Mount a file describing its devices (metadata.resource.k8s.io, Kubernetes 1.37 format) into every "
-             "container that gets them; --no-device-metadata turns it off for new claims [DEVICE_METADATA]")
-    add("--nvidia-driver-root", default=env("NVIDIA_DRIVER_ROOT", "/"),
-        help="Where the host's NVIDIA driver is mounted; libnvidia-ml, nvidia-smi (time-slicing) and "
-             "nvidia-cuda-mps-control (MPS) are looked up under it [NVIDIA_DRIVER_ROOT]")
-    add("--host-driver-root", default=env("HOST_DRIVER_ROOT"),
-        help="The driver root as the host sees it, when --nvidia-driver-root is its mount in this container "
-             "(/driver-root); CDI specs name host paths. Default: --nvidia-driver-root [HOST_DRIVER_ROOT]")
-    add("--driver-edits", action=argparse.BooleanOptionalAction, default=env_flag(env("DRIVER_EDITS", "true")),
-        help="NVML backend: put the driver's libraries, binaries and hooks (from nvidia-ctk cdi generate) in every "
-             "claim's CDI spec [DRIVER_EDITS]")
-    add("--nvidia-ctk-path", default=env("NVIDIA_CTK_PATH", "nvidia-ctk"),
-        help="The NVIDIA Container Toolkit's nvidia-ctk [NVIDIA_CTK_PATH]")
-    add("--rolling-update", action=argparse.BooleanOptionalAction, default=env_flag(env("ROLLING_UPDATE")),
-        help="Sockets named after this pod (--pod-uid), so that an updated pod serves beside the old one before it "
-             "stops (needs kubelet 1.33 or later) [ROLLING_UPDATE]")
-    add("--ignore-device-plugin", action=argparse.BooleanOptionalAction,
-        default=env_flag(env("IGNORE_DEVICE_PLUGIN")),
-        help="Publish this node's GPUs even while its Node advertises nvidia.com/gpu or nvidia.com/mig-* (NVIDIA's "
-             "device plugin serves them too); only while moving a node from the device plugin to DRA, with nothing "
-             "scheduled through the device plugin [IGNORE_DEVICE_PLUGIN]")
-    add("--pod-uid", default=env("POD_UID"), help="This plugin pod's UID; required with --rolling-update [POD_UID]")
-    add("--nvidia-cdi-hook-path", default=env("NVIDIA_CDI_HOOK_PATH"),
-        help="nvidia-cdi-hook as the host's container runtime finds it; default: beside nvidia-ctk "
-             "[NVIDIA_CDI_HOOK_PATH]")
-
-
-def plugin_settings(args: argparse.Namespace) -> PluginSettings:
-    if not args.node_name:
-        raise ValueError("--node-name (or NODE_NAME) is required")
-    plugins_dir = Path(args.kubelet_plugins_dir)
+def ignored_xids(text: str) -> tuple[int, ...]:
     try:
-        xids = tuple(int(x) for x in str(args.ignored_xids).split(",") if x.strip())
-    except ValueError as exc:
-        raise ValueError(f"--ignored-xids must be comma-separated integers: {exc}") from None
-    strategies = tuple(x.strip() for x in str(args.sharing_strategies).split(",") if x.strip())
-    unknown = sorted(set(strategies) - set(SHARING_STRATEGIES))
-    if unknown or not strategies:
-        raise ValueError(
-            f"--sharing-strategies must name some of {', '.join(SHARING_STRATEGIES)}; got {args.sharing_strategies!r}")
-    if args.stale_claim_grace < 0 or args.max_stale_unprepares < 1:
-        raise ValueError(f"--stale-claim-grace must be 0 or more (got {args.stale_claim_grace:g}) and "
-                         f"--max-stale-unprepares 1 or more (got {args.max_stale_unprepares})")
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers (XIDs), got {text!r}") from None
+
+
+def sharing_strategies(text: str) -> tuple[str, ...]:
+    strategies = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not strategies or set(strategies) - set(SHARING_STRATEGIES):
+        raise argparse.ArgumentTypeError(f"must name some of {', '.join(SHARING_STRATEGIES)}, got {text!r}")
+    return strategies
+
+
+def consumable_shares(text: str) -> ConsumableShares:
+    try:
+        return parse_consumable_shares(text)
+    except ValueError as exc:  # its text names the flag; here the flag or the variable is named before it
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--consumable-shares ")) from None
+
+
+def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
+    def add(flag: str, variable: str, help: str, default: Any = None, **kw: Any) -> None:
+        add_env_argument(parser, flag, variable=variable, default=default, help=help, **kw)
+
+    add("--node-name", "NODE_NAME", "Node this plugin serves (required)")
+    add_shared_arguments(parser)
+    add("--gpu-backend", "GPU_BACKEND", "GPU discovery backend: nvml (real GPUs) or simulated (fake GPUs of "
+        "--simulated-profile; only when named, never as a fallback)", "nvml", choices=tuple(BACKENDS))
+    add("--simulated-profile", "SIMULATED_PROFILE", "Built-in simulated node profile name or a YAML file", "h100-8x")
+    add("--kubelet-registry-dir", "KUBELET_REGISTRY_DIR", "Kubelet plugin-registration directory", KUBELET_REGISTRY_DIR)
+    add("--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR",
+        "Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock", KUBELET_PLUGINS_DIR)
+    add("--cdi-root", "CDI_ROOT", "CDI spec directory", CDI_ROOT)
+    add("--state-dir", "STATE_DIR", "Checkpoint directory", shown="<plugins-dir>/<driver>")
+    add("--dev-root", "DEV_ROOT", "Root under which /dev/nvidia* live; a fake root for simulated GPUs", "/")
+    add("--sysfs-root", "SYSFS_ROOT", "sysfs mount, for PCI NUMA/root lookups", "/sys")
+    add("--log-format", "LOG_FORMAT", "Log format", "json", choices=("json", "console"))
+    add("--log-level", "LOG_LEVEL", "Log level", "info")
+    add("--dynamic-mig", "DYNAMIC_MIG", "Publish every MIG profile x placement as a partitionable device", False,
+        boolean_flag=True)
+    add("--socket-group", "SOCKET_GROUP", "Group that may use the sockets (mode 0660); default: root only")
+    add("--cleanup-interval", "CLEANUP_INTERVAL",
+        "Seconds between sweeps that unprepare claims deleted from the API server", DEFAULT_CLEANUP_INTERVAL,
+        convert=positive_number)
+    add("--stale-claim-grace", "STALE_CLAIM_GRACE",
+        "Seconds a claim the sweep found gone keeps its devices (CDI spec, checkpoint entry) for the kubelet's "
+        "own Unprepare before the sweep unprepares it", 300.0, convert=non_negative_number)
+    add("--max-stale-unprepares", "MAX_STALE_UNPREPARES",
+        "Claims one sweep unprepares at most; more wait for the next sweeps, with a warning", 10,
+        convert=positive_integer)
+    add("--health-file", "HEALTH_FILE", "Simulated backend: JSON file of injected health events, re-read on change")
+    add("--ignored-xids", "IGNORED_XIDS", "Comma-separated XIDs that do not make a GPU unhealthy",
+        DEFAULT_IGNORED_XIDS, convert=ignored_xids)
+    # Hidden: only the reboot test needs another boot ID source.
+    add("--boot-id-path", "BOOT_ID_PATH", argparse.SUPPRESS, "/proc/sys/kernel/random/boot_id")
+    add("--health-port", "HEALTH_PORT", "Port for /healthz (checks the plugin's own sockets); 0 disables", 0,
+        convert=port)
+    add("--health-monitoring", "HEALTH_MONITORING",
+        "Watch GPU health (NVML events, or the simulated health file) and taint unhealthy devices", True,
+        boolean_flag=True)
+    add("--sharing-strategies", "SHARING_STRATEGIES", "GpuConfig sharing strategies this node accepts; others fail "
+        "at prepare", SHARING_STRATEGIES, convert=sharing_strategies)
+    add("--consumable-shares", "CONSUMABLE_SHARES",
+        "Publish full GPUs and static MIG devices for several claims at once: disabled, memory (claims "
+        "consume memory in 1Gi steps, all of it by default), unlimited (0 by default) or N (also N "
+        "'shares')", DISABLED, convert=consumable_shares, shown="disabled")
+    add("--device-metadata", "DEVICE_METADATA",
+        "Mount a file describing its devices (metadata.resource.k8s.io, Kubernetes 1.37 format) into every "
+        "container that gets them; --no-device-metadata turns it off for new claims", True, boolean_flag=True)
+    add("--nvidia-driver-root", "NVIDIA_DRIVER_ROOT",
+        "Where the host's NVIDIA driver is mounted; libnvidia-ml, nvidia-smi (time-slicing) and "
+        "nvidia-cuda-mps-control (MPS) are looked up under it", "/")
+    add("--host-driver-root", "HOST_DRIVER_ROOT",
+        "The driver root as the host sees it, when --nvidia-driver-root is its mount in this container "
+        "(/driver-root); CDI specs name host paths", shown="--nvidia-driver-root")
+    add("--driver-edits", "DRIVER_EDITS", "NVML backend: put the driver's libraries, binaries and hooks (from "
+        "nvidia-ctk cdi generate) in every claim's CDI spec", True, boolean_flag=True)
+    add("--nvidia-ctk-path", "NVIDIA_CTK_PATH", "The NVIDIA Container Toolkit's nvidia-ctk", "nvidia-ctk")
+    add("--rolling-update", "ROLLING_UPDATE",
+        "Sockets named after this pod (--pod-uid), so that an updated pod serves beside the old one before it "
+        "stops (needs kubelet 1.33 or later)", False, boolean_flag=True)
+    add("--ignore-device-plugin", "IGNORE_DEVICE_PLUGIN",
+        "Publish this node's GPUs even while its Node advertises nvidia.com/gpu or nvidia.com/mig-* (NVIDIA's "
+        "device plugin serves them too); only while moving a node from the device plugin to DRA, with nothing "
+        "scheduled through the device plugin", False, boolean_flag=True)
+    add("--pod-uid", "POD_UID", "This plugin pod's UID; required with --rolling-update")
+    add("--nvidia-cdi-hook-path", "NVIDIA_CDI_HOOK_PATH",
+        "nvidia-cdi-hook as the host's container runtime finds it", shown="beside nvidia-ctk")
+
+
+def plugin_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> PluginSettings:
+    """The settings of ``args`` (flags, then the variables of ``environ``, default the process's);
+    ValueError (SettingsError for a variable) says what cannot be used."""
+    resolve_environment(args, environ)
+    if not args.node_name:
+        raise SettingsError("--node-name (or $NODE_NAME) is required")
+    plugins_dir = Path(args.kubelet_plugins_dir)
     instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
     settings = PluginSettings(
         node_name=args.node_name,
@@ -278,12 +300,12 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
         stale_claim_grace=float(args.stale_claim_grace),
         max_stale_unprepares=int(args.max_stale_unprepares),
         health_file=Path(args.health_file) if args.health_file else None,
-        ignored_xids=xids,
+        ignored_xids=tuple(args.ignored_xids),
         health_port=int(args.health_port),
         health_monitoring=bool(args.health_monitoring),
-        sharing_strategies=strategies,
+        sharing_strategies=tuple(args.sharing_strategies),
         nvidia_driver_root=Path(args.nvidia_driver_root),
-        consumable_shares=parse_consumable_shares(str(args.consumable_shares)),
+        consumable_shares=args.consumable_shares,
         device_metadata=bool(args.device_metadata),
         driver_edits=bool(args.driver_edits),
         nvidia_ctk_path=Path(args.nvidia_ctk_path),
@@ -296,5 +318,5 @@ def plugin_settings(args: argparse.Namespace) -> PluginSettings:
     )
     problems = registration_problems(settings.driver_name, settings.sockets, settings.rolling_update)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise SettingsError("; ".join(problems))
     return settings

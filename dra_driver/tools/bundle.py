@@ -67,7 +67,7 @@ from dra_driver.ondisk import (
     claim_spec_prefix,
     metadata_spec_prefix,
 )
-from dra_driver.tools.explain import build_report
+from dra_driver.tools.explain import build_report, one_line
 from dra_driver.tools.terminal import printable
 
 REDACTED = "<redacted>"
@@ -433,7 +433,10 @@ def node_sources(node: str, state_dir: str | None, cdi_root: str | None, metrics
 
 
 def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_dir: str | None = None,
-         cdi_root: str | None = None, metrics_url: str | None = None, driver: str = DEFAULT_DRIVER_NAME) -> int:
+         cdi_root: str | None = None, metrics_url: str | None = None, driver: str = DEFAULT_DRIVER_NAME,
+         context: str | None = None, prog: str = "dra-driver debug-bundle") -> int:
+    """Exit status 1, and no file, when nothing could be collected; ``prog``: how messages name the
+    command (``kubectl dra debug-bundle``)."""
     created = datetime.now(UTC)
     top = f"dra-driver-debug-{created.strftime('%Y%m%dT%H%M%SZ')}"
     output = output or f"{top}.tar.gz"
@@ -442,7 +445,8 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
     server_version: Any = None
     api: RestKubeApi | None = None
     try:
-        api = RestKubeApi.from_kubeconfig(kubeconfig, request_timeout=20.0, user_agent="dra-driver-debug-bundle")
+        api = RestKubeApi.from_kubeconfig(kubeconfig, context, request_timeout=20.0,
+                                          user_agent="dra-driver-debug-bundle")
     except ConfigurationError as exc:
         bundle.problems.append(f"cluster: {exc}")
     if api is not None:
@@ -457,14 +461,18 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
             api.close()
     if node:
         collect_node(bundle, node_sources(node, state_dir, cdi_root, metrics_url, driver), driver)
+    if not bundle.files:
+        print(f"{prog}: collected nothing, so wrote no bundle: {printable(one_line('; '.join(bundle.problems)))}",
+              file=sys.stderr)
+        return 1
     bundle.add_json("manifest.json", manifest(bundle, created=created, server_version=server_version, node=node,
                                               driver=driver))
     try:
         where = write_bundle(bundle, top, output)
     except OSError as exc:
-        print(f"dra-driver debug-bundle: cannot write {output}: {exc}", file=sys.stderr)
+        print(f"{prog}: cannot write {output}: {one_line(exc)}", file=sys.stderr)
         return 1
-    print(f"dra-driver debug-bundle: wrote {where} ({len(bundle.files)} files)", file=sys.stderr)
+    print(f"{prog}: wrote {where} ({len(bundle.files)} files)", file=sys.stderr)
     for problem in bundle.problems:
         print(f"  not collected: {printable(problem)}", file=sys.stderr)
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
 
@@ -67,6 +67,10 @@ from dra_driver.tools.terminal import printable
 
 class ExplainError(Exception):
     """A problem the user can act on; printed as one line."""
+
+
+class NotFoundError(ExplainError):
+    """The pod or claim asked about is not there."""
 
 
 DeviceId = tuple[str, str, str]
@@ -344,7 +348,7 @@ class _Reads:
             return self.api.get(CLAIMS, self.name, namespace=self.namespace)
         except ApiError as exc:
             if exc.not_found:
-                raise ExplainError(f"ResourceClaim {self.namespace}/{self.name} not found") from None
+                raise NotFoundError(f"ResourceClaim {self.namespace}/{self.name} not found") from None
             raise
 
     def close(self) -> None:
@@ -404,11 +408,34 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
         reads.close()
 
 
-OUTPUTS = ("text", "json", "yaml", "wide")
+def one_line(message: object) -> str:
+    """A message as one line: a YAML or server error may span several."""
+    return " ".join(str(message).split())
+
+
+def target_text(target: str | Sequence[str] | None) -> str:
+    return target if isinstance(target, str) else " ".join(target or ())
+
+
+OUTPUTS = ("text", "json", "yaml", "wide", "name")
+CLAIM_RESOURCE = "resourceclaim.resource.k8s.io"
+
+
+def report_names(report: Mapping[str, Any], absent: tuple[str, ...] = ()) -> list[str]:
+    """``-o name``: the ResourceClaims a report is about, as kubectl's ``-o name`` writes them
+    (``resourceclaim.resource.k8s.io/NAME``, no namespace): the claim, a pod's claims (but those
+    whose state is one of ``absent``), or the pending ones of a list."""
+    if "groups" in report:
+        keys = [str(row["claim"]) for g in report.get("groups") or [] for row in g.get("claims") or []]
+    elif "pod" in report:
+        keys = [str(c["claim"]) for c in report.get("claims") or [] if c.get("state") not in absent]
+    else:
+        keys = [str(report["claim"])]
+    return [f"{CLAIM_RESOURCE}/{key.rpartition('/')[2]}" for key in keys]
 
 
 def main(
-    target: str | None,
+    target: str | Sequence[str] | None,
     kubeconfig: str | None = None,
     output: str = "text",
     *,
@@ -422,12 +449,14 @@ def main(
     err: TextIO | None = None,
     server_version: Callable[[], str] | None = None,
     scheduler_rules: str = AUTO,
+    prog: str = "dra-driver explain",
 ) -> int:
-    """``target``: ``pod/NAME``, ``claim/NAME``, ``NAMESPACE/NAME`` or None (the pending claims of
-    ``namespace``, of every namespace with ``all_namespaces``), read as kubectl reads them
-    (:mod:`dra_driver.tools.targets`); ``context``: the kubeconfig context, whose namespace is the
-    default one; ``server_version``: the API server's version where ``api`` is given (else the
-    client asks); ``scheduler_rules``: ``auto`` (that version's rules) or a minor such as ``1.37``."""
+    """``target``: ``pod/NAME``, ``claim/NAME``, ``NAMESPACE/NAME``, the words ``TYPE NAME``, or
+    None (the pending claims of ``namespace``, of every namespace with ``all_namespaces``), read as
+    kubectl reads them (:mod:`dra_driver.tools.targets`); ``context``: the kubeconfig context, whose
+    namespace is the default one; ``server_version``: the API server's version where ``api`` is
+    given (else the client asks); ``scheduler_rules``: ``auto`` (that version's rules) or a minor
+    such as ``1.37``; ``prog``: how messages name the command (``kubectl dra explain``)."""
     # Imported here: both build on this module's claim reports.
     from dra_driver.tools import pending, podexplain
 
@@ -438,6 +467,8 @@ def main(
         if output not in OUTPUTS:
             raise ExplainError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         default_namespace = "default"
+        # Read once before the kubeconfig, so that a mistyped argument is the error, not a missing cluster.
+        parse_target(target, namespace=namespace, all_namespaces=all_namespaces, default_namespace=default_namespace)
         if api is None:
             path = kubeconfig_path(kubeconfig)
             if path is not None:
@@ -447,11 +478,8 @@ def main(
             api = owned
             rest = owned
             server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
-        try:
-            what = parse_target(target, namespace=namespace, all_namespaces=all_namespaces,
-                                default_namespace=default_namespace)
-        except TargetError as exc:
-            raise ExplainError(str(exc)) from None
+        what = parse_target(target, namespace=namespace, all_namespaces=all_namespaces,
+                            default_namespace=default_namespace)
         engine = engine or Engine()
         render: Callable[[dict[str, Any]], str]
         if what.kind is Kind.PENDING:
@@ -464,28 +492,38 @@ def main(
                 report = podexplain.explain_pod(api, namespace_, name, engine=engine, driver=driver, rules=rules)
                 render = podexplain.render_pod
             else:
-                report = explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                try:
+                    report = explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                except NotFoundError as exc:
+                    if not what.namespace_form:
+                        raise
+                    raise NotFoundError(f"{exc} (read {target_text(target)!r} as NAMESPACE/CLAIM; a pod is "
+                                        "pod/NAME, a claim in another namespace claim/NAME -n NAMESPACE)") from None
                 render = render_text
             if warning:
                 report["rulesWarning"] = warning
-    except (ExplainError, ConfigurationError) as exc:
-        print(f"dra-driver explain: {exc}", file=stderr)
+    except (ExplainError, TargetError, ConfigurationError) as exc:
+        print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:
         if exc.status == 0:
-            print(f"dra-driver explain: cannot reach the cluster: {exc.message or exc.reason}", file=stderr)
+            print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
         elif exc.status in (401, 403):
-            print(f"dra-driver explain: not allowed: {exc}", file=stderr)
+            print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
         else:
-            print(f"dra-driver explain: API error: {exc}", file=stderr)
+            print(f"{prog}: API error: {one_line(exc)}", file=stderr)
         return 1
     except Exception as exc:  # last resort: never a traceback for a user
-        print(f"dra-driver explain: unexpected error: {type(exc).__name__}: {exc}", file=stderr)
+        print(f"{prog}: unexpected error: {type(exc).__name__}: {one_line(exc)}", file=stderr)
         return 1
     finally:
         if owned is not None:
             owned.close()
-    if output == "json":
+    if output == "name":
+        names = report_names(report, (podexplain.NOT_CREATED, podexplain.MISSING))
+        if names:
+            print("\n".join(names), file=stdout)
+    elif output == "json":
         print(json.dumps(report, indent=2, sort_keys=True, default=str), file=stdout)
     elif output == "yaml":
         print(yaml.safe_dump(json.loads(json.dumps(report, default=str)), sort_keys=True, allow_unicode=True).rstrip(),

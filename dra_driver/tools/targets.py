@@ -1,13 +1,16 @@
 """What ``dra-driver explain`` is asked about, read the way kubectl reads its arguments.
 
-``pod/NAME`` (``pods/``, ``po/``), ``claim/NAME`` (``resourceclaim/``, ``resourceclaims/``,
-``resourceclaim.resource.k8s.io/``) in the namespace of ``-n``, else the kubeconfig context's,
-else ``default``; ``NAMESPACE/NAME`` of a claim as before; nothing: every pending claim of the
-namespace, or of all of them with ``-A``. Pure: nothing here reads the cluster.
+``pod/NAME`` or ``pod NAME`` (also ``pods``, ``po``), ``claim/NAME`` or ``claim NAME`` (also
+``claims``, ``resourceclaim``, ``resourceclaims``, ``resourceclaim.resource.k8s.io``) in the
+namespace of ``-n``, else the kubeconfig context's, else ``default``; nothing: every pending claim
+of the namespace, or of all of them with ``-A``. ``NAMESPACE/CLAIM`` still names a claim, unless
+its first word is a resource type kubectl knows (``deploy/x``) or has a dot (a namespace has
+none): those are errors that list the types ``explain`` takes. Pure: nothing here reads the cluster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -25,10 +28,30 @@ class Kind(StrEnum):
     """Every pending claim of :attr:`Target.namespace` (all namespaces when it is None)."""
 
 
-POD_WORDS = frozenset({"pod", "pods", "po"})
-CLAIM_WORDS = frozenset({"claim", "claims", "resourceclaim", "resourceclaims", "resourceclaim.resource.k8s.io",
-                         "resourceclaims.resource.k8s.io"})
-USAGE = "name a pod (pod/NAME), a claim (claim/NAME or NAMESPACE/NAME), or nothing to list the pending claims"
+POD_WORDS = ("pod", "pods", "po")
+CLAIM_WORDS = ("claim", "claims", "resourceclaim", "resourceclaims", "resourceclaim.resource.k8s.io",
+               "resourceclaims.resource.k8s.io")
+TYPES = ", ".join((*POD_WORDS, *CLAIM_WORDS))
+_KUBECTL_TYPE_WORDS = """
+    all binding bindings cm configmap configmaps ep endpoints endpointslice endpointslices ev event events
+    limits limitrange limitranges ns namespace namespaces no node nodes pvc persistentvolumeclaim
+    persistentvolumeclaims pv persistentvolume persistentvolumes podtemplate podtemplates rc
+    replicationcontroller replicationcontrollers quota resourcequota resourcequotas secret secrets sa
+    serviceaccount serviceaccounts svc service services ds daemonset daemonsets deploy deployment
+    deployments rs replicaset replicasets sts statefulset statefulsets cj cronjob cronjobs job jobs hpa
+    horizontalpodautoscaler horizontalpodautoscalers ing ingress ingresses ingressclass ingressclasses
+    netpol networkpolicy networkpolicies pdb poddisruptionbudget poddisruptionbudgets pc priorityclass
+    priorityclasses sc storageclass storageclasses csidriver csidrivers csinode csinodes crd crds
+    customresourcedefinition customresourcedefinitions lease leases csr certificatesigningrequest
+    certificatesigningrequests cs componentstatus componentstatuses role roles rolebinding rolebindings
+    clusterrole clusterroles clusterrolebinding clusterrolebindings deviceclass deviceclasses
+    resourceslice resourceslices resourceclaimtemplate resourceclaimtemplates
+"""
+KUBECTL_TYPES = frozenset(_KUBECTL_TYPE_WORDS.split())
+"""Resource types of the built-in API, by kubectl's names and short names: ``deploy/x`` is a
+mistake, not claim ``x`` in namespace ``deploy``."""
+USAGE = ("name a pod (pod/NAME or pod NAME), a claim (claim/NAME, claim NAME or NAMESPACE/CLAIM), "
+         "or nothing to list the pending claims")
 
 
 @dataclass(frozen=True)
@@ -36,32 +59,53 @@ class Target:
     kind: Kind
     namespace: str | None
     name: str = ""
+    namespace_form: bool = False
+    """Named as ``NAMESPACE/CLAIM``: a claim not found says how the argument was read."""
 
 
-def parse_target(text: str | None, *, namespace: str | None, all_namespaces: bool, default_namespace: str) -> Target:
-    """``text`` with kubectl's ``-n`` (``namespace``) and ``-A``; ``default_namespace``: the
-    context's namespace, or ``default``."""
+def unknown_type(word: str, given: str) -> TargetError:
+    return TargetError(f"unknown resource type {word!r} in {given!r}; explain takes {TYPES}")
+
+
+def parse_target(words: str | Sequence[str] | None, *, namespace: str | None, all_namespaces: bool,
+                 default_namespace: str) -> Target:
+    """The words after ``explain`` (``TYPE/NAME``, ``TYPE NAME``, ``NAMESPACE/CLAIM`` or none) with
+    kubectl's ``-n`` (``namespace``) and ``-A``; ``default_namespace``: the context's namespace, or
+    ``default``."""
+    given = [words] if isinstance(words, str) else list(words or ())
     if namespace is not None and not is_dns_label(namespace):
         raise TargetError(f"invalid namespace {namespace!r} (must be a DNS label)")
-    if not text:
+    if not given:
         if all_namespaces and namespace is not None:
             raise TargetError("-A lists every namespace; leave out -n")
         return Target(Kind.PENDING, None if all_namespaces else namespace or default_namespace)
+    text = " ".join(given)
     if all_namespaces:
         raise TargetError(f"-A lists the pending claims of every namespace; it takes no name (got {text!r})")
+    if len(given) == 2 and "/" not in text:
+        word, name = given
+        if word.lower() not in (*POD_WORDS, *CLAIM_WORDS):
+            raise unknown_type(word, text)
+        return _named(word.lower(), name, namespace or default_namespace, namespace_form=False)
+    if len(given) > 2 or (len(given) == 2 and "/" in text):
+        raise TargetError(f"one pod or claim at a time: {USAGE}; got {text!r}")
     word, slash, name = text.partition("/")
     if not slash or "/" in name or not word or not name:
         raise TargetError(f"{USAGE}; got {text!r}")
     lowered = word.lower()
     if lowered in POD_WORDS or lowered in CLAIM_WORDS:
-        kind = Kind.POD if lowered in POD_WORDS else Kind.CLAIM
-        where = namespace or default_namespace
-    else:
-        kind, where = Kind.CLAIM, word
-        if not is_dns_label(where):
-            raise TargetError(f"invalid namespace {where!r} in {text!r} (must be a DNS label); {USAGE}")
-        if namespace is not None and namespace != where:
-            raise TargetError(f"{text!r} names namespace {where!r} but -n says {namespace!r}")
+        return _named(lowered, name, namespace or default_namespace, namespace_form=False)
+    if lowered in KUBECTL_TYPES or "." in word:
+        raise unknown_type(word, text)
+    if not is_dns_label(word):
+        raise TargetError(f"invalid namespace {word!r} in {text!r} (must be a DNS label); {USAGE}")
+    if namespace is not None and namespace != word:
+        raise TargetError(f"{text!r} names namespace {word!r} but -n says {namespace!r}")
+    return _named("claim", name, word, namespace_form=True)
+
+
+def _named(word: str, name: str, namespace: str, *, namespace_form: bool) -> Target:
+    kind = Kind.POD if word in POD_WORDS else Kind.CLAIM
     if not is_dns_subdomain(name):
         raise TargetError(f"invalid {kind.value} name {name!r} (must be a DNS subdomain)")
-    return Target(kind, where, name)
+    return Target(kind, namespace, name, namespace_form)

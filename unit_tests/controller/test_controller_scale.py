@@ -534,7 +534,7 @@ def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatc
     # What else run() sets for the whole process stays as the other tests have it.
     monkeypatch.setattr(reconciler.logs, "configure", lambda *_args: None)
     monkeypatch.setattr(reconciler.gc, "set_threshold", lambda *_args: None)
-    with pytest.raises(ValueError, match="no cluster here"):
+    with pytest.raises(ConfigurationError, match="no cluster here"):
         reconciler.run(settings())
     assert seen == ["2 arenas", "client"]
 

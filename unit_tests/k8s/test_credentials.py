@@ -39,6 +39,7 @@ from dra_driver.k8s.credentials import (
     bypassed,
     env_proxies,
     incluster_loader,
+    kubeconfig_path,
     load_credentials,
     official_loader,
     simple_incluster,
@@ -219,7 +220,7 @@ def test_where_the_configuration_comes_from(tmp_path: Path, monkeypatch: pytest.
     conn, authorization = load_credentials(None).connection()
     assert (conn.host, authorization) == ("https://first", "Bearer one")
     assert load_credentials(str(second)).host == "https://second"  # --kubeconfig beats $KUBECONFIG
-    # In-cluster beats ~/.kube/config when $KUBECONFIG is unset.
+    # The in-cluster service account itself (kubeconfig_path picks it only when no file is found).
     monkeypatch.delenv("KUBECONFIG")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
@@ -228,6 +229,35 @@ def test_where_the_configuration_comes_from(tmp_path: Path, monkeypatch: pytest.
     assert creds.host == "https://[fd00::1]:443"
     conn, authorization = creds.connection()
     assert authorization == "bearer sa-token" and conn.ca_file == str(sa / "ca.crt")
+
+
+def test_the_lookup_order_is_client_gos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """clientcmd's default loading rules, then its deferred loader's in-cluster fallback: --kubeconfig,
+    else $KUBECONFIG's files, else ~/.kube/config; the service account only when no file is there."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    home = write_kubeconfig(tmp_path / "home" / ".kube" / "config", "https://home", {})
+    flag = write_kubeconfig(tmp_path / "flag", "https://flag", {})
+    listed = f"{tmp_path / 'gone'}{os.pathsep}{flag}"
+    assert kubeconfig_path(str(flag), {"KUBECONFIG": str(home), **pod}, str(sa)) == str(flag)
+    assert kubeconfig_path(None, {"KUBECONFIG": listed, **pod}, str(sa)) == listed
+    assert kubeconfig_path(None, pod, str(sa)) == str(home)  # ~/.kube/config before the service account
+    home.unlink()
+    assert kubeconfig_path(None, pod, str(sa)) is None
+    assert kubeconfig_path(None, {"KUBECONFIG": str(tmp_path / "gone"), **pod}, str(sa)) is None
+    with pytest.raises(ConfigurationError, match=r"kubeconfig .*gone \(\$KUBECONFIG\) does not exist, and not running"):
+        kubeconfig_path(None, {"KUBECONFIG": str(tmp_path / "gone")}, str(sa))
+    # client-go's in-cluster test: host, port and the token file.
+    assert kubeconfig_path(None, pod, str(sa)) is None
+    for partial_pod in ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, {"KUBERNETES_SERVICE_PORT": "443"}):
+        with pytest.raises(ConfigurationError, match="no kubeconfig"):
+            kubeconfig_path(None, partial_pod, str(sa))
+    with pytest.raises(ConfigurationError, match="no kubeconfig"):
+        kubeconfig_path(None, pod, str(tmp_path / "no-sa"))
+    with pytest.raises(ConfigurationError, match=r"kubeconfig .*gone does not exist"):
+        kubeconfig_path(str(tmp_path / "gone"), pod, str(sa))  # --kubeconfig must exist, as in client-go
 
 
 def test_errors_name_the_problem_and_the_file(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_settings_refuse_what_the_kubelet_refuses(tmp_path: Path) -> None:
 
 
 def test_the_plugin_stops_with_a_message_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(args("--driver-name=Bad_Name")) == 2
+    assert main(args("--driver-name=Bad_Name")) == 1
     err = capsys.readouterr().err
     assert err.startswith("dra-driver kubelet-plugin: --driver-name 'Bad_Name' must be") and "Traceback" not in err
 
@@ -81,4 +81,4 @@ def test_the_plugin_stops_with_a_message_not_a_traceback(capsys: pytest.CaptureF
 def test_the_command_exits_non_zero() -> None:
     proc = subprocess.run([sys.executable, "-m", "dra_driver", *args("--kubelet-plugins-dir=/p?x")],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2 and "no ?" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "no ?" in proc.stderr and "Traceback" not in proc.stderr

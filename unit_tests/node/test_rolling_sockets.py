@@ -96,11 +96,11 @@ def test_rolling_update_without_a_pod_uid_does_not_start(uid: str, problem: str)
     env = {"PATH": "/usr/bin:/bin", "ROLLING_UPDATE": "true", "POD_UID": uid}
     proc = subprocess.run([sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name=n"], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert problem in proc.stderr and "Traceback" not in proc.stderr
     probe = subprocess.run([sys.executable, "-m", "dra_driver", "probe"], cwd=REPO, capture_output=True, text=True,
                            timeout=60, env=env)
-    assert probe.returncode == 2 and problem in probe.stderr
+    assert probe.returncode == 1 and problem in probe.stderr
 
 
 def test_probe_finds_the_instance_socket_from_the_environment(tmp_path: Path) -> None:

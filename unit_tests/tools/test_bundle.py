@@ -12,6 +12,7 @@ from kubefake import FakeKube
 from dra_driver.allocator.resolve import Engine
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, EVENTS, LEASES, NODES, PODS, SLICES
 from dra_driver.node.prepare.metadata import HOST_SUBDIR
+from dra_driver.ondisk import CHECKPOINT_FILE
 from dra_driver.tools import bundle as b
 
 DRIVER = "gpu.dra-driver.io"
@@ -154,6 +155,7 @@ def test_main_without_a_cluster_still_writes_the_node_part(tmp_path: Path, monke
     mp.delenv("KUBECONFIG", raising=False)
     mp.setenv("HOME", str(tmp_path))
     out = tmp_path / "b.tar.gz"
+    (tmp_path / CHECKPOINT_FILE).write_text("{}")
     rc = b.main(kubeconfig=str(tmp_path / "missing"), output=str(out), node="n1", state_dir=str(tmp_path),
                 cdi_root=str(tmp_path), metrics_url="http://127.0.0.1:9/metrics")
     assert rc == 0

@@ -78,6 +78,10 @@ def test_bad_reference(ref: str) -> None:
 
 def test_not_found() -> None:
     rc, _, err = run(cluster(), "default/missing")
+    assert rc == 1 and err == ("dra-driver explain: ResourceClaim default/missing not found (read 'default/missing' as "
+                               "NAMESPACE/CLAIM; a pod is pod/NAME, a claim in another namespace claim/NAME -n "
+                               "NAMESPACE)\n")
+    rc, _, err = run(cluster(), "claim/missing")
     assert rc == 1 and err == "dra-driver explain: ResourceClaim default/missing not found\n"
 
 

@@ -51,13 +51,15 @@ class TestTargets:
         ("po/p", None, False, Target(Kind.POD, "ctx-ns", "p")),
         ("claim/c", "team", False, Target(Kind.CLAIM, "team", "c")),
         ("resourceclaim.resource.k8s.io/c", None, False, Target(Kind.CLAIM, "ctx-ns", "c")),
-        ("team/c", None, False, Target(Kind.CLAIM, "team", "c")),
-        ("team/c", "team", False, Target(Kind.CLAIM, "team", "c")),
+        ("team/c", None, False, Target(Kind.CLAIM, "team", "c", namespace_form=True)),
+        ("team/c", "team", False, Target(Kind.CLAIM, "team", "c", namespace_form=True)),
+        (["pod", "p"], None, False, Target(Kind.POD, "ctx-ns", "p")),
+        (["resourceclaims", "c"], "team", False, Target(Kind.CLAIM, "team", "c")),
         (None, None, False, Target(Kind.PENDING, "ctx-ns")),
         (None, "team", False, Target(Kind.PENDING, "team")),
         (None, None, True, Target(Kind.PENDING, None)),
     ])
-    def test_read_as_kubectl_reads_them(self, text: str | None, ns: str | None, all_ns: bool, want: Target) -> None:
+    def test_read_as_kubectl_reads_them(self, text: str | list[str] | None, ns: str | None, all_ns: bool, want: Target) -> None:
         assert parse_target(text, namespace=ns, all_namespaces=all_ns, default_namespace="ctx-ns") == want
 
     @pytest.mark.parametrize(("text", "ns", "all_ns", "says"), [
@@ -70,8 +72,13 @@ class TestTargets:
         ("Bad_NS/c", None, False, "invalid namespace"),
         ("pod/UPPER", None, False, "invalid pod name"),
         (None, "Bad_NS", False, "invalid namespace"),
+        ("deploy/x", None, False, "unknown resource type 'deploy'"),
+        ("deployments.apps/x", None, False, "explain takes pod, pods, po, claim"),
+        (["deploy", "x"], None, False, "unknown resource type 'deploy'"),
+        (["pod", "a", "b"], None, False, "one pod or claim at a time"),
+        (["pod", "team/a"], None, False, "one pod or claim at a time"),
     ])
-    def test_what_cannot_be_read_says_why(self, text: str | None, ns: str | None, all_ns: bool, says: str) -> None:
+    def test_what_cannot_be_read_says_why(self, text: str | list[str] | None, ns: str | None, all_ns: bool, says: str) -> None:
         with pytest.raises(TargetError, match=says):
             parse_target(text, namespace=ns, all_namespaces=all_ns, default_namespace="default")
 

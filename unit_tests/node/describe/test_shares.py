@@ -59,7 +59,7 @@ def test_settings_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _settings("--consumable-shares=memory").consumable_shares == MEMORY_MODE
     monkeypatch.setenv("CONSUMABLE_SHARES", "4")
     assert _settings().consumable_shares == FOUR
-    with pytest.raises(ValueError, match="consumable-shares"):
+    with pytest.raises(SystemExit):  # argparse: argument --consumable-shares: must be disabled, ...
         _settings("--consumable-shares=lots")
 
 
