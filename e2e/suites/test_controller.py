@@ -124,9 +124,10 @@ def test_explain_unknown_class_and_exit_codes(bed: Bed, ns: str) -> None:
     assert "device class no-such-class.example.com not found" in out.stdout, out.stdout
     missing = explain(bed, f"{ns}/does-not-exist")
     assert missing.returncode == 1 and not missing.stdout
-    assert missing.stderr.strip() == f"dra-driver explain: ResourceClaim {ns}/does-not-exist not found", missing.stderr
+    assert missing.stderr.strip().startswith(f"dra-driver explain: ResourceClaim {ns}/does-not-exist not found (read "
+                                             f"'{ns}/does-not-exist' as NAMESPACE/CLAIM;"), missing.stderr
     bad_ref = explain(bed, "no-slash")
-    assert bad_ref.returncode == 1 and "NAMESPACE/NAME" in bad_ref.stderr and "Traceback" not in bad_ref.stderr
+    assert bad_ref.returncode == 1 and "NAMESPACE/CLAIM" in bad_ref.stderr and "Traceback" not in bad_ref.stderr
     bad_output = explain(bed, f"{ns}/no-class", "-o", "xml")
     assert bad_output.returncode != 0 and "Traceback" not in bad_output.stderr
 
