@@ -12,7 +12,7 @@ allocations count as used) and prints one of:
 ``explain pod/NAME`` does that for every claim of the pod (:mod:`dra_driver.tools.podexplain`);
 ``explain -n NS`` and ``-A`` list the pending claims grouped by the reason the controller wrote
 on them (:mod:`dra_driver.tools.pending`). Arguments and flags are kubectl's (``-n``, ``-A``,
-``--context``, ``--kubeconfig``, ``-o text|json|yaml|wide``; :mod:`dra_driver.tools.targets`),
+``--context``, ``--kubeconfig``, ``-o text|json|yaml|wide|name``; :mod:`dra_driver.tools.targets`),
 and the same command runs as the kubectl plugin ``kubectl dra explain``.
 
 A share (a result on a device that allows multiple allocations) says what it consumes and why
