@@ -175,7 +175,7 @@ def add_shared_arguments(parser: argparse.ArgumentParser, *, kubeconfig: bool = 
                          help="DRA driver name")
     if kubeconfig:
         # $KUBECONFIG is not this flag's default: it is a list of files, merged (dra_driver.k8s.credentials).
-        parser.add_argument("--kubeconfig", default=None,
+        parser.add_argument("--kubeconfig", default=None, metavar="FILE",
                             help="kubeconfig file; when unset: the files in $KUBECONFIG, else ~/.kube/config, else "
                                  "the in-cluster service account (client-go's order)")
 
