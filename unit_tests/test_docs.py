@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from dra_driver import cli
+from dra_driver.config import ENV_FLAGS, EnvFlag
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dra_driver"
@@ -37,8 +37,6 @@ RESULTS = ROOT / "e2e" / "bench" / "results"
 MAX_README_LINES = 300
 
 METRIC_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram"}
-ENV_IN_HELP = re.compile(r"\[(?:env:?\s*|\$)?([A-Z][A-Z0-9_]+)\]")
-"""How a flag's help names its environment variable: ``[HEALTH_PORT]`` (or ``[env: HEALTH_PORT]``)."""
 TICKED = re.compile(r"`([^`]+)`")
 
 
@@ -150,30 +148,25 @@ class Flag:
 
 
 def command_flags() -> dict[str, dict[str, Flag]]:
-    """``dra-driver <command>`` -> long option -> Flag, with every variable the help names unset."""
-    def build() -> dict[str, dict[str, Flag]]:
-        parser = cli.build_parser()
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        commands: dict[str, dict[str, Flag]] = {}
-        for command, subparser in sub.choices.items():
-            flags: dict[str, Flag] = {}
-            for action in subparser._actions:
-                if isinstance(action, argparse._HelpAction) or not action.option_strings or action.help == argparse.SUPPRESS:
-                    continue
-                env = ENV_IN_HELP.findall(action.help or "")
-                flag = Flag(tuple(action.option_strings), env[-1] if env else None, action.default)
-                for option in action.option_strings:
-                    if option.startswith("--"):
-                        flags[option] = flag
-            commands[command] = flags
-        return commands
-
-    variables = {f.env for flags in build().values() for f in flags.values() if f.env}
-    saved = {name: os.environ.pop(name) for name in variables if name in os.environ}
-    try:
-        return build()
-    finally:
-        os.environ.update(saved)
+    """``dra-driver <command>`` -> long option -> Flag: the variable and default of each flag declared
+    with one (dra_driver.config.add_env_argument), the parser's default of the others."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands: dict[str, dict[str, Flag]] = {}
+    for command, subparser in sub.choices.items():
+        declared: dict[str, EnvFlag] = {spec.dest: spec for spec in subparser.get_default(ENV_FLAGS) or ()}
+        flags: dict[str, Flag] = {}
+        for action in subparser._actions:
+            if isinstance(action, argparse._HelpAction) or not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            spec = declared.get(action.dest)
+            flag = Flag(tuple(action.option_strings), spec.variable if spec else None,
+                        spec.default if spec else action.default)
+            for option in action.option_strings:
+                if option.startswith("--"):
+                    flags[option] = flag
+        commands[command] = flags
+    return commands
 
 
 # --- the docs' side ----------------------------------------------------------------------------
