@@ -30,10 +30,11 @@ from dra_driver.config import (
 from dra_driver.controller import settings as controller_settings
 from dra_driver.k8s.credentials import ConfigurationError
 from dra_driver.node import settings as plugin_settings
+from dra_driver.tools.targets import OUTPUTS
+from dra_driver.tools.terminal import printable
 
 PROGRAM = "dra-driver"
 KUBECTL_PLUGIN = "kubectl dra"
-EXPLAIN_OUTPUTS = ("text", "json", "yaml", "wide", "name")
 KUBECTL_BOOLEANS = ("--all-namespaces", "-A")
 """Flags that take kubectl's ``--flag=true|false`` as well as ``--flag``."""
 
@@ -103,7 +104,7 @@ def build_parser(prog: str = PROGRAM, *, kubectl_plugin: bool = False) -> argpar
     explain.add_argument("--no-all-namespaces", dest="all_namespaces", action="store_false", help=argparse.SUPPRESS)
     explain.add_argument("--context", default=None, help="the kubeconfig context to use; default: its current one")
     add_shared_arguments(explain)
-    explain.add_argument("--output", "-o", choices=EXPLAIN_OUTPUTS, default="text",
+    explain.add_argument("--output", "-o", choices=OUTPUTS, default="text",
                          help="wide: a list also names the pods waiting for each claim; name: only the claims' "
                               "names, as kubectl -o name writes them")
     add_scheduler_rules_argument(explain, RULE_CHOICES)
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
 
 
 def fail(prog: str, message: str) -> int:
-    print(f"{prog}: {' '.join(message.split())}", file=sys.stderr)
+    print(f"{prog}: {printable(' '.join(message.split()))}", file=sys.stderr)
     return 1
 
 

@@ -462,8 +462,7 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
     if node:
         collect_node(bundle, node_sources(node, state_dir, cdi_root, metrics_url, driver), driver)
     if not bundle.files:
-        print(f"{prog}: collected nothing, so wrote no bundle: {printable(one_line('; '.join(bundle.problems)))}",
-              file=sys.stderr)
+        print(f"{prog}: collected nothing, so wrote no bundle: {one_line('; '.join(bundle.problems))}", file=sys.stderr)
         return 1
     bundle.add_json("manifest.json", manifest(bundle, created=created, server_version=server_version, node=node,
                                               driver=driver))

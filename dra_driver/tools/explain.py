@@ -61,7 +61,7 @@ from dra_driver.k8s.client import (
 )
 from dra_driver.k8s.objects import Obj, describe_node_selector, meta
 from dra_driver.tools.drivers import claim_drivers
-from dra_driver.tools.targets import Kind, TargetError, parse_target
+from dra_driver.tools.targets import OUTPUTS, Kind, TargetError, parse_target
 from dra_driver.tools.terminal import printable
 
 
@@ -409,15 +409,14 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
 
 
 def one_line(message: object) -> str:
-    """A message as one line: a YAML or server error may span several."""
-    return " ".join(str(message).split())
+    """A message as one line (a YAML or server error may span several), safe for a terminal."""
+    return printable(" ".join(str(message).split()))
 
 
 def target_text(target: str | Sequence[str] | None) -> str:
     return target if isinstance(target, str) else " ".join(target or ())
 
 
-OUTPUTS = ("text", "json", "yaml", "wide", "name")
 CLAIM_RESOURCE = "resourceclaim.resource.k8s.io"
 
 

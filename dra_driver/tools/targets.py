@@ -50,6 +50,8 @@ _KUBECTL_TYPE_WORDS = """
 KUBECTL_TYPES = frozenset(_KUBECTL_TYPE_WORDS.split())
 """Resource types of the built-in API, by kubectl's names and short names: ``deploy/x`` is a
 mistake, not claim ``x`` in namespace ``deploy``."""
+OUTPUTS = ("text", "json", "yaml", "wide", "name")
+"""``explain -o``: kubectl's names for the forms of an answer."""
 USAGE = ("name a pod (pod/NAME or pod NAME), a claim (claim/NAME, claim NAME or NAMESPACE/CLAIM), "
          "or nothing to list the pending claims")
 
