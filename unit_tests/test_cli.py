@@ -158,14 +158,18 @@ def test_an_unknown_flag_is_argparses(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_an_unknown_type_lists_the_types(capsys: pytest.CaptureFixture[str]) -> None:
     err = failed(capsys, cli.main(["explain", "deploy/x"]))
-    assert err == f"dra-driver explain: unknown resource type 'deploy' in 'deploy/x'; explain takes {TYPES}"
+    assert err == (f"dra-driver explain: unknown resource type 'deploy' in 'deploy/x'; explain takes {TYPES} "
+                   "(claim x in namespace deploy: claim/x -n deploy)")
+    err = failed(capsys, cli.main(["explain", "deployments.apps/x"]))
+    assert err == f"dra-driver explain: unknown resource type 'deployments.apps' in 'deployments.apps/x'; explain takes {TYPES}"
     err = failed(capsys, cli.main(["explain", "deploy", "x"]))
     assert err == f"dra-driver explain: unknown resource type 'deploy' in 'deploy x'; explain takes {TYPES}"
 
 
 def test_the_plugin_names_itself_as_kubectl_does(capsys: pytest.CaptureFixture[str]) -> None:
-    err = failed(capsys, cli.kubectl_main(["explain", "deploy/x"]))
-    assert err == f"kubectl dra explain: unknown resource type 'deploy' in 'deploy/x'; explain takes {TYPES}"
+    err = failed(capsys, cli.kubectl_main(["explain", "pods.metrics.k8s.io/x"]))
+    assert err == (f"kubectl dra explain: unknown resource type 'pods.metrics.k8s.io' in 'pods.metrics.k8s.io/x'; "
+                   f"explain takes {TYPES}")
     assert usage_error(capsys, ["explain", "-o", "table"], plugin=True).startswith(
         "kubectl dra explain: error: argument --output/-o: invalid choice: 'table'")
 

@@ -65,8 +65,10 @@ class Target:
     """Named as ``NAMESPACE/CLAIM``: a claim not found says how the argument was read."""
 
 
-def unknown_type(word: str, given: str) -> TargetError:
-    return TargetError(f"unknown resource type {word!r} in {given!r}; explain takes {TYPES}")
+def unknown_type(word: str, given: str, name: str | None = None) -> TargetError:
+    """``name``: where ``word/name`` could have meant a namespace, how to name that claim."""
+    hint = f" (claim {name} in namespace {word}: claim/{name} -n {word})" if name and is_dns_label(word) else ""
+    return TargetError(f"unknown resource type {word!r} in {given!r}; explain takes {TYPES}{hint}")
 
 
 def parse_target(words: str | Sequence[str] | None, *, namespace: str | None, all_namespaces: bool,
@@ -98,7 +100,7 @@ def parse_target(words: str | Sequence[str] | None, *, namespace: str | None, al
     if lowered in POD_WORDS or lowered in CLAIM_WORDS:
         return _named(lowered, name, namespace or default_namespace, namespace_form=False)
     if lowered in KUBECTL_TYPES or "." in word:
-        raise unknown_type(word, text)
+        raise unknown_type(word, text, name)
     if not is_dns_label(word):
         raise TargetError(f"invalid namespace {word!r} in {text!r} (must be a DNS label); {USAGE}")
     if namespace is not None and namespace != word:

@@ -108,7 +108,7 @@ def test_explain_json_has_consumed_capacity_and_the_rounding() -> None:
     c = claim(req("r0", memory="6.5Gi"))
     kube.add(CLAIMS, c)
     out, err = io.StringIO(), io.StringIO()
-    assert explain.main("ns/c", output="json", api=kube, out=out, err=err) == 0, err.getvalue()  # type: ignore[arg-type]
+    assert explain.main("claim/c", namespace="ns", output="json", api=kube, out=out, err=err) == 0, err.getvalue()  # type: ignore[arg-type]
     [row] = json.loads(out.getvalue())["results"]
     assert row["consumedCapacity"] == {"memory": "7Gi"} and row["shareID"]
     assert row["consumption"] == ["memory: asked 6656Mi → consumes 7Gi (step 1Gi)"]
@@ -119,7 +119,7 @@ def test_explain_json_has_consumed_capacity_and_the_rounding() -> None:
     kube.add(SLICES, node("node-1", [gpu(0, policy={"validRange": {"min": "1Gi", "step": "1Gi"}}, shared=True)]))
     kube.add(CLAIMS, c)
     out = io.StringIO()
-    assert explain.main("ns/c", output="text", api=kube, out=out, err=err) == 0  # type: ignore[arg-type]
+    assert explain.main("claim/c", namespace="ns", output="text", api=kube, out=out, err=err) == 0  # type: ignore[arg-type]
     assert "1 device(s), 1 share(s) on 1 of them" in out.getvalue()
     assert "(share; memory: asked 6656Mi → consumes 7Gi (step 1Gi))" in out.getvalue()
 
@@ -216,7 +216,7 @@ def test_explain_decides_with_the_clusters_scheduler_rules() -> None:
             asked.append(version)
             return version
 
-        assert explain.main("ns/c", output=output, api=kube, out=out, server_version=server_version,  # type: ignore[arg-type]
+        assert explain.main("claim/c", namespace="ns", output=output, api=kube, out=out, server_version=server_version,  # type: ignore[arg-type]
                             scheduler_rules=choice) == 0
         return json.loads(out.getvalue()) if output == "json" else out.getvalue()
 
