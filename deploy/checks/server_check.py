@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     own = json.loads(k(*on_a, "get", "resourceslice", "dra-check-a", "-o", "json").stdout or "{}")
     own.setdefault("spec", {})["pool"] = {"name": "node-b", "generation": 9, "resourceSliceCount": 1}
     proc = k(*on_a, "replace", "-f", "-", stdin=json.dumps(own))
-    # Refused twice over: the API server keeps spec.pool.name immutable, and the policy's pool rule.
+    # The API server keeps spec.pool.name immutable (seen on 1.37.2), so an update cannot do it either.
     expect(proc.returncode != 0 and ("pool node-b" in proc.stderr or "field is immutable" in proc.stderr),
            "plugin may not move its own slice into another node's pool", proc.stdout + proc.stderr)
     proc = k(*on_a, "create", "-f", "-", stdin=slice_doc("dra-check-x", "node-a", "x.example.com"))

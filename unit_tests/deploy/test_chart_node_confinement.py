@@ -30,10 +30,6 @@ def test_a_slice_must_name_the_requesting_nodes_pool() -> None:
     assert "variables.sliceNode == variables.requesterNode" in validations
 
 
-def test_an_update_may_not_take_over_another_nodes_slice() -> None:
-    assert "variables.oldSliceNode == variables.requesterNode" in _policy_validations()
-
-
 def test_the_pool_is_the_node_name_the_plugin_writes() -> None:
     from dra_driver.node.publish.slices import PoolOwner
 
