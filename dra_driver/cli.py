@@ -159,7 +159,11 @@ def kubectl_main(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     """``dra-driver``; also ``python -m dra_driver``, which names itself the same."""
     parser = parser or build_parser()
-    args = parser.parse_args(kubectl_booleans(sys.argv[1:] if argv is None else argv, parser.error))
+    args, extra = parser.parse_known_args(kubectl_booleans(sys.argv[1:] if argv is None else argv, parser.error))
+    if extra and args.command == "explain" and not any(word.startswith("-") for word in extra):
+        args.target += extra  # kubectl's interspersed words: explain pod -n NS NAME
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     prog = f"{parser.prog} {args.command}"
     try:
         try:

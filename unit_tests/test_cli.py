@@ -182,7 +182,7 @@ def test_type_name_and_kubectls_booleans(monkeypatch: pytest.MonkeyPatch) -> Non
         return 0
 
     monkeypatch.setattr(explain, "main", record)
-    for argv in (["pod", "x"], ["--all-namespaces=true"], ["-A=false"], ["-A", "--all-namespaces=false"],
+    for argv in (["pod", "-n", "team", "x"], ["--all-namespaces=true"], ["-A=false"], ["-A", "--all-namespaces=false"],
                  ["-A", "-o", "name"]):
         assert cli.kubectl_main(["explain", *argv]) == 0
     assert seen == [(["pod", "x"], False, "text"), ([], True, "text"), ([], False, "text"), ([], False, "text"),
