@@ -7,11 +7,15 @@ Each test waits until its namespace is gone, so that the next one finds the GPUs
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +37,7 @@ from e2e.testbed.clusterview import (
     wait_for,
     wait_running,
 )
+from e2e.testbed.standins import install as standin_tools
 
 NODE = "gpu-node-1"  # h100-8x: 81559Mi per GPU, MIG-capable with a profile catalogue
 pytestmark = pytest.mark.testbed_only
@@ -187,6 +192,132 @@ def test_one_container_two_requests(bed: Bed, clean_ns: str, shares_on: None) ->
     same = by_request["big"]["device"] == by_request["small"]["device"]
     print(f"\ntwo-requests: big on {by_request['big']['device']}, small on {by_request['small']['device']}"
           f" ({'two shares of one GPU' if same else 'two GPUs'})")
+
+
+def time_sliced(ns: str, pods: int) -> list[dict[str, Any]]:
+    """A template for a 30Gi share of the GPU with minor 0 time-sliced with interval Long, and pods using it."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "ts-long"},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "shared-gpu.gpu.dra-driver.io", "capacity": {"requests": {"memory": "30Gi"}},
+                "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == 0'}}]}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.dra-driver.io/v1alpha1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}}]}}},
+    }
+    docs: list[dict[str, Any]] = [template]
+    for i in range(pods):
+        docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"ts-{i}", "namespace": ns},
+                     "spec": {"terminationGracePeriodSeconds": 1,
+                              "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "ts-long"}],
+                              "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                              "resources": {"claims": [{"name": "gpu"}]}}]}})
+    return docs
+
+
+def unprepared(bed: Bed, claim: str) -> bool:
+    """Whether NODE's plugin log says it unprepared ``claim`` (namespace/name)."""
+    for line in bed.plugin_log(NODE).splitlines():
+        if '"unprepared claim"' in line and f'"claim": "{claim}"' in line.replace('":"', '": "'):
+            return True
+    return False
+
+
+def test_two_time_sliced_claims_on_one_gpu_set_its_interval_once(bed: Bed, clean_ns: str) -> None:
+    """The plugin programs the GPU through nvidia-smi (the stand-in of e2e/testbed/standins, which
+    records each call): compute mode Default and time-slice 3 (Long) when the first claim is prepared,
+    nothing for the second, the default put back after the last."""
+    root = standin_tools.install(bed.fleet.nodes[NODE].root / "standin-driver-root")
+    restart_with(bed, ("--consumable-shares=memory", f"--nvidia-driver-root={root}"), shareable,
+                 f"{NODE}'s GPUs published as shareable")
+    try:
+        bed.apply(time_sliced(clean_ns, 2), ns=clean_ns)
+        for pod in ("ts-0", "ts-1"):
+            wait_running(bed, clean_ns, pod, timeout=180)
+            assert observed(bed, clean_ns, pod)["ctr0"]["env"]["DRA_GPU_0_TIMESLICE_INTERVAL"] == "Long"
+        (uuid,) = {attr(d, "uuid") for pod in ("ts-0", "ts-1") for d in allocated(bed, claim_of(bed, clean_ns, pod, "gpu"))}
+        policy = [c for c in standin_tools.calls(root) if "--query-gpu=compute_mode" not in c]
+        assert policy == [["-i", uuid, "-c", "DEFAULT"], ["compute-policy", "-i", uuid, "--set-timeslice=3"]], policy
+        first = claim_of(bed, clean_ns, "ts-0", "gpu")["metadata"]["name"]
+        bed.delete("pod", "ts-0", clean_ns)
+        wait_for(f"{first} unprepared", lambda: unprepared(bed, f"{clean_ns}/{first}"), 60)
+        assert standin_tools.gpus(root)[uuid]["timeslice"] == 3, "ts-1 still runs time-sliced"
+        bed.delete("pod", "ts-1", clean_ns)
+        wait_for("the GPU's time-slice back to its default after the last claim",
+                 lambda: standin_tools.gpus(root)[uuid]["timeslice"] == 0, 60)
+        resets = [c for c in standin_tools.calls(root) if c == ["compute-policy", "-i", uuid, "--set-timeslice=0"]]
+        assert len(resets) == 1, standin_tools.calls(root)
+    finally:
+        restart_with(bed, (), plain, f"{NODE}'s GPUs published without shares again")
+
+
+def mps_shares(ns: str, memories: list[str]) -> list[dict[str, Any]]:
+    """A claim per pod, each a share of the GPU with minor 0 with MPS, of the memory given."""
+    docs: list[dict[str, Any]] = []
+    for i, memory in enumerate(memories):
+        docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"mps-{i}"},
+                     "spec": {"devices": {
+                         "requests": [{"name": "gpu", "exactly": {
+                             "deviceClassName": "shared-gpu.gpu.dra-driver.io",
+                             "capacity": {"requests": {"memory": memory}},
+                             "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == 0'}}]}}],
+                         "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                             "apiVersion": "gpu.dra-driver.io/v1alpha1", "kind": "GpuConfig",
+                             "sharing": {"strategy": "MPS"}}}}]}}})
+        docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"mps-{i}", "namespace": ns},
+                     "spec": {"terminationGracePeriodSeconds": 1,
+                              "resourceClaims": [{"name": "gpu", "resourceClaimName": f"mps-{i}"}],
+                              "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                              "resources": {"claims": [{"name": "gpu"}]}}]}})
+    return docs
+
+
+def end_standin_daemons(state_dir: Path) -> None:
+    """A failed test must not leave the stand-in's daemons behind (each wrote its pid)."""
+    for pid_file in state_dir.glob("mps/*/pipe/nvidia-cuda-mps-control.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_mps_shares_of_three_claims_use_one_daemon_that_outlives_a_plugin_kill(bed: Bed, clean_ns: str) -> None:
+    """Three MPS shares of one GPU: one control daemon (the stand-in of e2e/testbed/standins) with the
+    GPU in Exclusive_Process, three clients whose CDI specs carry their memory limits and the daemon's
+    directories; a SIGKILLed plugin comes back to the same daemon; the last unprepare stops it and puts
+    the GPU back in Default."""
+    node = bed.fleet.nodes[NODE]
+    root = standin_tools.install(node.root / "standin-driver-root")
+    flags = ("--consumable-shares=memory", f"--nvidia-driver-root={root}")
+    restart_with(bed, flags, shareable, f"{NODE}'s GPUs published as shareable")
+    try:
+        bed.apply(mps_shares(clean_ns, ["10Gi", "20Gi", "30Gi"]), ns=clean_ns)
+        for i, memory in enumerate(("10Gi", "20Gi", "30Gi")):
+            wait_running(bed, clean_ns, f"mps-{i}", timeout=180)
+            env = observed(bed, clean_ns, f"mps-{i}")["ctr0"]["env"]
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={parse_quantity(memory).as_integer() // 2**20}M", env
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps" and env["CUDA_MPS_LOG_DIRECTORY"], env
+        (uuid,) = {attr(d, "uuid") for i in range(3) for d in allocated(bed, claim_of(bed, clean_ns, f"mps-{i}", "gpu"))}
+        starts = [c for c in standin_tools.mps_calls(root) if c.get("args") == ["-d"]]
+        assert len(starts) == 1 and starts[0]["visible"] == uuid, starts
+        assert standin_tools.gpus(root)[uuid]["computeMode"] == "Exclusive_Process"
+        daemons = {c["daemon"] for c in standin_tools.mps_calls(root) if "daemon" in c}
+        assert len(daemons) == 1, daemons
+        assert "set_default_device_pinned_mem_limit 0 10240M" in {
+            c["command"] for c in standin_tools.mps_calls(root) if "daemon" in c}
+        bed.fleet.procs.kill(plugin_name(NODE), signal.SIGKILL)
+        restart_with(bed, flags, shareable, f"{NODE}'s plugin serving again after a SIGKILL")
+        starts = [c for c in standin_tools.mps_calls(root) if c.get("args") == ["-d"]]
+        assert len(starts) == 1, f"the restarted plugin started a second daemon: {starts}"
+        for i in range(3):
+            bed.delete("pod", f"mps-{i}", clean_ns)
+            bed.delete("resourceclaim", f"mps-{i}", clean_ns)
+        wait_for("the daemon stopped and the GPU back in Default after the last claim",
+                 lambda: standin_tools.gpus(root)[uuid]["computeMode"] == "Default", 90)
+        assert [c["command"] for c in standin_tools.mps_calls(root) if "daemon" in c][-1] == "quit"
+        assert not (node.state_dir / "mps" / uuid).exists()
+    finally:
+        end_standin_daemons(node.state_dir)
+        restart_with(bed, (), plain, f"{NODE}'s GPUs published without shares again")
 
 
 def test_dynamic_mig_partitions_then_whole_gpu_waits(bed: Bed, clean_ns: str) -> None:
