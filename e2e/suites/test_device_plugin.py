@@ -76,9 +76,12 @@ def test_a_node_served_by_the_device_plugin_publishes_nothing_while_it_is(bed: B
 
 
 def helm_template(bed: Bed, *values: str) -> subprocess.CompletedProcess[str]:
+    """``helm template`` with lookup against the bed (``--dry-run=server``); the version is told, as
+    helm template assumes 1.20 otherwise."""
     helm = gotools.ensure(["helm"], log=False) / "helm"
+    version = json.loads(bed.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     return subprocess.run([str(helm), "template", "dra-driver", str(CHART), "-n", "dra-driver", "--dry-run=server",
-                           "--kubeconfig", str(bed.kubeconfig), *values],
+                           "--kube-version", version.lstrip("v"), "--kubeconfig", str(bed.kubeconfig), *values],
                           capture_output=True, text=True, timeout=120, check=False)
 
 
