@@ -539,8 +539,10 @@ def test_a_claim_that_cannot_be_decoded_blinds_nothing(bed: Bed, ns: str, tmp_pa
             return out
 
         wait_for("an Undecodable Event on each bad claim", lambda: sorted(undecodable_events()) == sorted(created), 60)
-        # It keeps explaining the others...
-        bed.apply([claim_doc("after-bad", selectors=(f'device.attributes["{DRIVER}"].productName == "none"',))], ns=ns)
+        # It keeps explaining the others (a claim annotated for its allocation that nothing fits: the
+        # consistent list of every claim an allocation reads holds the bad ones)...
+        bed.apply([claim_doc("after-bad", selectors=(f'device.attributes["{DRIVER}"].productName == "none"',),
+                             opt_in=True)], ns=ns)
         wait_for("the controller's explanation of another claim", lambda: EXPLANATION_ANNOTATION in (
             bed.get("resourceclaim", "after-bad", ns)["metadata"].get("annotations") or {}), 60)  # fmt: skip
         out = explain(bed, f"{ns}/after-bad")

@@ -96,8 +96,8 @@ class ApiProxy:
                     while chunk := resp.read1(65536):
                         self.wfile.write(chunk)
                         self.wfile.flush()
-                except OSError:
-                    pass  # the client went away, or the upstream did
+                except (OSError, ValueError, http.client.HTTPException):
+                    pass  # the client went away, or the upstream did (a broken chunk reads as ValueError)
                 finally:
                     conn.close()
 
