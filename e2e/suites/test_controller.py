@@ -27,6 +27,7 @@ from dra_driver.controller.views import pod_view, slice_reading, slice_view
 from dra_driver.k8s.client import CLAIMS, PODS, SLICES, RestKubeApi
 from dra_driver.k8s.objects import key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced, allocation_view
+from e2e.suites.reliability import record
 from e2e.testbed.apiproxy import send_raw
 from e2e.testbed.clusterview import DRIVER, EXPLANATION_ANNOTATION, REPO, Bed, claim_of, example, wait_for
 
@@ -565,9 +566,13 @@ def test_a_claim_that_cannot_be_decoded_blinds_nothing(bed: Bed, ns: str, tmp_pa
         assert {"after-bad", "allocated-beside-bad"} <= in_bundle and not in_bundle & set(created)
         events = undecodable_events()
         assert all(len(events[name]) == 1 for name in created), events
-        record_result = {"created": created, "refused_by_the_api_server": refused,
-                         "events": {n: events[n][0]["note"][:160] for n in created}}
-        print(json.dumps(record_result, indent=1))
+        result = {"what": "claims whose opaque parameters hold a lone surrogate, a raw 0xff, 1,100 nested "
+                          "objects, sent as raw bytes; then another claim explained, one allocated, a debug-bundle",
+                  "created": created, "refused_by_the_api_server": refused,
+                  "undecodable_events": {n: len(events[n]) for n in created},
+                  "event_notes": {n: events[n][0]["note"][:200] for n in created}, "lost": []}
+        record("decode", "undecodable_claims", result)
+        print(json.dumps(result, indent=1))
     finally:
         for name in created:  # before other tests list claims: they must not meet these
             send_raw(bed.kubeconfig, "DELETE", CLAIMS.path(ns, name))
