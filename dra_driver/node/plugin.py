@@ -126,6 +126,8 @@ def _cleanup_loop(state: DeviceState, api: kube.KubeApi, settings: PluginSetting
         sweep_stale_claims(state, api, claims, time.monotonic(), log, events)
 
 
+MPS_UNHEALTHY = "MPS control daemon: "
+"""How the device health this plugin's MPS watch reports starts, so that it clears only its own."""
 MPS_CHECK_INTERVAL_S = 5.0
 """How often the plugin asks its MPS control daemons whether they still answer."""
 
@@ -139,17 +141,22 @@ def _mps_loop(state: DeviceState, devices: Mapping[str, AllocatableDevice], boar
 
 
 def check_mps_daemons(state: DeviceState, devices: Mapping[str, AllocatableDevice], board: HealthBoard) -> list[str]:
-    """One round of :func:`_mps_loop`; the GPUs whose daemon was found dead."""
+    """One round of :func:`_mps_loop`; the GPUs whose daemon was found dead. A device another health
+    source reports Unhealthy (an XID) keeps that report: it is that source's to clear."""
     dead = state.dead_mps()
-    on_gpu = {gpu: [name for name, d in devices.items() if d.gpu.uuid == gpu] for gpu in dead}
+    if not dead:
+        return []
+    foreign = {r.device_name for r in board.snapshot()[1]
+               if r.health != "Healthy" and not r.message.startswith(MPS_UNHEALTHY)}
+    on_gpu = {gpu: [name for name, d in devices.items() if d.gpu.uuid == gpu and name not in foreign] for gpu in dead}
     for gpu, names in on_gpu.items():
         for name in names:
-            board.update(name, "Unhealthy", f"the MPS control daemon of GPU {gpu} stopped; starting it again")
-    errors = state.restart_mps() if dead else {}
+            board.update(name, "Unhealthy", f"{MPS_UNHEALTHY}the daemon of GPU {gpu} stopped; starting it again")
+    errors = state.restart_mps()
     for gpu, names in on_gpu.items():
         for name in names:
             if gpu in errors:
-                board.update(name, "Unhealthy", errors[gpu])
+                board.update(name, "Unhealthy", f"{MPS_UNHEALTHY}{errors[gpu]}")
             else:
                 board.update(name, "Healthy")
     return dead

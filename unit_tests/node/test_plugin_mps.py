@@ -43,4 +43,12 @@ def test_a_dead_daemon_is_started_again_and_its_devices_unhealthy_meanwhile(tmp_
     del env.daemons.live[GPU0]
     env.daemons.fail = "MPS needs nvidia-cuda-mps-control from the NVIDIA driver, and there is none"
     check_mps_daemons(env.state, env.devices, board)
-    assert health(board)["gpu-0"] == ("Unhealthy", env.daemons.fail)
+    assert health(board)["gpu-0"] == ("Unhealthy", f"MPS control daemon: {env.daemons.fail}")
+    env.daemons.fail = None
+    check_mps_daemons(env.state, env.devices, board)
+    assert health(board)["gpu-0"] == ("Healthy", "") and GPU0 in env.daemons.live
+    board.update("gpu-0", "Unhealthy", "XID 79: the GPU fell off the bus")  # the NVML health monitor's
+    del env.daemons.live[GPU0]
+    check_mps_daemons(env.state, env.devices, board)
+    assert health(board)["gpu-0"] == ("Unhealthy", "XID 79: the GPU fell off the bus"), \
+        "the daemon's return does not clear what another health source found"
