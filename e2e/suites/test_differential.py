@@ -122,6 +122,7 @@ def run_corpus(cluster: Cluster, first_seed: int, count: int, family: str = "cor
         "scenarios": len(counted),
         "excluded_reads_either_spelling": {"count": len(excluded), "seeds": [c.seed for c in excluded]},
         "share_scenarios": sum("shares" in c.scenario.features for c in counted),
+        "taint_rules_served": rules_served,
         "taint_rule_scenarios": sum("taint-rules" in c.scenario.features for c in counted),
         "agreements": len(agreements),
         "disagreements": [c.record() for c in counted if not c.agrees],
@@ -221,6 +222,8 @@ def _corpus_sample(cluster: Cluster) -> None:
     if count >= FULL:
         _write(summary)
     _assert_agreement(summary)
+    # Where the bed serves DeviceTaintRules, the corpus has scenarios with them (issue 50).
+    assert not summary["taint_rules_served"] or summary["taint_rule_scenarios"] >= count // 10, summary
 
 
 def _corpus_full(cluster: Cluster) -> None:
