@@ -213,12 +213,14 @@ def test_the_metrics_table_lists_every_registered_series_and_nothing_else() -> N
     code = registered_metrics()
     assert len(code) >= 20, f"the test read only {sorted(code)} from dra_driver/: the metric parsing is broken"
     page, text, offset = table_page("Metrics")
-    documented = {}
+    documented: dict[str, tuple[int, list[str]]] = {}
+    problems = []
     for number, cells in table_rows(text):
         name = first_ticked(cells[0])
         if name and name.startswith("dra_driver_"):
-            documented[name] = (offset + number - 1, cells)
-    problems = []
+            if name in documented:
+                problems.append(f"line {offset + number - 1}: `{name}` is listed twice (first at line {documented[name][0]})")
+            documented.setdefault(name, (offset + number - 1, cells))
     for name, metric in sorted(code.items()):
         if name not in documented:
             labels = ", ".join(f"`{label}`" for label in metric.labels) or "none"
@@ -248,7 +250,9 @@ def test_the_events_table_lists_every_reason_the_code_emits_and_nothing_else() -
     for number, cells in table_rows(text):
         reason = first_ticked(cells[0])
         if reason and re.fullmatch(r"[A-Z][A-Za-z]+", reason):
-            documented[reason] = offset + number - 1
+            if reason in documented:
+                problems.append(f"line {offset + number - 1}: `{reason}` is listed twice (first at line {documented[reason]})")
+            documented.setdefault(reason, offset + number - 1)
             types = events.get(reason, ("", set()))[1]
             stated = set(re.findall(r"Normal|Warning", cells[1])) if len(cells) > 1 else set()
             if reason in events and types and stated != types:
@@ -288,7 +292,10 @@ def test_the_configuration_page_lists_every_flag_of_every_command() -> None:
         documented: dict[str, tuple[int, list[str]]] = {}
         for number, cells in table_rows(text):
             for option in re.findall(r"`(--[a-z0-9-]+)`", cells[0]):
-                documented[option] = (offset + number - 1, cells)
+                if option in documented:
+                    problems.append(f"line {offset + number - 1}: `{option}` is listed twice under {heading} "
+                                    f"(first at line {documented[option][0]})")
+                documented.setdefault(option, (offset + number - 1, cells))
         seen: set[int] = set()
         for _option, flag in sorted(flags.items()):
             if id(flag) in seen:
