@@ -45,9 +45,9 @@ def record(section: str, key: str, value: dict[str, Any], results: Path = RESULT
 
 
 def allocate(api: RestKubeApi, ns: str, name: str, node: str, device: str,
-             sharing: str = "TimeSlicing") -> tuple[str, str, str]:
+             sharing: str | dict[str, Any] = "TimeSlicing") -> tuple[str, str, str]:
     """A claim for ``device`` of ``node`` with the allocation written by the test (no scheduler), as
-    (namespace, name, UID) for a DRA call."""
+    (namespace, name, UID) for a DRA call. ``sharing``: a strategy, or the GpuConfig's whole ``sharing``."""
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
             # A class nobody defines: no scheduler or controller allocates this claim, the test does.
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "load-test.invalid"}}]}}}
@@ -56,7 +56,8 @@ def allocate(api: RestKubeApi, ns: str, name: str, node: str, device: str,
         "devices": {
             "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}],
             "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": sharing}}}}],
+                "apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig",
+                "sharing": sharing if isinstance(sharing, dict) else {"strategy": sharing}}}}],
         },
         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
