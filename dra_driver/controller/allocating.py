@@ -280,9 +280,10 @@ class FencedAllocator:
         self.metrics.error("fence_inactive")
         note = ("not allocating: the allocation fence is not in force (or the API server's admission still "
                 "reads an older ledger), so an allocation could collide with the kube-scheduler's. Install the "
-                f"ValidatingAdmissionPolicy {fence.POLICY_NAME} and a binding whose paramRef names the ConfigMap "
+                "allocation-fence ValidatingAdmissionPolicy (the Helm chart's <release>-allocation-fence, from "
+                f"{fence.POLICY_FILE}) and a binding whose paramRef names the ConfigMap "
                 f"{self.ledger_namespace}/{self.ledger_name} (the Helm chart does both)")
-        log.error("allocation fence not in force", policy=fence.POLICY_NAME,
+        log.error("allocation fence not in force",
                   ledger=f"{self.ledger_namespace}/{self.ledger_name}")
         self.reporter.emit(claim, Occurrence("Warning", "AllocationFenceMissing", "Allocate", note), CLAIMS)
         self.requeue(claim, FENCE_RETRY_SECONDS)

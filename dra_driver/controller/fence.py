@@ -3,8 +3,8 @@
 Two allocators writing different ResourceClaims share no object the API server could serialise
 on, and the kube-scheduler decides from its own cache. So the controller makes the API server
 refuse the collision instead: before it writes an allocation it records the devices in a ledger
-ConfigMap (key :func:`ledger_key`, value the claim's UID), and the ValidatingAdmissionPolicy
-``allocation-fence.gpu.dra-driver.io`` (``deploy/helm/dra-driver/files``), which reads that
+ConfigMap (key :func:`ledger_key`, value the claim's UID), and the allocation-fence
+ValidatingAdmissionPolicy (``deploy/helm/dra-driver/files``; the chart names it per release), which reads that
 ConfigMap as its parameter, denies every new allocation of a ledger device to any other claim,
 the scheduler's included. The scheduler then un-reserves the pod and tries another device.
 
@@ -31,7 +31,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-POLICY_NAME = "allocation-fence.gpu.dra-driver.io"
+POLICY_FILE = "deploy/helm/dra-driver/files/allocation-fence-policy.yaml"
 DEFAULT_LEDGER = "dra-driver-allocations"
 FENCE_MESSAGE = "allocation fence:"
 _SENTINEL_DEVICE = "probe"

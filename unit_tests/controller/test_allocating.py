@@ -318,7 +318,7 @@ class TestAllocationFence:
         assert c is not None and not (c.get("status") or {}).get("allocation")
         assert not kube.writes("replace_status")
         note = events(kube, "AllocationFenceMissing")[0]["note"]
-        assert "allocation-fence.gpu.dra-driver.io" in note and "kube-system/dra-driver-allocations" in note
+        assert "<release>-allocation-fence" in note and "kube-system/dra-driver-allocations" in note
         assert ctrl.metrics.value("errors_total", {"kind": "fence_inactive"}) == 1
         assert not [k for k, v in self.ledger(kube).items() if v == c["metadata"]["uid"]]  # released
 
