@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,6 +126,23 @@ def ensure_dir(directory: Path, mode: int) -> None:
                 raise
             continue
         os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+
+
+def restrict_dir(directory: Path, allowed: int) -> bool:
+    """Take from an existing directory of the driver's own every permission bit outside ``allowed``.
+
+    The chart's hostPath mount makes the plugin's directory itself (the kubelet creates it 0755), so
+    the plugin tightens it at start instead of relying on having created it. Returns whether it
+    changed anything; a missing directory is left to be created by :func:`ensure_dir`.
+    """
+    try:
+        mode = stat.S_IMODE(os.lstat(directory).st_mode)
+    except FileNotFoundError:
+        return False
+    if not mode & ~allowed:
+        return False
+    os.chmod(directory, mode & allowed)
+    return True
 
 
 def describe_os_error(exc: OSError, what: str) -> str:

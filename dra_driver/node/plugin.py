@@ -47,6 +47,7 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
 from dra_driver.node.discovery.select import open_backend
+from dra_driver.node.fileio import restrict_dir
 from dra_driver.node.kubelet import httpport, probe
 from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
 from dra_driver.node.metrics import METRICS
@@ -79,6 +80,8 @@ from dra_driver.ondisk import PUBLISHER_LOCK_FILE
 DRAIN_SECONDS = 20.0
 """How long calls in flight at SIGTERM may take to finish: inside the pod's 30 s grace period (a call
 normally takes milliseconds; a claim read against a slow API server, up to its 20 s timeout)."""
+PLUGIN_DIR_MODE = 0o750
+"""The most the plugin's own directory may allow: the owner, and a socket group's traversal."""
 
 
 def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
@@ -350,6 +353,9 @@ def run(settings: PluginSettings) -> int:
     started = time.monotonic()
     stop = threading.Event()
 
+    # Sockets and the checkpoint live here; group-writable or world-readable it must not be.
+    if restrict_dir(settings.plugin_data_dir, PLUGIN_DIR_MODE):
+        log.info("tightened the plugin directory", path=str(settings.plugin_data_dir), mode=oct(PLUGIN_DIR_MODE))
     api = api_client(settings.kubeconfig)
     recorder = EventRecorder(api, notices.REPORTING_CONTROLLER, settings.node_name, on_drop=METRICS.events_dropped.inc)
     recorder.start(stop)

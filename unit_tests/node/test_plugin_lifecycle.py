@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -220,10 +221,15 @@ def test_without_nvml_the_plugin_stays_up_and_publishes_nothing(root: Path) -> N
     """The chart's default backend on a node without the NVIDIA driver: no exit 1 (a crash loop on
     every CPU node), no simulated GPUs; it serves the kubelet, says why four ways, publishes nothing."""
     api = ApiServer(kubelet="v1.37.0")
+    # The chart's hostPath mount has the kubelet make the plugin's directory, 0755; the plugin tightens it.
+    own_dir = root / "plugins" / DRIVER
+    own_dir.mkdir(parents=True)
+    own_dir.chmod(0o757)
     plugin, env, port = start_plugin(root, api)  # --gpu-backend defaults to nvml
     try:
         wait_for(lambda: "GpuBackendUnavailable" in api.reasons() or plugin.poll() is not None, 60, "the Event")
         body = assert_up_and_publishing_nothing(plugin, env, port, "GpuBackendUnavailable", "backend_unavailable")
+        assert stat.S_IMODE(own_dir.stat().st_mode) == 0o750
         assert "NVML is not available" in body
         (note,) = api.notes("GpuBackendUnavailable")
         assert "publishing nothing" in note and "simulated" not in note, note
