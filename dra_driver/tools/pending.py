@@ -20,7 +20,7 @@ from typing import Any
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.verdicts import EVENT_REASON, Verdict
 from dra_driver.k8s.claims import annotations_of, classes_by_name, is_allocated, is_deleting, pod_claim_names
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, KubeApi
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, KubeApi, ListResult
 from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, noted_claims
 from dra_driver.tools.drivers import claim_drivers
@@ -63,11 +63,22 @@ def reason_of(verdict: str | None) -> str:
 def read_pending(api: KubeApi, namespace: str | None, *, driver: str, wide: bool) -> dict[str, Any]:
     """:func:`pending_report` of the claims of ``namespace`` (every namespace: None), from the API
     server's watch cache; with ``wide``, with the pods that wait for them."""
-    claims = api.list(CLAIMS, namespace=namespace, cached=True, reduced=NOTED_CLAIMS).items
-    classes = api.list(DEVICE_CLASSES, cached=True).items
+    claims = api.list(CLAIMS, namespace=namespace, cached=True, reduced=NOTED_CLAIMS)
+    classes = api.list(DEVICE_CLASSES, cached=True)
     pods = api.list(PODS, namespace=namespace, field_selector=WAITING_PODS, cached=True,
-                    reduced=POD_CLAIM_REFS).items if wide else None
-    return pending_report(claims, classes, pods, driver=driver, namespace=namespace)
+                    reduced=POD_CLAIM_REFS) if wide else None
+    report = pending_report(claims.items, classes.items, pods.items if pods else None, driver=driver,
+                            namespace=namespace)
+    # An object the API server serves but nobody can decode is left out of its list; the report
+    # says which, so a claim (or the class that decides its driver) never goes missing unsaid.
+    report["unreadable"] = unreadable({CLAIMS.kind: claims, DEVICE_CLASSES.kind: classes,
+                                       **({PODS.kind: pods} if pods else {})})
+    return report
+
+
+def unreadable(listed: Mapping[str, ListResult]) -> list[str]:
+    """``KIND NAMESPACE/NAME: why`` for every object these lists (by kind) could not decode."""
+    return [f"{kind} {bad.ref}: {bad.reason}" for kind, result in listed.items() for bad in result.undecodable]
 
 
 def pending_report(claims: Sequence[Obj], classes: Sequence[Obj], pods: Sequence[Obj] | None, *, driver: str,
@@ -106,8 +117,10 @@ def pending_report(claims: Sequence[Obj], classes: Sequence[Obj], pods: Sequence
 def render_pending(report: Mapping[str, Any]) -> str:
     where = f"namespace {report['namespace']}" if report.get("namespace") else "all namespaces"
     count = report.get("pending", 0)
+    bad = report.get("unreadable") or []
+    left_out = ["", f"{len(bad)} object(s) could not be read and are left out:", *(f"  {b}" for b in bad)] if bad else []
     if not count:
-        return f"no pending claims in {where}"
+        return "\n".join([f"no pending claims in {where}", *left_out])
     groups = report.get("groups") or []
     lines = [f"{count} pending claim(s) in {where}, {len(groups)} reason(s):"]
     for g in groups:
@@ -116,4 +129,4 @@ def render_pending(report: Mapping[str, Any]) -> str:
             pods = row.get("pods")
             waiting = "" if pods is None else f"  pods: {', '.join(pods) or 'none waiting'}"
             lines.append(f"  {row['claim']}{waiting}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *left_out])

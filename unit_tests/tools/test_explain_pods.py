@@ -16,7 +16,8 @@ from dra_driver import cli
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.reconciler import Controller
 from dra_driver.k8s.claims import POD_CLAIM_NAME_ANNOTATION
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, kubeconfig_context
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, ListResult, Resource, kubeconfig_context
+from dra_driver.k8s.quarantine import Undecodable
 from dra_driver.tools import explain
 from dra_driver.tools.pending import NOT_EXPLAINED, NOTED_CLAIMS, pending_report, render_pending
 from dra_driver.tools.targets import Kind, Target, TargetError, parse_target
@@ -179,6 +180,20 @@ def explained_cluster() -> FakeKube:
     return kube
 
 
+class UndecodableItems(FakeKube):
+    """The cluster's lists, with one claim and one class the API server served but that did not decode."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.__dict__.update(kube.__dict__)
+
+    def list(self, res: Resource, **kw: Any) -> ListResult:
+        listed = super().list(res, **kw)
+        bad = {CLAIMS: Undecodable({"metadata": {"name": "bad", "namespace": "team"}},
+                                   "str is not valid UTF-8: surrogates not allowed"),
+               DEVICE_CLASSES: Undecodable({"metadata": {"name": "odd"}}, "unexpected character")}.get(res)
+        return ListResult(listed.items, listed.resource_version, [bad] if bad else [])
+
+
 class TestPending:
     def test_a_namespace_grouped_by_reason_from_what_the_controller_wrote(self) -> None:
         kube = explained_cluster()
@@ -227,6 +242,19 @@ class TestPending:
         c["status"] = allocated_status(["gpu-0"])
         kube.add(CLAIMS, c)
         assert run(kube, None) == (0, "no pending claims in namespace default\n", "")
+
+    def test_a_claim_or_class_no_one_can_decode_is_named_not_left_out_unsaid(self) -> None:
+        kube = UndecodableItems(explained_cluster())
+        rc, out, err = run(kube, None, all_namespaces=True)
+        assert rc == 0 and err == "", err
+        assert out.rstrip("\n").endswith(
+            "2 object(s) could not be read and are left out:\n"
+            "  ResourceClaim team/bad: str is not valid UTF-8: surrogates not allowed\n"
+            "  DeviceClass odd: unexpected character")
+        assert json.loads(run(kube, None, "json", all_namespaces=True)[1])["unreadable"] == [
+            "ResourceClaim team/bad: str is not valid UTF-8: surrogates not allowed", "DeviceClass odd: unexpected character"]
+        nothing = UndecodableItems(cluster())
+        assert run(nothing, None)[1].startswith("no pending claims in namespace default\n\n2 object(s) could not be read")
 
     def test_forbidden(self) -> None:
         kube = cluster()
