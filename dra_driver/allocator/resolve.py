@@ -118,7 +118,8 @@ def _resolve(
 ) -> Resolution:
     errors = explanation.errors
     if rules.negative_capacity_fails and allocated.invalid:
-        errors.append(negative_capacity_error(allocated))
+        namespace = as_str(as_mapping(claim.get("metadata")).get("namespace")) or "default"
+        errors.append(negative_capacity_error(allocated, namespace))
         return Resolution(None, explanation)
     requests = parse_requests(claim, errors)
     constraints = parse_constraints(claim, errors, distinct_latest_only=rules.distinct_latest_only)
@@ -215,10 +216,14 @@ def as_nodes(nodes: Sequence[Any] | None, inventory: Inventory) -> list[Node]:
     return out
 
 
-def negative_capacity_error(allocated: AllocatedState) -> str:
+def negative_capacity_error(allocated: AllocatedState, namespace: str) -> str:
     """What kube-scheduler 1.38 says while claims with a negative consumedCapacity are allocated
-    (``allocateddevices.go``): the first of their complaints, by text, naming the claim."""
-    complaints = sorted(allocated.invalid.values())
+    (``allocateddevices.go``): the first of their complaints, by text. A claim of ``namespace``
+    (the one being resolved) is named; one of another namespace is not, as everywhere the engine
+    explains (its author may not see that namespace)."""
+    complaints = sorted(text if owner.partition("/")[0] == namespace
+                        else text.replace(f"claim {owner},", "a claim in another namespace,", 1)
+                        for owner, text in allocated.invalid.items())
     more = f" (and {len(complaints) - 1} more claims with invalid consumed capacity)" if len(complaints) > 1 else ""
     return (f"gather allocation state: {complaints[0]}{more}; {SCHEDULER_ABORTS} for every claim while that "
             "claim is allocated (kube-scheduler 1.38, DRAConsumableCapacity on): fix or delete it")

@@ -318,5 +318,11 @@ def test_a_negative_consumed_capacity_fails_every_allocation_naming_the_claim() 
     old, new = both(claim(request()), [slice_("node-a", [gpu("gpu-0")])], state)
     assert picked(old) == ["node-a/gpu-0"]
     error = aborted(new)
-    assert "claim team/broken" in error and 'consumed capacity "memory" must not be negative, got -1Gi' in error
-    assert "team/broken" in new.explanation.render()
+    # The claim resolved is not in team: the broken claim is not named to its author, only said to be.
+    assert "a claim in another namespace, device" in error and "team/broken" not in new.explanation.render()
+    assert 'consumed capacity "memory" must not be negative, got -1Gi' in error
+    in_team = claim(request())
+    in_team["metadata"]["namespace"] = "team"
+    mine = resolve(in_team, build_inventory([slice_("node-a", [gpu("gpu-0")])]), CLASSES,
+                   state, rules=SchedulerRules(38))
+    assert "claim team/broken, device" in aborted(mine) and "team/broken" in mine.explanation.render()
