@@ -35,7 +35,7 @@ def test_the_manifest_names_this_version_and_this_archive() -> None:
     assert doc["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and doc["kind"] == "Plugin"
     assert doc["metadata"]["name"] == "dra"  # kubectl dra: the plugin's name is the word after kubectl
     spec = doc["spec"]
-    assert spec["version"] == f"v{__version__}" and f"dra-driver=={__version__}" in spec["caveats"]
+    assert spec["version"] == f"v{__version__}" and f"a checkout of dra-driver {__version__}" in spec["caveats"]
     [platform] = spec["platforms"]
     assert f"v{__version__}" in platform["uri"]
     assert platform["sha256"] == hashlib.sha256(archive.archive()).hexdigest(), "run deploy/krew/archive.py"
@@ -60,7 +60,7 @@ def test_without_the_package_the_launcher_says_what_to_install(tmp_path: Path) -
     fake.chmod(0o755)
     env = {**os.environ, "DRA_DRIVER_PYTHON": str(fake)}
     done = subprocess.run([str(KREW / "kubectl-dra"), "explain"], capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 1 and "pip install dra-driver" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 1 and "(pip install .)" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_package_installs_the_plugin() -> None:
