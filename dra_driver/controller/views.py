@@ -59,7 +59,9 @@ def pod_view(pod: Obj) -> Obj | None:
     # What the scheduler's node filters read (dra_driver.controller.placement).
     if as_mapping(spec).get("nodeSelector"):
         view_spec["nodeSelector"] = dict(as_mapping(as_mapping(spec)["nodeSelector"]))
-    tolerations = [{f: t[f] for f in ("key", "operator", "value", "effect") if f in t}
+    # An empty field means what an absent one does (JSON omits it, protobuf carries it as ""): the
+    # view leaves both out, so the two encodings of one pod give one view.
+    tolerations = [{f: t[f] for f in ("key", "operator", "value", "effect") if t.get(f)}
                    for t in map(as_mapping, as_list(as_mapping(spec).get("tolerations")))]
     if tolerations:
         view_spec["tolerations"] = tolerations
