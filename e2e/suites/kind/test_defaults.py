@@ -69,7 +69,9 @@ def assert_up_publishing_nothing(install: Install, ns: str, pod: dict[str, Any],
     assert ready.get("Ready") == "True" and restarts(pod) == 0, (name, pod["status"])
     answer = readyz(install, ns, name)
     assert answer["code"] == 200 and "publishing nothing" in answer["body"], answer
-    assert f'dra_driver_plugin_not_publishing{{reason="{reason}"}} 1' in answer["metrics"], answer
+    # Prometheus' text format writes the gauge as a float ("1.0").
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in answer["metrics"]}
+    assert values.get(f'dra_driver_plugin_not_publishing{{reason="{reason}"}}') == 1, answer
 
 
 def test_defaults_put_no_plugin_on_a_cpu_node_and_crash_loop_nowhere(install: Install) -> None:
@@ -149,7 +151,8 @@ def test_a_node_served_by_the_device_plugin_publishes_nothing_until_told(install
         (pod,) = [p for p in install.plugin_pods() if p["spec"]["nodeName"] == worker]
         assert readyz(install, install.namespace, pod["metadata"]["name"])["body"] == "ok\n"
     finally:
+        # Restored whatever happened above, so that the tests after this one find the node publishing.
         patch_capacity(install, worker, None)
         install.upgrade("--set", "kubeletPlugin.ignoreDevicePlugin=false")
-    wait_for(f"{worker}'s devices published without the override", lambda: device_count(install, worker, driver) == before,
-             120, 2)
+        wait_for(f"{worker}'s devices published without the override",
+                 lambda: device_count(install, worker, driver) == before, 120, 2)
