@@ -56,24 +56,22 @@ def port(text: str) -> int:
     return value
 
 
-def positive_number(text: str) -> float:
+def _finite_number(text: str, zero_ok: bool, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not (value >= 0 if zero_ok else value > 0) or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
+
+
+def positive_number(text: str) -> float:
+    return _finite_number(text, False, "a positive number")
 
 
 def non_negative_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {text!r}")
-    return value
+    return _finite_number(text, True, "0 or a positive number")
 
 
 def positive_integer(text: str) -> int:
