@@ -113,20 +113,9 @@ def wait_for(check: Any, timeout: float, what: str) -> None:
 @pytest.mark.timeout(120)
 def test_rolling_update_plugin_serves_warns_and_drains_on_sigterm(root: Path) -> None:
     api = ApiServer(kubelet="v1.32.4")
-    kubeconfig = root / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": api.url}}], "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    env = {"PATH": os.environ["PATH"], "HOME": str(root), "ROLLING_UPDATE": "true", "POD_UID": POD,
-           "KUBELET_REGISTRY_DIR": str(root / "reg"), "KUBELET_PLUGINS_DIR": str(root / "plugins"),
-           "NODE_NAME": NODE, "DRIVER_NAME": DRIVER}
     sockets = socket_paths(DRIVER, root / "reg", root / "plugins" / DRIVER, POD)
     assert sockets.registration.name == f"{DRIVER}-{POD}-reg.sock"
-    plugin = subprocess.Popen(
-        [sys.executable, "-m", "dra_driver", "kubelet-plugin", f"--kubeconfig={kubeconfig}", "--gpu-backend=simulated",
-         f"--cdi-root={root / 'cdi'}", f"--dev-root={root / 'dev'}", "--log-format=console"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    plugin, env, _ = start_plugin(root, api, "--gpu-backend=simulated", env={"ROLLING_UPDATE": "true", "POD_UID": POD})
     try:
         wait_for(sockets.registration.is_socket, 60, "the registration socket")
         probe = subprocess.run([sys.executable, "-m", "dra_driver", "probe"], cwd=REPO, env=env, capture_output=True,
@@ -135,16 +124,10 @@ def test_rolling_update_plugin_serves_warns_and_drains_on_sigterm(root: Path) ->
         wait_for(lambda: "ResourceSlice" in api.kinds(), 30, "a published ResourceSlice")
         wait_for(lambda: "RollingUpdateUnsupported" in api.reasons(), 30, "the kubelet version Event")
         assert (root / "plugins" / DRIVER / "publisher.lock").exists()
-        signalled = time.monotonic()
-        plugin.send_signal(signal.SIGTERM)
-        out, _ = plugin.communicate(timeout=30)
-        took = time.monotonic() - signalled
     finally:
-        if plugin.poll() is None:
-            plugin.kill()
-            plugin.communicate()
-        api.httpd.shutdown()
-    assert plugin.returncode == 0, out
+        signalled = time.monotonic()
+        out = stop_plugin(plugin, api)
+        took = time.monotonic() - signalled
     assert took < 5, f"SIGTERM to exit took {took:.1f} s"
     assert not sockets.registration.exists() and not sockets.dra.exists()
     assert "rolling updates need kubelet 1.33 or newer" in out
@@ -171,7 +154,8 @@ def get(port: int, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def start_plugin(root: Path, api: ApiServer, *args: str) -> tuple[subprocess.Popen[str], dict[str, str], int]:
+def start_plugin(root: Path, api: ApiServer, *args: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], dict[str, str], int]:
     kubeconfig = root / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
@@ -179,7 +163,7 @@ def start_plugin(root: Path, api: ApiServer, *args: str) -> tuple[subprocess.Pop
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     port = free_port()
     env = {"PATH": os.environ["PATH"], "HOME": str(root), "KUBELET_REGISTRY_DIR": str(root / "reg"),
-           "KUBELET_PLUGINS_DIR": str(root / "plugins"), "NODE_NAME": NODE, "DRIVER_NAME": DRIVER}
+           "KUBELET_PLUGINS_DIR": str(root / "plugins"), "NODE_NAME": NODE, "DRIVER_NAME": DRIVER, **(env or {})}
     plugin = subprocess.Popen(
         [sys.executable, "-m", "dra_driver", "kubelet-plugin", f"--kubeconfig={kubeconfig}", f"--cdi-root={root / 'cdi'}",
          f"--dev-root={root / 'dev'}", "--log-format=console", f"--health-port={port}", *args],
