@@ -7,7 +7,7 @@ wrong: a malformed environment variable, settings that contradict each other, a 
 cluster problem, an unexpected failure; 2 a usage error, printed by argparse (the usage line, then
 the error) for an unknown flag, a missing or malformed flag value; 130 interrupted. Never a
 traceback. The parser reads no environment: each command reads its variables when it runs
-(:func:`dra_driver.config.resolve_environment`).
+(:func:`dra_driver.flags.resolve_environment`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Any
 
 from dra_driver import __version__
 from dra_driver.allocator.rules import RULE_CHOICES
-from dra_driver.config import (
+from dra_driver.controller import settings as controller_settings
+from dra_driver.flags import (
     add_env_argument,
     add_scheduler_rules_argument,
     add_shared_arguments,
     boolean,
     resolve_environment,
 )
-from dra_driver.controller import settings as controller_settings
-from dra_driver.k8s.credentials import ConfigurationError
+from dra_driver.k8s.credentials import KubeconfigError
 from dra_driver.node import settings as plugin_settings
 from dra_driver.tools.targets import OUTPUTS
 from dra_driver.tools.terminal import printable
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return run()
     except KeyboardInterrupt:
         return 130
-    except ConfigurationError as exc:
+    except KubeconfigError as exc:
         return fail(prog, str(exc))
     except Exception as exc:  # last resort: a running command fails with one line, never a traceback
         return fail(prog, f"unexpected error: {type(exc).__name__}: {exc}")

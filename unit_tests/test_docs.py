@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from dra_driver import cli
-from dra_driver.config import ENV_FLAGS, EnvFlag
+from dra_driver.flags import ENV_FLAGS, EnvFlag
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dra_driver"
@@ -149,7 +149,7 @@ class Flag:
 
 def command_flags() -> dict[str, dict[str, Flag]]:
     """``dra-driver <command>`` -> long option -> Flag: the variable and default of each flag declared
-    with one (dra_driver.config.add_env_argument), the parser's default of the others."""
+    with one (dra_driver.flags.add_env_argument), the parser's default of the others."""
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     commands: dict[str, dict[str, Flag]] = {}

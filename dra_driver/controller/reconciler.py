@@ -529,7 +529,7 @@ def run(settings: ControllerSettings) -> int:
     gc.set_threshold(*GC_THRESHOLDS)
     memory.limit_arenas()  # before any thread starts: see dra_driver.memory
     # Idle connections kept: one per worker and per informer's next list, so a burst of writes
-    # does not open (and close again) a TLS connection per request. A ConfigurationError is the
+    # does not open (and close again) a TLS connection per request. A KubeconfigError is the
     # command's one-line error (dra_driver.cli).
     api = RestKubeApi.from_kubeconfig(settings.kubeconfig, user_agent=f"dra-driver-controller/{os.getpid()}",
                                       pool_size=WORKERS + 8)

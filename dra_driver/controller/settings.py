@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator.rules import AUTO, RULE_CHOICES
-from dra_driver.config import (
+from dra_driver.controller import fence
+from dra_driver.flags import (
     SettingsError,
     add_env_argument,
     add_scheduler_rules_argument,
@@ -18,7 +19,6 @@ from dra_driver.config import (
     positive_number,
     resolve_environment,
 )
-from dra_driver.controller import fence
 from dra_driver.k8s.labels import LabelSelector, parse_selector
 from dra_driver.k8s.names import parse_namespaced_name
 

@@ -30,10 +30,10 @@ import orjson
 from dra_driver import logs
 from dra_driver.k8s import wire
 from dra_driver.k8s.credentials import (
-    ConfigurationError,
     Connection,
     CredentialError,
     Credentials,
+    KubeconfigError,
     kubeconfig_context,
     kubeconfig_path,
     load_credentials,
@@ -43,7 +43,7 @@ from dra_driver.k8s.quarantine import Undecodable, split_event, split_page
 from dra_driver.k8s.transport import Transport, exchange, retry_delay
 
 # Re-exported: this client is the one boundary.
-__all__ = ["ConfigurationError", "Credentials", "kubeconfig_context", "kubeconfig_path", "load_credentials"]
+__all__ = ["Credentials", "KubeconfigError", "kubeconfig_context", "kubeconfig_path", "load_credentials"]
 
 
 @dataclass(frozen=True)

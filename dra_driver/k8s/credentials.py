@@ -56,8 +56,11 @@ USER_KEYS = frozenset({"token", "tokenFile", "client-certificate", "client-certi
 CONTEXT_KEYS = frozenset({"cluster", "user", "namespace"})
 
 
-class ConfigurationError(Exception):
-    """No usable cluster configuration (kubeconfig or in-cluster)."""
+class KubeconfigError(Exception):
+    """No usable cluster configuration: no kubeconfig and no in-cluster account, a kubeconfig or
+    context that is not there, or one that does not load. Where the API server is, and as whom: not
+    to be confused with :class:`dra_driver.gpuconfig.ConfigError`, a claim's opaque ``GpuConfig``.
+    The commands print it as their one line (:mod:`dra_driver.cli`)."""
 
 
 class CredentialError(Exception):
@@ -412,7 +415,7 @@ class Credentials:
         self.source = source
         """Where the configuration came from, for messages."""
         self._lock = threading.Lock()
-        self._loaded = self._fresh(ConfigurationError)
+        self._loaded = self._fresh(KubeconfigError)
 
     def _fresh(self, error: type[Exception]) -> Connection:
         try:
@@ -463,7 +466,7 @@ def kubeconfig_path(kubeconfig: str | None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     if kubeconfig:
         if not os.path.exists(os.path.expanduser(kubeconfig)):
-            raise ConfigurationError(f"kubeconfig {kubeconfig} does not exist")
+            raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
         return kubeconfig
     listed = environ.get("KUBECONFIG") or ""
     files = [p for p in listed.split(os.pathsep) if p] if listed else [os.path.expanduser("~/.kube/config")]
@@ -472,8 +475,8 @@ def kubeconfig_path(kubeconfig: str | None, environ: Mapping[str, str] | None = 
     if in_cluster_possible(environ, service_account_dir):
         return None
     if listed:
-        raise ConfigurationError(f"kubeconfig {listed} ($KUBECONFIG) does not exist, and not running in a cluster")
-    raise ConfigurationError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
+        raise KubeconfigError(f"kubeconfig {listed} ($KUBECONFIG) does not exist, and not running in a cluster")
+    raise KubeconfigError("no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not running in a cluster")
 
 
 def load_credentials(kubeconfig: str | None, context: str | None = None) -> Credentials:
@@ -483,7 +486,7 @@ def load_credentials(kubeconfig: str | None, context: str | None = None) -> Cred
     path = kubeconfig_path(kubeconfig)
     if path is None:
         if context:
-            raise ConfigurationError(f"context {context!r} asked for, but there is no kubeconfig (in-cluster configuration)")
+            raise KubeconfigError(f"context {context!r} asked for, but there is no kubeconfig (in-cluster configuration)")
         return Credentials(incluster_loader(), "in-cluster configuration")
     if context:
         kubeconfig_context(path, context)
@@ -493,7 +496,7 @@ def load_credentials(kubeconfig: str | None, context: str | None = None) -> Cred
 def kubeconfig_context(path: str, context: str | None = None) -> tuple[str, str | None]:
     """The context kubectl would use from the kubeconfig ``path`` (a ``$KUBECONFIG`` list read the
     kubectl way: the first file that sets a value wins) and its namespace: ``context`` or the
-    current one. A context that is not there is a ConfigurationError naming it."""
+    current one. A context that is not there is a KubeconfigError naming it."""
     docs: list[Mapping[str, Any]] = []
     for p in path.split(os.pathsep):
         full = os.path.expanduser(p)
@@ -504,15 +507,15 @@ def kubeconfig_context(path: str, context: str | None = None) -> tuple[str, str 
                 doc = yaml.safe_load(f)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             detail = " ".join(str(exc).split())
-            raise ConfigurationError(f"cannot load cluster configuration from kubeconfig {p}: {detail}") from None
+            raise KubeconfigError(f"cannot load cluster configuration from kubeconfig {p}: {detail}") from None
         if isinstance(doc, Mapping):
             docs.append(doc)
     name = context or next((str(d["current-context"]) for d in docs if d.get("current-context")), "")
     if not name:
-        raise ConfigurationError(f"kubeconfig {path} sets no current context; name one with --context")
+        raise KubeconfigError(f"kubeconfig {path} sets no current context; name one with --context")
     for doc in docs:
         ctx = _named(doc.get("contexts"), name, "context")
         if ctx is not None:
             namespace = ctx.get("namespace")
             return name, str(namespace) if isinstance(namespace, str) and namespace else None
-    raise ConfigurationError(f"context {name!r} not found in kubeconfig {path}")
+    raise KubeconfigError(f"context {name!r} not found in kubeconfig {path}")

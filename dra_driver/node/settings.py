@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.config import (
+from dra_driver.flags import (
     SettingsError,
     add_env_argument,
     add_shared_arguments,

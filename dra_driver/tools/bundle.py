@@ -42,7 +42,7 @@ from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
-from dra_driver.config import env
+from dra_driver.flags import env
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
@@ -52,8 +52,8 @@ from dra_driver.k8s.client import (
     PODS,
     SLICES,
     ApiError,
-    ConfigurationError,
     KubeApi,
+    KubeconfigError,
     ListResult,
     RestKubeApi,
 )
@@ -447,7 +447,7 @@ def main(*, kubeconfig: str | None, output: str | None, node: str | None, state_
     try:
         api = RestKubeApi.from_kubeconfig(kubeconfig, context, request_timeout=20.0,
                                           user_agent="dra-driver-debug-bundle")
-    except ConfigurationError as exc:
+    except KubeconfigError as exc:
         bundle.problems.append(f"cluster: {exc}")
     if api is not None:
         try:

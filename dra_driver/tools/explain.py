@@ -53,8 +53,8 @@ from dra_driver.k8s.client import (
     DEVICE_TAINT_RULES,
     SLICES,
     ApiError,
-    ConfigurationError,
     KubeApi,
+    KubeconfigError,
     RestKubeApi,
     kubeconfig_context,
     kubeconfig_path,
@@ -501,7 +501,7 @@ def main(
                 render = render_text
             if warning:
                 report["rulesWarning"] = warning
-    except (ExplainError, TargetError, ConfigurationError) as exc:
+    except (ExplainError, TargetError, KubeconfigError) as exc:
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:

@@ -521,20 +521,20 @@ def test_the_controller_limits_malloc_arenas_before_any_thread_starts(monkeypatc
     (dra_driver.memory). The cap holds only for arenas made after it, so it comes first."""
     from dra_driver import memory
     from dra_driver.controller import reconciler
-    from dra_driver.k8s.client import ConfigurationError, RestKubeApi
+    from dra_driver.k8s.client import KubeconfigError, RestKubeApi
 
     seen: list[str] = []
     monkeypatch.setattr(memory, "limit_arenas", lambda arenas=2: seen.append(f"{arenas} arenas") or True)
 
     def no_cluster(*_args: Any, **_kwargs: Any) -> Any:
         seen.append("client")
-        raise ConfigurationError("no cluster here")
+        raise KubeconfigError("no cluster here")
 
     monkeypatch.setattr(RestKubeApi, "from_kubeconfig", staticmethod(no_cluster))
     # What else run() sets for the whole process stays as the other tests have it.
     monkeypatch.setattr(reconciler.logs, "configure", lambda *_args: None)
     monkeypatch.setattr(reconciler.gc, "set_threshold", lambda *_args: None)
-    with pytest.raises(ConfigurationError, match="no cluster here"):
+    with pytest.raises(KubeconfigError, match="no cluster here"):
         reconciler.run(settings())
     assert seen == ["2 arenas", "client"]
 

@@ -33,9 +33,9 @@ from kubeserver import Server, kubeconfig_dict
 
 from dra_driver.k8s.client import PODS, ApiError, RestKubeApi
 from dra_driver.k8s.credentials import (
-    ConfigurationError,
     Connection,
     Credentials,
+    KubeconfigError,
     bypassed,
     env_proxies,
     incluster_loader,
@@ -247,42 +247,42 @@ def test_the_lookup_order_is_client_gos(tmp_path: Path, monkeypatch: pytest.Monk
     home.unlink()
     assert kubeconfig_path(None, pod, str(sa)) is None
     assert kubeconfig_path(None, {"KUBECONFIG": str(tmp_path / "gone"), **pod}, str(sa)) is None
-    with pytest.raises(ConfigurationError, match=r"kubeconfig .*gone \(\$KUBECONFIG\) does not exist, and not running"):
+    with pytest.raises(KubeconfigError, match=r"kubeconfig .*gone \(\$KUBECONFIG\) does not exist, and not running"):
         kubeconfig_path(None, {"KUBECONFIG": str(tmp_path / "gone")}, str(sa))
     # client-go's in-cluster test: host, port and the token file.
     assert kubeconfig_path(None, pod, str(sa)) is None
     for partial_pod in ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, {"KUBERNETES_SERVICE_PORT": "443"}):
-        with pytest.raises(ConfigurationError, match="no kubeconfig"):
+        with pytest.raises(KubeconfigError, match="no kubeconfig"):
             kubeconfig_path(None, partial_pod, str(sa))
-    with pytest.raises(ConfigurationError, match="no kubeconfig"):
+    with pytest.raises(KubeconfigError, match="no kubeconfig"):
         kubeconfig_path(None, pod, str(tmp_path / "no-sa"))
-    with pytest.raises(ConfigurationError, match=r"kubeconfig .*gone does not exist"):
+    with pytest.raises(KubeconfigError, match=r"kubeconfig .*gone does not exist"):
         kubeconfig_path(str(tmp_path / "gone"), pod, str(sa))  # --kubeconfig must exist, as in client-go
 
 
 def test_errors_name_the_problem_and_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match=r"kubeconfig .*nope does not exist"):
+    with pytest.raises(KubeconfigError, match=r"kubeconfig .*nope does not exist"):
         load_credentials(str(tmp_path / "nope"))
-    with pytest.raises(ConfigurationError, match="no kubeconfig"):
+    with pytest.raises(KubeconfigError, match="no kubeconfig"):
         load_credentials(None)
     bad = tmp_path / "bad"
     bad.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [], "contexts": []}))
-    with pytest.raises(ConfigurationError, match=rf"from kubeconfig {bad}: .*current-context"):
+    with pytest.raises(KubeconfigError, match=rf"from kubeconfig {bad}: .*current-context"):
         load_credentials(str(bad))
     missing_cert = write_kubeconfig(tmp_path / "mc", "https://x", {"client-certificate": "gone.crt",
                                                                    "client-key": "gone.key"})
-    with pytest.raises(ConfigurationError, match=r"gone\.crt"):
+    with pytest.raises(KubeconfigError, match=r"gone\.crt"):
         load_credentials(str(missing_cert))
     sa = tmp_path / "sa"
     sa.mkdir()
-    with pytest.raises(ConfigurationError, match=r"in-cluster: .*host/port"):
+    with pytest.raises(KubeconfigError, match=r"in-cluster: .*host/port"):
         Credentials(incluster_loader(str(sa)), "in-cluster")
 
 
 def test_failing_exec_plugin_is_a_clear_error(tmp_path: Path) -> None:
     script = exec_plugin(tmp_path, 'sys.stderr.write("token service says no\\n"); sys.exit(3)\n')
     path = write_kubeconfig(tmp_path / "config", "https://x", exec_user(script))
-    with pytest.raises(ConfigurationError, match=rf"from kubeconfig {path}: no credentials: .*returned 3.*token service says no"):
+    with pytest.raises(KubeconfigError, match=rf"from kubeconfig {path}: no credentials: .*returned 3.*token service says no"):
         load_credentials(str(path))
 
 
