@@ -29,7 +29,10 @@ KIND = "GpuConfig"
 
 
 class ConfigError(ValueError):
-    """A configuration the driver cannot accept; the message names the field path."""
+    """An opaque ``GpuConfig`` (a claim's or a DeviceClass's ``config[].opaque.parameters``) the
+    driver cannot accept; ``path`` is the offending field's, ``detail`` what is wrong with it. The
+    user's object is wrong, not the driver's setup: not to be confused with
+    :class:`dra_driver.k8s.credentials.KubeconfigError`."""
 
     def __init__(self, path: str, message: str) -> None:
         self.path = path
