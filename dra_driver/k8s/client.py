@@ -112,7 +112,7 @@ class ApiError(Exception):
         self.details: Mapping[str, Any] = details or {}
 
     def __str__(self) -> str:
-        if self.status == 0:
+        if self.unreachable:
             detail = f": {self.message}" if self.message else ""
             if self.reason == BAD_RESPONSE:  # it was reached: what it sent broke off or does not decode
                 return f"the API server's answer cannot be read{detail}"
@@ -120,6 +120,26 @@ class ApiError(Exception):
         text = f"{self.status} {self.reason}".strip()
         return f"{text}: {self.message}" if self.message else text
 
+
+    @property
+    def unreachable(self) -> bool:
+        """No HTTP answer (status 0): the API server was not reached, or what it sent broke off or does
+        not decode (reason ``BAD_RESPONSE``)."""
+        return self.status == 0
+
+    @property
+    def bad_request(self) -> bool:
+        return self.status == 400
+
+    @property
+    def unauthorized(self) -> bool:
+        """401: the server does not know who is asking (no credentials, or expired ones)."""
+        return self.status == 401
+
+    @property
+    def forbidden(self) -> bool:
+        """403: the server knows who is asking, and RBAC refuses it."""
+        return self.status == 403
 
     @property
     def not_found(self) -> bool:
@@ -132,6 +152,12 @@ class ApiError(Exception):
     @property
     def gone(self) -> bool:
         return self.status == 410
+
+    @property
+    def invalid(self) -> bool:
+        """422: the object was refused as written (validation, an admission policy, a field that is
+        immutable), not for the moment."""
+        return self.status == 422
 
     @property
     def throttled(self) -> bool:

@@ -359,7 +359,7 @@ class EventRecorder:
                 self.api.create(EVENTS, body, namespace=namespace)
                 return want
             except ApiError as exc:
-                if exc.status != 409:
+                if not exc.conflict:
                     raise
             return self._adopt(namespace, name, want, now)
         try:

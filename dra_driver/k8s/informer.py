@@ -366,7 +366,7 @@ class Informer:
                     self.watch_once(stop)
                 backoff = 1.0
             except ApiError as exc:
-                if self._need_list and self.streaming and exc.status in (400, 403, 404, 422):
+                if self._need_list and self.streaming and (exc.bad_request or exc.forbidden or exc.not_found or exc.invalid):
                     self._log.info("the API server does not stream lists; listing in pages", status=exc.status,
                                    error=str(exc))
                     self.streaming = False

@@ -50,7 +50,7 @@ def names_claim(exc: kube.ApiError, name: str) -> bool:
     """Whether a 404 is the API server saying that this claim does not exist, rather than that the
     path, the resource or the API group does not (a missing group's Status names no kind)."""
     details: Mapping[str, Any] = exc.details
-    return (exc.status == 404 and exc.reason == "NotFound" and details.get("kind") == kube.CLAIMS.plural
+    return (exc.not_found and exc.reason == "NotFound" and details.get("kind") == kube.CLAIMS.plural
             and details.get("name") == name and details.get("group", kube.CLAIMS.group) == kube.CLAIMS.group)
 
 

@@ -73,7 +73,18 @@ def test_unreachable() -> None:
     api = RestKubeApi(plain_credentials("http://127.0.0.1:9"), request_timeout=2)
     with pytest.raises(ApiError) as e:
         api.get(CLAIMS, "c", namespace="ns")
-    assert e.value.status == 0
+    assert e.value.status == 0 and e.value.unreachable
+
+
+PREDICATES = {"unreachable": 0, "bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404,
+              "conflict": 409, "gone": 410, "invalid": 422, "throttled": 429}
+
+
+@pytest.mark.parametrize("status", [*PREDICATES.values(), 200, 500, 503])
+def test_each_status_has_one_name(status: int) -> None:
+    """The callers test ApiError by these names, never by the number: each names its status only."""
+    err = ApiError(status, "Reason", "message")
+    assert {name for name in PREDICATES if getattr(err, name)} == {n for n, s in PREDICATES.items() if s == status}
 
 
 def test_watch_stream_and_410(srv: Server) -> None:

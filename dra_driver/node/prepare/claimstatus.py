@@ -109,7 +109,7 @@ def apply_body(uid: str, namespace: str, name: str, statuses: Sequence[Mapping[s
 def gives_up(exc: ApiError) -> bool:
     """Whether a failed write is final: the claim is gone, replaced or deallocated. Anything else
     (no permission yet, API server away) is retried."""
-    return exc.status in (404, 410, 422)
+    return exc.not_found or exc.gone or exc.invalid
 
 
 # --- the writer (side effects) -------------------------------------------------------------------

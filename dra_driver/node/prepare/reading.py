@@ -21,7 +21,7 @@ Fetched = dict[str, Any] | BaseException
 def read_error(exc: BaseException) -> str:
     """How a failed claim read is reported to the kubelet: the server's answer marked as such, or the
     transport failure as it is."""
-    return f"API server: {exc}" if isinstance(exc, ApiError) and exc.status else str(exc)
+    return f"API server: {exc}" if isinstance(exc, ApiError) and not exc.unreachable else str(exc)
 
 
 class ClaimReader:

@@ -159,7 +159,7 @@ class SlicePublisher:
             try:
                 self._apply(op)
             except ApiError as exc:
-                if exc.status == 422 and self._blame(op, exc):
+                if exc.invalid and self._blame(op, exc):
                     self._tell_withheld()
                 raise
         self._min_generation = max(self._min_generation, result.generation)
@@ -217,7 +217,7 @@ class SlicePublisher:
         try:
             self.api.create(SLICES, body, dry_run=True)
         except ApiError as exc:
-            if exc.status == 422:
+            if exc.invalid:
                 return exc.message or "refused"
             raise
         return None
