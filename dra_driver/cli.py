@@ -22,6 +22,7 @@ from dra_driver import __version__
 from dra_driver.allocator.rules import RULE_CHOICES
 from dra_driver.controller import settings as controller_settings
 from dra_driver.flags import (
+    SettingsError,
     add_env_argument,
     add_scheduler_rules_argument,
     add_shared_arguments,
@@ -166,17 +167,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     prog = f"{parser.prog} {args.command}"
     try:
-        try:
-            resolve_environment(args)
-            run = command(args, prog)
-        except ValueError as exc:  # settings: a malformed variable, flags that contradict each other
-            return fail(prog, str(exc))
-        return run()
+        resolve_environment(args)
+        return command(args, prog)()
     except KeyboardInterrupt:
         return 130
-    except KubeconfigError as exc:
+    except (SettingsError, KubeconfigError) as exc:  # the user's settings or cluster configuration
         return fail(prog, str(exc))
-    except Exception as exc:  # last resort: a running command fails with one line, never a traceback
+    except Exception as exc:  # last resort (a bug's ValueError too): one line, never a traceback
         return fail(prog, f"unexpected error: {type(exc).__name__}: {exc}")
 
 
@@ -186,7 +183,7 @@ def fail(prog: str, message: str) -> int:
 
 
 def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
-    """What ``args`` asks for, its settings read and checked (ValueError) before anything runs."""
+    """What ``args`` asks for, its settings read and checked (SettingsError) before anything runs."""
     if args.command == "kubelet-plugin":
         from dra_driver.node import plugin
 

@@ -24,9 +24,11 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
-class SettingsError(ValueError):
+class SettingsError(Exception):
     """A setting that cannot be used (a malformed environment variable, flags that contradict each
-    other); the command prints it as one line and exits 1."""
+    other, a value the kubelet would refuse), raised while a command's settings are read, before
+    anything runs. The command prints it as its one line and exits 1 (:mod:`dra_driver.cli`); not a
+    ValueError, so that a bug's ValueError is never reported as the user's setting."""
 
 
 def env(name: str, default: str | None = None) -> str | None:

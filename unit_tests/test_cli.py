@@ -149,6 +149,29 @@ def test_a_value_error_while_running_is_no_usage_error(capsys: pytest.CaptureFix
     assert failed(capsys, cli.main(["explain"])) == "dra-driver explain: unexpected error: ValueError: boom"
 
 
+def test_a_value_error_reading_settings_is_a_bug_not_a_setting(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only SettingsError is the user's setting: a ValueError from the code that reads them is a bug,
+    said as one (one line, exit status 1, no traceback), never as if the flags were wrong."""
+    from dra_driver.node import settings
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(settings, "plugin_settings", broken)
+    err = failed(capsys, cli.main(["kubelet-plugin", "--node-name", "n1"]))
+    assert err == "dra-driver kubelet-plugin: unexpected error: ValueError: boom"
+
+
+@pytest.mark.parametrize("command", [["kubelet-plugin", "--node-name", "n1"], ["probe"]])
+def test_a_settings_error_is_the_commands_own_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                   command: list[str]) -> None:
+    monkeypatch.setenv("ROLLING_UPDATE", "true")
+    monkeypatch.setenv("POD_UID", "my-pod")
+    err = failed(capsys, cli.main(command))
+    assert err == f"dra-driver {command[0]}: --pod-uid 'my-pod' is not a pod UID (lower-case UUID)"
+
+
 def test_an_unknown_flag_is_argparses(capsys: pytest.CaptureFixture[str]) -> None:
     assert usage_error(capsys, ["explain", "--colour"]) == "dra-driver: error: unrecognized arguments: --colour"
 

@@ -92,7 +92,7 @@ def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
 
 def controller_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ControllerSettings:
     """The settings of ``args`` (flags, then the variables of ``environ``, default the process's);
-    ValueError (SettingsError for a variable) says what cannot be used."""
+    SettingsError says what cannot be used."""
     resolve_environment(args, environ)
     return ControllerSettings(
         driver_name=args.driver_name,

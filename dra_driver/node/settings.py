@@ -116,10 +116,10 @@ def instance_pod_uid(rolling_update: bool, pod_uid: str | None) -> str | None:
     if not rolling_update:
         return None
     if not pod_uid:
-        raise ValueError("--rolling-update needs this pod's UID: set --pod-uid or POD_UID (the chart sets it "
+        raise SettingsError("--rolling-update needs this pod's UID: set --pod-uid or POD_UID (the chart sets it "
                          "from metadata.uid)")
     if not _POD_UID.fullmatch(pod_uid):
-        raise ValueError(f"--pod-uid {pod_uid!r} is not a pod UID (lower-case UUID)")
+        raise SettingsError(f"--pod-uid {pod_uid!r} is not a pod UID (lower-case UUID)")
     return pod_uid
 
 
@@ -274,7 +274,7 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plugin_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> PluginSettings:
     """The settings of ``args`` (flags, then the variables of ``environ``, default the process's);
-    ValueError (SettingsError for a variable) says what cannot be used."""
+    SettingsError says what cannot be used."""
     resolve_environment(args, environ)
     if not args.node_name:
         raise SettingsError("--node-name (or $NODE_NAME) is required")

@@ -8,6 +8,7 @@ import pytest
 
 from dra_driver.controller import fence
 from dra_driver.controller.settings import add_controller_arguments, controller_settings
+from dra_driver.flags import SettingsError
 
 D = "gpu.dra-driver.io"
 
@@ -58,5 +59,5 @@ def test_ledger_setting() -> None:
     assert _settings("--leader-election-namespace", "dra") == ("dra", "dra-driver-allocations")
     assert _settings("--allocation-ledger", "ops/gpu-ledger") == ("ops", "gpu-ledger")
     for bad in ("no-slash", "Ops/x", "ops/", "a/b/c"):
-        with pytest.raises(ValueError, match="allocation-ledger"):
+        with pytest.raises(SettingsError, match="allocation-ledger"):
             _settings("--allocation-ledger", bad)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.cli import build_parser, main
+from dra_driver.flags import SettingsError
 from dra_driver.node.settings import UNIX_PATH_MAX, plugin_settings, registration_problems, socket_problem
 from dra_driver.ondisk import SocketPaths
 
@@ -57,17 +58,17 @@ def args(*argv: str) -> list[str]:
 
 
 def test_settings_refuse_what_the_kubelet_refuses(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"--driver-name 'gpu_x\.io'"):
+    with pytest.raises(SettingsError, match=r"--driver-name 'gpu_x\.io'"):
         plugin_settings(build_parser().parse_args(args("--driver-name=gpu_x.io")))
-    with pytest.raises(ValueError, match="registration socket 'registry/"):
+    with pytest.raises(SettingsError, match="registration socket 'registry/"):
         plugin_settings(build_parser().parse_args(args("--kubelet-registry-dir=registry")))
     deep = tmp_path / ("d" * (UNIX_PATH_MAX - len(str(tmp_path))))
-    with pytest.raises(ValueError, match=r"DRA socket .* shorter than 108 bytes"):
+    with pytest.raises(SettingsError, match=r"DRA socket .* shorter than 108 bytes"):
         plugin_settings(build_parser().parse_args(args(f"--kubelet-plugins-dir={deep}")))
     # The per-pod sockets of a rolling update are checked as computed (hashed names when long).
     ok = plugin_settings(build_parser().parse_args(args("--rolling-update", f"--pod-uid={UID}")))
     assert ok.dra_socket.name == f"dra-{UID}.sock"
-    with pytest.raises(ValueError, match="--pod-uid"):
+    with pytest.raises(SettingsError, match="--pod-uid"):
         plugin_settings(build_parser().parse_args(args("--rolling-update", f"--pod-uid={UID}",
                                                        f"--kubelet-plugins-dir={deep}")))
 
