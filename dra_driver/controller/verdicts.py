@@ -14,7 +14,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine, Resolution
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_BYTES, OUR_ANNOTATIONS, wants_controller_allocation
-from dra_driver.gpuconfig import decode
+from dra_driver.gpuconfig import ConfigError, decode
 from dra_driver.k8s.claims import (
     annotations_of,
     device_ids,
@@ -46,13 +46,8 @@ def config_errors(configs: Any, driver: str, path: str) -> list[str]:
         where = f"{path}[{i}].opaque.parameters"
         try:
             decode(opaque.get("parameters"))
-        except ValueError as exc:  # gpuconfig.ConfigError is a ValueError
-            sub = getattr(exc, "path", None)
-            detail = getattr(exc, "detail", None)
-            if isinstance(sub, str) and isinstance(detail, str):
-                errors.append(f"{where}.{sub}: {detail}" if sub else f"{where}: {detail}")
-            else:
-                errors.append(f"{where}: {exc}")
+        except ConfigError as exc:
+            errors.append(f"{where}.{exc.path}: {exc.detail}" if exc.path else f"{where}: {exc.detail}")
         except Exception as exc:  # last resort: a decoder bug is this field's config error, not a crash
             errors.append(f"{where}: cannot be decoded ({type(exc).__name__}: {exc})")
     return errors

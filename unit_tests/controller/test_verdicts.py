@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from ctrlfix import CLASS, DRIVER, allocated_status, claim, device_class, sharing_config
 
+from dra_driver.controller import verdicts
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, HASH_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.verdicts import Action, claim_config_errors, classify, config_errors, object_config_errors
 from dra_driver.k8s.claims import FINALIZER, POD_CLAIM_NAME_ANNOTATION
@@ -66,6 +68,22 @@ class TestConfigValidation:
         errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
         assert errs and errs[0].startswith("p[0].opaque.parameters")
         assert config_errors("nope", DRIVER, "p") == ["p: must be a list"]
+
+    def test_the_field_path_follows_the_parameters(self) -> None:
+        errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": {"apiVersion": "v9"}}}], DRIVER, "p")
+        assert errs == ["p[0].opaque.parameters.apiVersion: must be 'gpu.dra-driver.io/v1alpha1', got 'v9'"]
+        errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
+        assert errs == ["p[0].opaque.parameters: must be an object, got string"]
+
+    def test_a_decoder_bug_is_no_config_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Only a ConfigError is the user's config; anything else the decoder raises (a ValueError
+        too) is said as the decoder's failure, by type, and still never crashes the controller."""
+        def broken(_parameters: object) -> object:
+            raise ValueError("boom")
+
+        monkeypatch.setattr(verdicts, "decode", broken)
+        errs = config_errors([sharing_config()], DRIVER, "p")
+        assert errs == ["p[0].opaque.parameters: cannot be decoded (ValueError: boom)"]
 
     def test_per_kind_paths(self) -> None:
         bad = sharing_config("Bogus")
