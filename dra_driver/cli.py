@@ -31,7 +31,7 @@ from dra_driver.flags import (
 )
 from dra_driver.k8s.credentials import KubeconfigError
 from dra_driver.node import settings as plugin_settings
-from dra_driver.tools.targets import OUTPUTS
+from dra_driver.tools.explain.targets import OUTPUTS
 from dra_driver.tools.terminal import printable
 
 PROGRAM = "dra-driver"
@@ -205,7 +205,7 @@ def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
 
         socket = args.registration_socket or plugin_settings.registration_socket_from_env(os.environ, args.driver_name)
         return lambda: probe.main(str(socket), args.driver_name)
-    from dra_driver.tools import explain
+    from dra_driver.tools.explain import command as explain
 
     return lambda: explain.main(args.target, kubeconfig=args.kubeconfig, output=args.output,
                                 namespace=args.namespace, all_namespaces=args.all_namespaces, context=args.context,

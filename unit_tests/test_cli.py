@@ -16,8 +16,8 @@ from ctrlfix import add_claim, add_pod, claim, cluster, pod
 
 from dra_driver import __version__, cli
 from dra_driver.allocator.rules import RULE_CHOICES
-from dra_driver.tools import explain
-from dra_driver.tools.targets import TYPES
+from dra_driver.tools.explain import command as explain
+from dra_driver.tools.explain.targets import TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLES = ("KUBECONFIG", "NODE_NAME", "HEALTH_PORT", "SCHEDULER_RULES", "HEALTH_MONITORING", "METRICS_PORT",

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 ENTRY_MODULES = ["dra_driver.cli", "dra_driver.node.plugin", "dra_driver.node.prepare.state", "dra_driver.node.publish.publisher",
-                 "dra_driver.controller.reconciler", "dra_driver.tools.explain"]
+                 "dra_driver.controller.reconciler", "dra_driver.tools.explain.command"]
 FORBIDDEN = ("kubernetes.client.models.", "kubernetes.client.api.")
 
 CHECK = textwrap.dedent("""

@@ -67,8 +67,8 @@ from dra_driver.ondisk import (
     claim_spec_prefix,
     metadata_spec_prefix,
 )
-from dra_driver.tools.explain import build_report, one_line
-from dra_driver.tools.terminal import printable
+from dra_driver.tools.explain.claim import build_report
+from dra_driver.tools.terminal import one_line, printable
 
 REDACTED = "<redacted>"
 LEASE_NAME = "dra-driver-controller"

@@ -24,3 +24,8 @@ def printable(text: str) -> str:
     """``text`` with every control character written as ``\\xNN`` or ``\\uNNNN``; tabs and the
     report's own newlines stay."""
     return _CONTROL.sub(_escape, text)
+
+
+def one_line(message: object) -> str:
+    """A message as one line (a YAML or server error may span several), safe for a terminal."""
+    return printable(" ".join(str(message).split()))

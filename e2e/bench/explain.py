@@ -1,6 +1,6 @@
 """``dra-driver explain`` latency for one claim on the resolution benchmark's cluster.
 
-Measured in this process through :func:`dra_driver.tools.explain.main` (a new REST client per call,
+Measured in this process through :func:`dra_driver.tools.explain.command.main` (a new REST client per call,
 GET of the claim, LIST of slices and classes, the protobuf LIST of every claim's allocation, the
 engine, JSON rendering): that is the command without Python start-up. The fetch and the evaluation
 are also timed apart, and the real command (``python -m dra_driver explain``) is timed as a
@@ -24,8 +24,9 @@ import time
 from typing import Any
 
 from dra_driver.allocator.resolve import Engine
-from dra_driver.k8s.client import CLAIMS, RestKubeApi
-from dra_driver.tools import explain
+from dra_driver.k8s.client import CLAIMS, SLICES, RestKubeApi
+from dra_driver.tools.explain import claim
+from dra_driver.tools.explain import command as explain
 from e2e.bench import coldexplain
 from e2e.bench.common import REPO, Result, summarize_ms
 from e2e.bench.resolution import CLAIM_SPEC, FAKE_DRIVER, ensure_cluster
@@ -56,9 +57,9 @@ def _time_parts(ref: str, kubeconfig: str, samples: int) -> dict[str, list[float
     try:
         for _ in range(samples):
             t0 = time.perf_counter()
-            obj, slices, classes, claims = explain.fetch(api, ns, name)
+            obj, slices, classes, claims = claim.fetch(api, ns, name)
             t1 = time.perf_counter()
-            explain.build_report(obj, slices, classes, claims, engine=Engine(), driver=FAKE_DRIVER)
+            claim.build_report(obj, slices, classes, claims, engine=Engine(), driver=FAKE_DRIVER)
             evaluate.append(time.perf_counter() - t1)
             fetch.append(t1 - t0)
     finally:
@@ -93,7 +94,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
     all_claims = bed.api.list(CLAIMS).items
     allocated = next((c for c in all_claims if c["metadata"]["namespace"] == SCHED_NAMESPACE
                       and (c.get("status") or {}).get("allocation")), None)
-    slice_objs = bed.api.list(explain.SLICES).items
+    slice_objs = bed.api.list(SLICES).items
     slices = len(slice_objs)
     devices = sum(len((s.get("spec") or {}).get("devices") or []) for s in slice_objs)
     result = Result("explain", "explain latency", {

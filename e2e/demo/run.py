@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_driver.tools import explain
+from dra_driver.tools.explain import command as explain
 from e2e.demo.terminal import Row, colour_enabled, fit_lines, render_table
 from e2e.testbed.cluster import Cluster, stop_detached
 from e2e.testbed.clusterview import (

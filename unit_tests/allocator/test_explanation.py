@@ -12,7 +12,7 @@ from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES
-from dra_driver.tools import explain
+from dra_driver.tools.explain import command as explain
 
 D = "gpu.dra-driver.io"
 CLASSES = [{"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{D}"'}}]}}]

@@ -6,7 +6,7 @@ import io
 
 from ctrlfix import add_claim, claim, cluster
 
-from dra_driver.tools import explain
+from dra_driver.tools.explain import command as explain
 from dra_driver.tools.terminal import printable
 
 

@@ -4,7 +4,7 @@ A pod names its claims in ``spec.resourceClaims`` (directly, or by a ResourceCla
 claim's generated name the resourceclaim controller writes to ``status.resourceClaimStatuses``), and
 the scheduler's claim for extended resources in ``status.extendedResourceClaimStatus``. Each claim
 of this driver gets the report ``explain claim/NAME`` gives
-(:func:`dra_driver.tools.explain.build_report`), with the devices, cluster state and inventory read
+(:func:`dra_driver.tools.explain.claim.build_report`), with the devices, cluster state and inventory read
 once for all of them.
 """
 
@@ -20,8 +20,8 @@ from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.claims import EXTENDED_RESOURCES_CLAIM, classes_by_name, is_allocated, pod_node, status_of
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, KubeApi
 from dra_driver.k8s.objects import Obj, meta
-from dra_driver.tools.drivers import claim_drivers
-from dra_driver.tools.explain import ExplainError, build_report, render_text, tainted_slices
+from dra_driver.tools.explain.claim import ExplainError, build_report, render_text, tainted_slices
+from dra_driver.tools.explain.drivers import claim_drivers
 
 NOT_CREATED = "not-created"
 MISSING = "missing"

@@ -23,7 +23,7 @@ from dra_driver.k8s.claims import annotations_of, classes_by_name, is_allocated,
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, KubeApi, ListResult
 from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, noted_claims
-from dra_driver.tools.drivers import claim_drivers
+from dra_driver.tools.explain.drivers import claim_drivers
 
 NOT_EXPLAINED = "NotExplained"
 NOT_EXPLAINED_TEXT = ("no explanation from the controller: satisfiable and waiting for the scheduler, "

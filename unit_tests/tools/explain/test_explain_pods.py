@@ -18,9 +18,9 @@ from dra_driver.controller.reconciler import Controller
 from dra_driver.k8s.claims import POD_CLAIM_NAME_ANNOTATION
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, ApiError, ListResult, Resource, kubeconfig_context
 from dra_driver.k8s.quarantine import Undecodable
-from dra_driver.tools import explain
-from dra_driver.tools.pending import NOT_EXPLAINED, NOTED_CLAIMS, pending_report, render_pending
-from dra_driver.tools.targets import Kind, Target, TargetError, parse_target
+from dra_driver.tools.explain import command as explain
+from dra_driver.tools.explain.pending import NOT_EXPLAINED, NOTED_CLAIMS, pending_report, render_pending
+from dra_driver.tools.explain.targets import Kind, Target, TargetError, parse_target
 
 OTHER = "tpu.example.com"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ctrlfix import add_claim, allocated_status, claim, cluster
 
-from dra_driver.tools import explain
+from dra_driver.tools.explain import command as explain
 
 
 def run(kube: Any, output: str) -> str:

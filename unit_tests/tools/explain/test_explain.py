@@ -10,7 +10,7 @@ from ctrlfix import add_claim, allocated_status, claim, cluster, sharing_config
 from kubefake import FakeKube
 
 from dra_driver.k8s.client import CLAIMS
-from dra_driver.tools import explain
+from dra_driver.tools.explain import command as explain
 
 
 def run(kube: FakeKube | None, ref: str, output: str = "text", **kw: object) -> tuple[int, str, str]:

@@ -1,68 +1,37 @@
-"""``dra-driver explain``: why a pod waits, and why a ResourceClaim is, could be, or cannot be allocated.
+"""``dra-driver explain claim/NAME``: why a ResourceClaim is, could be, or cannot be allocated.
 
-``explain claim/NAME`` (or ``NAMESPACE/NAME``) reads the claim, every ResourceSlice and DeviceClass
-and every claim's allocation, runs the same resolution as the controller (other claims'
-allocations count as used) and prints one of:
+The claim, every ResourceSlice and DeviceClass and every claim's allocation are read, and the same
+resolution as the controller's runs (other claims' allocations count as used). The report is one of:
 
 * ``allocated``: what and where (from ``status.allocation``), and what the drivers reported in
   the claim's device status;
 * ``satisfiable``: which devices on which node the claim would get now;
 * ``unsatisfiable``: the engine's explanation.
 
-``explain pod/NAME`` does that for every claim of the pod (:mod:`dra_driver.tools.podexplain`);
-``explain -n NS`` and ``-A`` list the pending claims grouped by the reason the controller wrote
-on them (:mod:`dra_driver.tools.pending`). Arguments and flags are kubectl's (``-n``, ``-A``,
-``--context``, ``--kubeconfig``, ``-o text|json|yaml|wide|name``; :mod:`dra_driver.tools.targets`),
-and the same command runs as the kubectl plugin ``kubectl dra explain``.
-
 A share (a result on a device that allows multiple allocations) says what it consumes and why
-(``memory: asked 7Gi → consumes 8Gi (step 8Gi)``).  The claim is decided as the cluster's own
-kube-scheduler decides it: with the rules of the API server's version (``--scheduler-rules auto``,
-see :func:`dra_driver.allocator.rules.choose_rules`) or of the version named, and the report says
-which (``rules: kube-scheduler 1.38 (stable allocator)``).
-
-Opaque configuration of this driver that does not decode is reported too. ``-o json`` and ``-o
-yaml`` print a document with the same content. Every failure (bad name, pod or claim not found, a
-pod without claims, another driver's claim, a namespace RBAC forbids, a context that is not there,
-cluster unreachable, no kubeconfig) is one line on stderr and exit status 1; verdicts exit 0.
+(``memory: asked 7Gi → consumes 8Gi (step 8Gi)``). Opaque configuration of this driver that does not
+decode is reported too. :mod:`dra_driver.tools.explain.pod` builds a pod's report from these.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TextIO
-
-import yaml
+from typing import Any
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
 from dra_driver.allocator.inventory import Inventory, quantity_or_none
 from dra_driver.allocator.resolve import Engine
-from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
+from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
-from dra_driver.k8s.client import (
-    CLAIMS,
-    DEVICE_CLASSES,
-    DEVICE_TAINT_RULES,
-    SLICES,
-    ApiError,
-    KubeApi,
-    KubeconfigError,
-    RestKubeApi,
-    kubeconfig_context,
-    kubeconfig_path,
-)
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, DEVICE_TAINT_RULES, SLICES, ApiError, KubeApi
 from dra_driver.k8s.objects import Obj, describe_node_selector, meta
-from dra_driver.tools.drivers import claim_drivers
-from dra_driver.tools.targets import OUTPUTS, Kind, TargetError, parse_target
-from dra_driver.tools.terminal import printable
+from dra_driver.tools.explain.drivers import claim_drivers
 
 
 class ExplainError(Exception):
@@ -165,19 +134,6 @@ def results_table(claim: Mapping[str, Any], allocation: Mapping[str, Any] | None
 def _canonical(value: Any) -> str:
     q = quantity_or_none(value)
     return show(q.value) if q is not None else str(value)
-
-
-def rules_for(choice: str, server_version: Callable[[], str] | None) -> tuple[SchedulerRules, str | None]:
-    """The rules ``--scheduler-rules`` ``choice`` means here, and a warning where ``auto`` had to
-    guess; the version is asked only for ``auto`` (without a way to ask: the newest rules)."""
-    if choice != AUTO or server_version is None:
-        return choose_rules(choice, None)[0], None
-    try:
-        version: str | None = server_version()
-    except Exception as exc:  # the rules then say what they had to assume
-        rules, warning = choose_rules(choice, None)
-        return rules, f"{warning} ({type(exc).__name__}: {exc})"
-    return choose_rules(choice, version)
 
 
 def build_report(
@@ -406,127 +362,3 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
                             inventory=inventory, rules=rules)
     finally:
         reads.close()
-
-
-def one_line(message: object) -> str:
-    """A message as one line (a YAML or server error may span several), safe for a terminal."""
-    return printable(" ".join(str(message).split()))
-
-
-def target_text(target: str | Sequence[str] | None) -> str:
-    return target if isinstance(target, str) else " ".join(target or ())
-
-
-CLAIM_RESOURCE = "resourceclaim.resource.k8s.io"
-
-
-def report_names(report: Mapping[str, Any], absent: tuple[str, ...] = ()) -> list[str]:
-    """``-o name``: the ResourceClaims a report is about, as kubectl's ``-o name`` writes them
-    (``resourceclaim.resource.k8s.io/NAME``, no namespace): the claim, a pod's claims (but those
-    whose state is one of ``absent``), or the pending ones of a list."""
-    if "groups" in report:
-        keys = [str(row["claim"]) for g in report.get("groups") or [] for row in g.get("claims") or []]
-    elif "pod" in report:
-        keys = [str(c["claim"]) for c in report.get("claims") or [] if c.get("state") not in absent]
-    else:
-        keys = [str(report["claim"])]
-    return [f"{CLAIM_RESOURCE}/{key.rpartition('/')[2]}" for key in keys]
-
-
-def main(
-    target: str | Sequence[str] | None,
-    kubeconfig: str | None = None,
-    output: str = "text",
-    *,
-    namespace: str | None = None,
-    all_namespaces: bool = False,
-    context: str | None = None,
-    api: KubeApi | None = None,
-    engine: Engine | None = None,
-    driver: str = DEFAULT_DRIVER_NAME,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    server_version: Callable[[], str] | None = None,
-    scheduler_rules: str = AUTO,
-    prog: str = "dra-driver explain",
-) -> int:
-    """``target``: ``pod/NAME``, ``claim/NAME``, ``NAMESPACE/NAME``, the words ``TYPE NAME``, or
-    None (the pending claims of ``namespace``, of every namespace with ``all_namespaces``), read as
-    kubectl reads them (:mod:`dra_driver.tools.targets`); ``context``: the kubeconfig context, whose
-    namespace is the default one; ``server_version``: the API server's version where ``api`` is
-    given (else the client asks); ``scheduler_rules``: ``auto`` (that version's rules) or a minor
-    such as ``1.37``; ``prog``: how messages name the command (``kubectl dra explain``)."""
-    # Imported here: both build on this module's claim reports.
-    from dra_driver.tools import pending, podexplain
-
-    stdout = out or sys.stdout
-    stderr = err or sys.stderr
-    owned: RestKubeApi | None = None
-    try:
-        if output not in OUTPUTS:
-            raise ExplainError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        default_namespace = "default"
-        # Read once before the kubeconfig, so that a mistyped argument is the error, not a missing cluster.
-        parse_target(target, namespace=namespace, all_namespaces=all_namespaces, default_namespace=default_namespace)
-        if api is None:
-            path = kubeconfig_path(kubeconfig)
-            if path is not None:
-                context, context_namespace = kubeconfig_context(path, context)
-                default_namespace = context_namespace or default_namespace
-            owned = RestKubeApi.from_kubeconfig(kubeconfig, context, request_timeout=15.0)
-            api = owned
-            rest = owned
-            server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
-        what = parse_target(target, namespace=namespace, all_namespaces=all_namespaces,
-                            default_namespace=default_namespace)
-        engine = engine or Engine()
-        render: Callable[[dict[str, Any]], str]
-        if what.kind is Kind.PENDING:
-            report = pending.read_pending(api, what.namespace, driver=driver, wide=output == "wide")
-            render = pending.render_pending
-        else:
-            rules, warning = rules_for(scheduler_rules, server_version)
-            namespace_, name = str(what.namespace), what.name
-            if what.kind is Kind.POD:
-                report = podexplain.explain_pod(api, namespace_, name, engine=engine, driver=driver, rules=rules)
-                render = podexplain.render_pod
-            else:
-                try:
-                    report = explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=rules)
-                except NotFoundError as exc:
-                    if not what.namespace_form:
-                        raise
-                    raise NotFoundError(f"{exc} (read {target_text(target)!r} as NAMESPACE/CLAIM; a pod is "
-                                        "pod/NAME, a claim in another namespace claim/NAME -n NAMESPACE)") from None
-                render = render_text
-            if warning:
-                report["rulesWarning"] = warning
-    except (ExplainError, TargetError, KubeconfigError) as exc:
-        print(f"{prog}: {one_line(exc)}", file=stderr)
-        return 1
-    except ApiError as exc:
-        if exc.status == 0:
-            print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
-        elif exc.status in (401, 403):
-            print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
-        else:
-            print(f"{prog}: API error: {one_line(exc)}", file=stderr)
-        return 1
-    except Exception as exc:  # last resort: never a traceback for a user
-        print(f"{prog}: unexpected error: {type(exc).__name__}: {one_line(exc)}", file=stderr)
-        return 1
-    finally:
-        if owned is not None:
-            owned.close()
-    if output == "name":
-        names = report_names(report, (podexplain.NOT_CREATED, podexplain.MISSING))
-        if names:
-            print("\n".join(names), file=stdout)
-    elif output == "json":
-        print(json.dumps(report, indent=2, sort_keys=True, default=str), file=stdout)
-    elif output == "yaml":
-        print(yaml.safe_dump(json.loads(json.dumps(report, default=str)), sort_keys=True, allow_unicode=True).rstrip(),
-              file=stdout)
-    else:
-        print(printable(render(report)), file=stdout)
-    return 0
