@@ -127,7 +127,7 @@ class Explanation:
     results: list[ResultNote] = field(default_factory=list)
     # Per shareable device the claim's requests could use together: what each would consume.
     consumption: list[str] = field(default_factory=list)
-    # What the scheduler's error would name: request, device, selector (see search.Abort).
+    # What the scheduler's error would name: request, device, selector (see context.Abort).
     failure: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -27,6 +27,7 @@ from dra_driver.allocator.capacity import (
     status_name,
 )
 from dra_driver.allocator.cel.errors import CelError
+from dra_driver.allocator.context import Ctx, Verdict
 from dra_driver.allocator.explanation import (
     TAINT_STAGE,
     CandidateNote,
@@ -39,7 +40,6 @@ from dra_driver.allocator.groups import Partition, remembered
 from dra_driver.allocator.inventory import Device, DeviceKey, Pool, key_str
 from dra_driver.allocator.readings import Reading, describe, readings, values_key
 from dra_driver.allocator.requests import Alt, lookup_attribute, taint_blocking
-from dra_driver.allocator.search import Ctx, Verdict
 from dra_driver.allocator.taintrules import RULE_KEY
 from dra_driver.k8s.objects import as_list, as_mapping, as_str
 

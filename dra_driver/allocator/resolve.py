@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.allocator.capacity import capacities, rounding_note, status_name
+from dra_driver.allocator.context import SCHEDULER_ABORTS, Abort, Ctx
 from dra_driver.allocator.explanation import Explanation, ResultNote
 from dra_driver.allocator.funnel import explain_failure, funnel
 from dra_driver.allocator.groups import Group
@@ -34,7 +35,7 @@ from dra_driver.allocator.inventory import (
 )
 from dra_driver.allocator.requests import Alt, parse_constraints, parse_requests, prepare_alt
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.allocator.search import MAX_RESULTS, SCHEDULER_ABORTS, SHARE_NS, Abort, Ctx, Search
+from dra_driver.allocator.search import MAX_RESULTS, SHARE_NS, Search
 from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity

@@ -53,10 +53,10 @@ import yaml
 
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelError
+from dra_driver.allocator.context import SCHEDULER_ABORTS
 from dra_driver.allocator.inventory import allocated_state, build_inventory
 from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.allocator.search import SCHEDULER_ABORTS
 from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.k8s.quantity import parse_quantity
 from e2e.generators import scenarios, scenarios_names

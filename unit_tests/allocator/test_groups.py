@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from dra_driver.allocator import groups, inventory, search
+from dra_driver.allocator import context, groups, inventory, search
 from dra_driver.allocator import resolve as resolve_module
 from dra_driver.allocator.cel import compile as cel_compile
 from dra_driver.allocator.cel.compile import compile_selector
@@ -66,8 +66,8 @@ def _direct(sel: Any, dev: Device, qualified_first: bool = False, on_read: bool 
 @contextmanager
 def one_by_one() -> Iterator[None]:
     """The reference engine: no groups, no outcome cache, every node searched."""
-    with mock.patch.object(search.Ctx, "partition", lambda self, alt: None), \
-            mock.patch.object(search, "outcome", _direct), \
+    with mock.patch.object(context.Ctx, "partition", lambda self, alt: None), \
+            mock.patch.object(context, "outcome", _direct), \
             mock.patch.object(resolve_module, "node_filter", lambda ctx, whole_list: None):
         yield
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from allocfix import CLASSES, NODE_A, NODE_B, D, claim, mig_node, picked, request
 
+from dra_driver.allocator.context import SCHEDULER_ABORTS
 from dra_driver.allocator.inventory import build_inventory
 from dra_driver.allocator.resolve import resolve
-from dra_driver.allocator.search import SCHEDULER_ABORTS
 from e2e.generators.scenarios import generate, generate_many, validate_scenario
 from e2e.generators.synthetic import benchmark_resolve
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.allocator.context import SCHEDULER_ABORTS
 from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
 from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.allocator.rules import (
@@ -14,7 +15,6 @@ from dra_driver.allocator.rules import (
     scheduler_features,
     scheduler_variant,
 )
-from dra_driver.allocator.search import SCHEDULER_ABORTS
 
 D = "gpu.dra-driver.io"
 CLASSES = [{"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{D}"'}}]}},

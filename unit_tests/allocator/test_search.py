@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from allocfix import CLASSES, NODE_A, NODE_B, D, claim, dev, mig_node, picked, request, slice_
 
+from dra_driver.allocator.context import SCHEDULER_ABORTS
 from dra_driver.allocator.inventory import AllocatedState, allocated_state, build_inventory
 from dra_driver.allocator.resolve import resolve
 from dra_driver.allocator.resolve import resolve as resolve_
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.allocator.search import SCHEDULER_ABORTS
 
 
 def test_cel_runtime_error_aborts_not_false() -> None:
