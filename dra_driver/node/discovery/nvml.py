@@ -3,8 +3,9 @@
 All NVML calls go through one lock: NVML is thread-safe but MIG changes and the enumeration of MIG
 devices race badly under concurrency, and serialising is what the reference driver does too.
 The module is imported lazily and can be injected (``nvml_module=``) so unit tests run against a
-fake. That is why the ``except Exception`` clauses here catch pynvml's errors (whose ``NVMLError``
-is the injected module's own class) and turn them into :class:`NvmlError`; none is a last resort.
+fake; the errors caught are the module's own ``NVMLError`` (:func:`nvml_error_type`), turned into
+:class:`NvmlError` where a call must succeed and into "not supported" where it may fail. Anything
+else (a ``TypeError``, an ``AttributeError``) is a bug of ours and propagates as it is.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ class NvmlError(RuntimeError):
         self.code = code
 
 
+def nvml_error_type(nv: ModuleType) -> type[Exception]:
+    """The class every pynvml failure is an instance of (``NVML_ERROR_*`` subclasses and
+    ``NVMLError_LibraryNotFound`` included): the module's own, so an injected fake brings its own."""
+    error: type[Exception] = nv.NVMLError
+    return error
+
+
 def error_code(exc: BaseException) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
@@ -137,14 +145,14 @@ def nvml_available(nvml_module: ModuleType | None = None) -> tuple[bool, str]:
     """Whether NVML initialises here; the reason when it does not."""
     try:
         nv = nvml_module or load_pynvml()
-    except Exception as exc:  # OSError from ctypes, ImportError
+    except (ImportError, OSError) as exc:  # no pynvml; OSError: a loader that opens the library at import
         return False, str(explain(exc, "NVML initialisation failed"))
     try:
         nv.nvmlInit()
-    except Exception as exc:
+    except nvml_error_type(nv) as exc:
         count_error(nv.nvmlInit)
         return False, str(explain(exc, "NVML initialisation failed"))
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(nvml_error_type(nv)):
         nv.nvmlShutdown()
     return True, ""
 
@@ -165,6 +173,8 @@ class NvmlBackend:
             self.nv = nvml_module or load_pynvml()
         except ImportError as exc:
             raise NvmlError(f"cannot import pynvml (nvidia-ml-py): {exc}") from None
+        # What an NVML call raises when NVML refuses it: the clauses here catch this and nothing else.
+        self.failed = nvml_error_type(self.nv)
         self._call("NVML initialisation failed", self.nv.nvmlInit)
         self._closed = False
         # (gpu uuid, profile name) → NVML GPU-instance profile id, filled during discovery.
@@ -176,7 +186,7 @@ class NvmlBackend:
                 self._closed = True
                 try:
                     self.nv.nvmlShutdown()
-                except Exception as exc:
+                except self.failed as exc:
                     _log.warning("nvmlShutdown failed", error=str(exc))
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -184,16 +194,15 @@ class NvmlBackend:
     def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(*args)
-        except Exception as exc:
-            if isinstance(exc, NvmlError):
-                raise
+        except self.failed as exc:
             count_error(fn)
             raise explain(exc, what) from exc
 
     def _try(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn``'s answer, or None when NVML refuses it (not supported on this GPU or driver)."""
         try:
             return fn(*args)
-        except Exception:
+        except self.failed:
             return None
 
     # -- discovery ---------------------------------------------------------------------------------
@@ -232,7 +241,7 @@ class NvmlBackend:
         try:
             current, _pending = nv.nvmlDeviceGetMigMode(h)
             mig_capable, mig_enabled = True, int(current) == NVML_DEVICE_MIG_ENABLE
-        except Exception as exc:
+        except self.failed as exc:
             if error_code(exc) not in (NVML_ERROR_NOT_SUPPORTED, None):
                 _log.warning("cannot read MIG mode", gpu=index, error=str(explain(exc, "MIG mode")))
 
@@ -271,7 +280,7 @@ class NvmlBackend:
         for idx in range(count):
             try:
                 info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
-            except Exception:
+            except self.failed:
                 continue  # profile index not supported on this GPU
             if int(info.instanceCount) == 0:
                 continue
@@ -301,7 +310,7 @@ class NvmlBackend:
         count = ctypes.c_uint(16)
         try:
             nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, array, ctypes.pointer(count))
-        except Exception as exc:
+        except self.failed as exc:
             _log.debug("no placements", profile_id=profile_id, error=str(exc))
             return []
         return sorted((MigPlacement(int(array[i].start), int(array[i].size)) for i in range(count.value)),
@@ -315,7 +324,7 @@ class NvmlBackend:
         for i in range(max_count):
             try:
                 mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
-            except Exception:
+            except self.failed:
                 continue  # slot not populated
             try:
                 mig_uuid = nvml_text(nv.nvmlDeviceGetUUID(mh))
@@ -325,7 +334,7 @@ class NvmlBackend:
                 attrs = nv.nvmlDeviceGetAttributes(mh)
                 gi = nv.nvmlDeviceGetGpuInstanceById(h, gi_id)
                 gi_info = nv.nvmlGpuInstanceGetInfo(gi)
-            except Exception as exc:
+            except self.failed as exc:
                 _log.warning("skipping unreadable MIG device", parent=parent_uuid, slot=i,
                              error=str(explain(exc, "MIG device")))
                 continue
@@ -406,10 +415,10 @@ class NvmlBackend:
                                 gi, ci_profile)
                 ci_id = int(self._call(f"{what}: reading the compute instance", nv.nvmlComputeInstanceGetInfo,
                                        ci).id)
-            except Exception:
+            except Exception:  # whatever failed, a bug too: no GPU instance left behind, then re-raised
                 try:
                     nv.nvmlGpuInstanceDestroy(gi)
-                except Exception as exc:
+                except self.failed as exc:
                     _log.error("rollback: destroying the new GPU instance failed", error=str(exc))
                 raise
             for mig in self._mig_devices(h, gpu.uuid, profiles):
@@ -426,7 +435,7 @@ class NvmlBackend:
         for idx in range(count):
             try:
                 info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, idx, engine)
-            except Exception:
+            except self.failed:
                 continue
             if int(info.sliceCount) == compute_slices:
                 return int(info.id)
@@ -443,16 +452,14 @@ class NvmlBackend:
             live = present[mig.uuid]
             try:
                 gi = nv.nvmlDeviceGetGpuInstanceById(h, live.gpu_instance_id)
-            except Exception as exc:
+            except self.failed as exc:
                 if error_code(exc) in (NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
                     return
                 raise explain(exc, f"{what}: looking up the GPU instance") from exc
             try:
                 ci = nv.nvmlGpuInstanceGetComputeInstanceById(gi, live.compute_instance_id)
                 self._call(f"{what}: destroying the compute instance", nv.nvmlComputeInstanceDestroy, ci)
-            except NvmlError:
-                raise
-            except Exception as exc:
+            except self.failed as exc:  # the lookup's (_call turned the destroy's into an NvmlError)
                 if error_code(exc) not in (NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
                     raise explain(exc, f"{what}: looking up the compute instance") from exc
             self._call(f"{what}: destroying the GPU instance", nv.nvmlGpuInstanceDestroy, gi)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class FakeGpu:
 class FakeNvml(types.ModuleType):
     def __init__(self, gpus: list[FakeGpu]) -> None:
         super().__init__("pynvml")
+        self.NVMLError = pynvml.NVMLError
         self.gpus = gpus
         self.calls: list[str] = []
         self.init_error: int | None = None
@@ -359,6 +361,76 @@ def test_compute_mode_is_read_and_set_by_nvidia_smis_names(fake_sysfs: Path) -> 
     fake.set_mig_error = 4
     with pytest.raises(NvmlError, match=f"GPU {uuid}: setting the compute mode to DEFAULT: insufficient permissions"):
         backend.set_compute_mode(uuid, "DEFAULT")
+
+
+def broken(what: str) -> Callable[..., Any]:
+    """An NVML function of the fake with a bug of ours behind it: not an NVMLError."""
+    def call(*_args: Any) -> Any:
+        raise TypeError(f"{what} was called wrongly")
+
+    return call
+
+
+@pytest.mark.parametrize("function", [
+    "nvmlDeviceGetBrand", "nvmlDeviceGetArchitecture", "nvmlDeviceGetAttributes",  # optional: 'not supported'
+    "nvmlDeviceGetName",  # required: an NvmlError closes the node's publishing
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstancePossiblePlacements",
+    "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlGpuInstanceGetInfo",
+])
+def test_a_bug_in_discovery_is_no_nvml_answer(fake_sysfs: Path, function: str) -> None:
+    """Only pynvml's NVMLError is NVML saying no: a bug behind any call is raised as itself, never
+    read as 'not supported', a skipped MIG device or an NvmlError (which the plugin takes for a node
+    without NVML, and publishes nothing)."""
+    fake = make_fake()
+    setattr(fake, function, broken(function))
+    backend = NvmlBackend(sysfs_root=fake_sysfs, nvml_module=fake)
+    with pytest.raises(TypeError, match=f"{function} was called wrongly"):
+        backend.discover()
+
+
+def test_the_plugin_publishes_nothing_without_nvml_and_fails_on_a_bug(fake_sysfs: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from dra_driver.cli import build_parser
+    from dra_driver.node import plugin
+    from dra_driver.node.publish import gate
+    from dra_driver.node.settings import plugin_settings
+
+    fake = make_fake()
+    monkeypatch.setattr(nvml_mod, "load_pynvml", lambda: fake)
+    settings = plugin_settings(build_parser().parse_args([
+        "kubelet-plugin", "--node-name=n", "--gpu-backend=nvml", f"--sysfs-root={fake_sysfs}",
+        f"--state-dir={tmp_path / 'state'}"]), environ={})
+    backend, gpus, closed = plugin.discover(settings)
+    assert backend is not None and len(gpus) == 3 and closed is None
+    def no_driver() -> int:
+        raise err(9)
+
+    fake.nvmlDeviceGetCount = no_driver  # type: ignore[method-assign]
+    backend, gpus, closed = plugin.discover(settings)
+    assert backend is None and gpus == [] and closed is not None and closed.reason == gate.BACKEND_UNAVAILABLE
+    assert "counting GPUs: the NVIDIA kernel driver is not loaded (NVML error 9)" in closed.message
+    fake.nvmlDeviceGetCount = broken("nvmlDeviceGetCount")  # type: ignore[method-assign]
+    with pytest.raises(TypeError, match="nvmlDeviceGetCount was called wrongly"):
+        plugin.discover(settings)
+
+
+def test_a_bug_while_creating_a_mig_instance_rolls_it_back_and_is_raised(fake_sysfs: Path) -> None:
+    fake = make_fake()
+    backend = NvmlBackend(sysfs_root=fake_sysfs, nvml_module=fake)
+    g2 = backend.discover()[2]
+    fake.nvmlGpuInstanceGetComputeInstanceProfileInfo = broken("profile info")  # type: ignore[method-assign]
+    with pytest.raises(TypeError, match="profile info was called wrongly"):
+        backend.create_mig_instance(g2, g2.mig_profiles[4], MigPlacement(0, 8))
+    assert not fake.gpus[2].gis and any(c.startswith("destroy-gi") for c in fake.calls)
+
+
+def test_a_bug_while_destroying_a_mig_instance_is_raised(fake_sysfs: Path) -> None:
+    fake = make_fake()
+    backend = NvmlBackend(sysfs_root=fake_sysfs, nvml_module=fake)
+    mig = backend.discover()[0].mig_devices[0]
+    fake.nvmlGpuInstanceGetComputeInstanceById = broken("the CI lookup")  # type: ignore[method-assign]
+    with pytest.raises(TypeError, match="the CI lookup was called wrongly"):
+        backend.destroy_mig_instance(mig)
 
 
 def test_enabling_mig_needs_permission(fake_sysfs: Path) -> None:
