@@ -28,6 +28,11 @@ def as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
+def as_mappings(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings of a list (nothing for a value that is not one; items that are not mappings left out)."""
+    return [v for v in as_list(value) if isinstance(v, Mapping)]
+
+
 def as_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 

@@ -55,7 +55,7 @@ from typing import IO, Any, TypeVar
 from google.protobuf.message import DecodeError
 
 from dra_driver._proto.kubewire import claimnotes_pb2, claims_pb2, meta_pb2, pods_pb2, slices_pb2
-from dra_driver.k8s.objects import Obj
+from dra_driver.k8s.objects import Obj, as_mapping, as_mappings
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 ACCEPT = f"{PROTOBUF}, application/json"
@@ -307,39 +307,30 @@ def _noted(claim: _M, keep: tuple[str, ...]) -> Obj:
 
 def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> Obj:
     """:func:`_noted` of a claim's JSON form."""
-    md = _mapping(claim.get("metadata"))
+    md = as_mapping(claim.get("metadata"))
     meta: Obj = {k: str(md.get(k) or "") for k in ("name", "namespace")}
     if md.get("deletionTimestamp"):
         meta["deletionTimestamp"] = str(md["deletionTimestamp"])
-    found = _mapping(md.get("annotations"))
+    found = as_mapping(md.get("annotations"))
     notes = {k: str(found[k]) for k in keep if k in found}
     if notes:
         meta["annotations"] = notes
-    allocation = _mapping(claim.get("status")).get("allocation")
+    allocation = as_mapping(claim.get("status")).get("allocation")
     if isinstance(allocation, Mapping):
-        results = _listed(_mapping(allocation.get("devices")).get("results"))
+        results = as_mappings(as_mapping(allocation.get("devices")).get("results"))
         return {"metadata": meta, "status": {"allocation": {"devices": {"results": [
             {k: str(r.get(k) or "") for k in _RESULT_KEYS} for r in results]}}}}
     requests = []
-    for r in _listed(_mapping(_mapping(claim.get("spec")).get("devices")).get("requests")):
+    for r in as_mappings(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("requests")):
         request: Obj = {"name": str(r.get("name") or "")}
         if isinstance(r.get("exactly"), Mapping):
             request["exactly"] = {"deviceClassName": str(r["exactly"].get("deviceClassName") or "")}
-        subs = _listed(r.get("firstAvailable"))
+        subs = as_mappings(r.get("firstAvailable"))
         if subs:
             request["firstAvailable"] = [{"name": str(s.get("name") or ""),
                                           "deviceClassName": str(s.get("deviceClassName") or "")} for s in subs]
         requests.append(request)
     return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _listed(value: Any) -> list[Mapping[str, Any]]:
-    """The mappings of a JSON list (nothing for a value that is not one)."""
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 # --------------------------------------------------------------------------- slices

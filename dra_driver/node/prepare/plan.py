@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpuconfig import ConfigError, MpsSettings, SharingConfig, Strategy, resolve_sharing
-from dra_driver.k8s.objects import Node, as_mapping, selector_matches
+from dra_driver.k8s.bodies import RawClaim
+from dra_driver.k8s.objects import Node, as_mapping, meta, selector_matches
 from dra_driver.k8s.quantity import QuantityError, format_canonical, parse_quantity
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.describe.shares import MEMORY, MIB, MULTIPROCESSORS, SHARES, ConsumableShares
@@ -37,26 +38,19 @@ from dra_driver.node.prepare.records import (
 # --- the claim --------------------------------------------------------------------------------
 
 
-def nested(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
-def verify_claim(claim: ClaimRef, obj: Mapping[str, Any], node_name: str) -> None:
+def verify_claim(claim: ClaimRef, obj: RawClaim, node_name: str) -> None:
     """The ResourceClaim read is the one the kubelet asked for, allocated, and allocated to this node."""
     try:
         validate_claim_uid(claim.uid)
     except CdiError as exc:
         raise ClaimFailure(str(exc)) from None
-    actual_uid = nested(obj, "metadata", "uid")
+    body = as_mapping(obj)  # read as the API server answered: a body that is no object has no UID
+    actual_uid = meta(body).get("uid")
     if actual_uid != claim.uid:
         raise ClaimFailure(
             f"claim was replaced: ResourceClaim {claim.ref} has UID {actual_uid}, the kubelet asked for {claim.uid}"
         )
-    allocation = nested(obj, "status", "allocation")
+    allocation = as_mapping(body.get("status")).get("allocation")
     if not isinstance(allocation, Mapping):
         raise ClaimFailure(f"ResourceClaim {claim.ref} is not allocated (no status.allocation)")
     selector = allocation.get("nodeSelector")
@@ -197,10 +191,10 @@ class ClaimPlanner:
     proc_root: Path | None
     metadata: MetadataFiles | None = None
 
-    def plan(self, claim: ClaimRef, obj: Mapping[str, Any], devices: Mapping[str, AllocatableDevice]) -> Plan:
-        allocation = nested(obj, "status", "allocation") or {}
-        results = nested(allocation, "devices", "results") or []
-        configs = nested(allocation, "devices", "config") or []
+    def plan(self, claim: ClaimRef, obj: RawClaim, devices: Mapping[str, AllocatableDevice]) -> Plan:
+        devices_of = as_mapping(as_mapping(as_mapping(as_mapping(obj).get("status")).get("allocation")).get("devices"))
+        results = devices_of.get("results") or []
+        configs = devices_of.get("config") or []
         if not isinstance(results, list) or not isinstance(configs, list):
             raise ClaimFailure("status.allocation.devices is malformed")
         planned = [self._planned(claim, i, result, configs, devices) for i, result in enumerate(results)

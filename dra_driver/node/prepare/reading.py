@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import cast
 
+from dra_driver.k8s.bodies import RawClaim
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.node.prepare.records import ClaimRef
 
 CLAIM_READ_CONCURRENCY = 32
 """Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""
 
-Fetched = dict[str, Any] | BaseException
+Fetched = RawClaim | BaseException
 """A claim as read, or why it could not be."""
 
 
@@ -47,4 +48,4 @@ class ClaimReader:
             return exc
         if not isinstance(obj, dict):
             return RuntimeError(f"API server returned {type(obj).__name__} for ResourceClaim {claim.ref}")
-        return obj
+        return cast(RawClaim, obj)
