@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.k8s.objects import Node, describe_node_selector, selector_matches
+from dra_driver.k8s.objects import Node, as_mappings, describe_node_selector, selector_matches
 
 
 def selector(*terms: dict[str, Any]) -> dict[str, Any]:
@@ -48,3 +48,9 @@ def test_describe_falls_back_to_the_selector_itself() -> None:
     assert describe_node_selector({"nodeSelector": selector(zone)}) == (
         'nodes matching {"nodeSelectorTerms":[{"matchExpressions":[{"key":"zone","operator":"NotIn","values":["z2"]}]}]}')
     assert describe_node_selector({"nodeSelector": "garbage"}) == 'nodes matching "garbage"'
+
+
+def test_as_mappings_keeps_the_mappings_of_a_list_only() -> None:
+    assert as_mappings([{"a": 1}, "x", None, 3, {"b": 2}]) == [{"a": 1}, {"b": 2}]
+    for not_a_list in (None, "abc", {"a": 1}, 7):
+        assert as_mappings(not_a_list) == []
