@@ -320,7 +320,7 @@ def tainted_slices(api: KubeApi) -> list[Obj]:
     try:
         rules = api.list(DEVICE_TAINT_RULES, cached=True).items
     except ApiError as exc:
-        if exc.status not in (403, 404):
+        if not (exc.forbidden or exc.not_found):
             raise
         return slices
     return [dict(s) for s in with_taint_rules(slices, taint_rules(rules))]

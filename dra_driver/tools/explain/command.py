@@ -132,9 +132,9 @@ def main(
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:
-        if exc.status == 0:
+        if exc.unreachable:
             print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
-        elif exc.status in (401, 403):
+        elif exc.unauthorized or exc.forbidden:
             print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
         else:
             print(f"{prog}: API error: {one_line(exc)}", file=stderr)
