@@ -8,7 +8,9 @@ A claim's failures, one hierarchy; ``str(exc)`` is what the kubelet gets for the
     ClaimFailure                  the claim cannot be prepared or unprepared as it is
     ├── CdiError(ValueError)      a name or value that cannot make a CDI spec (never an OSError)
     │   └── MetadataError         a name that cannot make a device-metadata path
-    └── ShareError(ValueError)    a share that cannot be prepared as allocated
+    ├── ShareError(ValueError)    a share that cannot be prepared as allocated
+    └── GpuPolicyError            a GPU's compute mode, time-slice or MPS daemon that cannot be
+                                  read or set (:mod:`~dra_driver.node.prepare.gpupolicy`, ``mps``)
 
 The state (:mod:`dra_driver.node.prepare.state`) answers a claim with the message of any of these.
 Failures from below are turned into a claim's answer where prepare meets them: an ``OSError`` with
