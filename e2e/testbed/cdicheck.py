@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from e2e.tooling import gotools
+from e2e.tooling.toolsets import CDI_VALIDATE_TOOL as TOOL
 
-TOOL = "cdi-validate"
 INJECTED = "ok"
 NEEDS_HOST_DEVICES = "needs-host-devices"
 """Injection looks up, on this machine, each device node the spec does not fully describe; where one

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from e2e.testbed import mocknvml
 from e2e.tooling import gotools
+from e2e.tooling.toolsets import FAKE_DRIVER_TOOL as TOOL
 
-TOOL = "nvidia-container-toolkit"
 VERSION = mocknvml.DRIVER_VERSION
 LIBRARY_DIR = mocknvml.LIBRARY_DIR
 LIBRARIES: dict[str, tuple[str, ...]] = {

@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
 import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from e2e.tooling import prereqs
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 BUSYBOX_IMAGE = "docker.io/library/busybox:1.36"
@@ -40,18 +41,6 @@ IMAGES = (
     ImageSpec(PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"], []),
     ImageSpec(BUSYBOX_IMAGE, [], ["sh"]),
 )
-
-
-def find_busybox() -> Path:
-    """The static busybox from Debian's busybox-static (a dynamic one would need its libraries)."""
-    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        path = Path(candidate)
-        if path.exists():
-            out = subprocess.run(["file", "-L", str(path)], capture_output=True, text=True, check=False).stdout \
-                if shutil.which("file") else "statically linked"
-            if "statically linked" in out or "static-pie" in out:
-                return path
-    raise RuntimeError("a static busybox is needed for the real node's images: apt-get install -y busybox-static")
 
 
 def _applets(busybox: Path) -> list[str]:
@@ -141,7 +130,7 @@ def oci_archive(spec: ImageSpec, layer: bytes, out: Path) -> Path:
 
 def build_all(out_dir: Path) -> dict[str, Path]:
     """Both archives under ``out_dir``; returns image name -> archive path."""
-    layer = rootfs_layer(find_busybox())
+    layer = rootfs_layer(prereqs.find_busybox())
     result = {}
     for spec in IMAGES:
         fname = spec.name.replace("/", "_").replace(":", "_") + ".oci.tar"

@@ -51,23 +51,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.testbed import docker, images
-from e2e.tooling import gotools, runtime
+from e2e.testbed import docker
+from e2e.tooling import gotools, prereqs, runtime
+from e2e.tooling.toolsets import COREDNS_TOOL, CRICTL_TOOL, KIND_TOOL, KINDNET_TOOL, LOCAL_PATH_TOOL
+from e2e.tooling.toolsets import KIND_ETCD_TOOL as ETCD_TOOL
+from e2e.tooling.toolsets import KIND_NODE_TOOLS as NODE_TOOLS
 
 RECIPE = "kindnode-1"
 """Bump when this module's recipe changes in a way the hashed inputs do not show."""
 
 NAME_PREFIX = "dra-driver.local"
-KIND_TOOL = "kind"
 # The bed's own Kubernetes build (the same cache folder as ``binaries.ensure()``'s default), and
-# kubeadm/kube-proxy at the same version in their own pins.
+# kubeadm/kube-proxy at the same version in their own pins (NODE_TOOLS, with the other tools'
+# names in e2e.tooling.toolsets).
 K8S_TOOLS = ("kubernetes", "etcd")
-NODE_TOOLS = ("kubernetes-node",)
-ETCD_TOOL = "etcd-kind"
-CRICTL_TOOL = "cri-tools"
-COREDNS_TOOL = "coredns"
-KINDNET_TOOL = "kindnet"
-LOCAL_PATH_TOOL = "local-path-provisioner"
 CNI_PLUGINS = ("host-local", "loopback", "ptp", "portmap")
 NET_PACKAGES = ("iptables", "nftables", "conntrack", "iproute2", "ipset", "kmod")
 """What kube-proxy and kindnetd execute (upstream bases them on distroless-iptables)."""
@@ -215,7 +212,7 @@ def components(bins: Binaries, version: str) -> list[Component]:
     etcd_tag = kubeadm_constant("DefaultEtcdVersion")
     coredns_tag = kubeadm_constant("CoreDNSVersion")
     pause_tag = kubeadm_constant("PauseVersion")
-    busybox = images.find_busybox()
+    busybox = prereqs.find_busybox()
     control_plane = [
         Component(name, (f"registry.k8s.io/{name}:{version}",), {f"/usr/local/bin/{name}": bins.kubernetes / name},
                   entrypoint=(f"/usr/local/bin/{name}",))

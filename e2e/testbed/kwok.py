@@ -18,8 +18,8 @@ from typing import Any
 
 from e2e.testbed.cluster import die_with_parent, stop_process
 from e2e.tooling import gotools
+from e2e.tooling.toolsets import KWOK_TOOL as TOOL
 
-TOOL = "kwok"
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 NODE_ANNOTATION_VALUE = "fake"
 STAGES = (

@@ -19,8 +19,8 @@ from typing import Any
 
 from dra_driver.node.discovery import sysfs
 from e2e.tooling import gotools
+from e2e.tooling.toolsets import MOCK_NVML_TOOL as TOOL
 
-TOOL = "mock-nvml"
 SONAME = "libnvidia-ml.so.1"
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 DRIVER_VERSION = "570.172.08"

@@ -49,7 +49,7 @@ from typing import Any
 from e2e.testbed import images, pids
 from e2e.testbed.cluster import FEATURE_GATES, free_port
 from e2e.testbed.nodes import DRIVER_NAME, REPO, Processes
-from e2e.tooling import binaries, bytecode, gotools, runtime
+from e2e.tooling import binaries, bytecode, gotools, prereqs, runtime
 
 NODE_NAME = "real-node-1"
 PROFILE = "h100-8x"
@@ -594,7 +594,7 @@ def preflight() -> list[str]:
     if os.geteuid() != 0:
         problems.append(f"containerd, runc and the kubelet need root (running as uid {os.geteuid()})")
     try:
-        images.find_busybox()
+        prereqs.find_busybox()
     except RuntimeError as exc:
         problems.append(str(exc))
     try:

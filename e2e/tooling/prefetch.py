@@ -28,8 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e.testbed import cdicheck, fakedriver, kindnode, kwok, mocknvml
-from e2e.tooling import binaries, gotools, runtime
+from e2e.tooling import binaries, gotools, runtime, toolsets
 
 LOG = Path(".run") / "prefetch.log"
 WATCH_EVERY_S = 2.0
@@ -41,15 +40,15 @@ def tool_sets() -> list[tuple[str, ...]]:
     oldest = next(m for m in reversed(binaries.MINORS))
     sets: list[Sequence[str]] = [
         # lint and unit: the chart checks, the CDI checks, NVML and the toolkit
-        ["helm"], [cdicheck.TOOL], [mocknvml.TOOL], [fakedriver.TOOL],
+        ["helm"], [toolsets.CDI_VALIDATE_TOOL], [toolsets.MOCK_NVML_TOOL], [toolsets.FAKE_DRIVER_TOOL],
         # make e2e: the bed and its real node, then the scale smoke's kwok
-        (binaries.MINORS[binaries.kubernetes_minor()], "etcd"), runtime.RUNTIME_TOOLS, runtime.CNI_TOOLS, [kwok.TOOL],
+        (binaries.MINORS[binaries.kubernetes_minor()], "etcd"), runtime.RUNTIME_TOOLS, runtime.CNI_TOOLS, [toolsets.KWOK_TOOL],
         # make e2e-next
         *([tool] for tool in binaries.SCHEDULER_ONLY_MINORS.values()),
-        # make e2e-kind: the node image (kindnode.ensure_binaries' order; the bed's Kubernetes and
-        # the runtime are above)
-        [kindnode.KIND_TOOL], kindnode.NODE_TOOLS, [kindnode.CRICTL_TOOL], [kindnode.ETCD_TOOL],
-        [kindnode.COREDNS_TOOL], [kindnode.KINDNET_TOOL], [kindnode.LOCAL_PATH_TOOL],
+        # make e2e-kind: the node image (e2e.testbed.kindnode.ensure_binaries' order; the bed's
+        # Kubernetes and the runtime are above)
+        [toolsets.KIND_TOOL], toolsets.KIND_NODE_TOOLS, [toolsets.CRICTL_TOOL], [toolsets.KIND_ETCD_TOOL],
+        [toolsets.COREDNS_TOOL], [toolsets.KINDNET_TOOL], [toolsets.LOCAL_PATH_TOOL],
         # make e2e-oldest, last in make test
         (binaries.MINORS[oldest], "etcd"),
     ]

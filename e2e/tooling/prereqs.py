@@ -45,11 +45,21 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
-def _static_busybox() -> bool:
-    from e2e.testbed import images
+def find_busybox() -> Path:
+    """The static busybox from Debian's busybox-static (a dynamic one would need its libraries)."""
+    for candidate in ("/bin/busybox", "/usr/bin/busybox"):
+        path = Path(candidate)
+        if path.exists():
+            out = subprocess.run(["file", "-L", str(path)], capture_output=True, text=True, check=False).stdout \
+                if shutil.which("file") else "statically linked"
+            if "statically linked" in out or "static-pie" in out:
+                return path
+    raise RuntimeError("a static busybox is needed for the real node's images: apt-get install -y busybox-static")
 
+
+def _static_busybox() -> bool:
     try:
-        images.find_busybox()
+        find_busybox()
     except RuntimeError:
         return False
     return True
