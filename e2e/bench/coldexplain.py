@@ -8,7 +8,7 @@ devices must be grouped by what it reads and each group's outcome found. Timed: 
 resolve of that claim and its explanation rendered as the controller renders it (summary, JSON
 document, text). Each sample starts from a fresh inventory, built and primed untimed.
 
-The fleet is the scale bench's (:mod:`e2e.bench.fleet`: 8 GPUs per node, H100, A100, L4 and T4 in
+The fleet is the scale bench's (:mod:`e2e.generators.fleet`: 8 GPUs per node, H100, A100, L4 and T4 in
 turn) as the controller's informer holds it; the class is the chart's GPU class. Measured at 1,000
 and 5,000 nodes (8,000 and 40,000 GPUs), for the slope. ``python -m e2e.bench.coldexplain`` prints
 the figures.
@@ -30,8 +30,8 @@ from dra_driver.allocator.resolve import Engine, resolve
 from dra_driver.controller.reconciler import GC_THRESHOLDS
 from dra_driver.controller.views import slice_view
 from e2e.bench.common import percentile
-from e2e.bench.fleet import DRIVER, plugin_slices
 from e2e.bench.scale_inprocess import CLASS_NAME, claim, explained, gpu_class
+from e2e.generators.fleet import DRIVER, plugin_slices
 
 NODES = (1000, 5000)
 TARGET_MS = 100.0  # at 5,000 nodes

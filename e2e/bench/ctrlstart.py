@@ -4,7 +4,7 @@
 production does (its informers, queue, workers and write budget) against a local HTTP server that
 answers list requests in pages of 500 from N synthetic objects (the node plugin's own ResourceSlices
 for the ``h100-8x`` profile, claims allocated by "the scheduler", pods of training Jobs; see
-:mod:`e2e.bench.storemem`), holds watches open without events, and records the writes. Two more
+:mod:`e2e.generators.clusterobjects`), holds watches open without events, and records the writes. Two more
 claims are pending, each with its pod: one fits, one cannot (a GPU with 1 TiB of memory). Measured:
 
 * start: process start until the unsatisfiable claim's explanation arrives (the first write);
@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from e2e.bench.storemem import DRIVER, gpu_node, job_claim, job_pod, plugin_slice
+from e2e.generators.clusterobjects import DRIVER, gpu_node, job_claim, job_pod, plugin_slice
 
 PAGE = 500
 Obj = dict[str, Any]

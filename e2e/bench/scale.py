@@ -8,7 +8,7 @@ The cluster
 The bed's control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built from
 the pins) with API Priority and Fairness on, as in production; kwok (``e2e/testbed/kwok.py``)
 keeps the Nodes Ready and runs the pods bound to them. Per GPU node one ResourceSlice as our
-plugin writes it (``e2e/bench/fleet.py``: 8 GPUs, H100/A100/L4/T4 in turn), plus one node in ten
+plugin writes it (``e2e/generators/fleet.py``: 8 GPUs, H100/A100/L4/T4 in turn), plus one node in ten
 with the dynamic-MIG catalogue (500 at 5,000 nodes, each ~150 partitionable devices in four
 slices). The DeviceClasses are the shipped ones (``deploy/deviceclasses``).
 

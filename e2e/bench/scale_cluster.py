@@ -35,10 +35,10 @@ from dra_driver.k8s.client import (
     Obj,
     Resource,
 )
-from e2e.bench import fleet
 from e2e.bench.common import REPO
 from e2e.bench.scale_rows import HistogramReading, histogram
 from e2e.bench.sharedbed import parallel
+from e2e.generators import fleet
 from e2e.testbed import kwok as kwok_mod
 from e2e.testbed.cluster import Cluster, die_with_parent, free_port, stop_process
 from e2e.tooling import bytecode

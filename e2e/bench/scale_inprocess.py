@@ -1,6 +1,6 @@
 """The allocator at fleet scale, in this process: ``python -m e2e.bench.scale_inprocess --nodes 5000``.
 
-The slices are the plugin's own (:mod:`e2e.bench.fleet`: 8 GPUs per node, four models), the class
+The slices are the plugin's own (:mod:`e2e.generators.fleet`: 8 GPUs per node, four models), the class
 is the chart's ``gpu.gpu.dra-driver.io`` (``deploy/deviceclasses/gpu.yaml``), claims ask for one
 GPU with a selector on ``productName``. Rows (issue 30):
 
@@ -41,7 +41,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory, build_inve
 from dra_driver.allocator.resolve import Resolution, resolve
 from dra_driver.controller.views import slice_view
 from e2e.bench.common import REPO, percentile
-from e2e.bench.fleet import DRIVER, plugin_slices
+from e2e.generators.fleet import DRIVER, plugin_slices
 
 GPU_CLASS = REPO / "deploy" / "deviceclasses" / "gpu.yaml"
 PRODUCT = "NVIDIA H100 80GB HBM3"

@@ -1,5 +1,6 @@
-"""What the controller's informers keep (dra_driver.controller.views, dra_driver.k8s.compact), that
-it answers every question the controller asks as the whole object would, and what it costs."""
+"""What the controller's informers keep (dra_driver.controller.views, dra_driver.k8s.compact), and
+that it answers every question the controller asks as the whole object would (what it costs is the
+informer-memory bench's: unit_tests/e2e_tools/bench/test_storemem.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dra_driver.k8s.client import CLAIMS, PODS, SLICES
 from dra_driver.k8s.compact import Interner
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import Obj, key_of
-from e2e.bench.storemem import job_claim, job_pod, measure, plugin_slice
+from e2e.generators.clusterobjects import job_claim, job_pod, plugin_slice
 
 
 def _pods() -> list[Obj]:
@@ -226,17 +227,3 @@ def test_whole_slices_through_a_transform_are_listed_in_pages() -> None:
     inf = Informer(kube, SLICES, transform=slice_view())
     inf.relist()
     assert len(inf.store) == 3 and all("managedFields" not in s["metadata"] for s in inf.store.values())
-
-
-def test_memory_per_object_before_and_after() -> None:
-    """The projections' purpose, measured through the real client: pods and claims that need no
-    work cost close to nothing, slices a third."""
-    got = measure(200)
-    assert got["pod, no claim"]["whole"] > 10_000 and got["pod, no claim"]["kept"] < 200
-    assert got["pod, no claim"]["kept_objects"] == 0
-    assert got["pod with a claim"]["kept"] < 2_500 < 10_000 < got["pod with a claim"]["whole"]
-    assert got["claim, allocated"]["kept"] < 2_500 < 5_000 < got["claim, allocated"]["whole"]
-    assert got["claim, pending"]["kept"] < 0.6 * got["claim, pending"]["whole"]
-    assert got["claim, explained"]["kept"] < 4_000 < 15_000 < got["claim, explained"]["whole"]
-    assert got["slice, 8 GPUs"]["kept"] < 0.4 * got["slice, 8 GPUs"]["whole"]
-    assert got["slice, 64 MIG"]["kept"] < 0.2 * got["slice, 64 MIG"]["whole"]

@@ -1,4 +1,8 @@
-"""A fleet of simulated GPU nodes and the ResourceSlices our plugin publishes for them.
+"""The ResourceSlices our plugin publishes for a simulated node, and a fleet of such nodes.
+
+:func:`published_slices` is the one home of "the slices our plugin publishes for a simulated node":
+the benchmarks' fleets, the informer-memory objects (:mod:`e2e.generators.clusterobjects`) and the
+unit tests that need a plugin's slice take them from here.
 
 Every slice is the plugin's own output: the simulated discovery backend
 (:mod:`dra_driver.node.discovery.simulated`) over a node profile built from the shipped models
@@ -13,7 +17,7 @@ device slices that consume them), so such a node has several slices.
 
 The plugin path runs once per (model, dynamic MIG) kind for a template node; each node's slices are
 that template with the node name and the GPU UUIDs (derived from the node name, as the simulated
-backend derives them) substituted. ``unit_tests/e2e_tools/bench/test_fleet.py`` checks that this equals the
+backend derives them) substituted. ``unit_tests/e2e_tools/generators/test_fleet.py`` checks that this equals the
 plugin path run for the node itself.
 """
 
@@ -100,9 +104,17 @@ def owned_by(slice_obj: dict[str, Any], node_uid: str) -> dict[str, Any]:
 
 def plugin_path_slices(kind: NodeKind, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
     """The slices ``dra-driver kubelet-plugin`` publishes for a simulated node of ``kind``."""
-    backend = SimulatedBackend(node_profile(kind), node)
-    devices = enumerate_devices(backend.discover(), kind.dynamic_mig)
-    devices_json, counters_json = describe(devices, driver, kind.dynamic_mig)
+    return published_slices(node_profile(kind), node, driver=driver, dynamic_mig=kind.dynamic_mig)
+
+
+def published_slices(profile: NodeProfile, node: str, *, driver: str = DRIVER, dynamic_mig: bool = False) -> list[dict[str, Any]]:
+    """The create bodies of the slices ``dra-driver kubelet-plugin`` publishes for node ``node``
+    simulated from ``profile``, in the plugin's order (with dynamic MIG: the counter sets first):
+    discovery, description, the pool split into slices and checked, and the publisher's plan.
+    Named ``generateName`` plus a reproducible suffix, without ownerReferences (see :func:`owned_by`)."""
+    backend = SimulatedBackend(profile, node)
+    devices = enumerate_devices(backend.discover(), dynamic_mig)
+    devices_json, counters_json = describe(devices, driver, dynamic_mig)
     contents = split_into_slices(devices_json, counters_json)
     validate_pool(contents)
     bodies = []

@@ -1,11 +1,11 @@
-"""The bench fleet's slices are the plugin's own, for every node, not only the template's."""
+"""The fleet's slices are the plugin's own, for every node, not only the template's."""
 
 from __future__ import annotations
 
 import pytest
 
 from dra_driver.allocator.inventory import build_inventory
-from e2e.bench import fleet
+from e2e.generators import fleet
 
 
 @pytest.mark.parametrize("index", [0, 1, 2, 3, 4100])
