@@ -35,33 +35,40 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
 
 from dra_driver import logs
+from dra_driver._proto.dra.v1 import api_pb2 as dra_v1
+from dra_driver._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dra_driver._proto.drahealth.v1 import api_pb2 as health_v1
+from dra_driver._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from dra_driver._proto.pluginregistration import api_pb2 as reg_pb
 from dra_driver.node.fileio import ensure_dir
 from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
 from dra_driver.node.publish.healthboard import HEALTHY, UNHEALTHY, DeviceHealthReport, HealthBoard
 from dra_driver.ondisk import MAX_SOCKET_PATH
 
 
-def _proto(module: str) -> Any:
-    # Imported dynamically so that mypy does not type-check the generated .pyi stubs (they do not
-    # pass --strict); the generated modules are untyped to this code either way.
+def _servicers(module: str) -> Any:
+    # The generated *_grpc modules have no stubs and no annotations: strict mypy would refuse every
+    # call into them, so they are loaded by name. The message modules are imported above, typed by
+    # their generated stubs.
     return importlib.import_module(f"dra_driver._proto.{module}")
 
 
-dra_v1 = _proto("dra.v1.api_pb2")
-dra_v1_grpc = _proto("dra.v1.api_pb2_grpc")
-dra_v1beta1 = _proto("dra.v1beta1.api_pb2")
-dra_v1beta1_grpc = _proto("dra.v1beta1.api_pb2_grpc")
-health_v1 = _proto("drahealth.v1.api_pb2")
-health_v1_grpc = _proto("drahealth.v1.api_pb2_grpc")
-health_v1alpha1 = _proto("drahealth.v1alpha1.api_pb2")
-health_v1alpha1_grpc = _proto("drahealth.v1alpha1.api_pb2_grpc")
-reg_pb = _proto("pluginregistration.api_pb2")
-reg_grpc = _proto("pluginregistration.api_pb2_grpc")
+dra_v1_grpc = _servicers("dra.v1.api_pb2_grpc")
+dra_v1beta1_grpc = _servicers("dra.v1beta1.api_pb2_grpc")
+health_v1_grpc = _servicers("drahealth.v1.api_pb2_grpc")
+health_v1alpha1_grpc = _servicers("drahealth.v1alpha1.api_pb2_grpc")
+reg_grpc = _servicers("pluginregistration.api_pb2_grpc")
+
+PrepareRequest = dra_v1.NodePrepareResourcesRequest | dra_v1beta1.NodePrepareResourcesRequest
+PrepareResponse = dra_v1.NodePrepareResourcesResponse | dra_v1beta1.NodePrepareResourcesResponse
+UnprepareRequest = dra_v1.NodeUnprepareResourcesRequest | dra_v1beta1.NodeUnprepareResourcesRequest
+UnprepareResponse = dra_v1.NodeUnprepareResourcesResponse | dra_v1beta1.NodeUnprepareResourcesResponse
 
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 PLUGIN_TYPE = "DRAPlugin"
@@ -174,8 +181,9 @@ class _SocketServer:
 # --- services ---------------------------------------------------------------------------------
 
 
-def _claims(request: Any) -> list[ClaimRef]:
-    """The request's claims, each UID once: the kubelet may repeat one, and the first mention wins."""
+def _claims(request: PrepareRequest | UnprepareRequest) -> list[ClaimRef]:
+    """The request's claims, each UID once: the kubelet may repeat one, and the first mention wins.
+    The one place repeats are dropped: the handler is given each UID once."""
     seen: dict[str, ClaimRef] = {}
     for c in request.claims:
         seen.setdefault(c.uid, ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name))
@@ -183,14 +191,14 @@ def _claims(request: Any) -> list[ClaimRef]:
 
 
 class _DraService:
-    """The DRA handlers, shared by the v1 and v1beta1 services."""
+    """The DRA handlers, shared by the v1 and v1beta1 services: each answers into the response of
+    its own version."""
 
     def __init__(self, handler: PrepareHandler) -> None:
         self.handler = handler
 
-    def prepare(self, request: Any, pb: Any, with_share_id: bool) -> Any:
+    def prepare(self, request: PrepareRequest, response: PrepareResponse) -> PrepareResponse:
         claims = _claims(request)
-        response = pb.NodePrepareResourcesResponse()
         if not claims:
             return response
         outcomes = self.handler.prepare(claims)
@@ -205,13 +213,12 @@ class _DraService:
                     request_names=list(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
                     cdi_device_ids=list(d.cdi_device_ids),
                 )
-                if with_share_id and d.share_id:
+                if d.share_id and isinstance(dev, dra_v1.Device):  # v1beta1 has no share_id
                     dev.share_id = d.share_id
         return response
 
-    def unprepare(self, request: Any, pb: Any) -> Any:
+    def unprepare(self, request: UnprepareRequest, response: UnprepareResponse) -> UnprepareResponse:
         claims = _claims(request)
-        response = pb.NodeUnprepareResourcesResponse()
         if not claims:
             return response
         errors = self.handler.unprepare(claims)
@@ -227,26 +234,30 @@ class _DraV1:
     def __init__(self, service: _DraService) -> None:
         self.service = service
 
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return self.service.prepare(request, dra_v1, with_share_id=True)
+    def NodePrepareResources(self, request: dra_v1.NodePrepareResourcesRequest,
+                             context: grpc.ServicerContext) -> PrepareResponse:
+        return self.service.prepare(request, dra_v1.NodePrepareResourcesResponse())
 
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return self.service.unprepare(request, dra_v1)
+    def NodeUnprepareResources(self, request: dra_v1.NodeUnprepareResourcesRequest,
+                               context: grpc.ServicerContext) -> UnprepareResponse:
+        return self.service.unprepare(request, dra_v1.NodeUnprepareResourcesResponse())
 
 
 class _DraV1beta1:
     def __init__(self, service: _DraService) -> None:
         self.service = service
 
-    def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return self.service.prepare(request, dra_v1beta1, with_share_id=False)
+    def NodePrepareResources(self, request: dra_v1beta1.NodePrepareResourcesRequest,
+                             context: grpc.ServicerContext) -> PrepareResponse:
+        return self.service.prepare(request, dra_v1beta1.NodePrepareResourcesResponse())
 
-    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return self.service.unprepare(request, dra_v1beta1)
+    def NodeUnprepareResources(self, request: dra_v1beta1.NodeUnprepareResourcesRequest,
+                               context: grpc.ServicerContext) -> UnprepareResponse:
+        return self.service.unprepare(request, dra_v1beta1.NodeUnprepareResourcesResponse())
 
 
 class _Health:
-    def __init__(self, pb: Any, source: HealthSource, pool_name: str, resend_interval: float,
+    def __init__(self, pb: ModuleType, source: HealthSource, pool_name: str, resend_interval: float,
                  stopping: threading.Event, timeout_seconds: int = 0) -> None:
         self.pb = pb  # health_v1 or health_v1alpha1: the same messages under two package names
         self.version = pb.DESCRIPTOR.package
@@ -270,7 +281,8 @@ class _Health:
             )
         return out
 
-    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+    def NodeWatchResources(self, request: health_v1.NodeWatchResourcesRequest | health_v1alpha1.NodeWatchResourcesRequest,
+                           context: grpc.ServicerContext) -> Iterator[Any]:
         _log.info("kubelet opened the device health stream", version=self.version)
         try:
             while context.is_active() and not self.stopping.is_set():
@@ -298,11 +310,12 @@ class _Registration:
         self.registered = threading.Event()
         self.log = _log.bind(driver=driver_name)
 
-    def GetInfo(self, request: Any, context: Any) -> Any:
+    def GetInfo(self, request: reg_pb.InfoRequest, context: grpc.ServicerContext) -> reg_pb.PluginInfo:
         return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=self.driver_name, endpoint=self.endpoint,
                                  supported_versions=list(SUPPORTED_VERSIONS))
 
-    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+    def NotifyRegistrationStatus(self, request: reg_pb.RegistrationStatus,
+                                 context: grpc.ServicerContext) -> reg_pb.RegistrationStatusResponse:
         if request.plugin_registered:
             self.registered.set()
             self.log.info("registered with the kubelet", endpoint=self.endpoint)
