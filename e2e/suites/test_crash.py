@@ -191,7 +191,7 @@ def test_reboot_rewrites_specs(bed: Bed, ns: str, tmp_path: Path) -> None:
     bed.fleet.procs.kill(plugin_name(node))
     for spec in Path(n.cdi_dir).glob("*.json"):  # a reboot empties /var/run/cdi (tmpfs)
         spec.unlink()
-    # The device metadata files are not fsynced (cdi.DERIVED_FILES_DURABLE): after a power loss the
+    # The device metadata files are not fsynced (cdispec.DERIVED_FILES_DURABLE): after a power loss the
     # persistent state dir may hold them empty. The new boot must write them again.
     metadata = {p: p.read_bytes() for p in (Path(n.state_dir) / HOST_SUBDIR).glob("*.json")
                 if p.name.split("_")[0] in before}

@@ -16,7 +16,6 @@ Every name that ends up in a path is validated first (claim UID, driver name).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
 from dra_driver.node.prepare.mps import container_edits
 from dra_driver.node.prepare.records import (
@@ -39,56 +39,6 @@ from dra_driver.node.prepare.toolkit import merge_edits
 from dra_driver.ondisk import claim_spec_prefix
 
 _SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
-
-SPEC_MODE = 0o644
-DIR_MODE = 0o755
-DERIVED_FILES_DURABLE = False
-"""Whether claims' CDI specs and device metadata files are fsynced. They are not: they are derived
-from the checkpoint, and a power loss, the one thing that can tear them, ends in a new boot that
-re-writes every prepared claim's files from it before serving (:mod:`dra_driver.node.prepare.state`,
-"Durability"; ``test_power_loss_*`` in the unit tests)."""
-
-
-# --- spec content -----------------------------------------------------------------------------
-
-
-def spec_bytes(spec: dict[str, Any]) -> bytes:
-    """A spec file's content: compact JSON, which json's C encoder writes (an indented dump goes
-    through its pure-Python encoder, several times slower on the prepare path)."""
-    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
-
-
-def minimum_cdi_version(spec: dict[str, Any]) -> str:
-    """The lowest ``cdiVersion`` whose features cover what ``spec`` uses (of what we emit)."""
-    version = "0.3.0"
-
-    def need(v: str) -> None:
-        nonlocal version
-        if _version_tuple(v) > _version_tuple(version):
-            version = v
-
-    edits = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec.get("devices", [])]
-    for e in edits:
-        if any("hostPath" in n for n in e.get("deviceNodes", [])):
-            need("0.5.0")
-        if any("type" in m for m in e.get("mounts", [])):
-            need("0.4.0")
-        if "intelRdt" in e or "additionalGids" in e:
-            need("0.7.0")
-        if "netDevices" in e:
-            need("1.1.0")
-    for d in spec.get("devices", []):
-        if d["name"][:1].isdigit():
-            need("0.5.0")
-        if "annotations" in d:
-            need("0.6.0")
-    if "annotations" in spec or "." in spec["kind"].split("/", 1)[1]:
-        need("0.6.0")
-    return version
 
 
 class CdiSpecs:

@@ -3,7 +3,7 @@ its files (the claim's CDI spec, its device metadata files and their specs).
 
 They are made at prepare, made again when a reboot wiped them (or a file went missing), and
 undone at unprepare or when a preparation is rolled back. Everything here is derived from the
-entry, which is why the files need not be durable (:data:`dra_driver.node.prepare.cdi.DERIVED_FILES_DURABLE`).
+entry, which is why the files need not be durable (:data:`dra_driver.node.prepare.cdispec.DERIVED_FILES_DURABLE`).
 """
 
 from __future__ import annotations

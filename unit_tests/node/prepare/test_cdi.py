@@ -14,7 +14,7 @@ import pytest
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.gpuconfig import decode
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
-from dra_driver.node.prepare.cdi import CdiSpecs, minimum_cdi_version
+from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
 from dra_driver.node.prepare.records import CdiError, validate_claim_uid, validate_driver_name
 
@@ -139,15 +139,6 @@ class TestContent:
     def test_needs_a_device(self, specs: CdiSpecs) -> None:
         with pytest.raises(CdiError):
             specs.build_spec(UID, "ns", "c", [])
-
-    def test_minimum_version_table(self) -> None:
-        base = {"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {"env": ["A=1"]}}]}
-        assert minimum_cdi_version(base) == "0.3.0"
-        assert minimum_cdi_version({**base, "annotations": {"a": "b"}}) == "0.6.0"
-        assert minimum_cdi_version({**base, "kind": "a.b/c.d"}) == "0.6.0"
-        assert minimum_cdi_version({**base, "containerEdits": {"mounts": [{"type": "bind"}]}}) == "0.4.0"
-        assert minimum_cdi_version({**base, "containerEdits": {"additionalGids": [5]}}) == "0.7.0"
-        assert minimum_cdi_version({**base, "containerEdits": {"netDevices": []}}) == "1.1.0"
 
 
 class TestFiles:

@@ -457,7 +457,7 @@ class TestCrashes:
         assert attrs["uuid"] == {"string": "MIG-dyn-2"}
 
     def test_power_loss_tears_the_unsynced_files_and_the_new_boot_rewrites_them(self, menv: MetaEnv) -> None:
-        # The metadata files and CDI specs are not fsynced (cdi.DERIVED_FILES_DURABLE): a power loss
+        # The metadata files and CDI specs are not fsynced (cdispec.DERIVED_FILES_DURABLE): a power loss
         # may leave them empty, or leave none, even in the persistent state dir. Only the checkpoint
         # is durable, and the boot after the power loss re-writes every file from it.
         ref = menv.reader.add(make_claim("c", [("gpu", "gpu-0"), ("other", "gpu-1")]))

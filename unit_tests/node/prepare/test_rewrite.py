@@ -11,7 +11,7 @@ from pathlib import Path
 from nodefix import DRIVER, make_claim
 from test_metadata import MetaEnv
 
-from dra_driver.node.prepare.cdi import SPEC_MODE
+from dra_driver.node.prepare.cdispec import SPEC_MODE
 
 
 def identity(path: Path) -> tuple[int, int]:
