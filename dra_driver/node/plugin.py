@@ -339,7 +339,7 @@ def start_health(settings: PluginSettings, backend: Backend, gpu_uuids: list[str
         try:
             NvmlEventSource(nv, gpu_uuids, monitor, settings.ignored_xids).start(stop)
             log.info("watching NVML health events", ignored_xids=list(settings.ignored_xids))
-        except Exception as exc:  # pynvml's errors and a missing symbol of an old driver
+        except Exception as exc:  # last resort: NVML's errors, an old driver's missing symbol, or a bug
             # Without events the GPUs stay Healthy, as they would with an old driver: serve anyway.
             log.error("cannot watch NVML health events", error=str(exc))
     elif health_file is None:

@@ -22,7 +22,9 @@ MIG instances are made, because its message already names the NVML call and why 
 Anything else is a bug. The node's ``except Exception`` clauses that are deliberate last resorts
 say so where they stand (``# last resort: ...``): they keep one claim's bug from failing other
 claims or the kubelet's call, or keep a background loop alive; every other one catches what a
-library raises without a common base (pynvml, grpc callbacks, a GPU backend) and is commented with it.
+library raises without a common base (grpc callbacks, a GPU backend) and is commented with it.
+pynvml's failures have one, ``NVMLError``, and are caught by it
+(:func:`dra_driver.node.discovery.nvml.nvml_error_type`).
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from dra_driver.node.discovery.nvml import (
     NVML_ERROR_TIMEOUT,
     count_error,
     error_code,
+    nvml_error_type,
     nvml_text,
 )
 from dra_driver.node.metrics import METRICS, xid_label
@@ -401,14 +402,16 @@ class NvmlEventSource:
     """Waits on an NVML event set for critical XIDs and double-bit ECC errors of every GPU.
 
     NVML itself is thread-safe; the wait runs outside the backend's lock so MIG operations are not
-    held up by it. Its ``except Exception`` clauses catch pynvml's errors (the module is injected, so
-    its ``NVMLError`` is not a class this code can name) and read their code; only :meth:`run`'s is a
-    last resort.
+    held up by it. Its clauses catch the module's own ``NVMLError`` (the module is injected:
+    :func:`~dra_driver.node.discovery.nvml.nvml_error_type`) and read its code; anything else is a bug
+    and propagates, caught only by :meth:`run`'s last resort (and, from :meth:`start`, by the
+    plugin, which serves without health events).
     """
 
     def __init__(self, nv: ModuleType, gpu_uuids: Sequence[str], monitor: HealthMonitor,
                  ignored_xids: Iterable[int] = (), wait_ms: int = 5000) -> None:
         self.nv = nv
+        self.failed = nvml_error_type(nv)
         self.gpu_uuids = list(gpu_uuids)
         self.monitor = monitor
         self.ignored_xids = frozenset(ignored_xids)
@@ -437,7 +440,7 @@ class NvmlEventSource:
                     _log.warning("GPU supports none of the health events; its health is not watched", gpu=uuid)
                     continue
                 nv.nvmlDeviceRegisterEvents(handle, mask, self.event_set)
-            except Exception as exc:
+            except self.failed as exc:
                 if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
                     self._mark_lost(uuid)
                 elif error_code(exc) == NVML_ERROR_NOT_SUPPORTED:
@@ -452,7 +455,7 @@ class NvmlEventSource:
             return self.event_mask
         try:
             return int(fn(handle))
-        except Exception:
+        except self.failed:
             return self.event_mask
 
     def _uuid_of(self, handle: Any) -> str | None:
@@ -461,7 +464,7 @@ class NvmlEventSource:
                 return uuid
         try:
             return nvml_text(self.nv.nvmlDeviceGetUUID(handle))
-        except Exception:
+        except self.failed:
             return None
 
     def _mark_lost(self, uuid: str) -> None:
@@ -475,7 +478,7 @@ class NvmlEventSource:
         for uuid, handle in self.handles.items():
             try:
                 self.nv.nvmlDeviceGetUUID(handle)
-            except Exception as exc:
+            except self.failed as exc:
                 if error_code(exc) == NVML_ERROR_GPU_IS_LOST:
                     self._mark_lost(uuid)
                     unidentified = False
@@ -511,7 +514,7 @@ class NvmlEventSource:
         wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
         try:
             data = wait(self.event_set, self.wait_ms)
-        except Exception as exc:
+        except self.failed as exc:
             code = error_code(exc)
             if code == NVML_ERROR_TIMEOUT:
                 if self.lost:
@@ -534,7 +537,7 @@ class NvmlEventSource:
                 errors += 1
                 _log.error("waiting for NVML health events failed", error=str(exc), consecutive=errors)
                 stop.wait(min(30.0, 0.5 * 2**min(errors, 6)))
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(self.failed):
             self.nv.nvmlEventSetFree(self.event_set)
 
     def start(self, stop: threading.Event) -> threading.Thread:

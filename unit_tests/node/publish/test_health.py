@@ -18,6 +18,7 @@ from sliceapi import InMemorySliceApi
 
 from dra_driver.k8s.client import SLICES
 from dra_driver.node.describe.devices import describe
+from dra_driver.node.metrics import METRICS
 from dra_driver.node.publish.health import (
     TAINT_KEY,
     HealthFileError,
@@ -220,6 +221,7 @@ class FakeEventData:
 
 
 class FakeNvmlEvents(types.ModuleType):
+    NVMLError = pynvml.NVMLError
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     nvmlEventTypeDoubleBitEccError = pynvml.nvmlEventTypeDoubleBitEccError
     nvmlEventTypeSingleBitEccError = pynvml.nvmlEventTypeSingleBitEccError
@@ -335,6 +337,35 @@ def test_nvml_unsupported_events_leave_gpu_unwatched_but_healthy() -> None:
     _, nv, _, board, _ = nvml_source(supported=pynvml.nvmlEventTypeSingleBitEccError)
     assert nv.registered == {}
     assert {h for h, _ in board_health(board).values()} == {"Healthy"}
+
+
+def bug(*_args: Any) -> Any:
+    raise TypeError("called wrongly")
+
+
+def test_a_bug_registering_events_is_no_nvml_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the module's NVMLError is NVML saying no; a bug is raised (the plugin then serves without
+    health events, saying so), not logged as one GPU's failed registration."""
+    monitor, *_ = make_monitor()
+    nv = FakeNvmlEvents([GPU0, GPU1])
+    monkeypatch.setattr(nv, "nvmlDeviceRegisterEvents", bug)
+    with pytest.raises(TypeError, match="called wrongly"):
+        NvmlEventSource(nv, [GPU0, GPU1], monitor).setup()
+
+
+def test_a_bug_in_the_wait_is_raised_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    source, nv, *_ = nvml_source()
+    before = METRICS.value("nvml_errors_total", {"function": "bug"})
+    monkeypatch.setattr(nv, "nvmlEventSetWait_v2", bug)
+    with pytest.raises(TypeError, match="called wrongly"):
+        source.wait_once()
+    assert METRICS.value("nvml_errors_total", {"function": "bug"}) == before
+    nv.queue.append(pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN))
+    monkeypatch.undo()
+    counted = METRICS.value("nvml_errors_total", {"function": "nvmlEventSetWait_v2"})
+    with pytest.raises(pynvml.NVMLError):
+        source.wait_once()
+    assert METRICS.value("nvml_errors_total", {"function": "nvmlEventSetWait_v2"}) == counted + 1
 
 
 def test_nvml_run_loop_survives_errors_and_frees_the_set() -> None:
