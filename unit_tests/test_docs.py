@@ -428,3 +428,115 @@ def test_repository_paths_the_docs_name_exist(page: Path) -> None:
     missing = sorted({path for path in REPO_PATH.findall(page.read_text())
                       if "foo" not in path and not (ROOT / path.rstrip("/")).exists()})
     assert not missing, f"{rel(page)} names files that do not exist: {missing}"
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+BULLET = re.compile(r"^(\s*)- (.*)$")
+
+
+@dataclass
+class MapEntry:
+    """One bullet of the module map: the folder it describes (a bullet that starts with `x/`), its
+    text with its continuation lines, and the bullets under it."""
+
+    folder: str | None
+    text: str
+    indent: int
+    children: list[MapEntry]
+
+    def subtree_text(self) -> str:
+        return " ".join([self.text, *(child.subtree_text() for child in self.children)])
+
+
+def module_map(text: str) -> tuple[str, dict[str, MapEntry]]:
+    """The module map's text (from "Module map" to the test trees) and its folder entries by path
+    under dra_driver/ (``node/prepare``)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Module map"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("The test trees"))
+    section = lines[start:end]
+    roots: list[MapEntry] = []
+    stack: list[MapEntry] = []
+    for line in section:
+        bullet = BULLET.match(line)
+        if bullet:
+            indent, body = len(bullet.group(1)), bullet.group(2)
+            first = re.match(r"`([A-Za-z0-9_]+/)`", body)
+            entry = MapEntry(first.group(1).rstrip("/") if first else None, body, indent, [])
+            while stack and stack[-1].indent >= indent:
+                stack.pop()
+            (stack[-1].children if stack else roots).append(entry)
+            stack.append(entry)
+        elif stack and line.strip():
+            stack[-1].text += " " + line.strip()
+    folders: dict[str, MapEntry] = {}
+
+    def walk(entries: list[MapEntry], parent: str) -> None:
+        for entry in entries:
+            path = f"{parent}/{entry.folder}".lstrip("/") if entry.folder else parent
+            if entry.folder:
+                folders[path] = entry
+            walk(entry.children, path)
+
+    walk(roots, "")
+    return "\n".join(section), folders
+
+
+def unnamed_modules(text: str, modules: list[str]) -> list[str]:
+    """The modules (paths under dra_driver/) the map does not name: each where the entry of its
+    nearest folder with an entry of its own names it (the whole map for the top-level modules),
+    as `name.py` or a path ending so. A package is named by its folder (`cel/`); its
+    ``__init__.py`` need not be."""
+    whole, folders = module_map(text)
+    missing = []
+    for module in modules:
+        parts = module.split("/")
+        name = parts[-1]
+        if module == "__init__.py":
+            continue
+        scope = whole
+        for depth in range(len(parts) - 1, 0, -1):
+            if "/".join(parts[:depth]) in folders:
+                scope = folders["/".join(parts[:depth])].subtree_text()
+                break
+        wanted = f"{parts[-2]}/" if name == "__init__.py" else name
+        if not any(tick == wanted or tick.endswith(f"/{wanted}") for tick in TICKED.findall(scope)):
+            missing.append(module)
+    return missing
+
+
+def package_modules() -> list[str]:
+    """Every module and package under dra_driver/, as paths under it; the generated _proto/ as its folder."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module.startswith("_proto/"):
+            module = "_proto/__init__.py"
+        if module not in found:
+            found.append(module)
+    return found
+
+
+def test_the_module_map_names_every_module() -> None:
+    """docs/architecture.md's module map names every module of the package, in the entry of its folder."""
+    missing = unnamed_modules(ARCHITECTURE.read_text(), package_modules())
+    assert not missing, "\n  ".join(["docs/architecture.md's module map does not name (add each to its folder's entry):",
+                                     *missing])
+
+
+def test_the_module_map_check_reads_folders_and_nesting() -> None:
+    page = "\n".join([
+        "Module map (`dra_driver/`):", "",
+        "- `cli.py`: the command.",
+        "- `node/`: the plugin.",
+        "  - `plugin.py` (wiring).",
+        "  - `prepare/`: `state.py` with",
+        "    `records.py`; `cel/` (`syntax.py`).",
+        "- `k8s/`: `client.py`, `_proto/`.",
+        "", "The test trees:", "- `e2e/`: `x.py`",
+    ])
+    modules = ["cli.py", "node/__init__.py", "node/plugin.py", "node/prepare/state.py", "node/prepare/records.py",
+               "node/prepare/cel/syntax.py", "node/prepare/cel/__init__.py", "k8s/client.py", "_proto/__init__.py",
+               # named, but in another folder's entry or only in the test trees
+               "k8s/state.py", "node/client.py", "x.py", "node/publish/__init__.py"]
+    assert unnamed_modules(page, modules) == ["k8s/state.py", "node/client.py", "x.py", "node/publish/__init__.py"]
