@@ -103,7 +103,7 @@ test: prereqs proto-check pins-check prefetch lint unit e2e e2e-next e2e-kind e2
 bench: $(STAMP) binaries
 	$(PY) -m e2e.bench
 
-# The scale bench (e2e/bench/scale.py): the controller beside the kube-scheduler on 500 to 5,000
+# The scale bench (e2e/bench/scale/): the controller beside the kube-scheduler on 500 to 5,000
 # kwok nodes, under 30 minutes; writes e2e/bench/results/scale.json and scale-curve.png.
 bench-scale: $(STAMP) binaries
 	$(PY) -m e2e.bench.scale

@@ -21,7 +21,7 @@ from e2e.tooling import binaries, bytecode
 # Benchmarks that need no bed run without starting one.
 NEEDS_BED = {"prepare", "mig_publish", "plugin_start", "resolution", "explain", "real_node"}
 MODULES = {"prepare": "prepare", "mig_publish": "publish", "plugin_start": "startup", "resolution": "resolution",
-           "explain": "explain", "cel": "cel", "real_node": "realnode", "grpc_floor": "floor", "scale": "scale"}
+           "explain": "explain", "cel": "cel", "real_node": "realnode", "grpc_floor": "floor", "scale": "scale.curve"}
 ON_REQUEST = {"scale"}
 
 

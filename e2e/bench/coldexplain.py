@@ -30,7 +30,7 @@ from dra_driver.allocator.resolve import Engine, resolve
 from dra_driver.controller.reconciler import GC_THRESHOLDS
 from dra_driver.controller.views import slice_view
 from e2e.bench.common import percentile
-from e2e.bench.scale_inprocess import CLASS_NAME, claim, explained, gpu_class
+from e2e.bench.scale.inprocess import CLASS_NAME, claim, explained, gpu_class
 from e2e.generators.fleet import DRIVER, plugin_slices
 
 NODES = (1000, 5000)

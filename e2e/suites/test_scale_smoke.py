@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from e2e.bench import scale
+from e2e.bench.scale import curve as scale
 
 pytestmark = [pytest.mark.testbed_only, pytest.mark.timeout(1500)]
 

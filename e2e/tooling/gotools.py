@@ -215,7 +215,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("local-path-provisioner", "github.com/rancher/local-path-provisioner",
          {"github.com/rancher/local-path-provisioner": "local-path-provisioner"},
          ldflags=lambda v: f"-X main.VERSION={v}"),
-    # The scale bench (e2e/bench/scale.py): keeps thousands of Nodes Ready and runs their pods with
+    # The scale bench (e2e/bench/scale/): keeps thousands of Nodes Ready and runs their pods with
     # no kubelet. Its own client-go (one minor behind the bed) is inside the supported skew; the
     # version string is in its source, so no ldflags.
     Tool("kwok", "sigs.k8s.io/kwok", {"sigs.k8s.io/kwok/cmd/kwok": "kwok"}),

@@ -1,14 +1,16 @@
-"""The scale bench's decisions that need no cluster (e2e/bench/scale.py): the budget, the curve's samples."""
+"""The scale bench's decisions that need no cluster (e2e/bench/scale/curve.py): the budget, the curve's samples."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.bench.scale import BUDGET_S, FULL, SizeRun, curve_of, fits
+from e2e.bench.scale.curve import BUDGET_S, FULL, SizeRun, curve_of, fits
 from e2e.tooling import binaries, bytecode, gotools
 
 
@@ -138,7 +140,7 @@ class FakeCluster:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """run_curve with the cluster, the controllers and the measurements faked; what they were asked."""
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     seen: dict[str, Any] = {"backlogs": [], "clusters": [], "explained": []}
 
@@ -189,14 +191,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def _plan(**kw: Any) -> Any:
-    from e2e.bench.scale import Plan
+    from e2e.bench.scale.curve import Plan
 
     return Plan(sizes=(500, 1000, 2000, 5000), profile=False, **kw)
 
 
 def test_a_size_that_fails_keeps_its_samples_and_the_10000_backlog_runs_on_the_cluster_it_left(
         fake: dict[str, Any], tmp_path: Path) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     FakeCluster.fail_fill_at = 5000
     try:
@@ -231,7 +233,7 @@ def test_a_size_that_fails_keeps_its_samples_and_the_10000_backlog_runs_on_the_c
 
 def test_the_kept_backlog_is_listed_by_explain_then_explained_again_without_pod_events(
         fake: dict[str, Any], tmp_path: Path) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
     # Only the backlog kept at the end, once explained: explain -A first, then the same claims again.
@@ -258,7 +260,7 @@ def test_the_kept_backlog_is_listed_by_explain_then_explained_again_without_pod_
 
 def test_an_explained_backlog_that_does_not_fit_the_budget_is_left_out(fake: dict[str, Any], tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     monkeypatch.setattr(scale.Plan, "explained_backlog_s", lambda self, backlog: self.budget_s + 1)
     doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
@@ -271,7 +273,7 @@ def test_an_explained_backlog_that_does_not_fit_the_budget_is_left_out(fake: dic
 
 def test_a_failed_explain_or_run_without_pod_events_is_said_and_leaves_the_other(
         fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     def broken(*a: Any) -> dict[str, Any]:
         raise RuntimeError("explain -A exited with 1: dra-driver explain: cannot reach the cluster")
@@ -293,7 +295,7 @@ def test_a_failed_explain_or_run_without_pod_events_is_said_and_leaves_the_other
 
 def test_a_size_skipped_for_the_budget_gets_its_10000_backlog_at_the_largest_size_that_ran(
         fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     monkeypatch.setattr(scale, "fits", lambda nodes, *a: nodes < 5000)
     doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
@@ -305,7 +307,7 @@ def test_a_size_skipped_for_the_budget_gets_its_10000_backlog_at_the_largest_siz
 
 def test_without_time_for_it_the_10000_backlog_is_projected(fake: dict[str, Any], tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     monkeypatch.setattr(scale, "fits", lambda nodes, *a: nodes < 5000)
     doc = scale.run_curve(_plan(budget_s=100.0), tmp_path, log=lambda line: None)
@@ -315,7 +317,7 @@ def test_without_time_for_it_the_10000_backlog_is_projected(fake: dict[str, Any]
 
 
 def test_the_last_planned_size_keeps_its_backlog_and_needs_no_other(fake: dict[str, Any], tmp_path: Path) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
     assert [r["nodes"] for r in doc["runs"]] == [500, 1000, 2000, 5000]
@@ -326,7 +328,7 @@ def test_the_last_planned_size_keeps_its_backlog_and_needs_no_other(fake: dict[s
 
 def test_the_startup_row_is_the_median_of_fresh_processes_taken_in_turn(
         fake: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench import scale
+    from e2e.bench.scale import curve as scale
 
     ages = iter([9.0, 3.0, 5.0])
     real = FakeCluster.controller
@@ -346,3 +348,14 @@ def test_the_startup_row_is_the_median_of_fresh_processes_taken_in_turn(
     startup = doc["runs"][0]["startup"]
     assert [round(s["explained_s"]) for s in startup["samples"]] == [9, 3, 5]
     assert startup["explained_s"] == pytest.approx(5.0, abs=0.5) and startup["synced_s"] == 1.0
+
+
+@pytest.mark.parametrize("module", ["e2e.bench.scale", "e2e.bench.scale.inprocess"])
+def test_the_commands_parse_their_arguments(module: str) -> None:
+    """``python -m e2e.bench.scale`` (make bench-scale) and the in-process bench start from their
+    folder: only ``--help``, nothing is measured."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=root, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m {module} ")

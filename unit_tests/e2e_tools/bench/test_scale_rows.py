@@ -1,4 +1,4 @@
-"""The scale bench's arithmetic (e2e/bench/scale_rows.py): how each row follows from the figures."""
+"""The scale bench's arithmetic (e2e/bench/scale/rows.py): how each row follows from the figures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e.bench.scale_rows import (
+from e2e.bench.scale.rows import (
     Backlog,
     Curve,
     HistogramReading,

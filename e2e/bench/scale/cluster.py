@@ -1,4 +1,4 @@
-"""The scale bench's cluster and our controller in it (``e2e/bench/scale.py`` measures with these).
+"""The scale bench's cluster and our controller in it (``e2e/bench/scale/curve.py`` measures with these).
 
 The bed's control plane with API Priority and Fairness on and kwok keeping the Nodes Ready, the
 fleet's ResourceSlices, the workload's claims and pods, watches that note when objects reach a
@@ -36,7 +36,7 @@ from dra_driver.k8s.client import (
     Resource,
 )
 from e2e.bench.common import REPO
-from e2e.bench.scale_rows import HistogramReading, histogram
+from e2e.bench.scale.rows import HistogramReading, histogram
 from e2e.bench.sharedbed import parallel
 from e2e.generators import fleet
 from e2e.testbed import kwok as kwok_mod

@@ -1,4 +1,4 @@
-"""The allocator at fleet scale, in this process: ``python -m e2e.bench.scale_inprocess --nodes 5000``.
+"""The allocator at fleet scale, in this process: ``python -m e2e.bench.scale.inprocess --nodes 5000``.
 
 The slices are the plugin's own (:mod:`e2e.generators.fleet`: 8 GPUs per node, four models), the class
 is the chart's ``gpu.gpu.dra-driver.io`` (``deploy/deviceclasses/gpu.yaml``), claims ask for one
@@ -261,7 +261,7 @@ def report(f: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale_inprocess", description=(__doc__ or "").partition("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale.inprocess", description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims", type=int, default=20000, help="GPUs allocated before the fitting claims")
     parser.add_argument("--samples", type=int, default=20)

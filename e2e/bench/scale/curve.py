@@ -92,7 +92,7 @@ What is measured at each size
   by function is in the result and the raw stacks in ``scale-profile.txt``.
 
 Each row of the issue is then stated at 5,000 nodes: measured where that size ran, else
-extrapolated along the curve (``e2e/bench/scale_rows.py`` says how, row by row).
+extrapolated along the curve (``e2e/bench/scale/rows.py`` says how, row by row).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ from typing import Any
 
 from dra_driver.k8s.client import CLAIMS, PODS, ApiError, Obj, Resource
 from e2e.bench.common import REPO, RESULTS, Result, machine_facts, percentile, summary_markdown
-from e2e.bench.scale_cluster import (
+from e2e.bench.scale.cluster import (
     APF_NAME,
     APISERVER_ARGS,
     CONTROL_PLANE_QPS,
@@ -145,7 +145,7 @@ from e2e.bench.scale_cluster import (
     has_explanation,
     pod_body,
 )
-from e2e.bench.scale_rows import (
+from e2e.bench.scale.rows import (
     Backlog,
     Curve,
     HistogramReading,
@@ -193,7 +193,7 @@ class Plan:
     scheduled_s: float = 60.0
     """Above the first size, the pods timed through the scheduler are about this many seconds of
     binding at the rate expected from the previous size, and at least ``scheduled_least``
-    (``scale_rows.fill_pods``): about 1 pod/s at 5,000 nodes."""
+    (``rows.fill_pods``): about 1 pod/s at 5,000 nodes."""
     plain_pods_per_node: int = 2
     backlog_per_node: float = 0.5
     """The backlog below the largest size, for the curve."""
@@ -506,7 +506,7 @@ def backlog_names(label: str, claims: int) -> list[str]:
 
 
 def settled_writes(sc: ScaleCluster, before: dict[str, float], most_s: float, quiet_s: float = 3.0) -> dict[str, int]:
-    """The API server's count of explaining writes since ``before`` (``scale_rows.api_writes``),
+    """The API server's count of explaining writes since ``before`` (``rows.api_writes``),
     read once it has stood still for ``quiet_s`` (the Events about a claim go out after its
     annotations), or ``most_s`` on."""
     deadline = time.monotonic() + most_s
@@ -761,7 +761,7 @@ def apf_phase(sc: ScaleCluster, plan: Plan) -> dict[str, Any]:
 # =========================================================================== the whole run
 
 def fits(next_nodes: int, elapsed: float, ran: list[SizeRun], budget: float) -> bool:
-    """Whether the next size is expected to end within the budget (``scale_rows.size_seconds``)."""
+    """Whether the next size is expected to end within the budget (``rows.size_seconds``)."""
     estimate = size_seconds(next_nodes, [(r.nodes, r.seconds) for r in ran])
     return estimate is None or elapsed + estimate <= budget
 
