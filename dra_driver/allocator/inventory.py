@@ -26,6 +26,7 @@ from dra_driver.allocator.slicechecks import (
     check_counters,
     checked_once,
 )
+from dra_driver.k8s.bodies import RawSlice
 from dra_driver.k8s.objects import Node, as_int, as_list, as_mapping, as_str, selector_matches
 from dra_driver.k8s.quantity import Quantity, QuantityError, parse_quantity
 
@@ -343,7 +344,7 @@ def _grouped(slices: Iterable[Mapping[str, Any]],
     return groups, problems
 
 
-def build_inventory(slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None,
+def build_inventory(slices: Iterable[RawSlice], previous: Inventory | None = None,
                     prebuilt: Prebuilt | None = None) -> Inventory:
     """Group slices into pools (highest generation only) and digest their devices.
 

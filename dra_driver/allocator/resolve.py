@@ -36,6 +36,7 @@ from dra_driver.allocator.inventory import (
 from dra_driver.allocator.requests import Alt, parse_constraints, parse_requests, prepare_alt
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import MAX_RESULTS, SHARE_NS, Search
+from dra_driver.k8s.bodies import RawSlice
 from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
@@ -58,7 +59,7 @@ class Engine:
     """The engine's three entry points as one object, so a caller can be handed another (a spy in
     tests) where it would otherwise call the module's functions."""
 
-    def build_inventory(self, slices: Iterable[Mapping[str, Any]], previous: Inventory | None = None,
+    def build_inventory(self, slices: Iterable[RawSlice], previous: Inventory | None = None,
                         prebuilt: Prebuilt | None = None) -> Inventory:
         """``previous``: an inventory built before, whose per-device work may be reused;
         ``prebuilt``: pools digested as the slices arrived."""

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from dra_driver.k8s.bodies import RawSlice
 from dra_driver.k8s.objects import Obj, as_list, as_mapping, as_str, meta
 
 RULE_KEY = "deviceTaintRule"
@@ -59,13 +60,13 @@ def taint_rules(objs: Iterable[Mapping[str, Any]]) -> list[TaintRule]:
     return sorted(rules, key=lambda r: r.name)
 
 
-def with_taint_rules(slices: Iterable[Mapping[str, Any]], rules: Sequence[TaintRule]) -> list[Mapping[str, Any]]:
+def with_taint_rules(slices: Iterable[RawSlice], rules: Sequence[TaintRule]) -> list[RawSlice]:
     """``slices`` with each rule's taint appended to the devices it selects. A slice no rule
     touches is handed on as the same object (so the inventory lends its digested pool to the next
     build), a touched one as a copy: the informer's objects are never changed."""
     if not rules:
         return list(slices)
-    out: list[Mapping[str, Any]] = []
+    out: list[RawSlice] = []
     for sl in slices:
         spec = as_mapping(sl.get("spec"))
         driver = as_str(spec.get("driver")) or ""
@@ -75,8 +76,8 @@ def with_taint_rules(slices: Iterable[Mapping[str, Any]], rules: Sequence[TaintR
     return out
 
 
-def _patched(sl: Mapping[str, Any], spec: Mapping[str, Any], driver: str, pool: str,
-             rules: Sequence[TaintRule]) -> Mapping[str, Any]:
+def _patched(sl: RawSlice, spec: Mapping[str, Any], driver: str, pool: str,
+             rules: Sequence[TaintRule]) -> RawSlice:
     devices: list[Any] = []
     touched = False
     for raw in as_list(spec.get("devices")):
@@ -90,4 +91,4 @@ def _patched(sl: Mapping[str, Any], spec: Mapping[str, Any], driver: str, pool: 
     if not touched:
         return sl
     patched: Obj = {**sl, "spec": {**spec, "devices": devices}}
-    return patched
+    return cast(RawSlice, patched)

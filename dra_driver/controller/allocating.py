@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from dra_driver import logs
 from dra_driver.controller import fence
@@ -331,7 +331,7 @@ class FencedAllocator:
         """Every claim, a consistent read; one that cannot be decoded counts with what it holds
         (:mod:`dra_driver.k8s.quarantine`), so that its devices are never handed out twice."""
         listed = self.api.list(CLAIMS)
-        return listed.items + [bad.view for bad in listed.undecodable]
+        return cast(list[Obj], listed.items) + [bad.view for bad in listed.undecodable]
 
     def verify_allocation(self, claim: Obj, log: logs.Logger, *, settled: bool) -> bool:
         """Post-write check of a controller allocation; True when it stands.

@@ -16,9 +16,9 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from dra_driver import logs
 from dra_driver.allocator.inventory import Inventory, Prebuilt
@@ -37,6 +37,7 @@ from dra_driver.controller.verdicts import (
     evaluate,
     pending_classes,
 )
+from dra_driver.k8s.bodies import RawSlice
 from dra_driver.k8s.claims import classes_by_name, pod_node, uid_of
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer
@@ -144,7 +145,7 @@ class EngineInputs:
             # The last inventory lends its devices' CEL state to unchanged devices: a slice update
             # then costs CEL conversions only for the devices it changed.
             prebuilt, self.prebuilt = self.prebuilt, None
-            slices: Sequence[Mapping[str, Any]] = self.slices.store.values()
+            slices = cast(Sequence[RawSlice], self.slices.store.values())
             if self.taint_rules is not None:
                 slices = with_taint_rules(slices, taint_rules(self.taint_rules.store.values()))
             inv = self.engine.build_inventory(slices, previous=last, prebuilt=prebuilt)

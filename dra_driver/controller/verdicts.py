@@ -26,7 +26,6 @@ from dra_driver.k8s.claims import (
 )
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.labels import LabelSelector
-from dra_driver.k8s.objects import Obj
 
 # --------------------------------------------------------------------------------------------
 # Opaque configuration validation
@@ -93,7 +92,7 @@ def pending_classes(claims: Iterable[Mapping[str, Any]]) -> set[str]:
     return {name for c in claims if not is_allocated(c) and not is_deleting(c) for name in claim_class_names(c)}
 
 
-def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Obj], driver: str) -> list[str]:
+def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str) -> list[str]:
     """The claim's own config errors plus those of the DeviceClasses it uses."""
     errors = object_config_errors({**claim, "kind": "ResourceClaim"}, driver)
     for name in claim_class_names(claim):
@@ -225,9 +224,9 @@ def claim_label(claim: Mapping[str, Any]) -> str:
     return f"{m.get('namespace') or 'default'}/{m.get('name') or '<unnamed>'}"
 
 
-def _resolved(engine: Engine, claim: Obj, inventory: Inventory, classes: Mapping[str, Obj], allocated: AllocatedState,
-              nodes: list[str] | None, memo: tuple[VerdictMemo, Hashable] | None, rules: SchedulerRules | None,
-              ) -> tuple[Resolution, Callable[[], dict[str, Any]] | None]:
+def _resolved(engine: Engine, claim: Mapping[str, Any], inventory: Inventory, classes: Mapping[str, Mapping[str, Any]],
+              allocated: AllocatedState, nodes: list[str] | None, memo: tuple[VerdictMemo, Hashable] | None,
+              rules: SchedulerRules | None) -> tuple[Resolution, Callable[[], dict[str, Any]] | None]:
     """The engine's answer, and for a memoised one how to have its explanation's annotation form
     (the memo's state must tell the rules apart)."""
     if memo is None:
@@ -245,9 +244,9 @@ def _resolved(engine: Engine, claim: Obj, inventory: Inventory, classes: Mapping
 
 def evaluate(
     engine: Engine,
-    claim: Obj,
+    claim: Mapping[str, Any],
     inventory: Inventory,
-    classes: Mapping[str, Obj],
+    classes: Mapping[str, Mapping[str, Any]],
     allocated: AllocatedState,
     *,
     driver: str,

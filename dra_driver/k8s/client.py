@@ -22,13 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlencode, urlsplit
 
 import orjson
 
 from dra_driver import logs
 from dra_driver.k8s import wire
+from dra_driver.k8s.bodies import RawBody
 from dra_driver.k8s.credentials import (
     Connection,
     CredentialError,
@@ -173,7 +174,7 @@ def unreachable(exc: BaseException, host: str) -> ApiError:
 
 @dataclass(frozen=True)
 class ListResult:
-    items: list[Obj]
+    items: list[RawBody]
     resource_version: str
     undecodable: list[Undecodable] = field(default_factory=list)
     """Objects listed that could not be decoded, left out of ``items``
@@ -486,7 +487,7 @@ class RestKubeApi:
                         items.append(kept)
             rv = page_rv or rv
             if not cont:
-                return ListResult(items, rv, undecodable)
+                return ListResult(cast(list[RawBody], items), rv, undecodable)
 
     def _list_page(self, path: str, query: Sequence[tuple[str, str]],
                    reduced: wire.Reduced | None) -> tuple[Sequence[Any], str, str]:
@@ -509,7 +510,7 @@ class RestKubeApi:
         items, rv, _ = self._list_page(CLAIMS.path(), [("resourceVersion", "0")], wire.CLAIM_ALLOCATIONS)
         undecodable = [i for i in items if isinstance(i, Undecodable)]
         # What an undecodable claim holds still counts: its view is the same reduced form.
-        return ListResult([i.view if isinstance(i, Undecodable) else i for i in items], rv, undecodable)
+        return ListResult(cast(list[RawBody], [i.view if isinstance(i, Undecodable) else i for i in items]), rv, undecodable)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
               field_selector: str | None = None, reduced: wire.Reduced | None = None,

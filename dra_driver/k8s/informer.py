@@ -31,6 +31,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from dra_driver import logs, memory
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
@@ -194,7 +195,9 @@ class Informer:
         t0 = time.monotonic()
         result = self.api.list(self.resource, field_selector=self.field_selector, transform=transform,
                                reduced=self.reduced)
-        self._listed(result.items, result.resource_version, t0, streamed=False, undecodable=result.undecodable)
+        # The store keeps each object as the dict it was decoded to (transforms edit it in place).
+        self._listed(cast(list[Obj], result.items), result.resource_version, t0, streamed=False,
+                     undecodable=result.undecodable)
 
     def stream(self, stop: threading.Event | None = None) -> None:
         """List by watching, then go on watching on the same connection until the server ends it

@@ -43,6 +43,7 @@ from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.flags import env
+from dra_driver.k8s.bodies import RawBody, RawSlice
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
@@ -252,7 +253,7 @@ class Bundle:
     def add_json(self, name: str, doc: Any) -> None:
         self.files[name] = (json.dumps(redact(doc), indent=1, sort_keys=True, default=str) + "\n").encode()
 
-    def listed(self, what: str, result: ListResult) -> list[Obj]:
+    def listed(self, what: str, result: ListResult) -> list[RawBody]:
         """A list's items; each object that could not be decoded is a line in the manifest."""
         self.problems += [f"{what}: {bad.ref} (uid {bad.uid}) cannot be decoded and is left out: {bad.reason}"
                           for bad in result.undecodable]
@@ -296,7 +297,7 @@ def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, n
         bundle.add_json("cluster/events.json", related_events(events, collected, nodes_of_interest))
 
 
-def explanations(claims: list[Obj], slices: list[Obj], classes: list[Obj], engine: Engine, driver: str,
+def explanations(claims: list[RawBody], slices: list[RawSlice], classes: list[RawBody], engine: Engine, driver: str,
                  bundle: Bundle, rules: SchedulerRules | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # One inventory for every claim; build_report takes it as a finished (or failed) future.

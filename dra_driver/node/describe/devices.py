@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from dra_driver.k8s.bodies import CounterSet, RawDevice
 from dra_driver.k8s.names import is_dns_label
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, shared_capacity
@@ -281,7 +282,7 @@ def device_totals(device: AllocatableDevice) -> tuple[int, int]:
 
 
 def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic_mig: bool,
-             shares: ConsumableShares = DISABLED) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+             shares: ConsumableShares = DISABLED) -> tuple[list[RawDevice], list[CounterSet]]:
     """(devices, shared counter sets) as resource.k8s.io/v1 JSON, in publishing order.
 
     Attribute and capacity names are unqualified, i.e. in the driver's domain (``driver_name``),
@@ -298,4 +299,4 @@ def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic
     for counter_set in counter_sets.values():
         if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
             raise ValueError(f"counter set {counter_set['name']} has more than {MAX_COUNTERS_PER_SET} counters")
-    return devices_json, list(counter_sets.values())
+    return cast(list[RawDevice], devices_json), cast(list[CounterSet], list(counter_sets.values()))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Obj = dict[str, Any]
+from dra_driver.k8s.bodies import CounterSet, RawDevice
 
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
@@ -82,13 +82,13 @@ class PublishGate:
     new content, so what it says is what the node publishes.
     """
 
-    def __init__(self, publish: Callable[[Sequence[Obj], Sequence[Obj]], None],
+    def __init__(self, publish: Callable[[Sequence[RawDevice], Sequence[CounterSet]], None],
                  on_change: Callable[[Closed | None, Closed | None], None]) -> None:
         self._publish = publish
         self._on_change = on_change
         self._lock = threading.Lock()
-        self._devices: list[Obj] = []
-        self._counters: list[Obj] = []
+        self._devices: list[RawDevice] = []
+        self._counters: list[CounterSet] = []
         self._closed: Closed | None = None
         self._decided = False
 
@@ -97,7 +97,7 @@ class PublishGate:
         with self._lock:
             return self._closed
 
-    def update(self, devices: Sequence[Obj], counters: Sequence[Obj] = ()) -> None:
+    def update(self, devices: Sequence[RawDevice], counters: Sequence[CounterSet] = ()) -> None:
         """New content (a health taint, say); published only while the gate is open and decided."""
         with self._lock:
             self._devices, self._counters = list(devices), list(counters)

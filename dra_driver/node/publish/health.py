@@ -43,9 +43,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, cast
 
 from dra_driver import logs
+from dra_driver.k8s.bodies import RawDevice
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.nvml import (
     NVML_ERROR_GPU_IS_LOST,
@@ -174,11 +175,11 @@ def _gpu_device_name(devices: Mapping[str, AllocatableDevice], dev: AllocatableD
     return ""
 
 
-def tainted_devices(devices_json: Sequence[Mapping[str, Any]], health: Mapping[str, DeviceHealth]) -> list[dict[str, Any]]:
+def tainted_devices(devices_json: Sequence[RawDevice], health: Mapping[str, DeviceHealth]) -> list[RawDevice]:
     """Copies of the published device dicts with our taint on the unhealthy ones (others' taints kept)."""
-    out: list[dict[str, Any]] = []
+    out: list[RawDevice] = []
     for raw in devices_json:
-        dev = copy.deepcopy(dict(raw))
+        dev: dict[str, Any] = copy.deepcopy(dict(raw))
         taints = [t for t in dev.get("taints") or [] if t.get("key") != TAINT_KEY]
         state = health.get(str(dev.get("name")))
         if state is not None and state.taint_value is not None:
@@ -187,7 +188,7 @@ def tainted_devices(devices_json: Sequence[Mapping[str, Any]], health: Mapping[s
             dev["taints"] = taints
         else:
             dev.pop("taints", None)
-        out.append(dev)
+        out.append(cast(RawDevice, dev))
     return out
 
 
@@ -200,11 +201,11 @@ class HealthMonitor:
     thread-safe.
     """
 
-    def __init__(self, devices: Mapping[str, AllocatableDevice], devices_json: Sequence[Mapping[str, Any]],
-                 board: HealthBoard, publish: Callable[[list[dict[str, Any]]], None],
+    def __init__(self, devices: Mapping[str, AllocatableDevice], devices_json: Sequence[RawDevice],
+                 board: HealthBoard, publish: Callable[[list[RawDevice]], None],
                  on_change: Callable[[HealthChange], None] | None = None) -> None:
         self._devices = dict(devices)
-        self._devices_json = [copy.deepcopy(dict(d)) for d in devices_json]
+        self._devices_json = [cast(RawDevice, copy.deepcopy(dict(d))) for d in devices_json]
         self._board = board
         self._publish = publish
         self._on_change = on_change

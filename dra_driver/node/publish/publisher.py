@@ -18,8 +18,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from dra_driver import logs
+from dra_driver.k8s.bodies import CounterSet, RawDevice
 from dra_driver.k8s.client import NODES, SLICES, ApiError, KubeApi
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.objects import Obj, meta
@@ -93,11 +95,12 @@ class SlicePublisher:
 
     # -- desired state ----------------------------------------------------------------------------
 
-    def update(self, devices_json: Sequence[Obj], shared_counters_json: Sequence[Obj] = ()) -> None:
+    def update(self, devices_json: Sequence[RawDevice], shared_counters_json: Sequence[CounterSet] = ()) -> None:
         """Replace the desired devices and counter sets; a sync follows promptly (``run``). A
         device the API server would refuse is left out (:attr:`withheld`)."""
-        devices = copy.deepcopy(list(devices_json))
-        counters = copy.deepcopy(list(shared_counters_json))
+        # Copies the publisher owns: the slices it lays out are built of them.
+        devices = cast(list[Obj], copy.deepcopy(list(devices_json)))
+        counters = cast(list[Obj], copy.deepcopy(list(shared_counters_json)))
         with self._lock:
             self._set_desired(devices, counters)
         self.request_sync(0.0)

@@ -16,9 +16,9 @@ decode is reported too. :mod:`dra_driver.tools.explain.pod` builds a pod's repor
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
@@ -28,9 +28,10 @@ from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
+from dra_driver.k8s.bodies import RawBody, RawSlice
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, DEVICE_TAINT_RULES, SLICES, ApiError, KubeApi
-from dra_driver.k8s.objects import Obj, describe_node_selector, meta
+from dra_driver.k8s.objects import Obj, as_mapping, as_mappings, describe_node_selector, meta
 from dra_driver.tools.explain.drivers import claim_drivers
 
 
@@ -45,20 +46,15 @@ class NotFoundError(ExplainError):
 DeviceId = tuple[str, str, str]
 
 
-def slice_devices(slices: list[Obj]) -> dict[DeviceId, tuple[str | None, Mapping[str, Any]]]:
+def slice_devices(slices: Sequence[RawSlice]) -> dict[DeviceId, tuple[str | None, Mapping[str, Any]]]:
     """``(driver, pool, device)`` -> (node name for node-local slices and per-device nodes, the device)."""
     out: dict[DeviceId, tuple[str | None, Mapping[str, Any]]] = {}
     for s in slices:
-        spec = s.get("spec")
-        if not isinstance(spec, Mapping):
-            continue
-        pool = spec.get("pool")
-        pool_name = str(pool.get("name", "")) if isinstance(pool, Mapping) else ""
+        spec = as_mapping(s.get("spec"))
+        pool_name = str(as_mapping(spec.get("pool")).get("name", ""))
         driver = str(spec.get("driver", ""))
         slice_node = spec.get("nodeName")
-        for d in spec.get("devices") or []:
-            if not isinstance(d, Mapping):
-                continue
+        for d in as_mappings(spec.get("devices")):
             node = d.get("nodeName") or slice_node
             out[(driver, pool_name, str(d.get("name", "")))] = (str(node) if node else None, d)
     return out
@@ -137,10 +133,10 @@ def _canonical(value: Any) -> str:
 
 
 def build_report(
-    claim: Obj,
-    slices: list[Obj],
-    classes: list[Obj],
-    claims: list[Obj],
+    claim: Mapping[str, Any],
+    slices: list[RawSlice],
+    classes: Sequence[RawBody],
+    claims: Sequence[RawBody],
     *,
     engine: Engine,
     driver: str = DEFAULT_DRIVER_NAME,
@@ -297,7 +293,7 @@ class _Reads:
     def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-claims")
-        self.claims: Future[list[Obj]] = self._pool.submit(lambda: api.list_claim_allocations().items)
+        self.claims: Future[list[RawBody]] = self._pool.submit(lambda: api.list_claim_allocations().items)
 
     def claim(self) -> Obj:
         try:
@@ -312,21 +308,21 @@ class _Reads:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def tainted_slices(api: KubeApi) -> list[Obj]:
+def tainted_slices(api: KubeApi) -> list[RawSlice]:
     """Every ResourceSlice, with the taints of the DeviceTaintRules merged into the devices they
     select, as the scheduler sees them. A server that does not serve the rules (before 1.37), or a
     caller who may not read them, has none."""
-    slices = api.list(SLICES, cached=True, reduced=slice_reading()).items
+    slices = cast(list[RawSlice], api.list(SLICES, cached=True, reduced=slice_reading()).items)
     try:
         rules = api.list(DEVICE_TAINT_RULES, cached=True).items
     except ApiError as exc:
         if not (exc.forbidden or exc.not_found):
             raise
         return slices
-    return [dict(s) for s in with_taint_rules(slices, taint_rules(rules))]
+    return [cast(RawSlice, dict(s)) for s in with_taint_rules(slices, taint_rules(rules))]
 
 
-def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[Obj], list[Obj], list[Obj]]:
+def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[RawSlice], list[RawBody], list[RawBody]]:
     """The claim, every ResourceSlice and DeviceClass, and every claim's allocation (overlapping)."""
     reads = _Reads(api, namespace, name)
     try:
