@@ -64,12 +64,12 @@ runtime: $(STAMP)
 	$(PY) -m e2e.tooling.runtime
 
 e2e: $(STAMP) binaries runtime
-	$(PY) -m pytest e2e/suites -q $(PYTEST_ARGS)
+	$(PY) -m pytest e2e/suites -q --durations=15 $(PYTEST_ARGS)
 
 # The smoke subset (registration, prepare/unprepare, slices, health) on the oldest supported minor.
 e2e-oldest: $(STAMP) runtime
 	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m e2e.tooling.binaries
-	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e/suites -q -m smoke $(PYTEST_ARGS)
+	DRA_TESTBED_KUBERNETES=1.36 $(PY) -m pytest e2e/suites -q -m smoke --durations=5 $(PYTEST_ARGS)
 
 # The tests marked `next` against the next minor's kube-scheduler (1.38: built alone, with its own Go
 # toolchain, until the registry serves the rest of its control plane) beside the default control plane.

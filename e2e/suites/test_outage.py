@@ -192,8 +192,9 @@ def resource_group_404(bed: Bed, ns: str, tmp_path: Path, seconds: float, key: s
 
 
 def test_resource_group_404_unprepares_nothing(bed: Bed, ns: str, tmp_path: Path) -> None:
-    # 60 s of 404s: twelve sweeps, six times the two consecutive ones a deletion needs.
-    resource_group_404(bed, ns, tmp_path, 60, "resource_group_404")
+    # 25 s of 404s: five sweeps, more than twice the two consecutive ones a deletion needs (the long
+    # variant holds them for 180 s).
+    resource_group_404(bed, ns, tmp_path, 25, "resource_group_404")
 
 
 @pytest.mark.long

@@ -69,8 +69,8 @@ from e2e.testbed.dracalls import Claim, DraClient
 
 pytestmark = pytest.mark.testbed_only
 
-SHORT = StreamPlan(rate=1.0, seconds=40.0, linger=2.0)
-"""Scaled down for a 2-core machine; at most six pods at once (the node has eight GPUs)."""
+SHORT = StreamPlan(rate=1.0, seconds=30.0, linger=2.0)
+"""Scaled down for a 2-core machine and CI's budget; at most six pods at once (the node has eight GPUs)."""
 LONG = StreamPlan(rate=2.0, seconds=90.0, linger=1.0)
 SWITCH_AT = 0.4
 """When B starts, as a fraction of the stream: pods before, during and after the switch."""
@@ -342,11 +342,15 @@ def assert_no_failures(r: dict[str, Any], what: str) -> None:
 
 def upgrade_under_load(bed: Bed, ns: str, node: Any, instances: Instances, plan: StreamPlan, key: str,
                        capsys: pytest.CaptureFixture[str], *, gate_p99: bool) -> None:
-    baseline = run_phase(bed, node, ns, plan, "base")
-    report(capsys, key, "baseline", baseline)
-    save(f"{key}_baseline", {"what": "the pod stream, no upgrade", **baseline})
-    assert_clean(baseline, "baseline")
-    assert_no_failures(baseline, "baseline")
+    # The baseline stream is there for the p99 gate alone; the short variant does not gate, and its
+    # stream without an upgrade is what the real-node tests already run.
+    baseline: dict[str, Any] = {"start_p99_ms": None}
+    if gate_p99:
+        baseline = run_phase(bed, node, ns, plan, "base")
+        report(capsys, key, "baseline", baseline)
+        save(f"{key}_baseline", {"what": "the pod stream, no upgrade", **baseline})
+        assert_clean(baseline, "baseline")
+        assert_no_failures(baseline, "baseline")
 
     def switch(stream: PodStream) -> dict[str, Any]:
         wait_for("the middle of the stream", lambda: stream.elapsed() >= SWITCH_AT * plan.seconds, plan.seconds)

@@ -1,6 +1,6 @@
 """The scale bench: our controller beside the kube-scheduler, on the real control plane, at 500 to 5,000 GPU nodes.
 
-``make bench-scale`` (``python -m e2e.bench.scale``) runs the curve; ``--smoke`` runs 500 nodes
+``make bench-scale`` (``python -m e2e.bench.scale``) runs the curve; ``--smoke`` runs 250 nodes
 with smaller workloads (``e2e/suites/test_scale_smoke.py`` runs that in ``make e2e``).
 
 The cluster
@@ -241,7 +241,7 @@ class Plan:
 
 
 FULL = Plan()
-SMOKE = Plan(sizes=(500,), claims_per_node=2, scheduled_pods=200, plain_pods_per_node=1, backlog_at_once=200, fit_samples=5,
+SMOKE = Plan(sizes=(250,), claims_per_node=2, scheduled_pods=100, plain_pods_per_node=1, backlog_at_once=100, fit_samples=5,
              explain_samples=3, startup_samples=1, apf_claims=60, backlog_wait_s=240.0, profile=False,
              explain_all_samples=1)
 
@@ -955,7 +955,7 @@ def _plot(doc: dict[str, Any], result: Result, directory: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale", description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="500 nodes, small workloads (what make e2e runs)")
+    parser.add_argument("--smoke", action="store_true", help="250 nodes, small workloads (what make e2e runs)")
     parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
                         help="comma-separated GPU node counts, e.g. 500,1000")
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory for scale.json and the plot")
