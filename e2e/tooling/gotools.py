@@ -387,13 +387,19 @@ def _build_one(tool: Tool, commands: dict[str, str], out: Path, log: bool) -> No
     if tool.tags:
         flags += ["-tags", tool.tags]
     started = time.monotonic()
-    for package, binary in commands.items():
-        with _heartbeat(f"building {tool.name} {binary}", started, log):
-            if tool.library is not None:
-                _build_library(tool, tool.library, out, env)
-            else:
-                _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env,
-                     f"building {tool.name}")
+    if tool.library is None and len(commands) > 1 and all(b == p.rsplit("/", 1)[-1] for p, b in commands.items()):
+        # One go build for every command: while one binary links (one core), the other core compiles
+        # the next one's packages, instead of idling through each link in turn.
+        with _heartbeat(f"building {tool.name} {', '.join(commands.values())}", started, log):
+            _run(["go", "build", *flags, "-o", f"{out}/", *commands], tool.folder, env, f"building {tool.name}")
+    else:
+        for package, binary in commands.items():
+            with _heartbeat(f"building {tool.name} {binary}", started, log):
+                if tool.library is not None:
+                    _build_library(tool, tool.library, out, env)
+                else:
+                    _run(["go", "build", *flags, "-o", str(out / binary), package], tool.folder, env,
+                         f"building {tool.name}")
     if log:
         print(f"gotools: built {tool.name} in {time.monotonic() - started:.0f}s", flush=True)
 

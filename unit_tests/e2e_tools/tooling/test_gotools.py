@@ -124,11 +124,17 @@ def go(pins: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGo:
 
     def run(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
         assert cmd[:2] == ["go", "build"], cmd
-        target = Path(cmd[cmd.index("-o") + 1])
-        if target.name in fake.fail:
+        out = cmd[cmd.index("-o") + 1]
+        if out.endswith("/"):  # every command in one build, each named after its package
+            packages = cmd[cmd.index("-o") + 2:]
+            targets = [(Path(out) / p.rsplit("/", 1)[-1], p) for p in packages]
+        else:
+            targets = [(Path(out), cmd[-1])]
+        if any(target.name in fake.fail for target, _ in targets):
             raise gotools.ToolError(f"gotools: {what} failed (2): {' '.join(cmd)}")
-        target.write_text(f"built from {cmd[-1]}")
-        fake.built.append(target.name)
+        for target, package in targets:
+            target.write_text(f"built from {package}")
+            fake.built.append(target.name)
         return ""
 
     monkeypatch.setattr(gotools, "_run", run)
