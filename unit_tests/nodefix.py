@@ -17,11 +17,11 @@ from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.client import ApiError, Resource
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.gpupolicy import GpuPolicyError
 from dra_driver.node.prepare.mps import Defaults, MpsDaemons, MpsSupervisor, daemon_dir
-from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
 DRIVER = "gpu.dra-driver.io"

@@ -16,7 +16,7 @@ from pathlib import Path
 from dra_driver import CONFIG_API_GROUP
 from dra_driver.k8s.client import CLAIMS
 from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.publish.checker import Violation
 from dra_driver.node.publish.gate import BACKEND_UNAVAILABLE, NO_GPUS, Closed
 from dra_driver.node.publish.health import HealthChange

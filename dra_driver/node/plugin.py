@@ -51,6 +51,7 @@ from dra_driver.node.fileio import restrict_dir
 from dra_driver.node.kubelet import httpport, probe
 from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler
@@ -58,7 +59,6 @@ from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, NvmlCont
 from dra_driver.node.prepare.metadata import MetadataFiles
 from dra_driver.node.prepare.mps import MpsDaemons, MpsSupervisor
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY
-from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.prepare.toolkit import DriverEdits, ToolkitConfig
 from dra_driver.node.publish import gate

@@ -28,7 +28,7 @@ from enum import StrEnum
 from typing import Any
 
 from dra_driver.k8s import client as kube
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 
 NOT_FOUND_SWEEPS = 2
 """Consecutive sweeps that must see a 404 naming the claim before it counts as gone."""

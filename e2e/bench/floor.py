@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dra_driver.node.kubelet.grpc import PluginServers
-from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
+from dra_driver.node.prepare.calls import ClaimRef, PrepareOutcome, ResponseDevice
 from e2e.bench.common import Result, summarize_ms
 from e2e.bench.realnode import cpu_seconds, ratio
 from e2e.bench.sharedbed import BenchBed

@@ -40,7 +40,7 @@ from dra_driver.node.describe.devices import enumerate_devices
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.fileio import atomic_write
 from dra_driver.node.plugin import api_client, device_state, plugin_servers
-from dra_driver.node.prepare.records import PrepareOutcome
+from dra_driver.node.prepare.calls import PrepareOutcome
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.bench.common import RESULTS, Result, percentile, summarize_ms

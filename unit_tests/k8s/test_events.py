@@ -21,7 +21,7 @@ from dra_driver.k8s.events import (
     node_ref,
 )
 from dra_driver.node import events as notices
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.publish import gate
 from dra_driver.node.publish.health import DeviceHealth, health_changes
 

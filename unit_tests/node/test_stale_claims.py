@@ -17,7 +17,7 @@ from dra_driver.logs import get
 from dra_driver.node import events as notices
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.plugin import sweep_stale_claims
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.settings import plugin_settings
 from dra_driver.node.stale import Seen, StaleClaims, names_claim, read_claim
 

@@ -47,7 +47,7 @@ from dra_driver._proto.drahealth.v1 import api_pb2 as health_v1
 from dra_driver._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_driver._proto.pluginregistration import api_pb2 as reg_pb
 from dra_driver.node.fileio import ensure_dir
-from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
+from dra_driver.node.prepare.calls import ClaimRef, PrepareOutcome
 from dra_driver.node.publish.healthboard import HEALTHY, UNHEALTHY, DeviceHealthReport, HealthBoard
 from dra_driver.ondisk import MAX_SOCKET_PATH
 
@@ -204,12 +204,12 @@ class _DraService:
         outcomes = self.handler.prepare(claims)
         for claim in claims:
             outcome = outcomes[claim.uid]
-            entry = response.claims[claim.uid]
+            answer = response.claims[claim.uid]
             if outcome.error is not None:
-                entry.error = outcome.error or "unknown error"
+                answer.error = outcome.error or "unknown error"
                 continue
             for d in outcome.devices:
-                dev = entry.devices.add(
+                dev = answer.devices.add(
                     request_names=list(d.request_names), pool_name=d.pool_name, device_name=d.device_name,
                     cdi_device_ids=list(d.cdi_device_ids),
                 )
@@ -223,10 +223,10 @@ class _DraService:
             return response
         errors = self.handler.unprepare(claims)
         for claim in claims:
-            entry = response.claims[claim.uid]
+            answer = response.claims[claim.uid]
             error = errors[claim.uid]
             if error:
-                entry.error = error
+                answer.error = error
         return response
 
 

@@ -24,10 +24,7 @@ from typing import Any
 
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
-from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
-from dra_driver.node.prepare.mps import container_edits
-from dra_driver.node.prepare.records import (
+from dra_driver.node.prepare.calls import (
     CdiError,
     is_uuid,
     validate_claim_uid,
@@ -35,6 +32,9 @@ from dra_driver.node.prepare.records import (
     validate_driver_name,
     validate_share_id,
 )
+from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
+from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
+from dra_driver.node.prepare.mps import container_edits
 from dra_driver.node.prepare.toolkit import merge_edits
 from dra_driver.ondisk import claim_spec_prefix
 

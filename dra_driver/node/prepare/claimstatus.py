@@ -36,8 +36,8 @@ from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.k8s.workqueue import WorkQueue
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
+from dra_driver.node.prepare.calls import ClaimRef, PrepareOutcome
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
-from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome
 from dra_driver.node.prepare.state import DeviceState
 
 _log = logs.get("claimstatus")

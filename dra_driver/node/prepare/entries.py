@@ -1,4 +1,4 @@
-"""The checkpoint's records: a prepared claim (:class:`ClaimEntry`, in a :class:`ClaimState`) and each
+"""The checkpoint's entries: a prepared claim (:class:`ClaimEntry`, in a :class:`ClaimState`) and each
 of its devices (:class:`PreparedDevice`, of a :class:`DeviceKind`, with the MIG instance a dynamic-MIG
 device created), with their JSON form, apart from the store that reads and writes the file
 (:mod:`dra_driver.node.prepare.checkpoint`, where the format and its upgrade rule are written down).

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from dra_driver.gpuconfig import SharingConfig, Strategy, TimeSliceInterval
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
+from dra_driver.node.prepare.calls import ClaimFailure
 from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.plan import PlannedDevice, placement_of
-from dra_driver.node.prepare.records import ClaimFailure
 
 
 def _time_slice(sharing: SharingConfig) -> TimeSliceInterval | None:

@@ -7,7 +7,7 @@ unprepared. Two claims on one GPU always agree on it: :mod:`~dra_driver.node.pre
 refuses a second interval, naming the claim that holds the first.
 
 What a GPU should have follows from the checkpoint's entries alone (:func:`wanted`), so the
-checkpoint is the record of what was set: a claim's entry, its devices and their sharing are on
+checkpoint says what was set: a claim's entry, its devices and their sharing are on
 disk before its interval is set (the state forces that save), and the entry stays there until the
 GPU is back to its default. A crash at any line thus leaves one of: an entry the start-up rolls
 back (its GPUs reset unless another claim still time-slices them), an entry still prepared (its
@@ -33,8 +33,8 @@ from typing import Protocol
 
 from dra_driver.gpuconfig import Strategy, TimeSliceInterval
 from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
+from dra_driver.node.prepare.calls import ClaimFailure
 from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice
-from dra_driver.node.prepare.records import ClaimFailure
 
 TIME_SLICE_VALUES: Mapping[TimeSliceInterval, int] = {
     TimeSliceInterval.DEFAULT: 0, TimeSliceInterval.SHORT: 1, TimeSliceInterval.MEDIUM: 2, TimeSliceInterval.LONG: 3,

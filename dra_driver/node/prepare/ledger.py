@@ -9,9 +9,9 @@ from dra_driver import failpoints
 from dra_driver.logs import Logger
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.calls import CdiError, ClaimRef, validate_claim_uid
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, now_rfc3339
-from dra_driver.node.prepare.records import CdiError, ClaimRef, validate_claim_uid
 
 
 class Ledger:

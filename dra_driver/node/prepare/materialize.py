@@ -18,12 +18,12 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.model import MigDevice
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
 from dra_driver.node.fileio import describe_os_error
+from dra_driver.node.prepare.calls import CdiError, ClaimFailure
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
 from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
 from dra_driver.node.prepare.mps import runs_mps
-from dra_driver.node.prepare.records import CdiError, ClaimFailure
 from dra_driver.node.prepare.toolkit import DriverEditsError
 
 

@@ -47,9 +47,7 @@ from dra_driver.gpuconfig import base_request
 from dra_driver.k8s.names import is_dns_label
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
-from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
-from dra_driver.node.prepare.entries import PreparedDevice
-from dra_driver.node.prepare.records import (
+from dra_driver.node.prepare.calls import (
     UUID_PATTERN,
     MetadataError,
     validate_claim_name,
@@ -57,6 +55,8 @@ from dra_driver.node.prepare.records import (
     validate_driver_name,
     validate_request_name,
 )
+from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
+from dra_driver.node.prepare.entries import PreparedDevice
 from dra_driver.ondisk import METADATA_SUBDIR as HOST_SUBDIR
 from dra_driver.ondisk import metadata_spec_prefix
 

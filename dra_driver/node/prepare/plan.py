@@ -23,10 +23,7 @@ from dra_driver.k8s.quantity import QuantityError, format_canonical, parse_quant
 from dra_driver.node.describe.devices import AllocatableDevice, device_totals
 from dra_driver.node.describe.shares import MEMORY, MIB, MULTIPROCESSORS, SHARES, ConsumableShares
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
-from dra_driver.node.prepare.cdi import CdiSpecs
-from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
-from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
-from dra_driver.node.prepare.records import (
+from dra_driver.node.prepare.calls import (
     CdiError,
     ClaimFailure,
     ClaimRef,
@@ -34,6 +31,9 @@ from dra_driver.node.prepare.records import (
     validate_claim_uid,
     validate_share_id,
 )
+from dra_driver.node.prepare.cdi import CdiSpecs
+from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
+from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
 
 # --- the claim --------------------------------------------------------------------------------
 

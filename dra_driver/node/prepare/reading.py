@@ -10,7 +10,7 @@ from typing import cast
 
 from dra_driver.k8s.bodies import RawClaim
 from dra_driver.k8s.client import CLAIMS, ApiError, KubeApi
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 
 CLAIM_READ_CONCURRENCY = 32
 """Claims of one NodePrepareResources batch read in parallel; the API client's pool matches it."""

@@ -31,7 +31,7 @@ answer, so no container can be using it, and the kubelet retries Prepare until i
 then prepares it from scratch. ``PrepareCompleted`` entries are kept and their CDI specs re-written
 when missing (the kubelet does not call Prepare again for claims it already has prepared).
 
-Durability: the checkpoint is the one durable record. It is saved at ``PrepareStarted`` and at
+Durability: the checkpoint is the one durable state. It is saved at ``PrepareStarted`` and at
 ``PrepareCompleted``, each save a journal record flushed with one ``fdatasync`` before it returns
 (:mod:`dra_driver.node.prepare.checkpoint`), so the order started → CDI → completed holds on disk as well as
 for other processes; an unprepare is one more record. The CDI specs and device metadata files a
@@ -73,6 +73,7 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.calls import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
@@ -86,7 +87,6 @@ from dra_driver.node.prepare.mps import MpsSupervisor
 from dra_driver.node.prepare.mps import gpus_of as mps_gpus_of
 from dra_driver.node.prepare.plan import ClaimPlanner, Plan, verify_claim
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
-from dra_driver.node.prepare.records import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.sharedstate import SharedState
 
 _log = logs.get("prepare")
@@ -385,8 +385,8 @@ class DeviceState:
                 pod_claim_name=plan.pod_claim_name, prepared_by=self._ledger.store.instance,
             )
         # Recorded ahead without devices: a rollback removes their files by UID, so only MIG instances,
-        # whose rollback needs the devices, need this record on disk before they are created.
-        # So do time-sliced GPUs: the entry is the record of the interval set, read again after a crash.
+        # whose rollback needs the devices, need this entry on disk before they are created.
+        # So do time-sliced GPUs: the entry says which interval was set, read again after a crash.
         if any(p.claim.uid not in self._ledger.intended or any(creates_mig(d.device, d.prepared) for d in p.devices)
                or gpus_of(self._ledger.entries[p.claim.uid]) or mps_gpus_of(self._ledger.entries[p.claim.uid])
                for p in plans):

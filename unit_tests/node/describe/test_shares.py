@@ -19,10 +19,10 @@ from dra_driver.gpuconfig import decode_sharing
 from dra_driver.k8s.quantity import parse_quantity
 from dra_driver.node.describe.devices import describe, describe_device, enumerate_devices
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, SharesMode, parse_consumable_shares, shared_capacity
+from dra_driver.node.prepare.calls import ShareError
 from dra_driver.node.prepare.checkpoint import CheckpointStore, canonical
 from dra_driver.node.prepare.exclusive import coexistence_problem
 from dra_driver.node.prepare.plan import ShareAmounts, mps_for_share, share_amounts
-from dra_driver.node.prepare.records import ShareError
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 
 GI = 2**30

@@ -29,9 +29,9 @@ from dra_driver.k8s.client import ApiError, Resource
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.model import Gpu, PciInfo
 from dra_driver.node.kubelet.grpc import SUPPORTED_VERSIONS, PluginServers
+from dra_driver.node.prepare.calls import ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
-from dra_driver.node.prepare.records import ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.publish.healthboard import HealthBoard
 

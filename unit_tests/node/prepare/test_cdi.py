@@ -14,9 +14,9 @@ import pytest
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.gpuconfig import decode
 from dra_driver.node.discovery.sysfs import read_mig_cap_minors
+from dra_driver.node.prepare.calls import CdiError, validate_claim_uid, validate_driver_name
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.edits import ClaimDevice
-from dra_driver.node.prepare.records import CdiError, validate_claim_uid, validate_driver_name
 
 DRIVER = "gpu.dra-driver.io"
 UID = "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b10"

@@ -14,11 +14,11 @@ from nodefix import DRIVER, NODE, FakeBackend, build_devices, make_claim
 
 from dra_driver.k8s.client import CLAIMS, ApiError
 from dra_driver.node.discovery.model import MigDevice, MigPlacement
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.claimstatus import ClaimStatusWriter, ReportingHandler, apply_body, device_data, device_statuses
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
-from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
 DEVICES = build_devices()

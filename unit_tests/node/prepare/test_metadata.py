@@ -23,11 +23,11 @@ from dra_driver import failpoints
 from dra_driver.node.describe.devices import describe_device
 from dra_driver.node.fileio import atomic_write
 from dra_driver.node.prepare import metadata as md
+from dra_driver.node.prepare.calls import MetadataError, validate_request_name
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
-from dra_driver.node.prepare.records import MetadataError, validate_request_name
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 from e2e.testbed import cdicheck

@@ -15,11 +15,11 @@ from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim
 
 from dra_driver.gpuconfig import EXCLUSIVE
 from dra_driver.node.metrics import METRICS
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.plan import ClaimPlanner
-from dra_driver.node.prepare.records import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 
 

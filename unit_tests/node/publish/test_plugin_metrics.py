@@ -17,7 +17,7 @@ from dra_driver.node.describe.devices import describe
 from dra_driver.node.discovery.nvml import NvmlBackend
 from dra_driver.node.kubelet import httpport
 from dra_driver.node.metrics import METRICS, PREFIX, PluginMetrics, xid_label
-from dra_driver.node.prepare.records import ClaimRef
+from dra_driver.node.prepare.calls import ClaimRef
 from dra_driver.node.prepare.state import DeviceState
 from dra_driver.node.publish.health import HealthFileSource, HealthReport
 from dra_driver.node.publish.publisher import SlicePublisher

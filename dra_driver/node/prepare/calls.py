@@ -1,5 +1,5 @@
-"""What the kubelet asks to prepare and what it is answered: the records that the DRA gRPC service
-and the prepare state exchange (NodePrepareResources / NodeUnprepareResources, without protobuf),
+"""The kubelet's calls: what it asks to prepare and what it is answered, the values that the DRA gRPC
+service and the prepare state exchange (NodePrepareResources / NodeUnprepareResources, without protobuf),
 and the failure whose message is a claim's answer; and the rules for the names those carry, which
 every file a claim gets is named after (CDI specs, device metadata, checkpoint entries).
 
