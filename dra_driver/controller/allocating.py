@@ -331,7 +331,8 @@ class FencedAllocator:
         """Every claim, a consistent read; one that cannot be decoded counts with what it holds
         (:mod:`dra_driver.k8s.quarantine`), so that its devices are never handed out twice."""
         listed = self.api.list(CLAIMS)
-        return cast(list[Obj], listed.items) + [bad.view for bad in listed.undecodable]
+        # Plain dicts, whatever their shape: the allocation writes one back.
+        return cast(list[Obj], [*listed.items, *(bad.view for bad in listed.undecodable)])
 
     def verify_allocation(self, claim: Obj, log: logs.Logger, *, settled: bool) -> bool:
         """Post-write check of a controller allocation; True when it stands.

@@ -9,8 +9,9 @@ repeats into a series and writes in the background.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from dra_driver import logs
 from dra_driver.controller.accounting import Accounting
@@ -45,7 +46,7 @@ class Reporter:
         self.pod_notices = PodNotices()
         self.pod_events = pod_events
 
-    def emit(self, regarding: Obj, what: Occurrence, resource: Resource, *,
+    def emit(self, regarding: Mapping[str, Any], what: Occurrence, resource: Resource, *,
              wanted: Callable[[], bool] | None = None) -> None:
         """Best effort (the annotation carries the same information): written in the background, a
         repeat folded into the Event already there, one given up on counted as error kind ``event``.

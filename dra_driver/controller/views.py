@@ -25,17 +25,18 @@ So each store keeps only what the controller reads:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, OUR_ANNOTATIONS
 from dra_driver.k8s import wire
+from dra_driver.k8s.bodies import ClaimStatus, PodClaimRef, PodSpec, PodView, RawMeta, Toleration
 from dra_driver.k8s.claims import annotations_of, is_allocated, is_deleting, pod_claim_names
 from dra_driver.k8s.compact import Interner, without_managed_fields
 from dra_driver.k8s.objects import Obj, as_list, as_mapping, meta
 from dra_driver.k8s.wire import Reduced, allocation_view
 
 
-def pod_view(pod: Obj) -> Obj | None:
+def pod_view(pod: Obj) -> PodView | None:
     """What the controller reads of a pod that waits for claims: name, UID (its Events name it),
     node, what the scheduler's node filters read of it, and every claim it references, wherever
     the pod names it (``spec.resourceClaims``,
@@ -47,29 +48,30 @@ def pod_view(pod: Obj) -> Obj | None:
     if not names:
         return None
     m = meta(pod)
-    spec = pod.get("spec")
-    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    refs: list[Obj] = []
+    spec = as_mapping(pod.get("spec"))
+    node = spec.get("nodeName")
+    refs: list[PodClaimRef] = []
     for key in sorted(names):
         claim = key.partition("/")[2]
         refs += [{"name": n, "resourceClaimName": claim} for n in names[key]] or [{"resourceClaimName": claim}]
-    view_spec: Obj = {"resourceClaims": refs}
+    view_spec: PodSpec = {"resourceClaims": refs}
     if node:
         view_spec["nodeName"] = node
     # What the scheduler's node filters read (dra_driver.controller.placement).
-    if as_mapping(spec).get("nodeSelector"):
-        view_spec["nodeSelector"] = dict(as_mapping(as_mapping(spec)["nodeSelector"]))
+    if spec.get("nodeSelector"):
+        view_spec["nodeSelector"] = dict(as_mapping(spec["nodeSelector"]))
     # An empty field means what an absent one does (JSON omits it, protobuf carries it as ""): the
     # view leaves both out, so the two encodings of one pod give one view.
-    tolerations = [{f: t[f] for f in ("key", "operator", "value", "effect") if t.get(f)}
-                   for t in map(as_mapping, as_list(as_mapping(spec).get("tolerations")))]
+    tolerations = [cast(Toleration, {f: t[f] for f in ("key", "operator", "value", "effect") if t.get(f)})
+                   for t in map(as_mapping, as_list(spec.get("tolerations")))]
     if tolerations:
         view_spec["tolerations"] = tolerations
-    required = as_mapping(as_mapping(as_mapping(spec).get("affinity")).get("nodeAffinity")).get(
+    required = as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get(
         "requiredDuringSchedulingIgnoredDuringExecution")
     if required:
         view_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
-    return {"metadata": {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}, "spec": view_spec}
+    identity = cast(RawMeta, {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m})
+    return {"metadata": identity, "spec": view_spec}
 
 
 def needs_no_work(claim: Mapping[str, Any]) -> bool:
@@ -92,13 +94,13 @@ def claim_view(claim: Obj) -> Obj:
             if isinstance(annotations, dict) and EXPLANATION_ANNOTATION in annotations:
                 m["annotations"] = {**annotations, EXPLANATION_ANNOTATION: ""}
         return without_managed_fields(claim)
-    view = allocation_view(claim)
+    view = cast(Obj, allocation_view(claim))  # kept in the claim informer's store, a plain dict
     view["metadata"]["resourceVersion"] = str(meta(claim).get("resourceVersion") or "")
     view["apiVersion"], view["kind"] = claim.get("apiVersion"), claim.get("kind")
     return view
 
 
-def holdings(claim: Mapping[str, Any] | None) -> Obj:
+def holdings(claim: Mapping[str, Any] | None) -> ClaimStatus:
     """The devices a claim holds, as the accounting of the others reads them (none for no claim)."""
     return allocation_view(claim)["status"] if claim is not None else {}
 
@@ -108,7 +110,7 @@ def _share(interner: Interner, parent: Any, field: str) -> None:
         parent[field] = interner.share(parent[field])
 
 
-def slice_reading() -> Reduced:
+def slice_reading() -> Reduced[Obj]:
     """How the slice informer reads slices: in protobuf, values shared as they are decoded
     (:func:`dra_driver.k8s.wire.slice_reading`); a JSON answer's slices through :func:`slice_view`."""
     return wire.slice_reading(from_json=slice_view())

@@ -186,7 +186,7 @@ class KubeApi(Protocol):
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
              cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
-             reduced: wire.Reduced | None = None) -> ListResult:
+             reduced: wire.Reduced[Any] | None = None) -> ListResult:
         """Every object; ``resource_version`` is the list's. A consistent (quorum) read, or with
         ``cached`` one from the API server's watch cache (``resourceVersion=0``): unpaginated and
         cheaper, possibly a few milliseconds stale, for read-only reports. ``transform``, when
@@ -204,7 +204,7 @@ class KubeApi(Protocol):
         ...
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None, reduced: wire.Reduced | None = None,
+              field_selector: str | None = None, reduced: wire.Reduced[Any] | None = None,
               send_initial_events: bool = False) -> Iterator[Obj]:
         """Watch events ``{"type": ..., "object": {...}}`` after ``resource_version`` ("": from now,
         after synthetic ADDED events for what exists).
@@ -462,7 +462,7 @@ class RestKubeApi:
 
     def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
              cached: bool = False, transform: Callable[[Obj], Obj | None] | None = None,
-             reduced: wire.Reduced | None = None) -> ListResult:
+             reduced: wire.Reduced[Any] | None = None) -> ListResult:
         items: list[Obj] = []
         undecodable: list[Undecodable] = []
         cont = ""
@@ -490,7 +490,7 @@ class RestKubeApi:
                 return ListResult(cast(list[RawBody], items), rv, undecodable)
 
     def _list_page(self, path: str, query: Sequence[tuple[str, str]],
-                   reduced: wire.Reduced | None) -> tuple[Sequence[Any], str, str]:
+                   reduced: wire.Reduced[Any] | None) -> tuple[Sequence[Any], str, str]:
         """One page of a list: its items, resourceVersion and continue token. With ``reduced``,
         protobuf is asked for and JSON accepted (a proxy or an aggregated server may not speak
         protobuf); JSON items are then reduced the same way. A JSON page that does not decode
@@ -513,7 +513,7 @@ class RestKubeApi:
         return ListResult(cast(list[RawBody], [i.view if isinstance(i, Undecodable) else i for i in items]), rv, undecodable)
 
     def watch(self, res: Resource, *, resource_version: str, timeout_seconds: int,
-              field_selector: str | None = None, reduced: wire.Reduced | None = None,
+              field_selector: str | None = None, reduced: wire.Reduced[Any] | None = None,
               send_initial_events: bool = False) -> Iterator[Obj]:
         decode = reduced.decode_event if reduced is not None else None
         query = [("watch", "true")]

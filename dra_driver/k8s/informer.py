@@ -30,8 +30,8 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 from dra_driver import logs, memory
 from dra_driver.k8s.client import ApiError, KubeApi, Resource
@@ -45,7 +45,7 @@ TRIM_EVERY = 1000  # watch events between two _trim calls (each costs well under
 Handler = Callable[[Obj | None, Obj | None], None]
 """``handler(old, new)``: add (old None), update, delete (new None)."""
 
-Transform = Callable[[Obj], Obj | None]
+Transform = Callable[[Obj], Mapping[str, Any] | None]
 """What a store keeps of a decoded object: the object, a projection of it with ``metadata.name``,
 ``namespace`` and ``resourceVersion``, or None for an object the store does not track. It may
 consume its argument (the decoded object is not used again)."""
@@ -61,7 +61,8 @@ class Store:
 
     def kept(self, obj: Obj) -> Obj | None:
         """``obj`` as this store keeps it (None: not tracked)."""
-        return obj if self.transform is None else self.transform(obj)
+        # What a transform returns is kept as the plain dict it is (a view's declared shape is a dict).
+        return obj if self.transform is None else cast(Obj | None, self.transform(obj))
 
     def get(self, key: str) -> Obj | None:
         with self._lock:
@@ -151,7 +152,7 @@ class Informer:
         *,
         field_selector: str | None = None,
         transform: Transform | None = None,
-        reduced: Reduced | None = None,
+        reduced: Reduced[Any] | None = None,
         watch_timeout: int = 300,
         max_backoff: float = 30.0,
         streaming: bool = True,

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from dra_driver.k8s.bodies import AllocationView
 from dra_driver.k8s.objects import Obj
 from dra_driver.k8s.wire import allocation_view
 
@@ -43,7 +44,7 @@ _SPACE = re.compile(rb"\s*")
 class Undecodable:
     """An object that could not be decoded, as far as it could be read."""
 
-    view: Obj
+    view: AllocationView
     """Its ``metadata`` (name, namespace, uid, resourceVersion) and ``status.allocation`` results,
     as :func:`dra_driver.k8s.wire.allocation_view` gives them (empty where unreadable)."""
     reason: str

@@ -50,11 +50,12 @@ import struct
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Generic, TypeVar, cast
 
 from google.protobuf.message import DecodeError
 
 from dra_driver._proto.kubewire import claimnotes_pb2, claims_pb2, meta_pb2, pods_pb2, slices_pb2
+from dra_driver.k8s.bodies import AllocationResult, AllocationView, DeviceRequest, NotedClaim, RawMeta, RawPod
 from dra_driver.k8s.objects import Obj, as_mapping, as_mappings
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
@@ -95,20 +96,20 @@ def _parse(message: Any, raw: bytes) -> None:
         raise WireError(f"malformed protobuf: {exc}") from None
 
 
-def decode_claim_list(body: bytes) -> tuple[list[Obj], str]:
+def decode_claim_list(body: bytes) -> tuple[list[AllocationView], str]:
     """The reduced claims of a protobuf ``ResourceClaimList`` response, and its resourceVersion."""
     claims = claims_pb2.ResourceClaimList()
     _parse(claims, _unwrap(body, "ResourceClaimList"))
     return [_from_message(c) for c in claims.items], claims.metadata.resourceVersion
 
 
-def _from_message(claim: claims_pb2.ResourceClaim) -> Obj:
+def _from_message(claim: claims_pb2.ResourceClaim) -> AllocationView:
     md = claim.metadata
-    out: Obj = {"metadata": {"name": md.name, "namespace": md.namespace, "uid": md.uid}, "status": {}}
+    out: AllocationView = {"metadata": {"name": md.name, "namespace": md.namespace, "uid": md.uid}, "status": {}}
     if claim.status.HasField("allocation"):
-        results = []
+        results: list[AllocationResult] = []
         for r in claim.status.allocation.devices.results:
-            res: Obj = {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
+            res: AllocationResult = {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
             if r.adminAccess:
                 res["adminAccess"] = True
             if r.HasField("shareID"):
@@ -120,21 +121,20 @@ def _from_message(claim: claims_pb2.ResourceClaim) -> Obj:
     return out
 
 
-def allocation_view(claim: Mapping[str, Any]) -> Obj:
+def allocation_view(claim: Mapping[str, Any]) -> AllocationView:
     """A claim in its JSON form reduced to what :func:`decode_claim_list` yields for it."""
-    md = claim.get("metadata")
-    md = md if isinstance(md, Mapping) else {}
-    out: Obj = {"metadata": {k: str(md.get(k) or "") for k in ("name", "namespace", "uid")}, "status": {}}
-    status = claim.get("status")
-    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    md = as_mapping(claim.get("metadata"))
+    out: AllocationView = {"metadata": {"name": _text(md, "name"), "namespace": _text(md, "namespace"),
+                                        "uid": _text(md, "uid")}, "status": {}}
+    allocation = as_mapping(claim.get("status")).get("allocation")
     if not isinstance(allocation, Mapping):
         return out
-    devices = allocation.get("devices")
-    results = []
-    for r in (devices.get("results") if isinstance(devices, Mapping) else None) or []:
+    results: list[AllocationResult] = []
+    for r in as_mapping(allocation.get("devices")).get("results") or []:
         if not isinstance(r, Mapping):
             continue
-        res: Obj = {k: str(r.get(k) or "") for k in ("request", "driver", "pool", "device")}
+        res: AllocationResult = {"request": _text(r, "request"), "driver": _text(r, "driver"), "pool": _text(r, "pool"),
+                                 "device": _text(r, "device")}
         if r.get("adminAccess") is True:
             res["adminAccess"] = True
         if r.get("shareID") is not None:
@@ -147,22 +147,30 @@ def allocation_view(claim: Mapping[str, Any]) -> Obj:
     return out
 
 
+def _text(m: Mapping[str, Any], key: str) -> str:
+    """A field as text, empty when absent or empty (what the protobuf form gives for it)."""
+    return str(m.get(key) or "")
+
+
 # --------------------------------------------------------------------------- pods
 
 
+_B = TypeVar("_B")
+
+
 @dataclass(frozen=True)
-class Reduced:
+class Reduced(Generic[_B]):
     """A resource read in protobuf through a reduced schema: how to decode a list response
     (items, resourceVersion, continue token), what an item of a JSON answer becomes, and, for a
     resource that is watched this way, one watch frame (an event as the JSON watch gives it,
-    ``{"type": ..., "object": ...}``)."""
+    ``{"type": ..., "object": ...}``). ``_B`` is the shape both give each item (:mod:`dra_driver.k8s.bodies`)."""
 
-    decode_list: Callable[[bytes], tuple[list[Obj], str, str]]
-    from_json: Callable[[Obj], Obj]
+    decode_list: Callable[[bytes], tuple[list[_B], str, str]]
+    from_json: Callable[[Obj], _B]
     decode_event: Callable[[bytes], Obj] | None = None
 
 
-def decode_pod_list(body: bytes) -> tuple[list[Obj], str, str]:
+def decode_pod_list(body: bytes) -> tuple[list[RawPod], str, str]:
     pods = pods_pb2.PodList()
     _parse(pods, _unwrap(body, "PodList"))
     md = pods.metadata
@@ -173,7 +181,7 @@ def decode_pod_event(frame: bytes) -> Obj:
     return _decode_event(frame, "Pod", lambda raw: pod_refs(_parsed(pods_pb2.Pod(), raw)))
 
 
-def _decode_event(frame: bytes, kind: str, decode: Callable[[bytes], Obj]) -> Obj:
+def _decode_event(frame: bytes, kind: str, decode: Callable[[bytes], Mapping[str, Any]]) -> Obj:
     """One watch frame: ``{"type": ..., "object": ...}`` as the JSON watch gives it, the object
     decoded by ``decode`` (an error's Status and a bookmark by their own schemas)."""
     event = meta_pb2.WatchEvent()
@@ -211,7 +219,7 @@ def _time(t: meta_pb2.Time) -> str:
     return datetime.fromtimestamp(t.seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pod_refs(pod: pods_pb2.Pod) -> Obj:
+def pod_refs(pod: pods_pb2.Pod) -> RawPod:
     """A pod as the controller reads it, in the shape of its JSON form."""
     md = pod.metadata
     meta: Obj = {"name": md.name, "namespace": md.namespace, "uid": md.uid, "resourceVersion": md.resourceVersion}
@@ -238,7 +246,7 @@ def pod_refs(pod: pods_pb2.Pod) -> Obj:
                                            for st in pod.status.resourceClaimStatuses]
     if pod.status.HasField("extendedResourceClaimStatus"):
         status["extendedResourceClaimStatus"] = _named(None, pod.status.extendedResourceClaimStatus, "resourceClaimName")
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
+    return cast(RawPod, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status})
 
 
 def _named(name: str | None, message: Any, field: str) -> Obj:
@@ -248,16 +256,17 @@ def _named(name: str | None, message: Any, field: str) -> Obj:
     return out
 
 
-POD_CLAIM_REFS = Reduced(decode_pod_list, from_json=lambda pod: pod, decode_event=decode_pod_event)
+POD_CLAIM_REFS: Reduced[RawPod] = Reduced(decode_pod_list, from_json=lambda pod: cast(RawPod, pod),
+                                          decode_event=decode_pod_event)
 """Pods as the controller reads them; a JSON pod is read whole (its readers read only these fields)."""
-CLAIM_ALLOCATIONS = Reduced(lambda body: (*decode_claim_list(body), ""), from_json=allocation_view)
+CLAIM_ALLOCATIONS: Reduced[AllocationView] = Reduced(lambda body: (*decode_claim_list(body), ""), from_json=allocation_view)
 """Every claim's allocated devices (``list_claim_allocations``: from the watch cache, one page)."""
 
 
 # --------------------------------------------------------------------------- claims and their notes
 
 
-def noted_claims(annotations: Collection[str]) -> Reduced:
+def noted_claims(annotations: Collection[str]) -> Reduced[NotedClaim]:
     """ResourceClaims as ``explain -n``/``-A`` reads them, in protobuf through
     ``api/proto/kubewire/claimnotes.proto``: name, namespace, deletion, of the annotations only
     ``annotations``; of a claim not allocated the DeviceClasses of its requests, of an allocated
@@ -265,7 +274,7 @@ def noted_claims(annotations: Collection[str]) -> Reduced:
     reduced to the same dicts."""
     keep = tuple(annotations)
 
-    def decode_list(body: bytes) -> tuple[list[Obj], str, str]:
+    def decode_list(body: bytes) -> tuple[list[NotedClaim], str, str]:
         claims = claimnotes_pb2.NotedClaimList()
         _parse(claims, _unwrap(body, "ResourceClaimList"))
         md = claims.metadata
@@ -274,14 +283,11 @@ def noted_claims(annotations: Collection[str]) -> Reduced:
     return Reduced(decode_list, from_json=lambda claim: _noted_json(claim, keep))
 
 
-_RESULT_KEYS = ("driver", "pool", "device")
-
-
-def _noted(claim: _M, keep: tuple[str, ...]) -> Obj:
+def _noted(claim: _M, keep: tuple[str, ...]) -> NotedClaim:
     # Each field read off a parsed message costs a Python object: at 30,000 claims a list reads
     # only what the report needs, once.
     md = claim.metadata
-    meta: Obj = {"name": md.name, "namespace": md.namespace}
+    meta: RawMeta = {"name": md.name, "namespace": md.namespace}
     if md.HasField("deletionTimestamp"):
         meta["deletionTimestamp"] = _time(md.deletionTimestamp)
     found = md.annotations
@@ -291,11 +297,12 @@ def _noted(claim: _M, keep: tuple[str, ...]) -> Obj:
             meta["annotations"] = notes
     status = claim.status
     if status.HasField("allocation"):
-        results = [{"driver": r.driver, "pool": r.pool, "device": r.device} for r in status.allocation.devices.results]
+        results: list[AllocationResult] = [{"driver": r.driver, "pool": r.pool, "device": r.device}
+                                           for r in status.allocation.devices.results]
         return {"metadata": meta, "status": {"allocation": {"devices": {"results": results}}}}
-    requests = []
+    requests: list[DeviceRequest] = []
     for r in claim.spec.devices.requests:
-        request: Obj = {"name": r.name}
+        request: DeviceRequest = {"name": r.name}
         if r.HasField("exactly"):
             request["exactly"] = {"deviceClassName": r.exactly.deviceClassName}
         subs = r.firstAvailable
@@ -305,10 +312,10 @@ def _noted(claim: _M, keep: tuple[str, ...]) -> Obj:
     return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
 
 
-def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> Obj:
+def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> NotedClaim:
     """:func:`_noted` of a claim's JSON form."""
     md = as_mapping(claim.get("metadata"))
-    meta: Obj = {k: str(md.get(k) or "") for k in ("name", "namespace")}
+    meta: RawMeta = {"name": _text(md, "name"), "namespace": _text(md, "namespace")}
     if md.get("deletionTimestamp"):
         meta["deletionTimestamp"] = str(md["deletionTimestamp"])
     found = as_mapping(md.get("annotations"))
@@ -319,16 +326,16 @@ def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> Obj:
     if isinstance(allocation, Mapping):
         results = as_mappings(as_mapping(allocation.get("devices")).get("results"))
         return {"metadata": meta, "status": {"allocation": {"devices": {"results": [
-            {k: str(r.get(k) or "") for k in _RESULT_KEYS} for r in results]}}}}
-    requests = []
+            {"driver": _text(r, "driver"), "pool": _text(r, "pool"), "device": _text(r, "device")} for r in results]}}}}
+    requests: list[DeviceRequest] = []
     for r in as_mappings(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("requests")):
-        request: Obj = {"name": str(r.get("name") or "")}
+        request: DeviceRequest = {"name": _text(r, "name")}
         if isinstance(r.get("exactly"), Mapping):
             request["exactly"] = {"deviceClassName": str(r["exactly"].get("deviceClassName") or "")}
         subs = as_mappings(r.get("firstAvailable"))
         if subs:
-            request["firstAvailable"] = [{"name": str(s.get("name") or ""),
-                                          "deviceClassName": str(s.get("deviceClassName") or "")} for s in subs]
+            request["firstAvailable"] = [{"name": _text(s, "name"), "deviceClassName": _text(s, "deviceClassName")}
+                                         for s in subs]
         requests.append(request)
     return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
 
@@ -550,7 +557,7 @@ def _requirement(r: _M) -> Obj:
     return out
 
 
-def slice_reading(from_json: Callable[[Obj], Obj]) -> Reduced:
+def slice_reading(from_json: Callable[[Obj], Obj]) -> Reduced[Obj]:
     """ResourceSlices in protobuf, equal values shared; a JSON answer's slices go through
     ``from_json``."""
     decoder = _SliceDecoder()
