@@ -124,8 +124,9 @@ def _from_message(claim: claims_pb2.ResourceClaim) -> AllocationView:
 def allocation_view(claim: Mapping[str, Any]) -> AllocationView:
     """A claim in its JSON form reduced to what :func:`decode_claim_list` yields for it."""
     md = as_mapping(claim.get("metadata"))
-    out: AllocationView = {"metadata": {"name": _text(md, "name"), "namespace": _text(md, "namespace"),
-                                        "uid": _text(md, "uid")}, "status": {}}
+    out: AllocationView = {"metadata": {"name": str(md.get("name") or ""),
+                                        "namespace": str(md.get("namespace") or ""),
+                                        "uid": str(md.get("uid") or "")}, "status": {}}
     allocation = as_mapping(claim.get("status")).get("allocation")
     if not isinstance(allocation, Mapping):
         return out
@@ -133,8 +134,8 @@ def allocation_view(claim: Mapping[str, Any]) -> AllocationView:
     for r in as_mapping(allocation.get("devices")).get("results") or []:
         if not isinstance(r, Mapping):
             continue
-        res: AllocationResult = {"request": _text(r, "request"), "driver": _text(r, "driver"), "pool": _text(r, "pool"),
-                                 "device": _text(r, "device")}
+        res: AllocationResult = {"request": str(r.get("request") or ""), "driver": str(r.get("driver") or ""),
+                                 "pool": str(r.get("pool") or ""), "device": str(r.get("device") or "")}
         if r.get("adminAccess") is True:
             res["adminAccess"] = True
         if r.get("shareID") is not None:
@@ -145,11 +146,6 @@ def allocation_view(claim: Mapping[str, Any]) -> AllocationView:
         results.append(res)
     out["status"]["allocation"] = {"devices": {"results": results}}
     return out
-
-
-def _text(m: Mapping[str, Any], key: str) -> str:
-    """A field as text, empty when absent or empty (what the protobuf form gives for it)."""
-    return str(m.get(key) or "")
 
 
 # --------------------------------------------------------------------------- pods
@@ -315,7 +311,7 @@ def _noted(claim: _M, keep: tuple[str, ...]) -> NotedClaim:
 def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> NotedClaim:
     """:func:`_noted` of a claim's JSON form."""
     md = as_mapping(claim.get("metadata"))
-    meta: RawMeta = {"name": _text(md, "name"), "namespace": _text(md, "namespace")}
+    meta: RawMeta = {"name": str(md.get("name") or ""), "namespace": str(md.get("namespace") or "")}
     if md.get("deletionTimestamp"):
         meta["deletionTimestamp"] = str(md["deletionTimestamp"])
     found = as_mapping(md.get("annotations"))
@@ -326,16 +322,17 @@ def _noted_json(claim: Mapping[str, Any], keep: tuple[str, ...]) -> NotedClaim:
     if isinstance(allocation, Mapping):
         results = as_mappings(as_mapping(allocation.get("devices")).get("results"))
         return {"metadata": meta, "status": {"allocation": {"devices": {"results": [
-            {"driver": _text(r, "driver"), "pool": _text(r, "pool"), "device": _text(r, "device")} for r in results]}}}}
+            {"driver": str(r.get("driver") or ""), "pool": str(r.get("pool") or ""), "device": str(r.get("device") or "")}
+            for r in results]}}}}
     requests: list[DeviceRequest] = []
     for r in as_mappings(as_mapping(as_mapping(claim.get("spec")).get("devices")).get("requests")):
-        request: DeviceRequest = {"name": _text(r, "name")}
+        request: DeviceRequest = {"name": str(r.get("name") or "")}
         if isinstance(r.get("exactly"), Mapping):
             request["exactly"] = {"deviceClassName": str(r["exactly"].get("deviceClassName") or "")}
         subs = as_mappings(r.get("firstAvailable"))
         if subs:
-            request["firstAvailable"] = [{"name": _text(s, "name"), "deviceClassName": _text(s, "deviceClassName")}
-                                         for s in subs]
+            request["firstAvailable"] = [{"name": str(s.get("name") or ""),
+                                          "deviceClassName": str(s.get("deviceClassName") or "")} for s in subs]
         requests.append(request)
     return {"metadata": meta, "spec": {"devices": {"requests": requests}}, "status": {}}
 

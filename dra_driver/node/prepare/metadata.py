@@ -44,7 +44,9 @@ from typing import Any
 import orjson
 
 from dra_driver.gpuconfig import base_request
+from dra_driver.k8s.bodies import RawClaim
 from dra_driver.k8s.names import is_dns_label
+from dra_driver.k8s.objects import as_mapping, meta
 from dra_driver.node.describe.devices import AllocatableDevice, device_attributes
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.prepare.calls import (
@@ -84,11 +86,11 @@ class MetadataClaim:
     pod_claim_name: str | None = None
 
 
-def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
+def pod_claim_name(claim: RawClaim) -> str | None:
     """The pod's own name for a claim made from a template (the annotation kube-controller-manager
-    sets); None for a claim the pod names directly."""
-    annotations = (claim.get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(POD_CLAIM_NAME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    sets); None for a claim the pod names directly. ``claim`` is verified (its metadata is an object:
+    :func:`~dra_driver.node.prepare.plan.verify_claim` matched its UID)."""
+    value = as_mapping(meta(claim).get("annotations")).get(POD_CLAIM_NAME_ANNOTATION)
     if value is None or value == "":
         return None
     if not is_dns_label(value):

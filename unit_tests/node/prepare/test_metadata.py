@@ -171,6 +171,9 @@ class TestNames:
             claim["metadata"]["annotations"] = {md.POD_CLAIM_NAME_ANNOTATION: bad}
             with pytest.raises(MetadataError, match="pod-claim-name"):
                 md.pod_claim_name(claim)
+        for not_annotations in (["gpu"], "gpu", 7, None):
+            claim["metadata"]["annotations"] = not_annotations
+            assert md.pod_claim_name(claim) is None
 
     @pytest.mark.parametrize("bad", ["..", "a/b", "", "Gpu", "x" * 64, "gpu\n"])
     def test_request_names_are_validated(self, bad: str) -> None:
