@@ -6,7 +6,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from dra_driver.k8s.objects import Obj, meta
+from dra_driver.k8s.objects import Obj, as_mapping, meta
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -17,8 +17,7 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    a = meta(obj).get("annotations")
-    return a if isinstance(a, Mapping) else {}
+    return as_mapping(meta(obj).get("annotations"))
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:
@@ -26,8 +25,7 @@ def uid_of(obj: Mapping[str, Any]) -> str:
 
 
 def status_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    s = obj.get("status")
-    return s if isinstance(s, Mapping) else {}
+    return as_mapping(obj.get("status"))
 
 
 def is_allocated(claim: Mapping[str, Any]) -> bool:
@@ -62,8 +60,7 @@ def pod_is_done(pod: Mapping[str, Any]) -> bool:
     phase = status_of(pod).get("phase")
     if phase in ("Succeeded", "Failed"):
         return True
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    return is_deleting(pod) and not (spec or {}).get("nodeName")
+    return is_deleting(pod) and not as_mapping(pod.get("spec")).get("nodeName")
 
 
 def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
@@ -72,8 +69,7 @@ def pod_claim_keys(pod: Mapping[str, Any]) -> set[str]:
         return set()
     ns = meta(pod).get("namespace") or "default"
     keys: set[str] = set()
-    spec = pod.get("spec")
-    for rc in (spec.get("resourceClaims") if isinstance(spec, Mapping) else None) or []:
+    for rc in as_mapping(pod.get("spec")).get("resourceClaims") or []:
         if isinstance(rc, Mapping) and rc.get("resourceClaimName"):
             keys.add(f"{ns}/{rc['resourceClaimName']}")
     for st in status_of(pod).get("resourceClaimStatuses") or []:
@@ -105,8 +101,7 @@ def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, list[str]]:
             if name and str(name) not in names:
                 names.append(str(name))
 
-    spec = pod.get("spec")
-    for rc in (spec.get("resourceClaims") if isinstance(spec, Mapping) else None) or []:
+    for rc in as_mapping(pod.get("spec")).get("resourceClaims") or []:
         if isinstance(rc, Mapping):
             add(rc.get("resourceClaimName"), rc.get("name"))
     for st in status_of(pod).get("resourceClaimStatuses") or []:
@@ -119,8 +114,7 @@ def pod_claim_names(pod: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def pod_node(pod: Mapping[str, Any]) -> str | None:
-    spec = pod.get("spec")
-    n = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    n = as_mapping(pod.get("spec")).get("nodeName")
     return str(n) if n else None
 
 
@@ -133,9 +127,7 @@ def device_ids(allocation: Mapping[str, Any] | None, *, exclusive_only: bool = F
     out: set[tuple[str, str, str]] = set()
     if not isinstance(allocation, Mapping):
         return out
-    devices = allocation.get("devices")
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    for r in results or []:
+    for r in as_mapping(allocation.get("devices")).get("results") or []:
         if not isinstance(r, Mapping):
             continue
         if exclusive_only and (r.get("adminAccess") or r.get("shareID")):

@@ -42,8 +42,7 @@ def as_int(value: Any) -> int | None:
 
 
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    m = obj.get("metadata")
-    return m if isinstance(m, Mapping) else {}
+    return as_mapping(obj.get("metadata"))
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
@@ -116,7 +115,7 @@ NODE_NAME_KEYS = ("metadata.name", "kubernetes.io/hostname")
 
 def describe_node_selector(allocation: Mapping[str, Any] | None) -> str:
     """``node X`` when an allocation's selector pins nodes by name, else compact JSON, or 'any node'."""
-    sel = allocation.get("nodeSelector") if isinstance(allocation, Mapping) else None
+    sel = as_mapping(allocation).get("nodeSelector")
     if not sel:
         return "any node"
     names = [str(v) for exprs, flds in selector_terms(sel) for r in (*flds, *exprs)
