@@ -29,8 +29,9 @@ def as_list(value: Any) -> list[Any]:
 
 
 def as_mappings(value: Any) -> list[Mapping[str, Any]]:
-    """The mappings of a list (nothing for a value that is not one; items that are not mappings left out)."""
-    return [v for v in as_list(value) if isinstance(v, Mapping)]
+    """The mappings of a JSON list (nothing for a value that is not a list; items that are not
+    mappings left out)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def as_str(value: Any) -> str | None:

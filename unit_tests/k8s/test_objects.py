@@ -52,5 +52,5 @@ def test_describe_falls_back_to_the_selector_itself() -> None:
 
 def test_as_mappings_keeps_the_mappings_of_a_list_only() -> None:
     assert as_mappings([{"a": 1}, "x", None, 3, {"b": 2}]) == [{"a": 1}, {"b": 2}]
-    for not_a_list in (None, "abc", {"a": 1}, 7):
+    for not_a_list in (None, "abc", {"a": 1}, 7, ({"a": 1},)):
         assert as_mappings(not_a_list) == []

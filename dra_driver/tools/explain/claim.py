@@ -31,7 +31,7 @@ from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.bodies import RawBody, RawSlice
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, DEVICE_TAINT_RULES, SLICES, ApiError, KubeApi
-from dra_driver.k8s.objects import Obj, as_mapping, as_mappings, describe_node_selector, meta
+from dra_driver.k8s.objects import Obj, as_mapping, describe_node_selector, meta
 from dra_driver.tools.explain.drivers import claim_drivers
 
 
@@ -54,7 +54,9 @@ def slice_devices(slices: Sequence[RawSlice]) -> dict[DeviceId, tuple[str | None
         pool_name = str(as_mapping(spec.get("pool")).get("name", ""))
         driver = str(spec.get("driver", ""))
         slice_node = spec.get("nodeName")
-        for d in as_mappings(spec.get("devices")):
+        for d in spec.get("devices") or []:
+            if not isinstance(d, Mapping):
+                continue
             node = d.get("nodeName") or slice_node
             out[(driver, pool_name, str(d.get("name", "")))] = (str(node) if node else None, d)
     return out
