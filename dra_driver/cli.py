@@ -32,6 +32,8 @@ from dra_driver.flags import (
 from dra_driver.k8s.credentials import KubeconfigError
 from dra_driver.node import settings as plugin_settings
 from dra_driver.tools.explain.targets import OUTPUTS
+from dra_driver.tools.migrate.config import CONFIG_LABEL as MIGRATE_CONFIG_LABEL
+from dra_driver.tools.migrate.config import OUTPUTS as MIGRATE_OUTPUTS
 from dra_driver.tools.terminal import printable
 
 PROGRAM = "dra-driver"
@@ -68,6 +70,13 @@ EXAMPLES = {
   %(prog)s --context prod -o bundle.tar.gz
   # In the plugin's pod: the node's checkpoint, CDI specs and metrics too
   kubectl exec -n dra-driver ds/dra-driver-kubelet-plugin -- dra-driver debug-bundle -o - > bundle.tar.gz""",
+    "migrate": """Examples:
+  # What the GPU Operator's configs become: classes, workloads, each node's steps
+  %(prog)s --configmap gpu-operator/device-plugin-config --default-config default
+  # The DeviceClasses for one config file, for kubectl apply -f -
+  %(prog)s -f dp-config.yaml -o yaml
+  # Create them
+  %(prog)s -f dp-config.yaml --apply""",
     "kubelet-plugin": """Examples:
   %(prog)s --node-name "$NODE_NAME" --gpu-backend nvml
   %(prog)s --node-name sim-1 --gpu-backend simulated --simulated-profile h100-8x --kubeconfig ~/.kube/config""",
@@ -123,6 +132,7 @@ def build_parser(prog: str = PROGRAM, *, kubectl_plugin: bool = False) -> argpar
                                                          "else the plugin's")
     bundle.add_argument("--metrics-url", default=None,
                         help="the plugin's /metrics; default http://127.0.0.1:$HEALTH_PORT/metrics")
+    add_migrate_arguments(command("migrate", "serve NVIDIA's device plugin's resource names through this driver"))
     if kubectl_plugin:
         return parser
     probe = command("probe", "check that a running node plugin answers on its sockets")
@@ -131,6 +141,21 @@ def build_parser(prog: str = PROGRAM, *, kubectl_plugin: bool = False) -> argpar
                             "environment (DRIVER_NAME, KUBELET_REGISTRY_DIR, ROLLING_UPDATE, POD_UID)")
     add_shared_arguments(probe, kubeconfig=False)
     return parser
+
+
+def add_migrate_arguments(migrate: argparse.ArgumentParser) -> None:
+    source = migrate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--filename", "-f", default=None, metavar="FILE",
+                        help="the device plugin's config file, or a ConfigMap manifest of several ('-' for stdin)")
+    source.add_argument("--configmap", default=None, metavar="NAMESPACE/NAME",
+                        help="the device plugin's ConfigMap (its chart's or the GPU Operator's), one key per config")
+    migrate.add_argument("--default-config", default=None, metavar="KEY",
+                         help=f"the config of nodes without the {MIGRATE_CONFIG_LABEL} label; default: the only one")
+    migrate.add_argument("--output", "-o", choices=MIGRATE_OUTPUTS, default="text",
+                         help="yaml, json: the DeviceClasses, for kubectl apply -f -; text: the report")
+    migrate.add_argument("--apply", action="store_true", help="create the DeviceClasses (the only mode that writes)")
+    migrate.add_argument("--context", default=None, help="the kubeconfig context to use; default: its current one")
+    add_shared_arguments(migrate)
 
 
 def kubectl_booleans(argv: Sequence[str], error: Callable[[str], Any]) -> list[str]:
@@ -205,6 +230,12 @@ def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
 
         socket = args.registration_socket or plugin_settings.registration_socket_from_env(os.environ, args.driver_name)
         return lambda: probe.main(str(socket), args.driver_name)
+    if args.command == "migrate":
+        from dra_driver.tools.migrate import command as migrate
+
+        return lambda: migrate.main(args.filename, args.configmap, default_config=args.default_config,
+                                    output=args.output, apply=args.apply, kubeconfig=args.kubeconfig,
+                                    context=args.context, driver=args.driver_name, prog=prog)
     from dra_driver.tools.explain import command as explain
 
     return lambda: explain.main(args.target, kubeconfig=args.kubeconfig, output=args.output,

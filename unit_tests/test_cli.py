@@ -274,3 +274,21 @@ def test_a_bundle_from_another_context(capsys: pytest.CaptureFixture[str], tmp_p
     err = failed(capsys, cli.main(["debug-bundle", "--kubeconfig", str(config), "--context", "prod"]))
     assert err == (f"dra-driver debug-bundle: collected nothing, so wrote no bundle: cluster: context 'prod' not "
                    f"found in kubeconfig {config}")
+
+
+# --- migrate -------------------------------------------------------------------------------------------
+
+
+def test_migrate_reads_its_config_before_the_cluster(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "dp.yaml").write_text("version: v2\n")
+    err = failed(capsys, cli.kubectl_main(["migrate", "-f", "dp.yaml", "--kubeconfig", str(tmp_path / "missing")]))
+    assert err == "kubectl dra migrate: dp.yaml: config (file): unknown version 'v2' (the device plugin's config is v1)"
+    err = failed(capsys, cli.main(["migrate", "--configmap", "gpu-operator/dp", "--kubeconfig", str(tmp_path / "missing")]))
+    assert err == f"dra-driver migrate: kubeconfig {tmp_path / 'missing'} does not exist"
+
+
+def test_migrate_takes_one_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert usage_error(capsys, ["migrate"], plugin=True) == (
+        "kubectl dra migrate: error: one of the arguments --filename/-f --configmap is required")
+    assert usage_error(capsys, ["migrate", "-f", "a", "--configmap", "b/c"]) == (
+        "dra-driver migrate: error: argument --configmap: not allowed with argument --filename/-f")

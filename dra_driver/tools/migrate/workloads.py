@@ -1,0 +1,139 @@
+"""Which workloads ask for a device plugin name, and what serves each of them after the switch.
+
+The workloads are Pods (those no controller owns: the others are reported through their
+controller), Deployments, StatefulSets, DaemonSets, Jobs and CronJobs; a container's
+``resources.limits`` (else ``requests``) are read, init containers included. A name is reported when
+it is one the fleet's device plugin configs advertise (``nvidia.com/...``) or a GPU-memory or
+GPU-core extension of another device plugin (``aliyun.com/gpu-mem``, ``nvidia.com/gpumem``, ...).
+For each: served or not, by which class and as what, and where it is not (or a count the class
+cannot mean), the ResourceClaimTemplate to write instead. Whether it fits now is the fleet view's
+``fit``: the caller passes it in as ``fit`` (None: not computed). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.tools.migrate.classes import Served
+
+FitFn = Callable[[Mapping[str, Any]], str]
+"""The fleet view's answer for one workload object: whether, and where, its pods fit now."""
+
+MEMORY_EXTENSIONS = {"aliyun.com/gpu-mem": "Gi", "nvidia.com/gpumem": "Mi", "tencent.com/vcuda-memory": "256Mi"}
+"""Device plugins that sell GPU memory, and the unit of their count: served here as a share of a
+GPU with that much ``memory`` (``--consumable-shares``)."""
+COMPUTE_EXTENSIONS = ("nvidia.com/gpucores", "nvidia.com/gpumem-percentage", "tencent.com/vcuda-core",
+                      "aliyun.com/gpu-core.percentage")
+"""Names that sell a percentage of a GPU: not expressible as one; the template asks for a share and says so."""
+COUNT_EXTENSIONS = ("aliyun.com/gpu-count",)
+SHARED_CLASS = "shared-gpu"
+"""The chart's class of shareable full GPUs (``shared-gpu.<driver>``)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    resource: str
+    count: int
+    containers: tuple[str, ...]
+
+
+def pod_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    kind = obj.get("kind")
+    spec = obj.get("spec") or {}
+    if kind == "Pod":
+        return spec
+    if kind == "CronJob":
+        return ((((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
+    return ((spec.get("template") or {}).get("spec")) or {}
+
+
+def owned(obj: Mapping[str, Any]) -> bool:
+    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _count(value: Any) -> int:
+    text = str(value).strip()
+    return int(text) if text.isdigit() else 0
+
+
+def is_gpu_name(resource: str, served: Mapping[str, Served]) -> bool:
+    return (resource in served or resource.startswith("nvidia.com/") or resource in MEMORY_EXTENSIONS
+            or resource in COMPUTE_EXTENSIONS or resource in COUNT_EXTENSIONS)
+
+
+def requests(spec: Mapping[str, Any], served: Mapping[str, Served]) -> list[Request]:
+    found: dict[tuple[str, int], list[str]] = {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for resource, value in asked.items():
+            if is_gpu_name(str(resource), served):
+                found.setdefault((str(resource), _count(value)), []).append(str(container.get("name", "")))
+    return [Request(r, c, tuple(names)) for (r, c), names in sorted(found.items())]
+
+
+def workload_name(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    return f"{obj.get('kind')} {metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def claim_template(obj: Mapping[str, Any], request: Mapping[str, Any], suffix: str) -> dict[str, Any]:
+    metadata = obj.get("metadata") or {}
+    name = f"{metadata.get('name', 'workload')}-{suffix}"[:63].rstrip("-.")
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": metadata.get("namespace", "default")},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": dict(request)}]}}},
+    }
+
+
+def _row(obj: Mapping[str, Any], req: Request, served: Mapping[str, Served], driver: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": workload_name(obj), "containers": list(req.containers),
+                           "resource": req.resource, "count": req.count}
+    entry = served.get(req.resource)
+    if entry is not None:
+        meanings = sorted({b.describe() for b in entry.backings})
+        row.update(served=True, deviceClass=entry.class_name, meaning=" or ".join(meanings))
+        if entry.shares and req.count > 1:
+            row["note"] = (f"{req.count} of {req.resource} become {req.count} devices of the class, each one "
+                           f"share, possibly of different GPUs; for {req.count} shares of one GPU use the template")
+            if entry.refused_more:
+                row["note"] += " (the device plugin refused it: failRequestsGreaterThanOne)"
+            row["template"] = claim_template(obj, {"deviceClassName": entry.class_name,
+                                                   "capacity": {"requests": {"shares": str(req.count)}}}, "gpu")
+        return row
+    row.update(served=False, deviceClass=None)
+    unit = MEMORY_EXTENSIONS.get(req.resource)
+    if unit is not None:
+        amount = f"{req.count * 256}Mi" if unit == "256Mi" else f"{req.count}{unit}"
+        row["note"] = (f"no DeviceClass can serve {req.resource}: a class asks for devices, not memory; claim a "
+                       f"share of {amount} of a GPU (the plugin with --consumable-shares)")
+        row["template"] = claim_template(obj, {"deviceClassName": f"{SHARED_CLASS}.{driver}",
+                                               "capacity": {"requests": {"memory": amount}}}, "gpu")
+    elif req.resource in COMPUTE_EXTENSIONS or req.resource in COUNT_EXTENSIONS:
+        row["note"] = (f"no DeviceClass can serve {req.resource}; claim a share of a GPU (capacity.requests "
+                       "multiprocessors sets its compute share)")
+        row["template"] = claim_template(obj, {"deviceClassName": f"{SHARED_CLASS}.{driver}"}, "gpu")
+    else:
+        row["note"] = f"no node's config serves {req.resource} through this driver: no class is generated for it"
+    return row
+
+
+def report(objects: Iterable[Mapping[str, Any]], served: Mapping[str, Served], driver: str,
+           fit: FitFn | None = None) -> list[dict[str, Any]]:
+    """One row per workload and device plugin name it asks for, in the order of the workloads."""
+    rows: list[dict[str, Any]] = []
+    for obj in objects:
+        if obj.get("kind") == "Pod" and owned(obj):
+            continue
+        asked = requests(pod_spec(obj), served)
+        fits = fit(obj) if fit is not None and asked else None
+        for req in asked:
+            row = _row(obj, req, served, driver)
+            if fits is not None:
+                row["fit"] = fits
+            rows.append(row)
+    return rows
