@@ -32,6 +32,7 @@ from typing import Any
 
 from dra_driver import CONFIG_API_VERSION
 from dra_driver.k8s.names import is_dns_subdomain
+from dra_driver.k8s.objects import as_list, as_mapping, as_mappings, as_str, meta
 from dra_driver.tools.migrate.config import MigrateError, MigStrategy, PluginConfig, Replicated, SharingKind
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -110,14 +111,16 @@ def mig_profiles(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, 
     """The MIG profiles each node publishes through this driver (the ``profile`` attribute of ``type: mig`` devices)."""
     out: dict[str, set[str]] = {}
     for sl in slices:
-        spec = sl.get("spec") or {}
-        if spec.get("driver") != driver or not spec.get("nodeName"):
+        spec = as_mapping(sl.get("spec"))
+        node_name = as_str(spec.get("nodeName"))
+        if spec.get("driver") != driver or not node_name:
             continue
-        node = out.setdefault(str(spec["nodeName"]), set())
-        for device in spec.get("devices") or []:
-            attrs = device.get("attributes") or {}
-            if (attrs.get("type") or {}).get("string") == "mig" and (attrs.get("profile") or {}).get("string"):
-                node.add(str(attrs["profile"]["string"]))
+        node = out.setdefault(node_name, set())
+        for device in as_mappings(spec.get("devices")):
+            attrs = as_mapping(device.get("attributes"))
+            profile = as_str(as_mapping(attrs.get("profile")).get("string"))
+            if as_mapping(attrs.get("type")).get("string") == "mig" and profile:
+                node.add(profile)
     return out
 
 
@@ -126,10 +129,10 @@ def advertised_profiles(nodes: Iterable[Mapping[str, Any]]) -> dict[str, set[str
     where it still runs, this driver publishes nothing, so the Node is where the fleet's profiles are seen."""
     out: dict[str, set[str]] = {}
     for node in nodes:
-        name = str((node.get("metadata") or {}).get("name", ""))
-        status = node.get("status") or {}
+        name = as_str(meta(node).get("name")) or ""
+        status = as_mapping(node.get("status"))
         for field_name in ("capacity", "allocatable"):
-            for resource, value in (status.get(field_name) or {}).items():
+            for resource, value in as_mapping(status.get(field_name)).items():
                 if str(resource).startswith(MIG_PREFIX) and str(value).strip() not in ("", "0"):
                     out.setdefault(name, set()).add(str(resource).removeprefix(MIG_PREFIX))
     return out
@@ -205,15 +208,23 @@ def device_class(served: Served, driver: str) -> dict[str, Any]:
 def _claimants(existing: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     out: dict[str, list[Mapping[str, Any]]] = {}
     for cls in existing:
-        name = (cls.get("spec") or {}).get("extendedResourceName")
+        name = _served_name(cls)
         if name:
-            out.setdefault(str(name), []).append(cls)
+            out.setdefault(name, []).append(cls)
     return out
 
 
+def _name(cls: Mapping[str, Any]) -> str:
+    return as_str(meta(cls).get("name")) or ""
+
+
+def _served_name(cls: Mapping[str, Any]) -> str | None:
+    return as_str(as_mapping(cls.get("spec")).get("extendedResourceName"))
+
+
 def _same_selection(cls: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    spec, want = cls.get("spec") or {}, wanted["spec"]
-    return bool((spec.get("selectors") or []) == want["selectors"] and (spec.get("config") or []) == want.get("config", []))
+    spec, want = as_mapping(cls.get("spec")), wanted["spec"]
+    return bool(as_list(spec.get("selectors")) == want["selectors"] and as_list(spec.get("config")) == want.get("config", []))
 
 
 def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[str, set[str]],
@@ -245,29 +256,28 @@ def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[s
             raise MigrateError(f"{resource} is MPS-shared on nodes {', '.join(nodes)} and not on others: one "
                                "DeviceClass serves a name, with one config")
         wanted = device_class(entry, driver)
-        others = [c for c in claimants.get(resource, []) if str((c.get("metadata") or {}).get("name")) != entry.class_name]
+        others = [c for c in claimants.get(resource, []) if _name(c) != entry.class_name]
         same = [c for c in others if _same_selection(c, wanted)]
         if others and len(same) == len(others) and len(others) == 1:
-            entry.class_name, entry.generated = str(others[0]["metadata"]["name"]), False
+            entry.class_name, entry.generated = _name(others[0]), False
             continue
         if others:
-            names = ", ".join(sorted(str((c.get("metadata") or {}).get("name")) for c in others))
+            names = ", ".join(sorted(_name(c) for c in others))
             raise MigrateError(f"{resource} would be claimed by two DeviceClasses: {names} (existing) and "
                                f"{entry.class_name}; Kubernetes allows one class per extendedResourceName "
                                "(remove it, or set the chart's deviceClasses.extendedResourceName to \"\")")
-        mine = [c for c in existing if str((c.get("metadata") or {}).get("name")) == entry.class_name]
-        if mine and _same_selection(mine[0], wanted) and (mine[0].get("spec") or {}).get("extendedResourceName") == resource:
+        mine = [c for c in existing if _name(c) == entry.class_name]
+        if mine and _same_selection(mine[0], wanted) and _served_name(mine[0]) == resource:
             entry.current = True
             continue
-        if mine and ((mine[0].get("metadata") or {}).get("labels") or {}).get(MANAGED_BY) == "Helm":
+        if mine and as_mapping(meta(mine[0]).get("labels")).get(MANAGED_BY) == "Helm":
             raise MigrateError(f"DeviceClass {entry.class_name} is the chart's and serves {resource} otherwise: set the "
                                "chart's deviceClasses.extendedResourceName to \"\" so that migrate's class replaces it")
         classes.append(wanted)
     for cls in classes:
         name = cls["metadata"]["name"]
-        clash = [c for c in existing if (c.get("metadata") or {}).get("name") == name
-                 and (c.get("spec") or {}).get("extendedResourceName") not in (None, cls["spec"]["extendedResourceName"])]
+        clash = [other for c in existing if _name(c) == name
+                 and (other := _served_name(c)) not in (None, cls["spec"]["extendedResourceName"])]
         if clash:
-            raise MigrateError(f"DeviceClass {name} exists and serves {clash[0]['spec']['extendedResourceName']}, "
-                               f"not {cls['spec']['extendedResourceName']}")
+            raise MigrateError(f"DeviceClass {name} exists and serves {clash[0]}, not {cls['spec']['extendedResourceName']}")
     return Plan(served, classes)

@@ -37,6 +37,7 @@ from dra_driver.k8s.client import (
     RestKubeApi,
 )
 from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
+from dra_driver.k8s.objects import as_list, as_mapping, as_str, meta
 from dra_driver.tools.migrate import classes, config, steps, workloads
 from dra_driver.tools.migrate.config import CONFIG_LABEL, OUTPUTS, MigrateError
 from dra_driver.tools.terminal import one_line, printable
@@ -86,16 +87,20 @@ def read_fleet(api: KubeApi) -> Fleet:
 
 def device_plugin_names(node: Mapping[str, Any], served: Mapping[str, Any]) -> list[str]:
     """The device plugin's names a Node advertises (non-zero): ``nvidia.com/...`` and the names the configs serve."""
-    status = node.get("status") or {}
-    names = {str(name) for field in ("capacity", "allocatable") for name, value in (status.get(field) or {}).items()
+    status = as_mapping(node.get("status"))
+    names = {str(name) for field in ("capacity", "allocatable") for name, value in as_mapping(status.get(field)).items()
              if (str(name).startswith("nvidia.com/") or name in served) and str(value).strip() not in ("", "0")}
     return sorted(names)
 
 
 def gpu_nodes(fleet: Fleet, profiles: Mapping[str, set[str]]) -> list[Mapping[str, Any]]:
     """The nodes with GPUs: the device plugin's names on the Node, this driver's slices, or the config label."""
-    return [n for n in fleet.nodes if device_plugin_names(n, {}) or str((n.get("metadata") or {}).get("name")) in profiles
-            or CONFIG_LABEL in ((n.get("metadata") or {}).get("labels") or {})]
+    return [n for n in fleet.nodes if device_plugin_names(n, {}) or node_name(n) in profiles
+            or CONFIG_LABEL in as_mapping(meta(n).get("labels"))]
+
+
+def node_name(node: Mapping[str, Any]) -> str:
+    return as_str(meta(node).get("name")) or ""
 
 
 def apply_classes(api: KubeApi, wanted: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -110,8 +115,7 @@ def apply_classes(api: KubeApi, wanted: Sequence[Mapping[str, Any]]) -> list[str
             if not exc.conflict:
                 raise
             current = api.get(DEVICE_CLASSES, name)
-            replaced = {**body, "metadata": {**body["metadata"],
-                                             "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")}}
+            replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": meta(current).get("resourceVersion")}}
             api.replace(DEVICE_CLASSES, replaced)
             done.append(f"deviceclass.resource.k8s.io/{name} configured")
     return done
@@ -123,15 +127,16 @@ def build_report(configs: Mapping[str, config.PluginConfig], fleet: Fleet, *, de
     profiles = {name: published.get(name, set()) | seen
                 for name, seen in {**{n: set() for n in published}, **classes.advertised_profiles(fleet.nodes)}.items()}
     nodes = gpu_nodes(fleet, profiles)
+    publishing = {as_str(spec.get("nodeName")) for s in fleet.slices
+                  if (spec := as_mapping(s.get("spec"))).get("driver") == driver and as_list(spec.get("devices"))}
     by_node = config.node_configs(nodes, configs, config.default_config(configs, default))
     plan = classes.plan_classes(by_node, profiles, fleet.device_classes, driver)
     rows = workloads.report(fleet.workloads, plan.served, driver, fit)
     names = {r["resource"] for r in rows} | set(plan.served)
     pods = steps.pods_by_node([w for w in fleet.workloads if w.get("kind") == "Pod"], names)
-    states = [steps.NodeState(name=str(n["metadata"]["name"]), config=by_node.get(str(n["metadata"]["name"])),
+    states = [steps.NodeState(name=node_name(n), config=by_node.get(node_name(n)),
                               device_plugin=tuple(device_plugin_names(n, plan.served)),
-                              publishing=_publishes(fleet, n, driver),
-                              pods=tuple(pods.get(str(n["metadata"]["name"]), ())))
+                              publishing=node_name(n) in publishing, pods=tuple(pods.get(node_name(n), ())))
               for n in nodes]
     return {
         "classes": plan.classes,
@@ -142,12 +147,6 @@ def build_report(configs: Mapping[str, config.PluginConfig], fleet: Fleet, *, de
         "workloads": rows,
         "steps": steps.fleet_steps(states, driver),
     }
-
-
-def _publishes(fleet: Fleet, node: Mapping[str, Any], driver: str) -> bool:
-    name = (node.get("metadata") or {}).get("name")
-    return any((s.get("spec") or {}).get("driver") == driver and (s.get("spec") or {}).get("nodeName") == name
-               and (s.get("spec") or {}).get("devices") for s in fleet.slices)
 
 
 def _yaml(doc: Any) -> str:

@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from dra_driver.k8s.objects import as_mapping, as_str, meta
+
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 """The Node label naming the config a node's device plugin runs with (the device plugin's config manager reads it)."""
 VERSION = "v1"
@@ -182,8 +184,8 @@ def config_from(doc: Any, name: str) -> PluginConfig:
 
 def configs_from_configmap(configmap: Mapping[str, Any]) -> dict[str, PluginConfig]:
     """Every config of a multi-config ConfigMap (``data`` keys are config names)."""
-    metadata = _mapping(configmap.get("metadata"), "ConfigMap metadata")
-    what = f"ConfigMap {metadata.get('namespace', '')}/{metadata.get('name', '')}".replace(" /", " ")
+    metadata = meta(configmap)
+    what = f"ConfigMap {as_str(metadata.get('namespace')) or ''}/{as_str(metadata.get('name')) or ''}".replace(" /", " ")
     data = configmap.get("data")
     if not isinstance(data, Mapping) or not data:
         raise MigrateError(f"{what} has no data: no device plugin config to read")
@@ -228,16 +230,15 @@ def node_configs(nodes: Sequence[Mapping[str, Any]], configs: Mapping[str, Plugi
     unknown (no label and no default). A label naming no config is an error, naming the node."""
     out: dict[str, PluginConfig | None] = {}
     for node in nodes:
-        metadata = _mapping(node.get("metadata"), "Node metadata")
-        name = str(metadata.get("name", ""))
-        label = _mapping(metadata.get("labels"), f"Node {name} labels").get(CONFIG_LABEL)
+        name = as_str(meta(node).get("name")) or ""
+        label = as_str(as_mapping(meta(node).get("labels")).get(CONFIG_LABEL))
         if FILE_CONFIG in configs:
             out[name] = configs[FILE_CONFIG]
         elif label is not None:
             if label not in configs:
                 raise MigrateError(f"Node {name}: label {CONFIG_LABEL}={label} names no config of the ConfigMap "
                                    f"({', '.join(sorted(configs))})")
-            out[name] = configs[str(label)]
+            out[name] = configs[label]
         else:
             out[name] = configs[default] if default is not None else None
     return out

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from dra_driver.k8s.objects import as_mapping, as_str, meta
 from dra_driver.tools.migrate.config import PluginConfig
+from dra_driver.tools.migrate.workloads import asked_resources
 
 GATED = "nvidia.com/gpu"
 GATED_MIG = "nvidia.com/mig-"
@@ -86,18 +89,15 @@ def fleet_steps(nodes: Sequence[NodeState], driver: str) -> dict[str, list[str]]
     return {n.name: node_steps(n, driver) for n in sorted(nodes, key=lambda n: n.name)}
 
 
-def pods_by_node(pods: Sequence[Mapping[str, object]], names: set[str]) -> dict[str, list[str]]:
+def pods_by_node(pods: Sequence[Mapping[str, Any]], names: set[str]) -> dict[str, list[str]]:
     """``namespace/name`` of the running pods of each node that ask for one of ``names``."""
     out: dict[str, list[str]] = {}
     for pod in pods:
-        spec = pod.get("spec")
-        metadata = pod.get("metadata")
-        if not isinstance(spec, Mapping) or not isinstance(metadata, Mapping) or not spec.get("nodeName"):
+        spec = as_mapping(pod.get("spec"))
+        node = as_str(spec.get("nodeName"))
+        if not node:
             continue
-        asked: set[str] = set()
-        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-            resources = container.get("resources") or {}
-            asked |= set(resources.get("limits") or {}) | set(resources.get("requests") or {})
+        asked = {str(name) for _, resources in asked_resources(spec) for name in resources}
         if asked & names:
-            out.setdefault(str(spec["nodeName"]), []).append(f"{metadata.get('namespace')}/{metadata.get('name')}")
+            out.setdefault(node, []).append(f"{as_str(meta(pod).get('namespace'))}/{as_str(meta(pod).get('name'))}")
     return out

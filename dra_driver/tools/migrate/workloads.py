@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.k8s.objects import as_mapping, as_mappings, as_str, meta
 from dra_driver.tools.migrate.classes import Served
 
 FitFn = Callable[[Mapping[str, Any]], str]
@@ -41,16 +42,26 @@ class Request:
 
 def pod_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     kind = obj.get("kind")
-    spec = obj.get("spec") or {}
+    spec = as_mapping(obj.get("spec"))
     if kind == "Pod":
         return spec
     if kind == "CronJob":
-        return ((((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
-    return ((spec.get("template") or {}).get("spec")) or {}
+        spec = as_mapping(as_mapping(spec.get("jobTemplate")).get("spec"))
+    return as_mapping(as_mapping(spec.get("template")).get("spec"))
 
 
 def owned(obj: Mapping[str, Any]) -> bool:
-    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+    return any(ref.get("controller") is True for ref in as_mappings(meta(obj).get("ownerReferences")))
+
+
+def asked_resources(spec: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each container's (init containers first) name and the resources it asks for: ``limits`` over ``requests``."""
+    out = []
+    for container in [*as_mappings(spec.get("initContainers")), *as_mappings(spec.get("containers"))]:
+        resources = as_mapping(container.get("resources"))
+        asked = {**as_mapping(resources.get("requests")), **as_mapping(resources.get("limits"))}
+        out.append((as_str(container.get("name")) or "", asked))
+    return out
 
 
 def _count(value: Any) -> int:
@@ -65,27 +76,25 @@ def is_gpu_name(resource: str, served: Mapping[str, Served]) -> bool:
 
 def requests(spec: Mapping[str, Any], served: Mapping[str, Served]) -> list[Request]:
     found: dict[tuple[str, int], list[str]] = {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = container.get("resources") or {}
-        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    for container, asked in asked_resources(spec):
         for resource, value in asked.items():
             if is_gpu_name(str(resource), served):
-                found.setdefault((str(resource), _count(value)), []).append(str(container.get("name", "")))
+                found.setdefault((str(resource), _count(value)), []).append(container)
     return [Request(r, c, tuple(names)) for (r, c), names in sorted(found.items())]
 
 
 def workload_name(obj: Mapping[str, Any]) -> str:
-    metadata = obj.get("metadata") or {}
-    return f"{obj.get('kind')} {metadata.get('namespace', '')}/{metadata.get('name', '')}"
+    metadata = meta(obj)
+    return f"{as_str(obj.get('kind'))} {as_str(metadata.get('namespace')) or ''}/{as_str(metadata.get('name')) or ''}"
 
 
 def claim_template(obj: Mapping[str, Any], request: Mapping[str, Any], suffix: str) -> dict[str, Any]:
-    metadata = obj.get("metadata") or {}
-    name = f"{metadata.get('name', 'workload')}-{suffix}"[:63].rstrip("-.")
+    metadata = meta(obj)
+    name = f"{as_str(metadata.get('name')) or 'workload'}-{suffix}"[:63].rstrip("-.")
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": metadata.get("namespace", "default")},
+        "metadata": {"name": name, "namespace": as_str(metadata.get("namespace")) or "default"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": dict(request)}]}}},
     }
 

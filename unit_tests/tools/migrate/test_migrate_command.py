@@ -167,3 +167,12 @@ def test_a_bug_is_not_the_users_mistake(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(command.classes, "plan_classes", broken)
     expect_error(fleet(), "unexpected error: TypeError: unhashable", configmap="gpu-operator/device-plugin-config")
+
+
+def test_malformed_objects_read_as_without_the_field() -> None:
+    kube = fleet()
+    kube.add(PODS, {"metadata": {"name": "odd", "namespace": "ml"}, "spec": {"containers": "main", "nodeName": 7}})
+    kube.add(SLICES, {"metadata": {"name": "odd"}, "spec": {"driver": DRIVER, "nodeName": "node-0009", "devices": "x"}})
+    kube.add(NODES, {"metadata": {"name": "node-0009", "labels": "x"}, "status": {"capacity": ["nvidia.com/gpu"]}})
+    rc, out, err = run(kube, configmap="gpu-operator/device-plugin-config", default_config="default")
+    assert (rc, err) == (0, "") and "odd" not in out
