@@ -5,7 +5,8 @@ this driver publishes.
 What each name meant under the device plugin, node by node, and what serves it here:
 
 * ``nvidia.com/gpu`` with ``migStrategy: none`` or ``mixed``: a full GPU (``type == 'gpu'``).
-* ``nvidia.com/gpu`` with ``single``: a MIG device (``type == 'mig'``).
+* ``nvidia.com/gpu`` with ``single``: a MIG device (``type == 'mig'``), or a full GPU on a node
+  without MIG devices.
 * ``nvidia.com/mig-<profile>`` with ``mixed``: a MIG device of that profile, one class per profile
   this driver publishes somewhere in the fleet.
 * a ``sharing.timeSlicing`` (or ``mps``) resource of ``replicas: N``, under its own or its new
@@ -18,7 +19,8 @@ What each name meant under the device plugin, node by node, and what serves it h
   out ``k`` replicas of one GPU): that is reported, with the claim template to use instead.
 
 A name that means different things on different nodes gets one class whose selector takes each
-node's meaning (``||``): Kubernetes allows one class per name. A name another DeviceClass already
+node's meaning (``||``): Kubernetes allows one class per name, and a device selector cannot name a
+node, so each meaning holds on every node that publishes such a device. A name another DeviceClass already
 claims with a different selector, a name that is MPS-shared on some nodes and not on others, and a
 time-sliced MIG profile no node has are errors. Pure: the cluster is read and written by
 :mod:`dra_driver.tools.migrate.command`.
@@ -138,10 +140,12 @@ def advertised_profiles(nodes: Iterable[Mapping[str, Any]]) -> dict[str, set[str
     return out
 
 
-def _base_of(resource: str, config: PluginConfig) -> str | None:
-    """What a name the device plugin advertises unshared means on a node of ``config``; None: not a GPU name."""
+def _base_of(resource: str, config: PluginConfig, has_mig: bool = True) -> str | None:
+    """What a name the device plugin advertises unshared means on a node of ``config``; None: not a
+    GPU name. ``has_mig``: the node has MIG devices (``single`` on a node without them serves its
+    full GPUs as ``nvidia.com/gpu``, as the device plugin does)."""
     if resource == GPU_RESOURCE:
-        return "mig" if config.mig_strategy is MigStrategy.SINGLE else "gpu"
+        return "mig" if config.mig_strategy is MigStrategy.SINGLE and has_mig else "gpu"
     if resource.startswith(MIG_PREFIX) and config.mig_strategy is MigStrategy.MIXED:
         return "mig:" + resource.removeprefix(MIG_PREFIX)
     return None
@@ -155,7 +159,7 @@ def node_names(config: PluginConfig, profiles: set[str]) -> dict[str, Backing]:
         plain += [MIG_PREFIX + p for p in sorted(profiles)]
     names: dict[str, Backing] = {}
     for resource in plain:
-        base = _base_of(resource, config)
+        base = _base_of(resource, config, bool(profiles))
         assert base is not None
         entry = config.replicated(resource)
         if entry is None:

@@ -63,6 +63,16 @@ def test_single_fleet_gpu_means_a_mig_device() -> None:
     assert chosen and all("-mig-" in d for d in chosen)
 
 
+def test_single_on_a_node_without_mig_is_its_full_gpus() -> None:
+    slices = [slice_of(1, "a100-mig"), slice_of(2)]
+    (cls,) = plan_classes({"node-0001": SINGLE, "node-0002": SINGLE}, mig_profiles(slices, DRIVER), [], DRIVER).classes
+    chosen = selected(cls, slices)
+    assert [f"node-0002/gpu-{i}" for i in range(8)] == [d for d in chosen if d.startswith("node-0002/")]
+    # A selector cannot name a node: the MIG node's one unpartitioned GPU (a layout the device plugin's
+    # single strategy refuses) is taken too.
+    assert [d for d in chosen if d.startswith("node-0001/") and "-mig-" not in d] == ["node-0001/gpu-3"]
+
+
 @pytest.mark.parametrize("rename, name", [(False, "nvidia.com/gpu"), (True, "nvidia.com/gpu.shared")])
 def test_time_slicing_is_a_share_of_replicas(rename: bool, name: str) -> None:
     slices = [slice_of(1, shares=4), slice_of(2, shares=2)]
