@@ -1,5 +1,6 @@
-"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller``, ``explain``, ``debug-bundle`` and ``probe``;
-and ``kubectl-dra``, the kubectl plugin (``kubectl dra explain``, ``kubectl dra debug-bundle``).
+"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller``, ``explain``, ``debug-bundle``, ``migrate``
+and ``probe``; and ``kubectl-dra``, the kubectl plugin (``kubectl dra explain``, ``kubectl dra debug-bundle``,
+``kubectl dra migrate``).
 
 Exit status: 0 done (``explain``: whatever the verdict); 1 an error, printed as one line on stderr
 that starts with the command as it was called (``kubectl dra explain: ...``) and names what is
