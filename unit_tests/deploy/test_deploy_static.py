@@ -519,6 +519,14 @@ def test_chart_rendering_details() -> None:
         assert {"get", "list", "watch"} <= verbs(controller_rules, resource), resource
     lease_rules = sim[("Role", "dra-driver-controller-leader-election")]["rules"]
     assert verbs(lease_rules, "leases") == {"get", "create", "update"}
+    # The fleet view: read-only, only what `view` lacks, aggregated to `view`; opt-out.
+    fleet = sim[("ClusterRole", "dra-driver-fleet-view")]
+    assert fleet["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {v for r in fleet["rules"] for v in r["verbs"]} <= {"get", "list"}
+    assert {r for rule in fleet["rules"] for r in rule["resources"]} == {
+        "resourceslices", "deviceclasses", "devicetaintrules", "resourceclaims", "resourceclaimtemplates"}
+    assert verbs(fleet["rules"], "resourceslices") == {"list"} and verbs(fleet["rules"], "resourceclaims") == {"get", "list"}
+    assert ("ClusterRole", "dra-driver-fleet-view") not in objects("gpuBackend=simulated", "rbac.fleetView=false")
 
     vap = sim[("ValidatingAdmissionPolicy", "dra-driver-resourceslices")]
     assert "system:serviceaccount:dra-driver:dra-driver-kubelet-plugin" in vap["spec"]["matchConditions"][0]["expression"]
