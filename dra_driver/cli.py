@@ -1,6 +1,6 @@
-"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller``, ``explain``, ``debug-bundle``, ``migrate``
-and ``probe``; and ``kubectl-dra``, the kubectl plugin (``kubectl dra explain``, ``kubectl dra debug-bundle``,
-``kubectl dra migrate``).
+"""The ``dra-driver`` command: ``kubelet-plugin``, ``controller``, ``explain``, ``get``, ``top``, ``fit``,
+``migrate``, ``debug-bundle`` and ``probe``; and ``kubectl-dra``, the kubectl plugin (``kubectl dra explain``,
+``kubectl dra get gpus``, ``kubectl dra debug-bundle``, ``kubectl dra migrate``, ...).
 
 Exit status: 0 done (``explain``: whatever the verdict); 1 an error, printed as one line on stderr
 that starts with the command as it was called (``kubectl dra explain: ...``) and names what is
@@ -33,6 +33,7 @@ from dra_driver.flags import (
 from dra_driver.k8s.credentials import KubeconfigError
 from dra_driver.node import settings as plugin_settings
 from dra_driver.tools.explain.targets import OUTPUTS
+from dra_driver.tools.fleet import args as fleet_args
 from dra_driver.tools.migrate.config import CONFIG_LABEL as MIGRATE_CONFIG_LABEL
 from dra_driver.tools.migrate.config import OUTPUTS as MIGRATE_OUTPUTS
 from dra_driver.tools.terminal import printable
@@ -86,6 +87,7 @@ EXAMPLES = {
     "probe": """Examples:
   # The chart's liveness check, in the plugin's container
   %(prog)s""",
+    **fleet_args.EXAMPLES,
 }
 
 
@@ -119,6 +121,8 @@ def build_parser(prog: str = PROGRAM, *, kubectl_plugin: bool = False) -> argpar
                          help="wide: a list also names the pods waiting for each claim; name: only the claims' "
                               "names, as kubectl -o name writes them")
     add_scheduler_rules_argument(explain, RULE_CHOICES)
+    for name in fleet_args.COMMANDS:
+        fleet_args.ADD_ARGUMENTS[name](command(name, fleet_args.HELP[name]))
     bundle = command("debug-bundle", "write a tar.gz with what a bug report needs (redacted)")
     add_shared_arguments(bundle)
     bundle.add_argument("--context", default=None, help="the kubeconfig context to use; default: its current one")
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     """``dra-driver``; also ``python -m dra_driver``, which names itself the same."""
     parser = parser or build_parser()
     args, extra = parser.parse_known_args(kubectl_booleans(sys.argv[1:] if argv is None else argv, parser.error))
-    if extra and args.command == "explain" and not any(word.startswith("-") for word in extra):
+    if extra and args.command in ("explain", "fit") and not any(word.startswith("-") for word in extra):
         args.target += extra  # kubectl's interspersed words: explain pod -n NS NAME
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -231,6 +235,10 @@ def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
 
         socket = args.registration_socket or plugin_settings.registration_socket_from_env(os.environ, args.driver_name)
         return lambda: probe.main(str(socket), args.driver_name)
+    if args.command in fleet_args.COMMANDS:
+        from dra_driver.tools.fleet import command as fleet
+
+        return lambda: fleet.main(args, prog=prog)
     if args.command == "migrate":
         from dra_driver.tools.migrate import command as migrate
 

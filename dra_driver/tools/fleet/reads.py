@@ -1,0 +1,177 @@
+"""What the fleet commands read, and the only client they are handed: one that can only read.
+
+:class:`ReadOnly` wraps the API client and exposes its three reads (``list``,
+``list_claim_allocations``, ``get``) and the server's version, nothing else: ``get``, ``top`` and
+``fit`` cannot write, whatever they call. :func:`read_fleet` makes every read the views need, in
+protobuf where the server speaks it (the slices as the controller's informer reads them, every
+claim's allocation, the pods' claim references), from the watch cache:
+
+* the ResourceSlices with the DeviceTaintRules merged into the devices they select;
+* the DeviceClasses;
+* every claim's allocation (cluster-wide: a device's state is the cluster's);
+* the pods of the namespace asked for (every namespace with ``-A``): a 403 there hides the pod
+  names, never the claims;
+* the ``DeviceWithheld`` Events the node plugins write about the devices they leave out of their
+  slices (a caller who may not list Events sees no withheld device, and is told so).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
+from dra_driver.controller.views import slice_reading
+from dra_driver.k8s.bodies import RawBody, RawSlice
+from dra_driver.k8s.claims import pod_claim_names
+from dra_driver.k8s.client import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
+    EVENTS,
+    PODS,
+    SLICES,
+    ApiError,
+    KubeApi,
+    ListResult,
+)
+from dra_driver.k8s.objects import Obj, as_mapping, key_of
+from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced
+
+WITHHELD_REASON = "DeviceWithheld"
+"""The reason of the node plugin's Event about a device it does not publish (node/events.py)."""
+_WITHHELD_NOTE = re.compile(r"^device (?P<device>\S+) is not published.*?refuse it: (?P<rule>.*)$", re.DOTALL)
+
+
+class ReadApi(Protocol):
+    """The reads the fleet commands make: nothing here writes."""
+
+    def list(self, res: Any, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False, reduced: Reduced[Any] | None = None) -> ListResult: ...
+
+    def list_claim_allocations(self) -> ListResult: ...
+
+    def get(self, res: Any, name: str, *, namespace: str | None = None) -> Obj: ...
+
+
+class ReadOnly:
+    """A client's reads and nothing else (no ``create``, ``replace``, ``delete``, patch or apply):
+    what the fleet commands are given in place of the client."""
+
+    __slots__ = ("_api", "_version")
+
+    def __init__(self, api: KubeApi, server_version: Callable[[], str] | None = None) -> None:
+        self._api = api
+        self._version = server_version
+
+    def list(self, res: Any, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False, reduced: Reduced[Any] | None = None) -> ListResult:
+        return self._api.list(res, namespace=namespace, field_selector=field_selector, cached=cached, reduced=reduced)
+
+    def list_claim_allocations(self) -> ListResult:
+        return self._api.list_claim_allocations()
+
+    def get(self, res: Any, name: str, *, namespace: str | None = None) -> Obj:
+        return self._api.get(res, name, namespace=namespace)
+
+    @property
+    def server_version(self) -> Callable[[], str] | None:
+        return self._version
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A device a node plugin does not publish, and the API server's rule it would break."""
+
+    node: str
+    device: str
+    rule: str
+
+
+@dataclass
+class FleetObjects:
+    """Everything the views are computed from (plain API dicts)."""
+
+    slices: list[RawSlice]
+    classes: list[RawBody]
+    claims: list[RawBody]
+    """Every claim, reduced to its name, namespace, UID and allocation."""
+    pods: list[RawBody]
+    namespace: str | None
+    """The namespace whose pods were read; None: every namespace."""
+    pods_hidden: str | None = None
+    """Why the pods could not be read (403), else None: the claims are shown without their pods."""
+    withheld: list[Withheld] = field(default_factory=list)
+    withheld_hidden: str | None = None
+    unreadable: list[str] = field(default_factory=list)
+
+
+def tainted_slices(api: ReadApi) -> list[RawSlice]:
+    """Every ResourceSlice, the DeviceTaintRules' taints merged in as the scheduler sees them (a
+    server without the rules, or a caller who may not read them: the slices' own taints)."""
+    slices = cast(list[RawSlice], api.list(SLICES, cached=True, reduced=slice_reading()).items)
+    try:
+        rules = api.list(DEVICE_TAINT_RULES, cached=True).items
+    except ApiError as exc:
+        if not (exc.forbidden or exc.not_found):
+            raise
+        return slices
+    return [cast(RawSlice, dict(s)) for s in with_taint_rules(slices, taint_rules(rules))]
+
+
+def withheld_from(events: list[RawBody]) -> list[Withheld]:
+    """The devices the ``DeviceWithheld`` Events name, one per (node, device), the latest word kept."""
+    found: dict[tuple[str, str], Withheld] = {}
+    for event in events:
+        regarding = as_mapping(event.get("regarding"))
+        if regarding.get("kind") != "Node" or event.get("reason") != WITHHELD_REASON:
+            continue
+        matched = _WITHHELD_NOTE.match(str(event.get("note") or ""))
+        if matched is None:
+            continue
+        node = str(regarding.get("name") or "")
+        found[(node, matched["device"])] = Withheld(node, matched["device"], matched["rule"].strip())
+    return [found[k] for k in sorted(found)]
+
+
+def _forbidden(exc: ApiError, what: str) -> str:
+    return f"you may not list {what} ({exc.reason or 'Forbidden'})"
+
+
+def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> FleetObjects:
+    """:class:`FleetObjects` of the cluster, with the pods of ``namespace`` (None: every namespace;
+    ``pods=False``: none). ApiError for what the views cannot do without (slices, classes, claims)."""
+    slices = tainted_slices(api)
+    classes = api.list(DEVICE_CLASSES, cached=True).items
+    claims = api.list_claim_allocations()
+    fleet = FleetObjects(slices, classes, claims.items, [], namespace)
+    fleet.unreadable = [f"{CLAIMS.kind} {bad.ref}: {bad.reason}" for bad in claims.undecodable]
+    if pods:
+        try:
+            listed = api.list(PODS, namespace=namespace, cached=True, reduced=POD_CLAIM_REFS)
+            fleet.pods = listed.items
+            fleet.unreadable += [f"{PODS.kind} {bad.ref}: {bad.reason}" for bad in listed.undecodable]
+        except ApiError as exc:
+            if not (exc.forbidden or exc.unauthorized):
+                raise
+            where = f"in namespace {namespace}" if namespace else "in every namespace"
+            fleet.pods_hidden = _forbidden(exc, f"pods {where}")
+    try:
+        events = api.list(EVENTS, namespace="default", field_selector=f"reason={WITHHELD_REASON}", cached=True)
+        fleet.withheld = withheld_from(events.items)
+    except ApiError as exc:
+        if not (exc.forbidden or exc.unauthorized or exc.not_found):
+            raise
+        fleet.withheld_hidden = _forbidden(exc, "Events in namespace default")
+    return fleet
+
+
+def pods_by_claim(pods: list[RawBody]) -> dict[str, list[str]]:
+    """``namespace/claim`` -> the ``namespace/pod`` of every pod not done that names it."""
+    out: dict[str, list[str]] = {}
+    for pod in pods:
+        for claim_key in pod_claim_names(cast(Mapping[str, Any], pod)):
+            out.setdefault(claim_key, []).append(key_of(pod))
+    return {k: sorted(v) for k, v in out.items()}

@@ -1,0 +1,133 @@
+"""`get gpus`, `get nodes` and `top` against a fake API server."""
+
+from __future__ import annotations
+
+import json
+
+from ctrlfix import add_claim, allocated_status, claim, device_class
+from fleetfix import A100, H100, devices, fleet, one_line, run
+from kubefake import FakeKube
+
+from dra_driver.k8s.client import DEVICE_CLASSES, SLICES, ApiError
+from dra_driver.node.publish.health import TAINT_KEY
+from e2e.generators.fleet import plugin_slices
+
+# --- get gpus ------------------------------------------------------------------------------------
+
+
+def test_each_device_has_its_state_and_holders() -> None:
+    found = devices(fleet(), "-A")
+    assert set(found) == {("node-a", f"gpu-{i}") for i in range(4)} | {("node-b", "gpu-0"), ("node-b", "gpu-1"),
+                                                                         ("node-b", "gpu-7")}
+    held = found[("node-a", "gpu-0")]
+    assert held["state"] == "allocated" and held["model"] == H100 and held["memory"] == "80Gi"
+    assert held["holders"] == [{"claim": "default/c1", "pods": ["default/p1"], "consumedCapacity": {}, "share": False,
+                                "adminAccess": False}]
+    shared = found[("node-a", "gpu-1")]
+    assert shared["state"] == "shared" and shared["detail"] == "2 claims, 24Gi/80Gi"
+    assert shared["capacityUsed"] == {"memory": {"used": "24Gi", "total": "80Gi"}}
+    assert [(h["claim"], h["consumedCapacity"]) for h in shared["holders"]] == [
+        ("ml/s1", {"memory": "16Gi"}), ("ml/s2", {"memory": "8Gi"})]
+    tainted = found[("node-a", "gpu-2")]
+    assert tainted["state"] == "tainted" and tainted["detail"] == "NoSchedule" and tainted["health"] == "unhealthy"
+    assert tainted["taints"] == [f"{TAINT_KEY}=xid-79:NoSchedule"]
+    assert found[("node-a", "gpu-3")]["state"] == "free"
+    withheld = found[("node-b", "gpu-7")]
+    assert withheld["state"] == "withheld" and withheld["detail"] == "attributes: too many (rule maxAttributes)"
+
+
+def test_the_text_names_claims_and_pods() -> None:
+    rc, out, _ = run(fleet(), "get", "devices", "-A")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split()[:3] == ["NODE", "DEVICE", "MODEL"]
+    row = next(line for line in lines if line.startswith("node-a") and " gpu-0 " in line)
+    assert "allocated" in row and "default/c1 (default/p1)" in row
+    shared = next(line for line in lines if " gpu-1 " in line and line.startswith("node-a"))
+    assert "shared (2 claims, 24Gi/80Gi)" in shared and "ml/s1 (no pod)" in shared
+
+
+def test_pods_of_another_namespace_are_not_read_without_all_namespaces() -> None:
+    found = devices(fleet(), "-n", "ml")
+    assert found[("node-a", "gpu-0")]["holders"][0]["pods"] is None  # default/c1: namespace not read
+    assert found[("node-a", "gpu-1")]["holders"][0]["pods"] == []
+
+
+def test_a_forbidden_pod_list_hides_pod_names_but_not_claims() -> None:
+    kube = fleet()
+    kube.fail["list:pods"] = ApiError(403, "Forbidden", 'pods is forbidden: User "dev" cannot list resource "pods"')
+    rc, out, _ = run(kube, "get", "gpus", "-A", "-o", "json")
+    doc = json.loads(out)
+    assert rc == 0 and "pods in every namespace" in doc["podsHidden"]
+    held = next(d for d in doc["devices"] if d["state"] == "allocated")
+    assert held["holders"][0]["claim"] == "default/c1" and held["holders"][0]["pods"] is None
+    rc, out, _ = run(kube, "get", "gpus", "-A")
+    assert "default/c1 (pods hidden)" in out and "pod names hidden: you may not list pods in every namespace" in out
+
+
+def test_filters() -> None:
+    kube = fleet()
+    assert set(devices(kube, "--free")) == {("node-a", "gpu-3"), ("node-b", "gpu-0"), ("node-b", "gpu-1")}
+    assert set(devices(kube, "--model", "a100", "--node", "node-b")) == {("node-b", "gpu-0"), ("node-b", "gpu-1")}
+    big = 'device.capacity["gpu.dra-driver.io"].memory.compareTo(quantity("50Gi")) >= 0'
+    assert set(devices(kube, "--selector", big)) == {("node-a", f"gpu-{i}") for i in range(4)}
+    assert set(devices(kube, "-l", 'device.attributes["gpu.dra-driver.io"].productName.startsWith("NVIDIA A")')) == {
+        ("node-b", "gpu-0"), ("node-b", "gpu-1")}
+
+
+def test_a_selector_failing_on_devices_says_so() -> None:
+    rc, out, _ = run(fleet(), "get", "gpus", "-o", "json", "--selector", 'device.attributes["x.io"].nope == 1')
+    doc = json.loads(out)
+    assert rc == 0 and doc["devices"] == [] and doc["selectorErrors"][0].startswith("6 device(s): ")
+
+
+def test_an_invalid_selector_is_one_line_naming_it_and_where() -> None:
+    err = one_line(run(fleet(), "get", "gpus", "--selector", "device.driver =="))
+    assert err == ("kubectl dra get: invalid --selector 'device.driver ==': compilation failed: unexpected "
+                   "'end of input' at offset 16")
+
+
+def test_dynamic_mig_shows_what_a_gpu_can_still_be_cut_into() -> None:
+    kube = FakeKube()
+    for s in plugin_slices(1, mig_nodes=1):
+        kube.add(SLICES, s)
+    kube.add(DEVICE_CLASSES, device_class())
+    part = claim("mig")
+    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
+    add_claim(kube, part)
+    found = devices(kube)
+    assert found[("gpu-node-1", "gpu-0-mig-3g40gb-0")]["state"] == "allocated"
+    assert found[("gpu-node-1", "gpu-0-mig-3g40gb-0")]["parent"] == "gpu-0"
+    gpu0 = found[("gpu-node-1", "gpu-0")]
+    assert gpu0["state"] == "blocked" and gpu0["detail"] == "counters taken by gpu-0-mig-3g40gb-0"
+    assert gpu0["canMake"] == {"1g.10gb": 3, "1g.20gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    assert found[("gpu-node-1", "gpu-1")]["canMake"]["7g.80gb"] == 1
+    assert ("gpu-node-1", "gpu-1-mig-1g10gb-0") not in found
+    assert ("gpu-node-1", "gpu-1-mig-1g10gb-0") in devices(kube, "--partitions")
+
+
+# --- get nodes, top ------------------------------------------------------------------------------
+
+
+def test_get_nodes() -> None:
+    rc, out, _ = run(fleet(), "get", "nodes", "-o", "json")
+    nodes = {n["node"]: n for n in json.loads(out)["nodes"]}
+    assert rc == 0 and set(nodes) == {"node-a", "node-b"}
+    assert nodes["node-a"]["gpus"] == {H100: {"total": 4, "free": 1}}
+    assert nodes["node-a"]["sharesInUse"] == 2 and nodes["node-a"]["taints"] == {f"{TAINT_KEY}=xid-79:NoSchedule": 1}
+    assert nodes["node-b"]["withheld"] == [{"device": "gpu-7", "rule": "attributes: too many (rule maxAttributes)"}]
+    rc, out, _ = run(fleet(), "get", "nodes")
+    assert rc == 0 and f"{H100} 1/4 free" in out
+
+
+def test_top_by_model_and_class() -> None:
+    rc, out, _ = run(fleet(), "top", "-o", "json")
+    doc = json.loads(out)
+    models = {m["model"]: m for m in doc["models"]}
+    assert rc == 0 and models[H100] == {"model": H100, "total": 4, "allocated": 1, "shared": 1, "free": 1,
+                                        "unhealthy": 1, "nodesAllFree": 0}
+    assert models[A100]["nodesAllFree"] == 1 and models[A100]["free"] == 2
+    assert doc["deviceClasses"] == [{"deviceClass": "gpu.dra-driver.io", "total": 6, "allocated": 1, "shared": 1,
+                                     "free": 3, "unhealthy": 1, "nodesAllFree": 1}]
+    assert doc["withheld"] == 1 and "Other" not in models
+    rc, out, _ = run(fleet(), "top")
+    assert rc == 0 and out.startswith("MODEL") and "DEVICECLASS" in out
