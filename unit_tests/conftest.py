@@ -1,6 +1,8 @@
 """Hypothesis profiles for the fuzz tests (``unit_tests/test_fuzz_*.py``), the ``srv``, ``crashing`` and
 ``flushes`` fixtures, and the session's check of every CDI spec the driver wrote with the reference CDI
-library (``unit_tests/cdispecs.py``): a spec it refuses fails the run.
+library (``unit_tests/cdispecs.py``): a spec it refuses fails the run. The tests marked ``helm`` run
+last: on a cold machine make test's background worker is still building helm when the suite starts,
+and the rest of the suite runs meanwhile instead of waiting on it.
 
 * ``ci`` (default, what ``make test`` runs): few examples, derandomized so a CI run is
   reproducible, a deadline per example; the whole fuzz set stays well under a minute.
@@ -37,6 +39,10 @@ CDI_OUTCOME = pytest.StashKey[cdispecs.Outcome]()
 
 def pytest_configure(config: pytest.Config) -> None:
     cdispecs.install()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("helm") is not None)  # stable: the rest keep their order
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

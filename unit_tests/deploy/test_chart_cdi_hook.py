@@ -18,6 +18,9 @@ from test_deploy_static import DEPLOY, _helm_or_skip, _load_module
 
 from e2e.testbed import fakedriver
 
+# Renders the chart with helm, which make test's background worker builds on a cold machine: run last.
+pytestmark = pytest.mark.helm
+
 PLUGIN = ("DaemonSet", "dra-driver-kubelet-plugin")
 DEFAULT_DIR = "/var/lib/dra-driver/gpu.dra-driver.io/bin"
 

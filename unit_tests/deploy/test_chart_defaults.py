@@ -18,6 +18,9 @@ import pytest
 import yaml
 from test_deploy_static import CHART, DEPLOY, _helm_module, _helm_or_skip, _load_module
 
+# Renders the chart with helm, which make test's background worker builds on a cold machine: run last.
+pytestmark = pytest.mark.helm
+
 PLUGIN = ("DaemonSet", "dra-driver-kubelet-plugin")
 GPU_LABELS = ["feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"]
 

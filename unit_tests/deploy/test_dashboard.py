@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from dra_driver.controller.metrics import ControllerMetrics
 from dra_driver.node.metrics import PluginMetrics
 from e2e.suites.dashboard import DASHBOARD, exported_families, family, queried_metrics
+
+# Renders the chart with helm, which make test's background worker builds on a cold machine: run last.
+pytestmark = pytest.mark.helm
 
 
 def test_every_dashboard_query_names_a_defined_metric() -> None:

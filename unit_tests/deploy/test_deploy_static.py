@@ -22,6 +22,9 @@ import yaml
 
 from e2e.testbed.cluster import FEATURE_GATES
 
+# Renders the chart with helm, which make test's background worker builds on a cold machine: run last.
+pytestmark = pytest.mark.helm
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "dra-driver"
