@@ -264,7 +264,7 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         "Sockets named after this pod (--pod-uid), so that an updated pod serves beside the old one before it "
         "stops (needs kubelet 1.33 or later)", False, boolean_flag=True)
     add("--ignore-device-plugin", "IGNORE_DEVICE_PLUGIN",
-        "Publish this node's GPUs even while its Node advertises nvidia.com/gpu or nvidia.com/mig-* (NVIDIA's "
+        "Publish this node's GPUs even while its Node advertises nvidia.com/gpu, nvidia.com/gpu.* or nvidia.com/mig-* (NVIDIA's "
         "device plugin serves them too); only while moving a node from the device plugin to DRA, with nothing "
         "scheduled through the device plugin", False, boolean_flag=True)
     add("--pod-uid", "POD_UID", "This plugin pod's UID; required with --rolling-update")

@@ -2,8 +2,9 @@
 
 Three reasons to publish nothing while staying up (a plugin that exits would crash-loop on every
 node the DaemonSet lands on): the GPU backend does not start (no NVML), it finds no GPUs, or the
-node already serves its GPUs through NVIDIA's device plugin (``nvidia.com/gpu`` or
-``nvidia.com/mig-*`` in the Node's capacity or allocatable), where publishing them again would let
+node already serves its GPUs through NVIDIA's device plugin (``nvidia.com/gpu``, a shared
+``nvidia.com/gpu.*`` such as time-slicing's ``nvidia.com/gpu.shared``, or ``nvidia.com/mig-*`` in
+the Node's capacity or allocatable), where publishing them again would let
 the same physical GPU go to a pod through the device plugin and to a claim through DRA. The last
 one is looked at again while the plugin runs (a device plugin installed later closes the gate; one
 removed opens it); ``--ignore-device-plugin`` skips it for a node being moved from one to the other.
@@ -21,7 +22,10 @@ from typing import Any
 from dra_driver.k8s.bodies import CounterSet, RawDevice
 
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
-DEVICE_PLUGIN_MIG_PREFIX = "nvidia.com/mig-"
+DEVICE_PLUGIN_PREFIXES = ("nvidia.com/gpu.", "nvidia.com/mig-")
+"""The device plugin's renamed GPUs (``renameByDefault`` makes ``nvidia.com/gpu.shared``) and its MIG
+devices (``mixed`` strategy). Not every ``nvidia.com/`` name: NVIDIA's network operator advertises
+RDMA and SR-IOV devices there, which are not GPUs."""
 
 BACKEND_UNAVAILABLE = "backend_unavailable"
 NO_GPUS = "no_gpus"
@@ -43,13 +47,18 @@ def _nonzero(quantity: object) -> bool:
     return str(quantity).strip() not in ("", "0")
 
 
+def is_device_plugin_gpu(name: str) -> bool:
+    """Whether a Node's resource ``name`` is one the device plugin serves GPUs (or their MIG devices) as."""
+    return name == DEVICE_PLUGIN_RESOURCE or name.startswith(DEVICE_PLUGIN_PREFIXES)
+
+
 def device_plugin_resources(node: Mapping[str, Any]) -> list[str]:
     """The device plugin's GPU resources a Node advertises (non-zero, in capacity or allocatable)."""
     status = node.get("status") or {}
     found: set[str] = set()
     for field in ("capacity", "allocatable"):
         for name, quantity in (status.get(field) or {}).items():
-            if (name == DEVICE_PLUGIN_RESOURCE or name.startswith(DEVICE_PLUGIN_MIG_PREFIX)) and _nonzero(quantity):
+            if is_device_plugin_gpu(name) and _nonzero(quantity):
                 found.add(name)
     return sorted(found)
 

@@ -1,7 +1,7 @@
 """How to move each node from NVIDIA's device plugin to this driver, never with both serving its GPUs.
 
-The driver's plugin publishes nothing on a node whose Node still advertises ``nvidia.com/gpu`` or
-``nvidia.com/mig-*`` (its publish gate, ``node/publish/gate.py``), so it can be installed on the
+The driver's plugin publishes nothing on a node whose Node still advertises ``nvidia.com/gpu``,
+``nvidia.com/gpu.*`` or ``nvidia.com/mig-*`` (its publish gate, ``node/publish/gate.py``), so it can be installed on the
 whole fleet first. Then, node by node: cordon it, move off the pods that use the device plugin's
 names, take the device plugin off the node (the GPU Operator's label
 ``nvidia.com/gpu.deploy.device-plugin=false``, or the device plugin DaemonSet's own affinity),
@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.k8s.objects import as_mapping, as_str, meta
+from dra_driver.node.publish.gate import is_device_plugin_gpu
 from dra_driver.tools.migrate.config import PluginConfig
 from dra_driver.tools.migrate.workloads import asked_resources
 
-GATED = "nvidia.com/gpu"
-GATED_MIG = "nvidia.com/mig-"
-"""The names the plugin's publish gate holds it back for (``node/publish/gate.py``)."""
 OPERATOR_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 """The GPU Operator deploys its device plugin on a node unless this label is ``false``."""
 
@@ -39,8 +37,9 @@ class NodeState:
 
     @property
     def ungated(self) -> tuple[str, ...]:
-        """The device plugin's names on the Node that the plugin's publish gate does not look at (renamed ones)."""
-        return tuple(n for n in self.device_plugin if n != GATED and not n.startswith(GATED_MIG))
+        """The device plugin's names on the Node that the plugin's publish gate does not look at (renamed
+        to a name of the config's own choosing)."""
+        return tuple(n for n in self.device_plugin if not is_device_plugin_gpu(n))
 
 
 def shares_flag(config: PluginConfig | None) -> str | None:

@@ -16,6 +16,11 @@ def test_the_device_plugins_resources_are_found_in_capacity_or_allocatable() -> 
     assert gate.device_plugin_resources(node({}, {"nvidia.com/mig-1g.10gb": "7"})) == ["nvidia.com/mig-1g.10gb"]
     # Zero is what a device plugin that went away leaves behind; another vendor's GPUs are not ours.
     assert gate.device_plugin_resources(node({"nvidia.com/gpu": "0", "amd.com/gpu": "2"})) == []
+    # Time-slicing with renameByDefault advertises only the renamed name: still the same GPUs.
+    assert gate.device_plugin_resources(node({"nvidia.com/gpu.shared": "32"})) == ["nvidia.com/gpu.shared"]
+    # NVIDIA's network operator's RDMA and SR-IOV resources are not GPUs.
+    assert gate.device_plugin_resources(node({"nvidia.com/rdma_shared_device_a": "63", "nvidia.com/hostdev": "2",
+                                              "nvidia.com/gpus": "1"})) == []
     assert gate.device_plugin_resources({}) == [] and gate.device_plugin_closed({"status": None}, "n") is None
     closed = gate.device_plugin_closed(node({"nvidia.com/gpu": "1", "nvidia.com/mig-2g.20gb": "3"}), "gpu-7")
     assert closed is not None and closed.reason == gate.DEVICE_PLUGIN

@@ -28,8 +28,8 @@ OPERATOR = {
 
 def fleet() -> FakeKube:
     """node-0001: MIG (mixed) on the device plugin, this driver publishing nothing there (its gate);
-    node-0002: time-sliced 4 ways under the name nvidia.com/gpu.shared, which the gate does not see, so this
-    driver publishes its shares already; node-0003: moved. The fleet's MIG profiles are the Nodes'
+    node-0002: time-sliced 4 ways under the name nvidia.com/gpu.shared, where this driver publishes its
+    shares already (an older plugin, or --ignore-device-plugin); node-0003: moved. The fleet's MIG profiles are the Nodes'
     (node-0001 advertises 1g.5gb) and the slices' (node-0004, moved, publishes an a100's)."""
     kube = FakeKube()
     kube.add(NODES, node(1, "a100", device_plugin={"nvidia.com/mig-1g.5gb": "2", "nvidia.com/gpu": "1"}))

@@ -38,8 +38,11 @@ def test_pods_by_node_reads_requests_and_limits() -> None:
 
 
 def test_a_renamed_name_the_gate_does_not_see() -> None:
-    todo = node_steps(NodeState("n1", None, ("nvidia.com/gpu.shared",), False), DRIVER)
+    todo = node_steps(NodeState("n1", None, ("nvidia.com/tesla-t4",), False), DRIVER)
     assert todo[1] == (f"keep {DRIVER}'s plugin off n1 until the device plugin is gone: its publish gate does not hold "
-                       "back for nvidia.com/gpu.shared")
+                       "back for nvidia.com/tesla-t4")
+    # renameByDefault's nvidia.com/gpu.shared holds the gate: no such step.
+    gated = node_steps(NodeState("n1", None, ("nvidia.com/gpu.shared",), False), DRIVER)
+    assert not any("publish gate" in step for step in gated), gated
     warned = node_steps(NodeState("n1", None, ("nvidia.com/gpu.shared",), True), DRIVER)
     assert warned[0].startswith(f"WARNING: {DRIVER} already publishes the GPUs of n1")
