@@ -140,6 +140,17 @@ def _forbidden(exc: ApiError, what: str) -> str:
     return f"you may not list {what} ({exc.reason or 'Forbidden'})"
 
 
+def _withheld_events(api: ReadApi) -> list[RawBody]:
+    """The ``DeviceWithheld`` Events (Node events live in ``default``); a server that refuses the
+    field selector (400) is asked for all of them, and they are picked here."""
+    try:
+        return api.list(EVENTS, namespace="default", field_selector=f"reason={WITHHELD_REASON}", cached=True).items
+    except ApiError as exc:
+        if not exc.bad_request:
+            raise
+        return api.list(EVENTS, namespace="default", cached=True).items
+
+
 def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> FleetObjects:
     """:class:`FleetObjects` of the cluster, with the pods of ``namespace`` (None: every namespace;
     ``pods=False``: none). ApiError for what the views cannot do without (slices, classes, claims)."""
@@ -159,8 +170,7 @@ def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> Fle
             where = f"in namespace {namespace}" if namespace else "in every namespace"
             fleet.pods_hidden = _forbidden(exc, f"pods {where}")
     try:
-        events = api.list(EVENTS, namespace="default", field_selector=f"reason={WITHHELD_REASON}", cached=True)
-        fleet.withheld = withheld_from(events.items)
+        fleet.withheld = withheld_from(_withheld_events(api))
     except ApiError as exc:
         if not (exc.forbidden or exc.unauthorized or exc.not_found):
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import yaml
 from ctrlfix import add_claim, allocated_status, claim, device_class
 from fleetfix import A100, H100, devices, fleet, one_line, run
 from kubefake import FakeKube
@@ -131,3 +132,40 @@ def test_top_by_model_and_class() -> None:
     assert doc["withheld"] == 1 and "Other" not in models
     rc, out, _ = run(fleet(), "top")
     assert rc == 0 and out.startswith("MODEL") and "DEVICECLASS" in out
+
+
+def test_withheld_devices_unknown_when_events_are_forbidden() -> None:
+    kube = fleet()
+    kube.fail["list:events"] = ApiError(403, "Forbidden", "events is forbidden")
+    rc, out, _ = run(kube, "get", "gpus", "-o", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["withheldUnknown"] == "you may not list Events in namespace default (Forbidden)"
+    assert all(d["state"] != "withheld" for d in doc["devices"])
+
+
+def test_a_server_refusing_the_events_field_selector_is_asked_for_all_of_them() -> None:
+    kube = fleet()
+
+    def refuse(*_: object) -> None:
+        raise ApiError(400, "BadRequest", 'field label not supported: reason')
+
+    kube.hooks["list:events"] = refuse  # once: the second list goes through
+    assert devices(kube)[("node-b", "gpu-7")]["state"] == "withheld"
+
+
+def test_wide_and_yaml() -> None:
+    rc, out, _ = run(fleet(), "get", "gpus", "-o", "wide", "--node", "node-a")
+    header, *rows = out.splitlines()
+    assert rc == 0 and header.split()[-5:] == ["POOL", "CAN", "MAKE", "CAPACITY", "USED"]
+    assert any("memory 24Gi/80Gi" in r for r in rows)
+    rc, out, _ = run(fleet(), "top", "-o", "yaml")
+    assert rc == 0 and yaml.safe_load(out)["kind"] == "GpuTop"
+    rc, out, _ = run(fleet(), "get", "nodes", "-o", "wide")
+    assert rc == 0 and "gpu-7 (attributes: too many (rule maxAttributes))" in out
+
+
+def test_a_class_whose_selector_does_not_compile_selects_nothing() -> None:
+    kube = fleet()
+    kube.add(DEVICE_CLASSES, {"metadata": {"name": "broken"}, "spec": {"selectors": [{"cel": {"expression": "device."}}]}})
+    rc, out, _ = run(kube, "top", "-o", "json")
+    assert rc == 0 and [c["deviceClass"] for c in json.loads(out)["deviceClasses"]] == ["gpu.dra-driver.io"]
