@@ -53,9 +53,12 @@ def selected(rows: Sequence[DeviceRow], filters: Filters, rules: SchedulerRules)
     return out, [f"{n} device(s): {message}" for message, n in sorted(failed.items())]
 
 
-def holder_text(h: Holder) -> str:
-    pods = "pods hidden" if h.pods is None else ", ".join(h.pods) or "no pod"
-    return f"{h.claim} ({pods})"
+def holder_text(h: Holder, hidden: bool = False) -> str:
+    """``ns/claim (ns/pod, ...)``; where the pods were not read, whether they were hidden (403) or
+    of a namespace not asked for (``-n``)."""
+    if h.pods is None:
+        return f"{h.claim} ({'pods hidden' if hidden else 'pods not read: another namespace'})"
+    return f"{h.claim} ({', '.join(h.pods) or 'no pod'})"
 
 
 def gpus_report(rows: Sequence[DeviceRow], *, hidden: str | None, withheld_hidden: str | None,
@@ -90,8 +93,8 @@ def _health(doc: Mapping[str, Any]) -> str:
     return ", ".join([str(doc.get("health") or "-"), *taints])
 
 
-def _holders(doc: Mapping[str, Any]) -> str:
-    return "; ".join(holder_text(Holder(h["claim"], h["pods"])) for h in doc.get("holders") or []) or "-"
+def _holders(doc: Mapping[str, Any], hidden: bool) -> str:
+    return "; ".join(holder_text(Holder(h["claim"], h["pods"]), hidden) for h in doc.get("holders") or []) or "-"
 
 
 def render_gpus(report: Mapping[str, Any], *, wide: bool = False) -> str:
@@ -105,7 +108,7 @@ def render_gpus(report: Mapping[str, Any], *, wide: bool = False) -> str:
         rows = []
         for d in devices:
             row = [d["node"], d["device"], d["model"] or "-", d["memory"] or "-", _profile(d), _health(d), _state(d),
-                   _holders(d)]
+                   _holders(d, bool(report.get("podsHidden")))]
             if wide:
                 can = d.get("canMake")
                 row += [d["pool"] or "-",

@@ -48,6 +48,8 @@ def test_the_text_names_claims_and_pods() -> None:
 
 
 def test_pods_of_another_namespace_are_not_read_without_all_namespaces() -> None:
+    rc, out, _ = run(fleet(), "get", "gpus", "-n", "ml")
+    assert rc == 0 and "default/c1 (pods not read: another namespace)" in out
     found = devices(fleet(), "-n", "ml")
     assert found[("node-a", "gpu-0")]["holders"][0]["pods"] is None  # default/c1: namespace not read
     assert found[("node-a", "gpu-1")]["holders"][0]["pods"] == []
