@@ -20,6 +20,7 @@ among the holders all the same.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,9 +186,14 @@ def _counter_holders(dev: Device, pool: Pool, holding: set[tuple[str, str, str]]
             and needs & {(cs, name) for cs, counters in other.consumes for name in counters}]
 
 
+def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that puts ``gpu-2`` before ``gpu-10``."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
+
+
 def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> list[DeviceRow]:
-    """One row per device of ``driver`` in ``inventory`` (built from ``fleet.slices``), then one per
-    withheld device, in (node, device) order."""
+    """One row per device of ``driver`` in ``inventory`` (built from ``fleet.slices``) and one per
+    withheld device, in (node, device) order (numbers in names by value)."""
     holdings = claim_holdings(fleet.claims, driver)
     pods = pods_by_claim(fleet.pods)
     rows: list[DeviceRow] = []
@@ -207,7 +213,7 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
     for w in fleet.withheld:
         if (w.node, w.device) not in published:
             rows.append(DeviceRow(w.node, driver, "", w.device, "", "", None, None, None, "", [], WITHHELD, w.rule))
-    return sorted(rows, key=lambda r: (r.node, r.pool, r.device))
+    return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
 
 
 def _row(dev: Device, pool: Pool, held: list[tuple[str, Mapping[str, Any]]], fleet: FleetObjects,

@@ -6,10 +6,10 @@ import json
 
 import yaml
 from ctrlfix import add_claim, allocated_status, claim, device_class
-from fleetfix import A100, H100, devices, fleet, one_line, run
+from fleetfix import A100, H100, devices, fleet, gpu, node_slice, one_line, run
 from kubefake import FakeKube
 
-from dra_driver.k8s.client import DEVICE_CLASSES, SLICES, ApiError
+from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES, ApiError
 from dra_driver.node.publish.health import TAINT_KEY
 from e2e.generators.fleet import plugin_slices
 
@@ -171,3 +171,14 @@ def test_a_class_whose_selector_does_not_compile_selects_nothing() -> None:
     kube.add(DEVICE_CLASSES, {"metadata": {"name": "broken"}, "spec": {"selectors": [{"cel": {"expression": "device."}}]}})
     rc, out, _ = run(kube, "top", "-o", "json")
     assert rc == 0 and [c["deviceClass"] for c in json.loads(out)["deviceClasses"]] == ["gpu.dra-driver.io"]
+
+
+def test_rows_are_in_node_and_device_order_numbers_by_value() -> None:
+    kube = FakeKube()
+    kube.add(SLICES, node_slice("node-a", [gpu(f"gpu-{i}") for i in (10, 2, 1)]))
+    kube.add(EVENTS, {"metadata": {"name": "w", "namespace": "default"}, "reason": "DeviceWithheld",
+                      "regarding": {"kind": "Node", "name": "node-a"},
+                      "note": "device gpu-3 is not published, the node's other devices are: the API server would "
+                              "refuse it: x (rule y)"})
+    assert [d for _, d in devices(kube)] == ["gpu-1", "gpu-2", "gpu-3", "gpu-10"]
+
