@@ -7,9 +7,12 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import secrets
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs the local bed's processes"))
         if item.get_closest_marker("long") and not config.getoption("--long"):
             item.add_marker(pytest.mark.skip(reason="long variant: run with --long"))
+
+
+HANG_GRACE_S = 300.0
+"""How long past its own timeout a test may still run before the run is ended. pytest-timeout fails a
+test once, in its main thread; a cleanup that then hangs (in a ``finally``, a fixture's teardown)
+would hold the run until CI kills it, saying nothing of where."""
+
+
+def _limit(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
+    return float(item.config.getini("timeout") or 0)
+
+
+def _hung(item: pytest.Item, after: float) -> None:
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    print(f"\n{item.nodeid}: still running {after:.0f} s after it started ({HANG_GRACE_S:.0f} s past its timeout); "
+          "ending the run. Every thread's stack:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    limit = _limit(item)
+    timer = threading.Timer(limit + HANG_GRACE_S, _hung, args=(item, limit + HANG_GRACE_S)) if limit else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 @pytest.fixture(scope="session")
