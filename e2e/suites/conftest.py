@@ -42,6 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The tests that run helm go last: on a cold machine make test's background worker builds helm
+    # while the rest of make e2e runs.
+    items.sort(key=lambda item: item.get_closest_marker("helm") is not None)
     on_kind = os.environ.get("E2E_CLUSTER") == "kind"
     for item in items:
         waits = item.get_closest_marker("waits_for")

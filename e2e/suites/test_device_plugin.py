@@ -16,7 +16,8 @@ import pytest
 from e2e.testbed.clusterview import DRIVER, REPO, Bed, wait_for
 from e2e.tooling import gotools
 
-pytestmark = pytest.mark.testbed_only
+# helm: run last (e2e/suites/conftest.py), as make test's background worker builds helm during make e2e.
+pytestmark = [pytest.mark.testbed_only, pytest.mark.helm]
 
 REPORTER = "gpu.dra-driver.io/kubelet-plugin"
 GPU_NODE = "gpu-node-1"

@@ -39,10 +39,13 @@ def tool_sets() -> list[tuple[str, ...]]:
     names in the same order as each stage's call, so that each lands in the stage's folder)."""
     oldest = next(m for m in reversed(binaries.MINORS))
     sets: list[Sequence[str]] = [
-        # lint and unit: the chart checks, the CDI checks, NVML and the toolkit
-        ["helm"], [toolsets.CDI_VALIDATE_TOOL], [toolsets.MOCK_NVML_TOOL], [toolsets.FAKE_DRIVER_TOOL],
-        # make e2e: the bed and its real node, then the scale smoke's kwok
+        # make unit-no-helm: the CDI checks, NVML and the toolkit (small)
+        [toolsets.CDI_VALIDATE_TOOL], [toolsets.MOCK_NVML_TOOL], [toolsets.FAKE_DRIVER_TOOL],
+        # make e2e: the bed and its real node (what every stage after lint waits for), the scale
+        # smoke's kwok; then helm, for the device-plugin test that make e2e runs last and for
+        # make unit-helm after it
         (binaries.MINORS[binaries.kubernetes_minor()], "etcd"), runtime.RUNTIME_TOOLS, runtime.CNI_TOOLS, [toolsets.KWOK_TOOL],
+        ["helm"],
         # make e2e-next
         *([tool] for tool in binaries.SCHEDULER_ONLY_MINORS.values()),
         # make e2e-kind: the node image (e2e.testbed.kindnode.ensure_binaries' order; the bed's

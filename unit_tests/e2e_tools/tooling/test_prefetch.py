@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.testbed import kindnode
+from e2e.testbed import cdicheck, kindnode
 from e2e.tooling import binaries, gotools, prefetch, runtime
 
 
@@ -27,8 +27,8 @@ def test_the_sets_are_the_stages_own_calls_in_stage_order(monkeypatch: pytest.Mo
     bed = binaries.tools()
     monkeypatch.setenv(binaries.MINOR_ENV, "1.36")
     oldest = binaries.tools()
-    # make test's stage order: e2e, e2e-next, e2e-kind, e2e-oldest.
-    expected_in_order = [bed, runtime.RUNTIME_TOOLS, (binaries.SCHEDULER_ONLY_MINORS["1.38"],),
+    # make test's stage order: unit-no-helm, e2e (its helm test last), unit-helm, e2e-next, e2e-kind, e2e-oldest.
+    expected_in_order = [(cdicheck.TOOL,), bed, runtime.RUNTIME_TOOLS, ("helm",), (binaries.SCHEDULER_ONLY_MINORS["1.38"],),
                          kindnode.NODE_TOOLS, (kindnode.LOCAL_PATH_TOOL,), oldest]
     positions = [sets.index(tuple(s)) for s in expected_in_order]
     assert positions == sorted(positions), sets
@@ -38,8 +38,8 @@ def test_the_sets_are_the_stages_own_calls_in_stage_order(monkeypatch: pytest.Mo
 def test_make_test_runs_its_stages_in_the_order_the_worker_builds_for() -> None:
     makefile = (Path(__file__).parents[3] / "Makefile").read_text()
     prereqs = next(line for line in makefile.splitlines() if line.startswith("test:")).split()
-    stages = [s for s in prereqs if s.startswith("e2e")]
-    assert stages == ["e2e", "e2e-next", "e2e-kind", "e2e-oldest"], prereqs
+    stages = [s for s in prereqs if s.startswith(("e2e", "unit"))]
+    assert stages == ["unit-no-helm", "e2e", "unit-helm", "e2e-next", "e2e-kind", "e2e-oldest"], prereqs
 
 
 def test_a_set_that_fails_is_left_to_its_stage_and_the_rest_still_build(
@@ -56,7 +56,7 @@ def test_a_set_that_fails_is_left_to_its_stage_and_the_rest_still_build(
     monkeypatch.setattr(prefetch.os, "nice", lambda _n: 0)
     monkeypatch.setattr(prefetch.signal, "signal", lambda *_a: None)
     assert prefetch.run(os.getpid()) == 0
-    assert built == prefetch.tool_sets()[1:]
+    assert built == [names for names in prefetch.tool_sets() if names != ("helm",)]
     assert "helm not built here (gotools: building helm failed); its stage will build it" in capsys.readouterr().out
 
 
