@@ -49,36 +49,19 @@ need() {
 # ---- tools -------------------------------------------------------------------------------------
 started_at=$(date +%s)
 [[ -x "${PYTHON}" ]] || die "PYTHON=${PYTHON} not found (create the venv: python -m venv .venv && .venv/bin/pip install -e '.[dev]')"
-if [[ "${DRA_KIND_BED:-0}" == "1" ]]; then
-  log "the bed: private dockerd, pinned kind node image and tools"
-  "${PYTHON}" -m e2e.testbed.docker up
-  eval "$("${PYTHON}" -m e2e.testbed.docker env)"
-  eval "$("${PYTHON}" -m e2e.testbed.kindnode env)"
-fi
-KIND="${KIND:-$(command -v kind || true)}"
-KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
-need docker "https://docs.docker.com/engine/install/"
-[[ -n "${KIND}" && -x "${KIND}" ]] || die "kind is required (https://kind.sigs.k8s.io/docs/user/quick-start/#installation, or KIND=/path)"
-[[ -n "${KUBECTL}" && -x "${KUBECTL}" ]] || die "kubectl is required (https://kubernetes.io/docs/tasks/tools/, or KUBECTL=/path)"
-kind() { "${KIND}" "$@"; }
-kubectl() { "${KUBECTL}" "$@"; }
-if [[ -z "${HELM:-}" ]]; then
-  if command -v helm >/dev/null 2>&1; then
-    HELM="$(command -v helm)"
-  elif command -v go >/dev/null 2>&1; then
-    HELM="$("${PYTHON}" deploy/checks/helm.py --print-path)"
-  else
-    die "helm is required (install it, set HELM=/path/to/helm, or install Go so deploy/checks/helm.py can build it)"
+mkdir -p "$(dirname "${KUBECONFIG_FILE}")"
+# The image builds in the background while the node image is assembled and kind creates the
+# cluster: those mostly wait on Debian's packages, Docker and the nodes' containers, so on a 2-core
+# machine the build costs the run little.
+build_pid=""
+build_log="${ROOT}/.run/kind-image-build.log"
+start_image_build() {
+  if [[ "${SKIP_BUILD:-0}" != "1" && -z "${build_pid}" ]]; then
+    log "building ${IMAGE} in the background (deploy/image/build.py, as make image; log ${build_log})"
+    "${PYTHON}" deploy/image/build.py --tag "${IMAGE}" >"${build_log}" 2>&1 &
+    build_pid=$!
   fi
-fi
-[[ -x "${HELM}" ]] || die "HELM=${HELM} is not executable"
-docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running, and may this user use it?)"
-export KIND KUBECTL HELM
-# The suite's own kubectl calls use the same binary.
-PATH="$(dirname "${KUBECTL}"):${PATH}"
-export PATH
-
-# ---- cluster -----------------------------------------------------------------------------------
+}
 created=0
 cleanup() {
   local rc=$?
@@ -107,17 +90,38 @@ cleanup() {
   exit "${rc}"
 }
 trap cleanup EXIT
-
-mkdir -p "$(dirname "${KUBECONFIG_FILE}")"
-# The image builds while kind creates the cluster: one is mostly CPU, the other mostly waiting on
-# the nodes' containers, so on a 2-core machine the build costs the run almost nothing.
-build_pid=""
-build_log="${ROOT}/.run/kind-image-build.log"
-if [[ "${SKIP_BUILD:-0}" != "1" ]]; then
-  log "building ${IMAGE} in the background (deploy/image/build.py, as make image; log ${build_log})"
-  "${PYTHON}" deploy/image/build.py --tag "${IMAGE}" >"${build_log}" 2>&1 &
-  build_pid=$!
+if [[ "${DRA_KIND_BED:-0}" == "1" ]]; then
+  log "the bed: private dockerd, pinned kind node image and tools"
+  "${PYTHON}" -m e2e.testbed.docker up
+  eval "$("${PYTHON}" -m e2e.testbed.docker env)"
+  start_image_build
+  eval "$("${PYTHON}" -m e2e.testbed.kindnode env)"
 fi
+KIND="${KIND:-$(command -v kind || true)}"
+KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
+need docker "https://docs.docker.com/engine/install/"
+[[ -n "${KIND}" && -x "${KIND}" ]] || die "kind is required (https://kind.sigs.k8s.io/docs/user/quick-start/#installation, or KIND=/path)"
+[[ -n "${KUBECTL}" && -x "${KUBECTL}" ]] || die "kubectl is required (https://kubernetes.io/docs/tasks/tools/, or KUBECTL=/path)"
+kind() { "${KIND}" "$@"; }
+kubectl() { "${KUBECTL}" "$@"; }
+if [[ -z "${HELM:-}" ]]; then
+  if command -v helm >/dev/null 2>&1; then
+    HELM="$(command -v helm)"
+  elif command -v go >/dev/null 2>&1; then
+    HELM="$("${PYTHON}" deploy/checks/helm.py --print-path)"
+  else
+    die "helm is required (install it, set HELM=/path/to/helm, or install Go so deploy/checks/helm.py can build it)"
+  fi
+fi
+[[ -x "${HELM}" ]] || die "HELM=${HELM} is not executable"
+docker info >/dev/null 2>&1 || die "cannot talk to the Docker daemon (is it running, and may this user use it?)"
+export KIND KUBECTL HELM
+# The suite's own kubectl calls use the same binary.
+PATH="$(dirname "${KUBECTL}"):${PATH}"
+export PATH
+
+# ---- cluster -----------------------------------------------------------------------------------
+start_image_build
 if kind get clusters 2>/dev/null | grep -qx "${CLUSTER_NAME}"; then
   [[ "${KEEP_CLUSTER:-0}" == "1" ]] || die "cluster ${CLUSTER_NAME} already exists; delete it or set KEEP_CLUSTER=1 to reuse it"
   log "reusing cluster ${CLUSTER_NAME}"
