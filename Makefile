@@ -72,7 +72,7 @@ runtime: $(STAMP)
 	$(PY) -m e2e.tooling.runtime
 
 e2e: $(STAMP) binaries runtime
-	$(PY) -m pytest e2e/suites -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest e2e/suites -q --durations=15 $(PYTEST_ARGS) || { cat .run/e2e-hung-stacks.txt 2>/dev/null; exit 1; }
 
 # The smoke subset (registration, prepare/unprepare, slices, health) on the oldest supported minor.
 e2e-oldest: $(STAMP) runtime

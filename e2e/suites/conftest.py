@@ -22,6 +22,7 @@ import pytest
 from e2e.testbed.clusterview import (
     DEVICECLASSES,
     DRIVER,
+    REPO,
     Bed,
     env_flag,
     fence_manifests,
@@ -82,6 +83,20 @@ def _hung(item: pytest.Item, after: float) -> None:
     os._exit(1)
 
 
+HUNG_STACKS = REPO / ".run" / "e2e-hung-stacks.txt"
+"""Where the last resort writes: a thread stuck in C holding the GIL (gRPC's fork handlers did) stops
+the watchdog above too, so faulthandler's own thread dumps the stacks a minute later and ends the
+run; it cannot reach the captured stderr, so the Makefile prints this file when make e2e fails."""
+_stacks: list[Any] = []
+
+
+def _stacks_file() -> Any:
+    if not _stacks:
+        HUNG_STACKS.parent.mkdir(parents=True, exist_ok=True)
+        _stacks.append(open(HUNG_STACKS, "w"))  # noqa: SIM115 (open for the session: faulthandler writes to it)
+    return _stacks[0]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     limit = _limit(item)
@@ -89,11 +104,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if timer is not None:
         timer.daemon = True
         timer.start()
+        faulthandler.dump_traceback_later(limit + HANG_GRACE_S + 60, exit=True, file=_stacks_file())
     try:
         yield
     finally:
         if timer is not None:
             timer.cancel()
+            faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session")
