@@ -27,7 +27,7 @@ from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.k8s.client import ApiError, KubeApi, KubeconfigError, RestKubeApi, kubeconfig_context, kubeconfig_path
 from dra_driver.tools.explain import claim, pending, pod
 from dra_driver.tools.explain.targets import OUTPUTS, Kind, TargetError, parse_target
-from dra_driver.tools.terminal import one_line, printable
+from dra_driver.tools.terminal import api_error_line, one_line, printable
 
 
 def rules_for(choice: str, server_version: Callable[[], str] | None) -> tuple[SchedulerRules, str | None]:
@@ -132,12 +132,7 @@ def main(
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:
-        if exc.unreachable:
-            print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
-        elif exc.unauthorized or exc.forbidden:
-            print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
-        else:
-            print(f"{prog}: API error: {one_line(exc)}", file=stderr)
+        print(f"{prog}: {api_error_line(exc)}", file=stderr)
         return 1
     except Exception as exc:  # last resort: never a traceback for a user
         print(f"{prog}: unexpected error: {type(exc).__name__}: {one_line(exc)}", file=stderr)

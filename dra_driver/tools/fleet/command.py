@@ -27,7 +27,7 @@ from dra_driver.tools.fleet import fit, gpus, nodes, top
 from dra_driver.tools.fleet.args import GPU_WORDS, FitTarget, FleetError, parse_fit_target
 from dra_driver.tools.fleet.devices import device_rows, is_placement
 from dra_driver.tools.fleet.reads import ReadOnly, read_fleet
-from dra_driver.tools.terminal import one_line, printable
+from dra_driver.tools.terminal import api_error_line, one_line, printable
 
 
 def _file_text(path: str, stdin: TextIO | None) -> str:
@@ -124,12 +124,7 @@ def main(args: argparse.Namespace, *, prog: str, api: KubeApi | None = None, eng
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:
-        if exc.unreachable:
-            print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
-        elif exc.unauthorized or exc.forbidden:
-            print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
-        else:
-            print(f"{prog}: API error: {one_line(exc)}", file=stderr)
+        print(f"{prog}: {api_error_line(exc)}", file=stderr)
         return 1
     except Exception as exc:  # last resort: never a traceback for a user
         print(f"{prog}: unexpected error: {type(exc).__name__}: {one_line(exc)}", file=stderr)

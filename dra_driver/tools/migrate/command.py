@@ -40,7 +40,7 @@ from dra_driver.k8s.names import is_dns_label, is_dns_subdomain
 from dra_driver.k8s.objects import as_list, as_mapping, as_str, meta
 from dra_driver.tools.migrate import classes, config, steps, workloads
 from dra_driver.tools.migrate.config import CONFIG_LABEL, OUTPUTS, MigrateError
-from dra_driver.tools.terminal import one_line, printable
+from dra_driver.tools.terminal import api_error_line, one_line, printable
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True)
@@ -233,12 +233,7 @@ def main(
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
     except ApiError as exc:
-        if exc.unreachable:
-            print(f"{prog}: cannot reach the cluster: {one_line(exc.message or exc.reason)}", file=stderr)
-        elif exc.unauthorized or exc.forbidden:
-            print(f"{prog}: not allowed: {one_line(exc)}", file=stderr)
-        else:
-            print(f"{prog}: API error: {one_line(exc)}", file=stderr)
+        print(f"{prog}: {api_error_line(exc)}", file=stderr)
         return 1
     except Exception as exc:  # last resort: never a traceback for a user
         print(f"{prog}: unexpected error: {type(exc).__name__}: {one_line(exc)}", file=stderr)
