@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
@@ -30,8 +30,18 @@ from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors
 from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.bodies import RawBody, RawSlice
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, DEVICE_TAINT_RULES, SLICES, ApiError, KubeApi
+from dra_driver.k8s.client import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
+    SLICES,
+    ApiError,
+    KubeApi,
+    ListResult,
+    Resource,
+)
 from dra_driver.k8s.objects import Obj, as_mapping, describe_node_selector, meta
+from dra_driver.k8s.wire import Reduced
 from dra_driver.tools.explain.drivers import claim_drivers
 
 
@@ -310,7 +320,14 @@ class _Reads:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def tainted_slices(api: KubeApi) -> list[RawSlice]:
+class ListsObjects(Protocol):
+    """The one read :func:`tainted_slices` makes: the API client has it, and so has the fleet
+    commands' client that can only read (:class:`dra_driver.tools.fleet.reads.ReadOnly`)."""
+
+    def list(self, res: Resource, *, cached: bool = False, reduced: Reduced[Any] | None = None) -> ListResult: ...
+
+
+def tainted_slices(api: ListsObjects) -> list[RawSlice]:
     """Every ResourceSlice, with the taints of the DeviceTaintRules merged into the devices they
     select, as the scheduler sees them. A server that does not serve the rules (before 1.37), or a
     caller who may not read them, has none."""

@@ -22,23 +22,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
-from dra_driver.controller.views import slice_reading
 from dra_driver.k8s.bodies import RawBody, RawSlice
 from dra_driver.k8s.claims import pod_claim_names
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
-    DEVICE_TAINT_RULES,
     EVENTS,
     PODS,
-    SLICES,
     ApiError,
     KubeApi,
     ListResult,
+    Resource,
 )
 from dra_driver.k8s.objects import Obj, as_mapping, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced
+from dra_driver.tools.explain.claim import tainted_slices
 
 WITHHELD_REASON = "DeviceWithheld"
 """The reason of the node plugin's Event about a device it does not publish (node/events.py)."""
@@ -48,12 +46,12 @@ _WITHHELD_NOTE = re.compile(r"^device (?P<device>\S+) is not published.*?refuse 
 class ReadApi(Protocol):
     """The reads the fleet commands make: nothing here writes."""
 
-    def list(self, res: Any, *, namespace: str | None = None, field_selector: str | None = None,
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
              cached: bool = False, reduced: Reduced[Any] | None = None) -> ListResult: ...
 
     def list_claim_allocations(self) -> ListResult: ...
 
-    def get(self, res: Any, name: str, *, namespace: str | None = None) -> Obj: ...
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj: ...
 
 
 class ReadOnly:
@@ -66,14 +64,14 @@ class ReadOnly:
         self._api = api
         self._version = server_version
 
-    def list(self, res: Any, *, namespace: str | None = None, field_selector: str | None = None,
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
              cached: bool = False, reduced: Reduced[Any] | None = None) -> ListResult:
         return self._api.list(res, namespace=namespace, field_selector=field_selector, cached=cached, reduced=reduced)
 
     def list_claim_allocations(self) -> ListResult:
         return self._api.list_claim_allocations()
 
-    def get(self, res: Any, name: str, *, namespace: str | None = None) -> Obj:
+    def get(self, res: Resource, name: str, *, namespace: str | None = None) -> Obj:
         return self._api.get(res, name, namespace=namespace)
 
     @property
@@ -106,19 +104,6 @@ class FleetObjects:
     withheld: list[Withheld] = field(default_factory=list)
     withheld_hidden: str | None = None
     unreadable: list[str] = field(default_factory=list)
-
-
-def tainted_slices(api: ReadApi) -> list[RawSlice]:
-    """Every ResourceSlice, the DeviceTaintRules' taints merged in as the scheduler sees them (a
-    server without the rules, or a caller who may not read them: the slices' own taints)."""
-    slices = cast(list[RawSlice], api.list(SLICES, cached=True, reduced=slice_reading()).items)
-    try:
-        rules = api.list(DEVICE_TAINT_RULES, cached=True).items
-    except ApiError as exc:
-        if not (exc.forbidden or exc.not_found):
-            raise
-        return slices
-    return [cast(RawSlice, dict(s)) for s in with_taint_rules(slices, taint_rules(rules))]
 
 
 def withheld_from(events: list[RawBody]) -> list[Withheld]:
