@@ -1,9 +1,10 @@
 """Resolution throughput: our engine against the kube-scheduler, same workload, same run.
 
 Cluster: ``NODES`` Node objects (no kubelet) with ``GPUS`` GPUs each published as ResourceSlices
-under a fake driver (``bench.dra-driver.io``, one pool per node, the slices of
-:func:`e2e.generators.synthetic.synthetic_slices`), a DeviceClass selecting that driver, and pods
-each with a 1-GPU claim from a ResourceClaimTemplate.
+under a fake driver (``bench.dra-driver.io``, one pool and one slice per node: the slices our plugin
+publishes for a simulated node, :func:`e2e.generators.fleet.plugin_slices`, H100, A100, L4 and T4
+in turn), a DeviceClass selecting that driver, and pods each with a 1-GPU claim from a
+ResourceClaimTemplate.
 
 * engine: :func:`dra_driver.allocator.resolve.resolve` for one claim after another over an inventory built
   from the same slices, every allocation counting as used for the next claim.
@@ -30,7 +31,7 @@ from dra_driver.allocator.resolve import resolve
 from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, PODS, SLICES, ApiError
 from e2e.bench.common import Result
 from e2e.bench.sharedbed import NODES, BenchBed, parallel
-from e2e.generators.synthetic import synthetic_slices
+from e2e.generators import fleet
 from e2e.tooling import binaries
 
 FAKE_DRIVER = "bench.dra-driver.io"
@@ -38,7 +39,7 @@ CLASS = "bench-gpu"
 NAMESPACE = "bench-sched"
 TEMPLATE = "one-gpu"
 NODE_COUNT = 100
-GPUS = 8
+GPUS = fleet.GPUS_PER_NODE
 CLAIMS = 1000
 
 DEVICE_CLASS = {
@@ -78,7 +79,7 @@ def ensure_cluster(bed: BenchBed) -> list[dict[str, Any]]:
     cached: list[dict[str, Any]] | None = getattr(bed, "_resolution_slices", None)
     if cached is not None:
         return cached
-    slices = synthetic_slices(NODE_COUNT, GPUS, driver=FAKE_DRIVER)
+    slices = fleet.plugin_slices(NODE_COUNT, driver=FAKE_DRIVER)
     names = [s["spec"]["nodeName"] for s in slices]
 
     def node(name: str) -> None:

@@ -1,8 +1,9 @@
 """The ResourceSlices our plugin publishes for a simulated node, and a fleet of such nodes.
 
 :func:`published_slices` is the one home of "the slices our plugin publishes for a simulated node":
-the benchmarks' fleets, the informer-memory objects (:mod:`e2e.generators.clusterobjects`) and the
-unit tests that need a plugin's slice take them from here.
+the benchmarks' fleets (the resolution bench's 100 nodes and the scale bench's thousands), the
+informer-memory objects (:mod:`e2e.generators.clusterobjects`) and the unit tests that need a
+plugin's slice take them from here.
 
 Every slice is the plugin's own output: the simulated discovery backend
 (:mod:`dra_driver.node.discovery.simulated`) over a node profile built from the shipped models
