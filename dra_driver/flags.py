@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver import apiprofile
 
 ENV_FLAGS = "_environment_flags"
 """The namespace attribute under which a parser lists its flags that have a variable."""
@@ -165,14 +165,31 @@ def resolve_environment(args: argparse.Namespace, environ: Mapping[str, str] | N
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise SettingsError(f"${spec.variable} (for {spec.flag}): {exc}") from None
         setattr(args, spec.dest, value)
+    if hasattr(args, "api_profile") and hasattr(args, "driver_name"):
+        try:
+            profile = apiprofile.get(args.api_profile) if args.api_profile else apiprofile.for_driver(args.driver_name)
+            args.api_profile, args.driver_name = profile.name, profile.driver_name(args.driver_name)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
     return args
 
 
+def api_profile(args: argparse.Namespace) -> apiprofile.ApiProfile:
+    """The profile of a command's resolved ``args`` (this driver's own where it has no --api-profile)."""
+    return apiprofile.get(getattr(args, "api_profile", None) or apiprofile.DRA_DRIVER)
+
+
 def add_shared_arguments(parser: argparse.ArgumentParser, *, kubeconfig: bool = True, driver_name: bool = True) -> None:
-    """``--kubeconfig`` and ``--driver-name``, the flags of the programs and the operator tools alike."""
+    """``--kubeconfig``, ``--api-profile`` and ``--driver-name``, the flags of the programs and the operator
+    tools alike. The driver name's default is the profile's (:func:`resolve_environment` sets it)."""
     if driver_name:
-        add_env_argument(parser, "--driver-name", variable="DRIVER_NAME", default=DEFAULT_DRIVER_NAME,
-                         help="DRA driver name")
+        add_env_argument(parser, "--api-profile", variable="API_PROFILE", default=None, choices=apiprofile.NAMES,
+                         shown="dra-driver; nvidia with --driver-name gpu.nvidia.com",
+                         help="Whose names the devices, attributes, classes and taints have: dra-driver (this "
+                              "driver's) or nvidia (NVIDIA's DRA driver's, driver gpu.nvidia.com)")
+        add_env_argument(parser, "--driver-name", variable="DRIVER_NAME", default=None,
+                         help="DRA driver name", shown=f"{apiprofile.OWN.default_driver_name}; "
+                                                       f"{apiprofile.NVIDIA_DRIVER_NAME} with --api-profile nvidia")
     if kubeconfig:
         # $KUBECONFIG is not this flag's default: it is a list of files, merged (dra_driver.k8s.credentials).
         parser.add_argument("--kubeconfig", default=None, metavar="FILE",

@@ -21,7 +21,7 @@ from dra_driver.tools.explain.targets import TYPES
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLES = ("KUBECONFIG", "NODE_NAME", "HEALTH_PORT", "SCHEDULER_RULES", "HEALTH_MONITORING", "METRICS_PORT",
-             "DRIVER_NAME", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "ROLLING_UPDATE", "POD_UID")
+             "DRIVER_NAME", "API_PROFILE", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "ROLLING_UPDATE", "POD_UID")
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +135,39 @@ def test_the_variable_is_the_default_and_the_flag_wins(monkeypatch: pytest.Monke
     assert port() == 0
     monkeypatch.setenv("HEALTH_PORT", "8081")
     assert port() == 8081 and port("--health-port=9000") == 9000
+
+
+def test_the_api_profile_chooses_the_driver_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from dra_driver.node.settings import plugin_settings
+
+    def settings(*argv: str) -> Any:
+        return plugin_settings(cli.build_parser().parse_args(["kubelet-plugin", "--node-name=n",
+                                                              f"--kubelet-plugins-dir={tmp_path}", *argv]))
+
+    own = settings()
+    assert (own.driver_name, own.api_profile.name, own.state_dir) == ("gpu.dra-driver.io", "dra-driver",
+                                                                      tmp_path / "gpu.dra-driver.io")
+    nvidia = settings("--api-profile=nvidia")
+    # NVIDIA's plugin keeps its checkpoint.json in <plugins-dir>/gpu.nvidia.com: ours is never read for it.
+    assert (nvidia.driver_name, nvidia.api_profile.name, nvidia.state_dir) == (
+        "gpu.nvidia.com", "nvidia", tmp_path / "gpu.nvidia.com" / "dra-driver")
+    monkeypatch.setenv("API_PROFILE", "nvidia")
+    assert settings().driver_name == "gpu.nvidia.com" and settings("--api-profile=dra-driver").driver_name == (
+        "gpu.dra-driver.io")
+    monkeypatch.delenv("API_PROFILE")
+    assert settings("--driver-name=gpu.nvidia.com").api_profile.name == "nvidia"
+
+
+def test_the_nvidia_profile_refuses_another_driver_name(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRIVER_NAME", "gpu.example.org")
+    err = failed(capsys, cli.main(["kubelet-plugin", "--node-name", "n1", "--api-profile", "nvidia"]))
+    assert err == ("dra-driver kubelet-plugin: --api-profile nvidia publishes as gpu.nvidia.com (the name its classes "
+                   "and selectors read), not --driver-name gpu.example.org")
+    monkeypatch.setenv("API_PROFILE", "nvdia")
+    err = failed(capsys, cli.main(["controller"]))
+    assert err == ("dra-driver controller: $API_PROFILE (for --api-profile): must be one of dra-driver, nvidia, "
+                   "got 'nvdia'")
 
 
 # --- running: a failure is the command's one line, not a usage error --------------------------------

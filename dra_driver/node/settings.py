@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver import apiprofile
 from dra_driver.flags import (
     SettingsError,
     add_env_argument,
     add_shared_arguments,
+    api_profile,
     boolean,
     non_negative_number,
     port,
@@ -79,6 +81,8 @@ class PluginSettings:
     """This instance's pod; required with ``rolling_update``."""
     ignore_device_plugin: bool = False
     """Publish even where the Node shows NVIDIA's device plugin serving the GPUs (a node being migrated)."""
+    api_profile: apiprofile.ApiProfile = apiprofile.OWN
+    """Whose names the node publishes (dra_driver.apiprofile)."""
 
     @property
     def plugin_data_dir(self) -> Path:
@@ -215,7 +219,8 @@ def add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kubelet-plugins-dir", "KUBELET_PLUGINS_DIR",
         "Kubelet plugins directory; the DRA socket is <dir>/<driver>/dra.sock", KUBELET_PLUGINS_DIR)
     add("--cdi-root", "CDI_ROOT", "CDI spec directory", CDI_ROOT)
-    add("--state-dir", "STATE_DIR", "Checkpoint directory", shown="<plugins-dir>/<driver>")
+    add("--state-dir", "STATE_DIR", "Checkpoint directory",
+        shown="<plugins-dir>/<driver>; <plugins-dir>/gpu.nvidia.com/dra-driver with --api-profile nvidia")
     add("--dev-root", "DEV_ROOT", "Root under which /dev/nvidia* live; a fake root for simulated GPUs", "/")
     add("--sysfs-root", "SYSFS_ROOT", "sysfs mount, for PCI NUMA/root lookups", "/sys")
     add("--log-format", "LOG_FORMAT", "Log format", "json", choices=("json", "console"))
@@ -279,6 +284,8 @@ def plugin_settings(args: argparse.Namespace, environ: Mapping[str, str] | None 
     if not args.node_name:
         raise SettingsError("--node-name (or $NODE_NAME) is required")
     plugins_dir = Path(args.kubelet_plugins_dir)
+    profile = api_profile(args)
+    own_dir = plugins_dir / args.driver_name
     instance_pod_uid(bool(args.rolling_update), args.pod_uid)  # refuses to start without a usable one
     settings = PluginSettings(
         node_name=args.node_name,
@@ -288,7 +295,7 @@ def plugin_settings(args: argparse.Namespace, environ: Mapping[str, str] | None 
         registry_dir=Path(args.kubelet_registry_dir),
         plugins_dir=plugins_dir,
         cdi_root=Path(args.cdi_root),
-        state_dir=Path(args.state_dir) if args.state_dir else plugins_dir / args.driver_name,
+        state_dir=Path(args.state_dir) if args.state_dir else own_dir / profile.state_subdir,
         dev_root=Path(args.dev_root),
         sysfs_root=Path(args.sysfs_root),
         kubeconfig=args.kubeconfig,
@@ -315,6 +322,7 @@ def plugin_settings(args: argparse.Namespace, environ: Mapping[str, str] | None 
         rolling_update=bool(args.rolling_update),
         pod_uid=args.pod_uid or None,
         ignore_device_plugin=bool(args.ignore_device_plugin),
+        api_profile=profile,
     )
     problems = registration_problems(settings.driver_name, settings.sockets, settings.rolling_update)
     if problems:

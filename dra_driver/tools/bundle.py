@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__
+from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME, __version__, apiprofile
 from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
@@ -427,7 +427,7 @@ def node_sources(node: str, state_dir: str | None, cdi_root: str | None, metrics
     port = env("HEALTH_PORT") or str(HEALTH_PORT)
     return NodeSources(
         node=node,
-        state_dir=Path(state_dir or env("STATE_DIR") or plugins_dir / driver),
+        state_dir=Path(state_dir or env("STATE_DIR") or plugins_dir / driver / apiprofile.for_driver(driver).state_subdir),
         cdi_root=Path(cdi_root or env("CDI_ROOT") or CDI_ROOT),
         metrics_url=metrics_url or f"http://127.0.0.1:{port}/metrics",
     )
