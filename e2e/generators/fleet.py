@@ -33,7 +33,9 @@ from typing import Any
 
 import yaml
 
+from dra_driver.apiprofile import OWN, ApiProfile
 from dra_driver.node.describe.devices import describe, enumerate_devices
+from dra_driver.node.describe.shares import DISABLED, ConsumableShares
 from dra_driver.node.discovery.profiles import NodeProfile, parse_profile
 from dra_driver.node.discovery.simulated import SimulatedBackend, gpu_uuid, mig_uuid
 from dra_driver.node.publish.slices import PoolOwner, plan, split_into_slices, validate_pool
@@ -108,14 +110,16 @@ def plugin_path_slices(kind: NodeKind, node: str, driver: str = DRIVER) -> list[
     return published_slices(node_profile(kind), node, driver=driver, dynamic_mig=kind.dynamic_mig)
 
 
-def published_slices(profile: NodeProfile, node: str, *, driver: str = DRIVER, dynamic_mig: bool = False) -> list[dict[str, Any]]:
+def published_slices(profile: NodeProfile, node: str, *, driver: str = DRIVER, dynamic_mig: bool = False,
+                     api_profile: ApiProfile = OWN, shares: ConsumableShares = DISABLED) -> list[dict[str, Any]]:
     """The create bodies of the slices ``dra-driver kubelet-plugin`` publishes for node ``node``
     simulated from ``profile``, in the plugin's order (with dynamic MIG: the counter sets first):
-    discovery, description, the pool split into slices and checked, and the publisher's plan.
-    Named ``generateName`` plus a reproducible suffix, without ownerReferences (see :func:`owned_by`)."""
+    discovery, description (in ``api_profile``'s names), the pool split into slices and checked, and
+    the publisher's plan. Named ``generateName`` plus a reproducible suffix, without ownerReferences
+    (see :func:`owned_by`)."""
     backend = SimulatedBackend(profile, node)
-    devices = enumerate_devices(backend.discover(), dynamic_mig)
-    devices_json, counters_json = describe(devices, driver, dynamic_mig)
+    devices = enumerate_devices(backend.discover(), dynamic_mig, api_profile)
+    devices_json, counters_json = describe(devices, driver, dynamic_mig, shares, api_profile)
     contents = split_into_slices(devices_json, counters_json)
     validate_pool(contents)
     bodies = []

@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from dra_driver.apiprofile import OWN, ApiProfile
+from dra_driver.apiprofile import profile_label as profile_label
 from dra_driver.k8s.bodies import CounterSet, RawDevice
 from dra_driver.k8s.names import is_dns_label
 from dra_driver.k8s.quantity import format_canonical
 from dra_driver.node.describe.shares import DISABLED, ConsumableShares, shared_capacity
-from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigEngines, MigPlacement, MigProfile, gi_profile_id
 
 
 @dataclass(frozen=True)
@@ -38,30 +40,35 @@ class AllocatableDevice:
 
 # --- enumerate: discovered GPUs → named allocatable devices -------------------------------------
 
-def gpu_device_name(gpu: Gpu) -> str:
-    return f"gpu-{gpu.index}"
+def gpu_device_name(gpu: Gpu, profile: ApiProfile = OWN) -> str:
+    return profile.gpu_device_name(gpu.index, gpu.minor)
 
 
-def static_mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
-    return f"gpu-{gpu.index}-mig-{mig.gpu_instance_id}-{mig.compute_instance_id}"
+def static_mig_device_name(gpu: Gpu, mig: MigDevice, profile: ApiProfile = OWN) -> str:
+    gi_profile = gpu_mig_profile(gpu, mig.profile)
+    profile_id = mig.profile_id if mig.profile_id is not None else gi_profile_id(gi_profile) if gi_profile else 0
+    return profile.static_mig_device_name(gpu.index, gpu.minor, gpu_instance_id=mig.gpu_instance_id,
+                                          compute_instance_id=mig.compute_instance_id, profile=mig.profile,
+                                          profile_id=profile_id, placement_start=mig.placement.start)
 
 
-def profile_label(profile: str) -> str:
-    """``1g.10gb`` → ``1g10gb``; ``1g.10gb+me`` → ``1g10gb-me`` (DNS-label safe)."""
-    text = profile.lower().replace(".", "")
-    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+def gpu_mig_profile(gpu: Gpu, name: str) -> MigProfile | None:
+    return next((p for p in gpu.mig_profiles if p.name == name), None)
 
 
-def dynamic_mig_device_name(gpu: Gpu, profile: MigProfile, placement: MigPlacement) -> str:
-    return f"gpu-{gpu.index}-mig-{profile_label(profile.name)}-{placement.start}"
+def dynamic_mig_device_name(gpu: Gpu, mig_profile: MigProfile, placement: MigPlacement,
+                            profile: ApiProfile = OWN) -> str:
+    return profile.dynamic_mig_device_name(gpu.index, gpu.minor, profile=mig_profile.name,
+                                           profile_id=gi_profile_id(mig_profile), placement_start=placement.start)
 
 
-def counter_set_name(gpu: Gpu) -> str:
-    return f"gpu-{gpu.index}-counter-set"
+def counter_set_name(gpu: Gpu, profile: ApiProfile = OWN) -> str:
+    return profile.counter_set_name(gpu.index, gpu.minor)
 
 
-def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, AllocatableDevice]:
-    """Every device this node publishes, by name, in publishing (= allocation preference) order.
+def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool, profile: ApiProfile = OWN) -> dict[str, AllocatableDevice]:
+    """Every device this node publishes, by name (``profile``'s), in publishing (= allocation
+    preference) order. In this driver's own names:
 
     * MIG disabled: the full GPU ``gpu-<index>``.
     * MIG enabled, static MIG: one device per existing MIG instance ``gpu-<index>-mig-<gi>-<ci>``;
@@ -69,6 +76,9 @@ def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, Alloc
     * dynamic MIG on a MIG-capable GPU with a known profile catalogue: the full GPU plus every
       profile x placement ``gpu-<index>-mig-<profile>-<start>``; existing instances are not
       published separately (the prepare path owns their life cycle).
+
+    In NVIDIA's (:mod:`dra_driver.apiprofile`), the number is the minor and every MIG device is
+    ``gpu-<minor>-mig-<profile>-<GI profile ID>-<start>``.
     """
     devices: dict[str, AllocatableDevice] = {}
 
@@ -81,17 +91,17 @@ def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool) -> dict[str, Alloc
 
     for gpu in sorted(gpus, key=lambda g: g.index):
         if dynamic_mig and gpu.mig_capable and gpu.mig_profiles:
-            add(AllocatableDevice(name=gpu_device_name(gpu), gpu=gpu))
-            for profile in gpu.mig_profiles:
-                for placement in profile.placements:
-                    add(AllocatableDevice(name=dynamic_mig_device_name(gpu, profile, placement), gpu=gpu,
-                                          mig_profile=profile, placement=placement))
+            add(AllocatableDevice(name=gpu_device_name(gpu, profile), gpu=gpu))
+            for mig_profile in gpu.mig_profiles:
+                for placement in mig_profile.placements:
+                    add(AllocatableDevice(name=dynamic_mig_device_name(gpu, mig_profile, placement, profile), gpu=gpu,
+                                          mig_profile=mig_profile, placement=placement))
         elif gpu.mig_enabled:
             for mig in gpu.mig_devices:
-                add(AllocatableDevice(name=static_mig_device_name(gpu, mig), gpu=gpu, mig=mig,
+                add(AllocatableDevice(name=static_mig_device_name(gpu, mig, profile), gpu=gpu, mig=mig,
                                       placement=mig.placement))
         else:
-            add(AllocatableDevice(name=gpu_device_name(gpu), gpu=gpu))
+            add(AllocatableDevice(name=gpu_device_name(gpu, profile), gpu=gpu))
     return devices
 
 
@@ -169,13 +179,36 @@ def _counter(value: int, binary: bool = False) -> dict[str, str]:
     return {"value": format_canonical(value, binary=binary)}
 
 
-def gpu_counter_values(gpu: Gpu) -> dict[str, dict[str, str]]:
+ENGINE_CAPACITIES = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+"""NVIDIA's capacity names of a MIG device's engines, in MigEngines' order."""
+ENGINE_COUNTERS = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
+"""The same, as NVIDIA's counter names (a counter name is a DNS label)."""
+
+
+def _engine_values(engines: MigEngines) -> tuple[int, ...]:
+    return (engines.copy_engines, engines.decoders, engines.encoders, engines.jpeg_engines, engines.ofa_engines)
+
+
+def gpu_engine_totals(gpu: Gpu) -> tuple[int, ...]:
+    """Each engine count of a GPU as its counter set holds it: at least what any valid MIG layout can
+    use (the largest count per memory slice of any profile, over all slices), and at least the largest
+    profile's."""
+    profiles = gpu.mig_profiles
+    slices = max(p.start + p.size for prof in profiles for p in prof.placements)
+    totals = []
+    for i in range(len(ENGINE_COUNTERS)):
+        per_slice = max(-(-_engine_values(p.engines)[i] * slices // p.memory_slices) for p in profiles)
+        totals.append(max(per_slice, *(_engine_values(p.engines)[i] for p in profiles)))
+    return tuple(totals)
+
+
+def gpu_counter_values(gpu: Gpu, profile: ApiProfile = OWN) -> dict[str, dict[str, str]]:
     """The counters of a GPU's counter set (= what its full-GPU device consumes).
 
     ``memory-slice-<i>`` (value 1) for each of the GPU's memory slices makes overlapping
-    placements mutually exclusive; ``compute-slices``, ``multiprocessors`` and ``memory`` bound the
-    sums. Their totals are at least what any valid MIG layout can use, so they never reject a
-    layout the hardware accepts.
+    placements mutually exclusive; ``compute-slices``, ``multiprocessors`` and ``memory`` (and in
+    NVIDIA's profile the engine counts) bound the sums. Their totals are at least what any valid MIG
+    layout can use, so they never reject a layout the hardware accepts.
     """
     profiles = gpu.mig_profiles
     slices = max(p.start + p.size for prof in profiles for p in prof.placements)
@@ -187,17 +220,24 @@ def gpu_counter_values(gpu: Gpu) -> dict[str, dict[str, str]]:
         "multiprocessors": _counter(mps),
         "compute-slices": _counter(compute),
     }
+    if profile.engine_counters:
+        counters.update({name: _counter(value) for name, value in zip(ENGINE_COUNTERS, gpu_engine_totals(gpu),
+                                                                      strict=True)})
     for i in range(slices):
         counters[f"memory-slice-{i}"] = _counter(1)
     return counters
 
 
-def mig_counter_values(profile: MigProfile, placement: MigPlacement) -> dict[str, dict[str, str]]:
+def mig_counter_values(mig_profile: MigProfile, placement: MigPlacement,
+                       profile: ApiProfile = OWN) -> dict[str, dict[str, str]]:
     counters = {
-        "memory": _counter(profile.memory_bytes, binary=True),
-        "multiprocessors": _counter(profile.multiprocessors),
-        "compute-slices": _counter(profile.compute_slices),
+        "memory": _counter(mig_profile.memory_bytes, binary=True),
+        "multiprocessors": _counter(mig_profile.multiprocessors),
+        "compute-slices": _counter(mig_profile.compute_slices),
     }
+    if profile.engine_counters:
+        counters.update({name: _counter(value) for name, value in zip(ENGINE_COUNTERS,
+                                                                      _engine_values(mig_profile.engines), strict=True)})
     for i in range(placement.start, placement.start + placement.size):
         counters[f"memory-slice-{i}"] = _counter(1)
     return counters
@@ -211,24 +251,25 @@ def is_shareable(device: AllocatableDevice, dynamic_mig: bool) -> bool:
     return device.mig is not None or not (dynamic_mig and device.gpu.mig_capable and bool(device.gpu.mig_profiles))
 
 
-def device_attributes(device: AllocatableDevice) -> dict[str, dict[str, Any]]:
+def device_attributes(device: AllocatableDevice, profile: ApiProfile = OWN) -> dict[str, dict[str, Any]]:
     """The device's ``attributes`` as its ResourceSlice publishes them (also what a container's device
-    metadata file lists)."""
+    metadata file lists). NVIDIA's profile publishes no ``index``, ``minor`` or ``parentIndex``."""
     gpu = device.gpu
     attrs = _common_attributes(gpu)
     if device.kind == "gpu":
         attrs.update({
             "type": _string("gpu"),
             "uuid": _string(gpu.uuid),
-            "index": {"int": gpu.index},
-            "minor": {"int": gpu.minor},
         })
+        if profile.numbering_attributes:
+            attrs.update({"index": {"int": gpu.index}, "minor": {"int": gpu.minor}})
         return attrs
     attrs.update({
         "type": _string("mig"),
         "parentUUID": _string(gpu.uuid),
-        "parentIndex": {"int": gpu.index},
     })
+    if profile.numbering_attributes:
+        attrs["parentIndex"] = {"int": gpu.index}
     if device.mig is not None:
         attrs["uuid"] = _string(device.mig.uuid)
         attrs["profile"] = _string(device.mig.profile)
@@ -238,38 +279,60 @@ def device_attributes(device: AllocatableDevice) -> dict[str, dict[str, Any]]:
 
 
 def describe_device(device: AllocatableDevice, dynamic_mig: bool = False,
-                    shares: ConsumableShares = DISABLED) -> dict[str, Any]:
-    """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device."""
+                    shares: ConsumableShares = DISABLED, profile: ApiProfile = OWN) -> dict[str, Any]:
+    """One resource.k8s.io/v1 ``Device`` (as a JSON-ready dict) for an allocatable device.
+
+    NVIDIA's profile adds the MIG devices' engine counts (``copyEngines``, ``decoders``, ``encoders``,
+    ``jpegEngines``, ``ofaEngines``), a static MIG device's ``memorySlice<i>`` (1 each) and, on a GPU
+    whose MIG devices are made per claim, the GPU's engine totals, as NVIDIA's plugin publishes them.
+    A device shared with ``--consumable-shares`` has the shares' capacities only (memory,
+    multiprocessors, shares), in both profiles: a capacity without a request policy would be consumed
+    whole by every claim."""
     gpu = device.gpu
-    attrs = device_attributes(device)
+    attrs = device_attributes(device, profile)
     capacity: dict[str, dict[str, str]] = {}
     result: dict[str, Any] = {"name": device.name}
     partitionable = dynamic_mig and gpu.mig_capable and bool(gpu.mig_profiles)
+    engines = profile.mig_engine_capacities
     if device.kind == "gpu":
         capacity["memory"] = _counter(gpu.memory_bytes, binary=True)
         if gpu.multiprocessors > 0:
             capacity["multiprocessors"] = _counter(gpu.multiprocessors)
         if partitionable:
-            result["consumesCounters"] = [{"counterSet": counter_set_name(gpu), "counters": gpu_counter_values(gpu)}]
+            if engines:
+                capacity.update(_engine_capacity(gpu_engine_totals(gpu)))
+            result["consumesCounters"] = [{"counterSet": counter_set_name(gpu, profile),
+                                           "counters": gpu_counter_values(gpu, profile)}]
     else:
         if device.mig is not None:
             capacity["memory"] = _counter(device.mig.memory_bytes, binary=True)
             capacity["multiprocessors"] = _counter(device.mig.multiprocessors)
+            if engines:
+                capacity.update(_engine_capacity(_engine_values(device.mig.engines)))
+                placement = device.mig.placement
+                for i in range(placement.start, placement.start + placement.size):
+                    capacity[f"memorySlice{i}"] = _counter(1)
         else:
             assert device.mig_profile is not None and device.placement is not None
             capacity["memory"] = _counter(device.mig_profile.memory_bytes, binary=True)
             capacity["multiprocessors"] = _counter(device.mig_profile.multiprocessors)
+            if engines:
+                capacity.update(_engine_capacity(_engine_values(device.mig_profile.engines)))
             result["consumesCounters"] = [{
-                "counterSet": counter_set_name(gpu),
-                "counters": mig_counter_values(device.mig_profile, device.placement),
+                "counterSet": counter_set_name(gpu, profile),
+                "counters": mig_counter_values(device.mig_profile, device.placement, profile),
             }]
     result["attributes"] = attrs
     if shares.enabled and is_shareable(device, dynamic_mig):
         result["allowMultipleAllocations"] = True
         memory, multiprocessors = device_totals(device)
-        capacity = shared_capacity(memory, multiprocessors, shares)
+        capacity = shared_capacity(memory, multiprocessors, shares, profile.shares_memory_step)
     result["capacity"] = capacity
     return result
+
+
+def _engine_capacity(values: Sequence[int]) -> dict[str, dict[str, str]]:
+    return {name: _counter(value) for name, value in zip(ENGINE_CAPACITIES, values, strict=True)}
 
 
 def device_totals(device: AllocatableDevice) -> tuple[int, int]:
@@ -282,7 +345,7 @@ def device_totals(device: AllocatableDevice) -> tuple[int, int]:
 
 
 def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic_mig: bool,
-             shares: ConsumableShares = DISABLED) -> tuple[list[RawDevice], list[CounterSet]]:
+             shares: ConsumableShares = DISABLED, profile: ApiProfile = OWN) -> tuple[list[RawDevice], list[CounterSet]]:
     """(devices, shared counter sets) as resource.k8s.io/v1 JSON, in publishing order.
 
     Attribute and capacity names are unqualified, i.e. in the driver's domain (``driver_name``),
@@ -290,12 +353,13 @@ def describe(devices: Mapping[str, AllocatableDevice], driver_name: str, dynamic
     """
     if not driver_name:
         raise ValueError("driver name is required")
-    devices_json = [describe_device(d, dynamic_mig, shares) for d in devices.values()]
+    devices_json = [describe_device(d, dynamic_mig, shares, profile) for d in devices.values()]
     counter_sets: dict[str, dict[str, Any]] = {}
     for device in devices.values():
         gpu = device.gpu
-        if dynamic_mig and gpu.mig_capable and gpu.mig_profiles and counter_set_name(gpu) not in counter_sets:
-            counter_sets[counter_set_name(gpu)] = {"name": counter_set_name(gpu), "counters": gpu_counter_values(gpu)}
+        name = counter_set_name(gpu, profile)
+        if dynamic_mig and gpu.mig_capable and gpu.mig_profiles and name not in counter_sets:
+            counter_sets[name] = {"name": name, "counters": gpu_counter_values(gpu, profile)}
     for counter_set in counter_sets.values():
         if len(counter_set["counters"]) > MAX_COUNTERS_PER_SET:
             raise ValueError(f"counter set {counter_set['name']} has more than {MAX_COUNTERS_PER_SET} counters")

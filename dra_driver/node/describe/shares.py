@@ -86,16 +86,25 @@ def _q(value: int, binary: bool) -> str:
     return format_canonical(value, binary=binary)
 
 
-def shared_capacity(memory_bytes: int, multiprocessors: int, shares: ConsumableShares) -> dict[str, dict[str, Any]]:
-    """The ``capacity`` map of a multi-allocatable device, request policies included."""
-    step = memory_step(memory_bytes)
+def shared_capacity(memory_bytes: int, multiprocessors: int, shares: ConsumableShares,
+                    fixed_step: int | None = None) -> dict[str, dict[str, Any]]:
+    """The ``capacity`` map of a multi-allocatable device, request policies included.
+
+    ``fixed_step`` (NVIDIA's profile: 1Mi): memory in that step whatever the device's size, its value
+    cut to whole steps and each range's ``max`` that value, as NVIDIA's plugin publishes it; the
+    modes' defaults and minimums are the same."""
+    step = fixed_step or memory_step(memory_bytes)
+    if fixed_step:
+        memory_bytes = memory_bytes // step * step
     if shares.mode is SharesMode.MEMORY:
         # The default is whole steps (the API wants default - min to be a multiple of step), so a
         # claim that asks for nothing leaves less than one step: no other share fits beside it.
-        memory_policy = {"default": _q(memory_bytes // step * step, True),
-                         "validRange": {"min": _q(step, True), "step": _q(step, True)}}
+        memory_policy: dict[str, Any] = {"default": _q(memory_bytes // step * step, True),
+                                         "validRange": {"min": _q(step, True), "step": _q(step, True)}}
     else:
         memory_policy = {"default": "0", "validRange": {"min": "0", "step": _q(step, True)}}
+    if fixed_step:
+        memory_policy["validRange"]["max"] = _q(memory_bytes, True)
     capacity: dict[str, dict[str, Any]] = {
         MEMORY: {"value": _q(memory_bytes, True), "requestPolicy": memory_policy},
     }

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from dra_driver import logs
 from dra_driver.node.discovery import sysfs
-from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigEngines, MigPlacement, MigProfile
 from dra_driver.node.metrics import METRICS
 
 _log = logs.get("discovery.nvml")
@@ -301,6 +301,12 @@ class NvmlBackend:
                 memory_slices=placements[0].size,
                 compute_slices=int(info.sliceCount),
                 placements=tuple(placements),
+                profile_id=int(info.id),
+                engines=MigEngines(copy_engines=int(getattr(info, "copyEngineCount", 0)),
+                                   decoders=int(getattr(info, "decoderCount", 0)),
+                                   encoders=int(getattr(info, "encoderCount", 0)),
+                                   jpeg_engines=int(getattr(info, "jpegCount", 0)),
+                                   ofa_engines=int(getattr(info, "ofaCount", 0))),
             ))
         return tuple(result)
 
@@ -355,6 +361,8 @@ class NvmlBackend:
                 gpu_instance_id=gi_id,
                 compute_instance_id=ci_id,
                 placement=MigPlacement(int(gi_info.placement.start), int(gi_info.placement.size)),
+                profile_id=int(gi_info.profileId),
+                engines=profile.engines if profile is not None else MigEngines(),
             ))
         result.sort(key=lambda m: (m.placement.start, m.gpu_instance_id, m.compute_instance_id))
         return tuple(result)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver.node.discovery.model import MigPlacement, MigProfile
+from dra_driver.node.discovery.model import MigEngines, MigPlacement, MigProfile
 from dra_driver.node.discovery.sysfs import normalize_bus_id
 
 MIB = 1024 * 1024
@@ -213,6 +213,11 @@ def parse_profile(data: Any, name: str = "custom") -> NodeProfile:
                        cuda_driver_version=cuda_version, gpus=tuple(gpus))
 
 
+ENGINE_FIELDS = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+"""A simulated MIG profile's engines, in MigEngines' order; default: a copy engine per compute slice
+and no others (NVML's figures differ by model and profile: give them where they matter)."""
+
+
 def _parse_model(key: str, raw: Any, path: str) -> GpuModel:
     f = _Fields(raw, path,
                 required=("productName", "brand", "architecture", "cudaComputeCapability", "memoryMiB",
@@ -222,7 +227,8 @@ def _parse_model(key: str, raw: Any, path: str) -> GpuModel:
     for j, praw in enumerate(f.get_list("migProfiles")):
         ppath = f"{path}.migProfiles[{j}]"
         pf = _Fields(praw, ppath, required=("name", "memoryMiB", "multiprocessors", "computeSlices",
-                                            "memorySlices", "placements"))
+                                            "memorySlices", "placements"),
+                     optional=("profileId", *ENGINE_FIELDS))
         pname = pf.get_str("name", pattern=_PROFILE_RE)
         if any(p.name == pname for p in profiles):
             raise ValueError(f"{ppath}.name: duplicate MIG profile {pname!r}")
@@ -246,6 +252,9 @@ def _parse_model(key: str, raw: Any, path: str) -> GpuModel:
             memory_slices=size,
             compute_slices=pf.req_int("computeSlices", minimum=1),
             placements=tuple(placements),
+            profile_id=pf.req_int("profileId", minimum=0) if pf.has("profileId") else None,
+            engines=MigEngines(*(pf.req_int(name, minimum=0, default=pf.req_int("computeSlices", minimum=1)
+                                            if name == "copyEngines" else 0) for name in ENGINE_FIELDS)),
         ))
     model = GpuModel(
         key=key,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver import logs
-from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo
+from dra_driver.node.discovery.model import Gpu, MigDevice, MigPlacement, MigProfile, PciInfo, gi_profile_id
 from dra_driver.node.discovery.profiles import GpuSpec, NodeProfile, load_profile
 from dra_driver.node.discovery.sysfs import mig_cap_minors
 from dra_driver.node.fileio import atomic_write
@@ -229,6 +229,8 @@ class SimulatedBackend:
             gpu_instance_id=gi,
             compute_instance_id=ci,
             placement=placement,
+            profile_id=gi_profile_id(prof),
+            engines=prof.engines,
         )
 
     def _snapshot(self) -> list[Gpu]:

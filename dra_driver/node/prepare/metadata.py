@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from dra_driver import apiprofile
 from dra_driver.gpuconfig import base_request
 from dra_driver.k8s.bodies import RawClaim
 from dra_driver.k8s.names import is_dns_label
@@ -154,9 +155,10 @@ def requests_with_metadata(driver: str, uid: str, devices: Sequence[PreparedDevi
 
 
 def device_entry(driver: str, dev: PreparedDevice, known: AllocatableDevice | None) -> dict[str, Any]:
-    """One device of a metadata file; no attributes when the device is no longer published."""
+    """One device of a metadata file, its attributes as the driver's slices publish them (the driver
+    name says whose names those are); none when the device is no longer published."""
     entry: dict[str, Any] = {"driver": driver, "pool": dev.pool, "name": dev.device}
-    attributes = device_attributes(known) if known is not None else {}
+    attributes = device_attributes(known, apiprofile.for_driver(driver)) if known is not None else {}
     if dev.mig_instance is not None:
         attributes["uuid"] = {"string": dev.mig_instance.uuid}
     if attributes:
