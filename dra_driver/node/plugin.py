@@ -361,7 +361,7 @@ def run(settings: PluginSettings) -> int:
     recorder.start(stop)
     events = notices.NodeEvents(recorder, settings.node_name)
     backend, gpus, fixed_closed = discover(settings)
-    devices = enumerate_devices(gpus, settings.dynamic_mig)
+    devices = enumerate_devices(gpus, settings.dynamic_mig, settings.api_profile)
     log.info("discovered GPUs", backend=settings.backend, gpus=len(gpus), devices=len(devices),
              consumable_shares=str(settings.consumable_shares))
     METRICS.build_info.labels(version=__version__, backend=settings.backend,
@@ -398,7 +398,7 @@ def run(settings: PluginSettings) -> int:
     publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership,
                                on_withheld=lambda device, why: events.on_node(notices.device_withheld(device, why)))
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
-                                           settings.consumable_shares)
+                                           settings.consumable_shares, settings.api_profile)
     publish_gate = PublishGate(publisher.update, lambda old, new: gate_changed(old, new, events, log))
     publish_gate.update(devices_json, counters_json)
     threading.Thread(target=watch_gate, args=(settings, api, publish_gate, fixed_closed, stop, log),
@@ -408,7 +408,8 @@ def run(settings: PluginSettings) -> int:
         log.info("no GPU backend: no health monitoring")
     elif settings.health_monitoring:
         monitor = HealthMonitor(devices, devices_json, board, lambda tainted: publish_gate.update(tainted, counters_json),
-                                on_change=lambda change: health_event(change, ownership, events))
+                                on_change=lambda change: health_event(change, ownership, events),
+                                profile=settings.api_profile)
         start_health(settings, backend, [g.uuid for g in gpus], monitor, health_file, stop, log)
     else:
         log.info("health monitoring disabled: devices are reported Healthy")

@@ -3,7 +3,8 @@
 The :class:`HealthMonitor` is the one place health turns into effects:
 
 * the device health stream (``DRAResourceHealth``, v1 and v1alpha1) through :class:`HealthBoard.update`;
-* a device taint ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on every unhealthy device,
+* a device taint ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on every unhealthy device (under
+  ``--api-profile nvidia`` NVIDIA's keys instead, :func:`health_taint`),
   re-published through :class:`dra_driver.node.publish.publisher.SlicePublisher`, so the scheduler stops placing
   new claims there. Recovery removes the taint; nothing restarts.
 
@@ -23,8 +24,8 @@ Sources:
 
       {"gpu-0": {"health": "Unhealthy", "reason": "XID 79", "xid": 79}}
 
-  ``health`` is ``Healthy``, ``Unhealthy`` (the default) or ``Unknown``; ``reason`` (string) and
-  ``xid`` (integer) are optional. An entry whose ``xid`` is an ignored XID stays Healthy, as on
+  ``health`` is ``Healthy``, ``Unhealthy`` (the default) or ``Unknown``; ``reason`` (string),
+  ``xid`` (integer) and ``lost`` (true: the GPU fell off the bus) are optional. An entry whose ``xid`` is an ignored XID stays Healthy, as on
   real hardware. Devices not named are Healthy, so ``{}`` or deleting the file is recovery. The
   file is re-read when its mtime/size/inode changes (polled every 0.5 s) and on SIGUSR1. A file that
   does not parse is logged and the previous state kept: a half-written file must not flap devices.
@@ -46,6 +47,7 @@ from types import FrameType, ModuleType
 from typing import Any, cast
 
 from dra_driver import logs
+from dra_driver.apiprofile import OWN, ApiProfile
 from dra_driver.k8s.bodies import RawDevice
 from dra_driver.node.describe.devices import AllocatableDevice
 from dra_driver.node.discovery.nvml import (
@@ -58,11 +60,11 @@ from dra_driver.node.discovery.nvml import (
     nvml_text,
 )
 from dra_driver.node.metrics import METRICS, xid_label
-from dra_driver.node.publish.healthboard import HEALTH_VALUES, HEALTHY, UNHEALTHY, HealthBoard
+from dra_driver.node.publish.healthboard import HEALTH_VALUES, HEALTHY, UNHEALTHY, UNKNOWN, HealthBoard
 
 _log = logs.get("health")
 
-TAINT_KEY = "gpu.dra-driver.io/unhealthy"
+TAINT_KEY = OWN.taints.unhealthy
 TAINT_EFFECT = "NoSchedule"
 POLL_INTERVAL = 0.5
 MAX_HEALTH_FILE_BYTES = 1 << 20
@@ -76,6 +78,8 @@ class HealthReport:
     health: str = HEALTHY
     reason: str = ""
     xid: int | None = None
+    lost: bool = False
+    """The GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,36 @@ class DeviceHealth:
     health: str
     message: str
     taint_value: str | None
-    """Set when the device must carry the NoSchedule taint."""
+    """Set when the device must carry a taint (its value; "" for a taint without one)."""
     xid: int | None = None
+    taint_key: str = TAINT_KEY
+    taint_effect: str = TAINT_EFFECT
+
+
+NO_EFFECT = "None"
+"""A taint that tells and keeps nothing off the device (NVIDIA's ``unmonitored``)."""
+
+
+def health_taint(report: HealthReport, profile: ApiProfile = OWN) -> tuple[str, str, str] | None:
+    """(key, value, effect) of the taint a device with ``report`` carries, or None.
+
+    This driver's own profile: ``gpu.dra-driver.io/unhealthy=<reason>:NoSchedule`` on an Unhealthy
+    device, nothing on an Unknown one. NVIDIA's: ``gpu.nvidia.com/gpu-lost:NoSchedule`` for a lost
+    GPU, ``gpu.nvidia.com/xid=<XID>:NoSchedule`` for a critical XID (and, with the reason as its value,
+    for any other failure: an ECC error, an injected one), ``gpu.nvidia.com/unmonitored`` (effect
+    None) on an Unknown device."""
+    keys = profile.taints
+    if report.health == UNHEALTHY:
+        if not profile.taints.by_event:
+            return keys.unhealthy, taint_value(report.reason or "unhealthy"), TAINT_EFFECT
+        if report.lost:
+            return keys.gpu_lost, "", TAINT_EFFECT
+        if report.xid is not None:
+            return keys.xid, str(report.xid), TAINT_EFFECT
+        return keys.unhealthy, taint_value(report.reason or "unhealthy"), TAINT_EFFECT
+    if report.health == UNKNOWN and profile.taints.by_event:
+        return keys.unmonitored, "", NO_EFFECT
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +130,9 @@ class HealthChange:
     previous_reason: str
     xid: int | None
     taint_value: str | None
+    taint_key: str = TAINT_KEY
+    taint_effect: str = TAINT_EFFECT
+    previous_taint_key: str = ""
 
     @property
     def recovered(self) -> bool:
@@ -109,24 +144,27 @@ class HealthChange:
         which = f"{names} ({len(self.devices)} devices)" if len(self.devices) > 1 else names
         if self.recovered:
             after = f" after {self.previous_reason}" if self.previous_reason else ""
-            return f"{which} healthy again{after}; taint {TAINT_KEY} removed"
+            return f"{which} healthy again{after}; taint {self.previous_taint_key or TAINT_KEY} removed"
         why = f": {self.reason}" if self.reason else ""
-        taint = (f"; tainted {TAINT_KEY}={self.taint_value}:{TAINT_EFFECT}, new claims go elsewhere"
-                 if self.taint_value else "")
+        taint = ""
+        if self.taint_value is not None:
+            shown = f"{self.taint_key}={self.taint_value}" if self.taint_value else self.taint_key
+            taint = (f"; tainted {shown}:{self.taint_effect}, new claims go elsewhere" if self.taint_effect != NO_EFFECT
+                     else f"; tainted {shown} (effect None: only told)")
         return f"{which} {self.health}{why}{taint}"
 
 
 def health_changes(old: Mapping[str, DeviceHealth], new: Mapping[str, DeviceHealth]) -> list[HealthChange]:
     """What changed from ``old`` to ``new``, grouped; a device first seen Healthy is no change."""
-    groups: dict[tuple[str, str, str, str, int | None, str | None], list[str]] = {}
+    groups: dict[tuple[str, str, str, str, int | None, str | None, str, str, str], list[str]] = {}
     for name, state in sorted(new.items()):
         before = old.get(name) or DeviceHealth(HEALTHY, "", None)
         if (before.health, before.message) == (state.health, state.message):
             continue
-        key = (state.health, state.message, before.health, before.message, state.xid, state.taint_value)
+        key = (state.health, state.message, before.health, before.message, state.xid, state.taint_value,
+               state.taint_key, state.taint_effect, before.taint_key if before.taint_value is not None else "")
         groups.setdefault(key, []).append(name)
-    return [HealthChange(tuple(names), health, reason, prev, prev_reason, xid, taint)
-            for (health, reason, prev, prev_reason, xid, taint), names in groups.items()]
+    return [HealthChange(tuple(names), *key) for key, names in groups.items()]
 
 
 def device_counts(devices: Mapping[str, AllocatableDevice], health: Mapping[str, DeviceHealth]) -> dict[tuple[str, str], int]:
@@ -149,8 +187,10 @@ def taint_value(reason: str) -> str:
     return value or "unhealthy"
 
 
-def device_health(devices: Mapping[str, AllocatableDevice], reports: Mapping[str, HealthReport]) -> dict[str, DeviceHealth]:
-    """Per published device: its own report (by name or MIG UUID) or else its GPU's, else Healthy."""
+def device_health(devices: Mapping[str, AllocatableDevice], reports: Mapping[str, HealthReport],
+                  profile: ApiProfile = OWN) -> dict[str, DeviceHealth]:
+    """Per published device: its own report (by name or MIG UUID) or else its GPU's, else Healthy;
+    its taint in ``profile``'s keys (:func:`health_taint`)."""
     out: dict[str, DeviceHealth] = {}
     for name, dev in devices.items():
         report = reports.get(name)
@@ -162,8 +202,12 @@ def device_health(devices: Mapping[str, AllocatableDevice], reports: Mapping[str
             out[name] = DeviceHealth(HEALTHY, "", None)
             continue
         message = report.reason or ("" if report.health == HEALTHY else report.health.lower())
-        taint = taint_value(report.reason or "unhealthy") if report.health == UNHEALTHY else None
-        out[name] = DeviceHealth(report.health, message, taint, report.xid)
+        taint = health_taint(report, profile)
+        if taint is None:
+            out[name] = DeviceHealth(report.health, message, None, report.xid)
+        else:
+            key, value, effect = taint
+            out[name] = DeviceHealth(report.health, message, value, report.xid, key, effect)
     return out
 
 
@@ -175,15 +219,20 @@ def _gpu_device_name(devices: Mapping[str, AllocatableDevice], dev: AllocatableD
     return ""
 
 
-def tainted_devices(devices_json: Sequence[RawDevice], health: Mapping[str, DeviceHealth]) -> list[RawDevice]:
+def tainted_devices(devices_json: Sequence[RawDevice], health: Mapping[str, DeviceHealth],
+                    profile: ApiProfile = OWN) -> list[RawDevice]:
     """Copies of the published device dicts with our taint on the unhealthy ones (others' taints kept)."""
+    ours = set(profile.taints.all)
     out: list[RawDevice] = []
     for raw in devices_json:
         dev: dict[str, Any] = copy.deepcopy(dict(raw))
-        taints = [t for t in dev.get("taints") or [] if t.get("key") != TAINT_KEY]
+        taints = [t for t in dev.get("taints") or [] if t.get("key") not in ours]
         state = health.get(str(dev.get("name")))
         if state is not None and state.taint_value is not None:
-            taints.append({"key": TAINT_KEY, "value": state.taint_value, "effect": TAINT_EFFECT})
+            taint = {"key": state.taint_key, "effect": state.taint_effect}
+            if state.taint_value:
+                taint["value"] = state.taint_value
+            taints.append(taint)
         if taints:
             dev["taints"] = taints
         else:
@@ -203,7 +252,8 @@ class HealthMonitor:
 
     def __init__(self, devices: Mapping[str, AllocatableDevice], devices_json: Sequence[RawDevice],
                  board: HealthBoard, publish: Callable[[list[RawDevice]], None],
-                 on_change: Callable[[HealthChange], None] | None = None) -> None:
+                 on_change: Callable[[HealthChange], None] | None = None, profile: ApiProfile = OWN) -> None:
+        self._profile = profile
         self._devices = dict(devices)
         self._devices_json = [cast(RawDevice, copy.deepcopy(dict(d))) for d in devices_json]
         self._board = board
@@ -244,7 +294,7 @@ class HealthMonitor:
             self._apply_locked()
 
     def _apply_locked(self) -> None:
-        health = device_health(self._devices, self._reports)
+        health = device_health(self._devices, self._reports, self._profile)
         for name, state in health.items():
             old = self._health.get(name)
             if old is None or (old.health, old.message) != (state.health, state.message):
@@ -256,11 +306,12 @@ class HealthMonitor:
                 self._on_change(change)
         self._health = health
         publish_device_counts(self._devices, health)
-        taints = {n: s.taint_value for n, s in health.items() if s.taint_value is not None}
+        taints = {n: f"{s.taint_key}={s.taint_value}:{s.taint_effect}" for n, s in health.items()
+                  if s.taint_value is not None}
         if taints != self._taints:
             self._taints = taints
             try:
-                self._publish(tainted_devices(self._devices_json, health))
+                self._publish(tainted_devices(self._devices_json, health, self._profile))
             except Exception:  # last resort: the health board must not stop on a publish failure
                 # The board already tells the kubelet; the next change retries the slices.
                 self._taints = {}
@@ -289,9 +340,12 @@ def parse_health_file(text: str, ignored_xids: Iterable[int] = ()) -> dict[str, 
     for key, entry in data.items():
         if not isinstance(entry, dict):
             raise HealthFileError(f"{key}: must be an object, got {type(entry).__name__}")
-        unknown = sorted(set(entry) - {"health", "reason", "xid"})
+        unknown = sorted(set(entry) - {"health", "reason", "xid", "lost"})
         if unknown:
-            raise HealthFileError(f"{key}.{unknown[0]}: unknown field (allowed: health, reason, xid)")
+            raise HealthFileError(f"{key}.{unknown[0]}: unknown field (allowed: health, reason, xid, lost)")
+        lost = entry.get("lost", False)
+        if not isinstance(lost, bool):
+            raise HealthFileError(f"{key}.lost: must be true or false, got {type(lost).__name__}")
         health = entry.get("health", UNHEALTHY)
         if health not in HEALTH_VALUES:
             raise HealthFileError(f"{key}.health: must be one of {', '.join(HEALTH_VALUES)}, got {health!r}")
@@ -305,7 +359,7 @@ def parse_health_file(text: str, ignored_xids: Iterable[int] = ()) -> dict[str, 
             reason = f"XID {xid}"
         if xid is not None and xid in ignored and health == UNHEALTHY:
             health, reason = HEALTHY, f"{reason} ignored (non-fatal XID)"
-        out[key] = HealthReport(health, reason[:1024], xid)
+        out[key] = HealthReport(health, reason[:1024], xid, lost)
     return out
 
 
@@ -471,7 +525,7 @@ class NvmlEventSource:
     def _mark_lost(self, uuid: str) -> None:
         if uuid not in self.lost:
             self.lost.add(uuid)
-            self.monitor.report(uuid, HealthReport(UNHEALTHY, "GPU is lost (fell off the bus)"))
+            self.monitor.report(uuid, HealthReport(UNHEALTHY, "GPU is lost (fell off the bus)", lost=True))
 
     def check_lost(self) -> None:
         """Probe every GPU: lost ones turn Unhealthy, lost ones that answer again recover."""
