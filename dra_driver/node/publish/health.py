@@ -26,9 +26,10 @@ Sources:
 
   ``health`` is ``Healthy``, ``Unhealthy`` (the default) or ``Unknown``; ``reason`` (string),
   ``xid`` (integer) and ``lost`` (true: the GPU fell off the bus) are optional. An entry whose
-  ``xid`` is an ignored XID stays Healthy, as on real hardware. Devices not named are Healthy, so ``{}`` or deleting the file is recovery. The
-  file is re-read when its mtime/size/inode changes (polled every 0.5 s) and on SIGUSR1. A file that
-  does not parse is logged and the previous state kept: a half-written file must not flap devices.
+  ``xid`` is an ignored XID stays Healthy, as on real hardware. Devices not named are Healthy, so
+  ``{}`` or deleting the file is recovery. The file is re-read when its mtime/size/inode changes
+  (polled every 0.5 s) and on SIGUSR1. A file that does not parse is logged and the previous state
+  kept: a half-written file must not flap devices.
 """
 
 from __future__ import annotations
