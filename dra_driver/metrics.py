@@ -167,6 +167,21 @@ class Gauge(_Metric):
     def set(self, value: float) -> None:
         _GaugeChild(self, self._unlabelled()).set(value)
 
+    def replace(self, series: Iterable[tuple[Mapping[str, str], float]]) -> None:
+        """Every series at once: those given, with their values, and no other (a series whose
+        labels are gone, a model no longer in the cluster, stops being exported). One scrape sees
+        the old set or the new one, never a mix. For a gauge only ever set this way: a child taken
+        from :meth:`labels` before no longer counts after it."""
+        if not self.labelnames:
+            raise ValueError(f"{self.name} has no labels: use .set(...)")
+        children: dict[tuple[str, ...], list[float]] = {}
+        for labels, value in series:
+            if set(labels) != set(self.labelnames):
+                raise ValueError(f"{self.name} has labels {list(self.labelnames)}, got {sorted(labels)}")
+            children[tuple(str(labels[n]) for n in self.labelnames)] = [float(value)]
+        with self._lock:
+            self._children = children
+
 
 class _HistogramChild(_Child):
     def __init__(self, metric: Histogram, values: list[float]) -> None:

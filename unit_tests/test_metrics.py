@@ -109,3 +109,19 @@ def test_concurrent_updates_are_not_lost() -> None:
     assert reg.get_sample_value("z_seconds_count") == 16000
     assert reg.get_sample_value("z_seconds_bucket", {"le": "+Inf"}) == 16000
     assert math.isclose(reg.get_sample_value("z_seconds_sum") or 0, 8000)
+
+
+def test_a_gauge_replaced_exports_exactly_the_series_given() -> None:
+    reg = metrics.Registry()
+    g = metrics.Gauge("d_devices", "d", ["model", "state"], registry=reg)
+    g.replace([({"model": "A", "state": "free"}, 3), ({"model": "B", "state": "free"}, 1)])
+    g.replace([({"model": "A", "state": "free"}, 2), ({"model": "A", "state": "allocated"}, 1)])
+    assert reg.get_sample_value("d_devices", {"model": "A", "state": "free"}) == 2
+    assert reg.get_sample_value("d_devices", {"model": "A", "state": "allocated"}) == 1
+    assert reg.get_sample_value("d_devices", {"model": "B", "state": "free"}) is None, "a model gone stays gone"
+    parsed = {s.labels["model"] for f in text_string_to_metric_families(reg.exposition().decode()) for s in f.samples}
+    assert parsed == {"A"}
+    with pytest.raises(ValueError, match="labels"):
+        g.replace([({"model": "A"}, 1)])
+    with pytest.raises(ValueError, match="no labels"):
+        metrics.Gauge("d_up", "u", registry=reg).replace([({}, 1)])

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 
 from dra_driver import __version__, httpserve
+from dra_driver.allocator.devicestates import Census
 from dra_driver.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, Registry
 
 PREFIX = "dra_driver_controller"
@@ -44,8 +45,21 @@ class ControllerMetrics:
         )
         self.is_leader = Gauge(f"{PREFIX}_leader", "1 while this replica holds the leader lease", registry=r)
         self.queue_depth = Gauge(f"{PREFIX}_workqueue_depth", "Claim keys waiting to be processed", registry=r)
+        self.devices = Gauge(
+            f"{PREFIX}_devices",
+            "Published devices of the driver by model and state (free, allocated, shared, tainted, blocked), "
+            "as kubectl dra top counts them", ["model", "state"], registry=r)
+        self.device_shares = Gauge(
+            f"{PREFIX}_device_shares",
+            "Shares of devices held by claims (results with a shareID or consumed capacity), by model",
+            ["model"], registry=r)
         self.build_info = Gauge(f"{PREFIX}_build_info", "Always 1; the label says what runs", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
+
+    def count_devices(self, census: Census) -> None:
+        """The devices and shares as counted now; a model no longer there stops being exported."""
+        self.devices.replace(({"model": model, "state": state}, n) for (model, state), n in census.devices.items())
+        self.device_shares.replace(({"model": model}, n) for model, n in census.shares.items())
 
     def error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()

@@ -45,6 +45,8 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from dra_driver import logs, memory
+from dra_driver.allocator.devicestates import device_census
+from dra_driver.allocator.inventory import DeviceKey, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, FencedAllocator
@@ -231,6 +233,9 @@ class Controller:
         """Set once the workers run, with the claims of the first resync queued."""
         self._beats = [clock()] * (WORKERS + 1)
         """When the main loop (0) and each worker last came round."""
+        self._counted: tuple[Inventory, int, dict[DeviceKey, str]] | None = None
+        """The inventory and holdings version the device metric was last counted at, and the models
+        of that inventory's devices."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
 
@@ -370,6 +375,26 @@ class Controller:
             self.queue.add(Item(Kind.TEMPLATE, key_of(t)))
         self.queue.add(Item(Kind.LEDGER, self.ledger_name))
 
+    def count_devices(self) -> None:
+        """The device metric (devices by model and state, the claims holding shares), counted from
+        the inventory and the holdings the engine decides with (the accounting's, summed once per
+        version for the evaluations too), on the main loop at each resync: skipped while neither
+        changed. Every replica counts, leader or not: its informers see the cluster as the leader's do."""
+        try:
+            inventory = self.inputs.inventory()
+            version, held = self.accounting.held()
+            if self._counted is not None and self._counted[0] is inventory:
+                if self._counted[1] == version:
+                    return
+                models = self._counted[2]
+            else:
+                models = {}
+            self.metrics.count_devices(device_census(inventory, held, self.driver, models))
+            self._counted = (inventory, version, models)
+        except Exception as exc:  # last resort: the metric stays as it was; the main loop must go on
+            self.metrics.error("device_count")
+            self._log.warning("cannot count the devices for the metric", error=f"{type(exc).__name__}: {exc}")
+
     # -- processing
 
     def process_next(self, timeout: float | None = 1.0) -> bool:
@@ -496,6 +521,7 @@ class Controller:
         for w in workers:
             w.start()
         self._working.set()
+        self.count_devices()
         next_resync = self.clock() + self.settings.resync_seconds
         was_leader = self.leadership.is_leader()
         while not stop.wait(1.0):
@@ -507,6 +533,7 @@ class Controller:
             was_leader = leader
             if self.clock() >= next_resync:
                 self.resync()
+                self.count_devices()
                 next_resync = self.clock() + self.settings.resync_seconds
         self.queue.shutdown()
         for w in workers:

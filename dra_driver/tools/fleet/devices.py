@@ -2,41 +2,42 @@
 with who holds it. Pure: computed from :class:`~dra_driver.tools.fleet.reads.FleetObjects` and the
 engine's inventory of the same slices; the views (``get gpus``, ``get nodes``, ``top``) read these rows.
 
-A device's state, the first that holds:
-
-* ``allocated``: a claim holds it whole;
-* ``shared``: claims hold shares of it (a device that allows multiple allocations), with what they
-  consume of each capacity (``3 claims, 24Gi/80Gi``);
-* ``tainted``: a taint with effect ``NoSchedule`` or ``NoExecute`` keeps new claims off it (the
-  health monitor's ``gpu.dra-driver.io/unhealthy``, a DeviceTaintRule's);
-* ``blocked``: its pool cannot be allocated from (incomplete or invalid), or the counters it would
-  consume are taken by devices of the same GPU (a dynamic MIG partition, the GPU under it);
-* ``withheld``: the node plugin left it out of its slices (its ``DeviceWithheld`` Event names the rule);
-* ``free``.
-
-Admin-access results hold nothing (the scheduler lets others allocate the device); they are listed
-among the holders all the same.
+A published device's state is decided by :mod:`dra_driver.allocator.devicestates` (the same code
+the controller's device metric counts with); a device the node plugin withheld from its slices,
+named by a ``DeviceWithheld`` Event, is ``withheld``. For a shared device the row adds what the
+claims consume of each capacity (``3 claims, 24Gi/80Gi``). Admin-access results hold nothing;
+they are listed among the holders all the same.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocator.capacity import show
-from dra_driver.allocator.inventory import Device, Inventory, Pool, quantity_or_none
-from dra_driver.k8s.bodies import RawBody
-from dra_driver.k8s.objects import as_mapping, as_mappings, meta
+from dra_driver.allocator.devicestates import (
+    FREE,
+    SHARED,
+    WITHHELD,
+    DeviceState,
+    Holding,
+    claim_holdings,
+    holds,
+    is_share,
+    model_label,
+    pool_states,
+    string_attribute,
+)
+from dra_driver.allocator.devicestates import is_placement as _is_placement
+from dra_driver.allocator.inventory import Device, Inventory, allocated_state, quantity_or_none
+from dra_driver.k8s.objects import as_mapping
 from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet.reads import FleetObjects, pods_by_claim
 
-FREE, ALLOCATED, SHARED, TAINTED, BLOCKED, WITHHELD = "free", "allocated", "shared", "tainted", "blocked", "withheld"
-STATES = (FREE, ALLOCATED, SHARED, TAINTED, BLOCKED, WITHHELD)
-BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 HEALTHY, UNHEALTHY = "healthy", "unhealthy"
 
 
@@ -73,18 +74,13 @@ class DeviceRow:
     can_make: dict[str, int] | None = None
     """Dynamic MIG, on a GPU: per profile, how many of its placements its counters still allow
     (each alone); None where the GPU is not partitioned per claim."""
-    source: Device | None = None
-    """The engine's device (for ``--selector``); None for a withheld one."""
+    source: DeviceState | None = None
+    """The engine's device and its state (for ``--selector``); None for a withheld one."""
 
     @property
     def model_label(self) -> str:
         """What ``top`` groups by: the product, and the MIG profile of a MIG device."""
-        return f"{self.model} {self.profile}" if self.profile else self.model or "unknown"
-
-
-def string_attribute(dev: Device, name: str) -> str | None:
-    found = dev.attribute(f"{dev.key[0]}/{name}")
-    return str(found[1]) if found is not None and found[1] is not None else None
+        return model_label(self.model, self.profile)
 
 
 def _memory(dev: Device) -> str | None:
@@ -103,35 +99,17 @@ def _node_of(dev: Device) -> str:
     return "<all nodes>" if dev.all_nodes else "<node selector>"
 
 
-def claim_holdings(claims: Sequence[RawBody], driver: str) -> dict[tuple[str, str, str], list[tuple[str, Mapping[str, Any]]]]:
-    """(driver, pool, device) -> (``namespace/claim``, the allocation result) of every claim's
-    results on a device of ``driver``."""
-    out: dict[tuple[str, str, str], list[tuple[str, Mapping[str, Any]]]] = {}
-    for claim in claims:
-        m = meta(claim)
-        owner = f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
-        allocation = as_mapping(as_mapping(claim.get("status")).get("allocation"))
-        for result in as_mappings(as_mapping(allocation.get("devices")).get("results")):
-            if str(result.get("driver", "")) != driver:
-                continue
-            key = (driver, str(result.get("pool", "")), str(result.get("device", "")))
-            out.setdefault(key, []).append((owner, result))
-    return out
-
-
 def _in_scope(claim: str, fleet: FleetObjects) -> bool:
     return fleet.pods_hidden is None and (fleet.namespace is None or claim.partition("/")[0] == fleet.namespace)
 
 
-def _holders(held: list[tuple[str, Mapping[str, Any]]], fleet: FleetObjects,
-             pods: Mapping[str, list[str]]) -> list[Holder]:
+def _holders(held: tuple[Holding, ...], fleet: FleetObjects, pods: Mapping[str, list[str]]) -> list[Holder]:
     out = []
     for owner, result in held:
         consumed = {str(k): show(q.value) if (q := quantity_or_none(v)) is not None else str(v)
                     for k, v in as_mapping(result.get("consumedCapacity")).items()}
-        share = result.get("shareID") is not None or bool(consumed)
-        out.append(Holder(owner, pods.get(owner, []) if _in_scope(owner, fleet) else None, consumed, share,
-                          result.get("adminAccess") is True))
+        out.append(Holder(owner, pods.get(owner, []) if _in_scope(owner, fleet) else None, consumed, is_share(result),
+                          not holds(result)))
     return out
 
 
@@ -161,31 +139,6 @@ def share_text(count: int, used: Mapping[str, Mapping[str, str]]) -> str:
     return claims
 
 
-def remaining_counters(pool: Pool, holding: set[tuple[str, str, str]]) -> dict[str, dict[str, Fraction]]:
-    """What the pool's counter sets have left after the devices in ``holding`` consume theirs."""
-    left = {name: dict(counters) for name, counters in pool.counter_sets.items()}
-    for dev in pool.devices:
-        if dev.has_consumes and dev.key in holding:
-            for counter_set, counters in dev.consumes:
-                have = left.setdefault(counter_set, {})
-                for name, value in counters.items():
-                    have[name] = have.get(name, Fraction(0)) - value
-    return left
-
-
-def counters_fit(dev: Device, left: Mapping[str, Mapping[str, Fraction]]) -> bool:
-    return all(name in left.get(counter_set, {}) and value <= left[counter_set][name]
-               for counter_set, counters in dev.consumes for name, value in counters.items())
-
-
-def _counter_holders(dev: Device, pool: Pool, holding: set[tuple[str, str, str]]) -> list[str]:
-    """The held devices of the pool that consume a counter ``dev`` needs."""
-    needs = {(cs, name) for cs, counters in dev.consumes for name in counters}
-    return [other.key[2] for other in pool.devices
-            if other.key in holding and other is not dev
-            and needs & {(cs, name) for cs, counters in other.consumes for name in counters}]
-
-
 def natural(name: str) -> tuple[tuple[int, int | str], ...]:
     """A sort key that puts ``gpu-2`` before ``gpu-10``."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
@@ -195,18 +148,15 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
     """One row per device of ``driver`` in ``inventory`` (built from ``fleet.slices``) and one per
     withheld device, in (node, device) order (numbers in names by value)."""
     holdings = claim_holdings(fleet.claims, driver)
+    allocated = allocated_state(fleet.claims)
     pods = pods_by_claim(fleet.pods)
     rows: list[DeviceRow] = []
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
-        holding = {k for d in pool.devices if (k := d.key) in holdings
-                   and any(not r.get("adminAccess") for _, r in holdings[k])}
-        left = remaining_counters(pool, holding)
         names_by_uuid = {u: d.key[2] for d in pool.devices if (u := string_attribute(d, "uuid"))
                          and string_attribute(d, "type") == "gpu"}
-        pool_rows = [_row(dev, pool, holdings.get(dev.key, []), fleet, pods, holding, left, names_by_uuid)
-                     for dev in pool.devices]
+        pool_rows = [_row(state, fleet, pods, names_by_uuid) for state in pool_states(pool, allocated, holdings)]
         _partitions(pool_rows)
         rows += pool_rows
     published = {(r.node, r.device) for r in rows}
@@ -216,36 +166,23 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
 
 
-def _row(dev: Device, pool: Pool, held: list[tuple[str, Mapping[str, Any]]], fleet: FleetObjects,
-         pods: Mapping[str, list[str]], holding: set[tuple[str, str, str]], left: Mapping[str, Mapping[str, Fraction]],
+def _row(state: DeviceState, fleet: FleetObjects, pods: Mapping[str, list[str]],
          names_by_uuid: Mapping[str, str]) -> DeviceRow:
-    kind = string_attribute(dev, "type") or ""
+    dev = state.device
     parent_uuid = string_attribute(dev, "parentUUID")
     taints = [as_mapping(t) for t in dev.taints]
-    holders = _holders(held, fleet, pods)
+    holders = _holders(state.held, fleet, pods)
     row = DeviceRow(
-        node=_node_of(dev), driver=dev.key[0], pool=dev.key[1], device=dev.key[2], kind=kind,
+        node=_node_of(dev), driver=dev.key[0], pool=dev.key[1], device=dev.key[2], kind=string_attribute(dev, "type") or "",
         model=string_attribute(dev, "productName") or "", memory=_memory(dev),
         profile=string_attribute(dev, "profile"),
         parent=names_by_uuid.get(parent_uuid, parent_uuid) if parent_uuid else None,
         health=UNHEALTHY if any(t.get("key") == TAINT_KEY for t in taints) else HEALTHY,
-        taints=[_taint_text(t) for t in taints], state=FREE, detail="", holders=holders, source=dev)
-    whole = [h for h in holders if not h.share and not h.admin]
-    shares = [h for h in holders if h.share and not h.admin]
-    blocking = sorted({str(t.get("effect")) for t in taints if t.get("effect") in BLOCKING_EFFECTS})
-    if whole:
-        row.state = ALLOCATED
-    elif shares:
+        taints=[_taint_text(t) for t in taints], state=state.state, detail=state.detail, holders=holders, source=state)
+    if state.state == SHARED:
+        shares = [h for h in holders if h.share and not h.admin]
         row.used = _used(dev, shares)
-        row.state, row.detail = SHARED, share_text(len(shares), row.used)
-    elif blocking:
-        row.state, row.detail = TAINTED, ", ".join(blocking)
-    elif not pool.usable:
-        row.state, row.detail = BLOCKED, f"pool {pool.label}: {pool.invalid or 'incomplete'}"
-    elif dev.has_consumes and not counters_fit(dev, left):
-        taken = _counter_holders(dev, pool, holding)
-        row.state = BLOCKED
-        row.detail = f"counters taken by {', '.join(taken)}" if taken else "counters exhausted"
+        row.detail = share_text(len(shares), row.used)
     return row
 
 
@@ -254,7 +191,7 @@ def _partitions(rows: list[DeviceRow]) -> None:
     the profiles whose placements are free now, counted."""
     by_parent: dict[str, Counter[str]] = {}
     for r in rows:
-        if r.kind == "mig" and r.parent and r.source is not None and r.source.has_consumes:
+        if r.kind == "mig" and r.parent and r.source is not None and r.source.device.has_consumes:
             counts = by_parent.setdefault(r.parent, Counter())
             if r.state == FREE and r.profile:
                 counts[r.profile] += 1
@@ -264,10 +201,9 @@ def _partitions(rows: list[DeviceRow]) -> None:
 
 
 def is_placement(row: DeviceRow) -> bool:
-    """A MIG device made per claim (it consumes its GPU's counters) that no claim holds: a partition
-    the GPU could still be cut into (its GPU's ``can_make``), not a device of its own yet."""
-    return (row.kind == "mig" and row.source is not None and row.source.has_consumes
-            and all(h.admin for h in row.holders))
+    """A dynamic MIG partition not made yet (:func:`dra_driver.allocator.devicestates.is_placement`):
+    counted in its GPU's ``can_make``, not a device of its own."""
+    return row.source is not None and _is_placement(row.source)
 
 
 def row_document(row: DeviceRow) -> dict[str, Any]:

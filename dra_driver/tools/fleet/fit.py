@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import yaml
 
+from dra_driver.allocator.devicestates import string_attribute
 from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import SchedulerRules
@@ -33,7 +34,6 @@ from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, PODS, ApiError
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
 from dra_driver.tools.explain.drivers import claim_drivers
 from dra_driver.tools.fleet.args import FitTarget, FleetError
-from dra_driver.tools.fleet.devices import string_attribute
 from dra_driver.tools.fleet.reads import ReadApi
 
 MAX_COUNT = 100_000

@@ -12,11 +12,12 @@ from typing import Any
 
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError, CelRuntimeError
+from dra_driver.allocator.devicestates import FREE
 from dra_driver.allocator.groups import outcome
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet.args import FleetError
-from dra_driver.tools.fleet.devices import FREE, DeviceRow, Holder, row_document
+from dra_driver.tools.fleet.devices import DeviceRow, Holder, row_document
 from dra_driver.tools.fleet.table import table
 
 
@@ -45,7 +46,7 @@ def selected(rows: Sequence[DeviceRow], filters: Filters, rules: SchedulerRules)
     for r in kept:
         if r.source is None:
             continue
-        verdict = outcome(compiled, r.source, rules.qualified_names, rules.cel_converts_on_read)
+        verdict = outcome(compiled, r.source.device, rules.qualified_names, rules.cel_converts_on_read)
         if isinstance(verdict, CelRuntimeError):
             failed[verdict.message] = failed.get(verdict.message, 0) + 1
         elif verdict is True:

@@ -8,7 +8,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_driver.tools.fleet.devices import FREE, SHARED, WITHHELD, DeviceRow
+from dra_driver.allocator.devicestates import FREE, SHARED, WITHHELD
+from dra_driver.tools.fleet.devices import DeviceRow
 from dra_driver.tools.fleet.table import table
 
 
@@ -39,7 +40,7 @@ def node_document(node: str, devices: Sequence[DeviceRow]) -> dict[str, Any]:
     return {
         "node": node,
         "gpus": dict(sorted(gpus.items())),
-        "sharesInUse": sum(len([h for h in d.holders if h.share]) for d in devices if d.state == SHARED),
+        "sharesInUse": sum(len([h for h in d.holders if h.share and not h.admin]) for d in devices if d.state == SHARED),
         "sharedDevices": sum(d.state == SHARED for d in devices),
         "migDevices": {p: {"total": n, "free": mig_free[p]} for p, n in sorted(mig.items())},
         "taints": dict(sorted(taints.items())),

@@ -10,12 +10,13 @@ from typing import Any
 
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError
+from dra_driver.allocator.devicestates import ALLOCATED, FREE, SHARED, WITHHELD
 from dra_driver.allocator.groups import outcome
 from dra_driver.allocator.inventory import Device
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.bodies import RawBody
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
-from dra_driver.tools.fleet.devices import ALLOCATED, FREE, SHARED, UNHEALTHY, WITHHELD, DeviceRow
+from dra_driver.tools.fleet.devices import UNHEALTHY, DeviceRow
 from dra_driver.tools.fleet.table import table
 
 
@@ -55,7 +56,7 @@ def top_report(rows: Sequence[DeviceRow], classes: Sequence[RawBody], rules: Sch
     by_class = []
     for cls in sorted(classes, key=lambda c: str(meta(c).get("name", ""))):
         selects = class_selects(cls, rules)
-        members = [r for r in published if r.source is not None and selects(r.source)]
+        members = [r for r in published if r.source is not None and selects(r.source.device)]
         if members:
             by_class.append({"deviceClass": str(meta(cls).get("name", "")), **counts(members)})
     return {

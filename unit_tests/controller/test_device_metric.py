@@ -1,0 +1,126 @@
+"""The controller's device metric (``dra_driver_controller_devices{model,state}`` and
+``dra_driver_controller_device_shares{model}``): counted from the controller's own inventory and
+claims by the code the fleet views decide a device's state with, so it agrees with ``kubectl dra
+top`` on the same cluster; recounted only when the slices or the holdings changed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ctrlfix import add_claim, allocated_status, claim, device_class, make_controller, sync
+from fleetfix import A100, H100, fleet, run
+from kubefake import FakeKube
+
+from dra_driver.allocator.devicestates import PUBLISHED_STATES
+from dra_driver.allocator.resolve import Engine
+from dra_driver.controller import reconciler
+from dra_driver.controller.reconciler import Controller
+from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES
+from e2e.generators.fleet import plugin_slices
+
+
+def exported(ctrl: Controller) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    """The series the controller's /metrics page holds now, as a scrape reads them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    devices: dict[tuple[str, str], float] = {}
+    shares: dict[str, float] = {}
+    for fam in text_string_to_metric_families(ctrl.metrics.registry.exposition().decode()):
+        for s in fam.samples:
+            if s.name == "dra_driver_controller_devices":
+                devices[(s.labels["model"], s.labels["state"])] = s.value
+            elif s.name == "dra_driver_controller_device_shares":
+                shares[s.labels["model"]] = s.value
+    return devices, shares
+
+
+def counted(kube: FakeKube) -> Controller:
+    ctrl, _ = make_controller(kube)
+    sync(ctrl)
+    ctrl.count_devices()
+    return ctrl
+
+
+def test_devices_by_model_and_state_and_the_shares_held() -> None:
+    devices, shares = exported(counted(fleet()))
+    assert {k: v for k, v in devices.items() if k[0] == H100} == {
+        (H100, "free"): 1, (H100, "allocated"): 1, (H100, "shared"): 1, (H100, "tainted"): 1, (H100, "blocked"): 0}
+    assert {k: v for k, v in devices.items() if k[0] == A100} == {(A100, s): (2 if s == "free" else 0)
+                                                                   for s in PUBLISHED_STATES}
+    assert shares == {H100: 2, A100: 0}
+    assert {m for m, _ in devices} == {H100, A100}, "another driver's devices are not counted"
+
+
+def test_the_metric_agrees_with_kubectl_dra_top_on_the_same_cluster() -> None:
+    kube = fleet()
+    devices, _ = exported(counted(kube))
+    rc, out, _ = run(kube, "top", "-o", "json")
+    assert rc == 0
+    for row in json.loads(out)["models"]:
+        model = row["model"]
+        assert sum(v for (m, _), v in devices.items() if m == model) == row["total"], model
+        for state in ("free", "allocated", "shared"):
+            assert devices[(model, state)] == row[state], (model, state)
+
+
+def test_dynamic_mig_partitions_not_made_are_not_devices_and_a_taken_gpu_is_blocked() -> None:
+    kube = FakeKube()
+    for s in plugin_slices(1, mig_nodes=1):
+        kube.add(SLICES, s)
+    kube.add(DEVICE_CLASSES, device_class())
+    part = claim("mig")
+    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
+    add_claim(kube, part)
+    devices, _ = exported(counted(kube))
+    rc, out, _ = run(kube, "top", "-o", "json")
+    top = {r["model"]: r for r in json.loads(out)["models"]}
+    assert rc == 0 and {m for m, _ in devices} == set(top)
+    (gpu_model,) = [m for m in top if "mig" not in m.lower() and "g." not in m]
+    assert devices[(gpu_model, "blocked")] == 1, "the GPU under the partition"
+    (mig_model,) = [m for m in top if m.endswith("3g.40gb")]
+    assert devices[(mig_model, "allocated")] == 1 and sum(v for (m, _), v in devices.items() if m == mig_model) == 1
+
+
+def test_a_change_is_counted_at_the_next_count_and_a_model_gone_stops_being_exported() -> None:
+    kube = fleet()
+    ctrl = counted(kube)
+    kube.delete(CLAIMS, "default/c1")
+    kube.delete(SLICES, "node-b-gpu.dra-driver.io")
+    sync(ctrl)
+    ctrl.count_devices()
+    devices, shares = exported(ctrl)
+    assert devices[(H100, "free")] == 2 and devices[(H100, "allocated")] == 0
+    assert A100 not in {m for m, _ in devices} and A100 not in shares
+
+
+def test_nothing_changed_is_not_counted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = reconciler.device_census
+
+    def spy(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(reconciler, "device_census", spy)
+    kube = fleet()
+    ctrl = counted(kube)
+    ctrl.count_devices()
+    assert len(calls) == 1
+    add_claim(kube, {**claim("c9"), "status": allocated_status(["gpu-3"])})
+    sync(ctrl)
+    ctrl.count_devices()
+    assert len(calls) == 2 and exported(ctrl)[0][(H100, "free")] == 0
+
+
+def test_an_inventory_that_cannot_be_built_is_an_error_counted_not_a_crash() -> None:
+    class Broken(Engine):
+        def build_inventory(self, *args: Any, **kw: Any) -> Any:
+            raise RuntimeError("boom")
+
+    ctrl, _ = make_controller(fleet(), engine=Broken())
+    sync(ctrl)
+    ctrl.count_devices()
+    assert ctrl.metrics.value("errors_total", {"kind": "device_count"}) == 1
+    assert exported(ctrl) == ({}, {})
