@@ -18,6 +18,7 @@ from dra_driver.allocator.inventory import (
 )
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.slicechecks import semver_ok
+from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass
 from dra_driver.k8s.objects import as_int, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
 
@@ -41,7 +42,7 @@ class Alt:
     """The class's selectors, then the request's."""
     class_selectors: int = 0
     """How many of ``compiled`` are the class's."""
-    class_obj: Mapping[str, Any] | None = None
+    class_obj: RawDeviceClass | None = None
 
 
 @dataclass
@@ -132,7 +133,7 @@ def parse_constraints(claim: Mapping[str, Any], errors: list[str], distinct_late
     return out
 
 
-def prepare_alt(alt: Alt, classes: Mapping[str, Mapping[str, Any]]) -> None:
+def prepare_alt(alt: Alt, classes: DeviceClasses) -> None:
     """Look up the class and compile all selectors (class first, like the scheduler)."""
     if alt.error:
         return
@@ -156,7 +157,7 @@ def prepare_alt(alt: Alt, classes: Mapping[str, Mapping[str, Any]]) -> None:
             return
 
 
-def _class_selectors(cls: Mapping[str, Any]) -> list[Any]:
+def _class_selectors(cls: RawDeviceClass) -> list[Any]:
     return as_list(as_mapping(cls.get("spec")).get("selectors"))
 
 

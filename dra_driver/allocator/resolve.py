@@ -36,7 +36,7 @@ from dra_driver.allocator.inventory import (
 from dra_driver.allocator.requests import Alt, parse_constraints, parse_requests, prepare_alt
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.search import MAX_RESULTS, SHARE_NS, Search
-from dra_driver.k8s.bodies import RawSlice
+from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import classes_by_name
 from dra_driver.k8s.objects import Node, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
@@ -69,15 +69,15 @@ class Engine:
         return allocated_state(claims, exclude_uid)
 
     def resolve(self, claim: Mapping[str, Any], inventory: Inventory,
-                classes: Mapping[str, Any] | Iterable[Mapping[str, Any]], allocated: AllocatedState | None = None,
+                classes: DeviceClasses | Iterable[RawDeviceClass], allocated: AllocatedState | None = None,
                 nodes: Sequence[Any] | None = None, rules: SchedulerRules | None = None) -> Resolution:
         return resolve(claim, inventory, classes, allocated, nodes, rules)
 
-    def prime(self, inventory: Inventory, class_name: str, classes: Mapping[str, Any]) -> None:
+    def prime(self, inventory: Inventory, class_name: str, classes: DeviceClasses) -> None:
         prime(inventory, class_name, classes)
 
 
-def prime(inventory: Inventory, class_name: str, classes: Mapping[str, Any]) -> None:
+def prime(inventory: Inventory, class_name: str, classes: DeviceClasses) -> None:
     """Group the inventory's devices the way a request for one device of ``class_name``, with no
     selectors of its own (the commonest claim), groups them: at 5,000 nodes that is a few tenths of
     a second the first such claim then does not wait for."""
@@ -89,7 +89,7 @@ def prime(inventory: Inventory, class_name: str, classes: Mapping[str, Any]) -> 
 def resolve(
     claim: Mapping[str, Any],
     inventory: Inventory,
-    classes: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    classes: DeviceClasses | Iterable[RawDeviceClass],
     allocated: AllocatedState | None = None,
     nodes: Sequence[Any] | None = None,
     rules: SchedulerRules | None = None,
@@ -112,7 +112,7 @@ def resolve(
 def _resolve(
     claim: Mapping[str, Any],
     inventory: Inventory,
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: DeviceClasses,
     allocated: AllocatedState,
     nodes: Sequence[Any] | None,
     explanation: Explanation,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -37,7 +37,7 @@ from dra_driver.controller.verdicts import (
     evaluate,
     pending_classes,
 )
-from dra_driver.k8s.bodies import RawSlice
+from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import classes_by_name, pod_node, uid_of
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.informer import Informer
@@ -153,10 +153,10 @@ class EngineInputs:
                 self._built = (version, inv)
             return version, inv
 
-    def class_map(self) -> dict[str, Obj]:
-        return classes_by_name(self.classes.store.values())
+    def class_map(self) -> dict[str, RawDeviceClass]:
+        return classes_by_name(cast(Iterable[RawDeviceClass], self.classes.store.values()))
 
-    def _class_map(self) -> tuple[int, dict[str, Obj]]:
+    def _class_map(self) -> tuple[int, dict[str, RawDeviceClass]]:
         with self._lock:
             version = self._classes_version
         return version, self.class_map()
@@ -287,7 +287,7 @@ class EngineInputs:
         gc.freeze()
         self._log.info("warm-up over", classes=len(classes), grouped_first=len(wanted))
 
-    def _prime(self, inventory: Inventory, names: Sequence[str], classes: dict[str, Obj]) -> None:
+    def _prime(self, inventory: Inventory, names: Sequence[str], classes: DeviceClasses) -> None:
         """Group the devices for each of the DeviceClasses ``names``, one at a time."""
         t0 = time.perf_counter()
         for name in names:

@@ -15,6 +15,7 @@ from dra_driver.allocator.resolve import Engine, Resolution
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_BYTES, OUR_ANNOTATIONS, wants_controller_allocation
 from dra_driver.gpuconfig import ConfigError, decode
+from dra_driver.k8s.bodies import DeviceClasses
 from dra_driver.k8s.claims import (
     annotations_of,
     device_ids,
@@ -92,7 +93,7 @@ def pending_classes(claims: Iterable[Mapping[str, Any]]) -> set[str]:
     return {name for c in claims if not is_allocated(c) and not is_deleting(c) for name in claim_class_names(c)}
 
 
-def claim_config_errors(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str) -> list[str]:
+def claim_config_errors(claim: Mapping[str, Any], classes: DeviceClasses, driver: str) -> list[str]:
     """The claim's own config errors plus those of the DeviceClasses it uses."""
     errors = object_config_errors({**claim, "kind": "ResourceClaim"}, driver)
     for name in claim_class_names(claim):
@@ -224,7 +225,7 @@ def claim_label(claim: Mapping[str, Any]) -> str:
     return f"{m.get('namespace') or 'default'}/{m.get('name') or '<unnamed>'}"
 
 
-def _resolved(engine: Engine, claim: Mapping[str, Any], inventory: Inventory, classes: Mapping[str, Mapping[str, Any]],
+def _resolved(engine: Engine, claim: Mapping[str, Any], inventory: Inventory, classes: DeviceClasses,
               allocated: AllocatedState, nodes: list[str] | None, memo: tuple[VerdictMemo, Hashable] | None,
               rules: SchedulerRules | None) -> tuple[Resolution, Callable[[], dict[str, Any]] | None]:
     """The engine's answer, and for a memoised one how to have its explanation's annotation form
@@ -246,7 +247,7 @@ def evaluate(
     engine: Engine,
     claim: Mapping[str, Any],
     inventory: Inventory,
-    classes: Mapping[str, Mapping[str, Any]],
+    classes: DeviceClasses,
     allocated: AllocatedState,
     *,
     driver: str,

@@ -228,6 +228,11 @@ class RawDeviceClass(TypedDict, total=False):
     spec: Mapping[str, Any]
 
 
+DeviceClasses: TypeAlias = Mapping[str, RawDeviceClass]
+"""The DeviceClasses by name (:func:`dra_driver.k8s.claims.classes_by_name`): what a request's
+``deviceClassName`` is looked up in."""
+
+
 # =========================================================================== Pod
 
 

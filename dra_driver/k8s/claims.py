@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
+from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass
 from dra_driver.k8s.objects import Obj, as_mapping, meta
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
@@ -136,13 +137,10 @@ def device_ids(allocation: Mapping[str, Any] | None, *, exclusive_only: bool = F
     return out
 
 
-ClassT = TypeVar("ClassT", bound=Mapping[str, Any])
-
-
-def classes_by_name(classes: Mapping[str, ClassT] | Iterable[ClassT]) -> dict[str, ClassT]:
+def classes_by_name(classes: DeviceClasses | Iterable[RawDeviceClass]) -> dict[str, RawDeviceClass]:
     """DeviceClasses by name, from a list of objects or a mapping that is already keyed by name."""
     if isinstance(classes, Mapping):
-        return {str(k): v for k, v in cast("Mapping[str, ClassT]", classes).items()}
+        return {str(k): v for k, v in cast(DeviceClasses, classes).items()}
     return {str(meta(c).get("name", "")): c for c in classes if isinstance(c, Mapping) and meta(c).get("name")}
 
 

@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,7 +43,7 @@ from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import AUTO, SchedulerRules, choose_rules
 from dra_driver.flags import env
-from dra_driver.k8s.bodies import RawBody, RawSlice
+from dra_driver.k8s.bodies import RawBody, RawDeviceClass, RawSlice
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
@@ -297,7 +297,7 @@ def collect_cluster(bundle: Bundle, api: KubeApi, driver: str, engine: Engine, n
         bundle.add_json("cluster/events.json", related_events(events, collected, nodes_of_interest))
 
 
-def explanations(claims: list[RawBody], slices: list[RawSlice], classes: list[RawBody], engine: Engine, driver: str,
+def explanations(claims: list[RawBody], slices: list[RawSlice], classes: Sequence[RawDeviceClass], engine: Engine, driver: str,
                  bundle: Bundle, rules: SchedulerRules | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # One inventory for every claim; build_report takes it as a finished (or failed) future.

@@ -28,7 +28,7 @@ from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.allocator.taintrules import taint_rules, with_taint_rules
 from dra_driver.controller.verdicts import Outcome, Verdict, claim_config_errors, evaluate
 from dra_driver.controller.views import slice_reading
-from dra_driver.k8s.bodies import RawBody, RawSlice
+from dra_driver.k8s.bodies import RawBody, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import classes_by_name, is_allocated, reserved_for, status_of, uid_of
 from dra_driver.k8s.client import (
     CLAIMS,
@@ -147,7 +147,7 @@ def _canonical(value: Any) -> str:
 def build_report(
     claim: Mapping[str, Any],
     slices: list[RawSlice],
-    classes: Sequence[RawBody],
+    classes: Sequence[RawDeviceClass],
     claims: Sequence[RawBody],
     *,
     engine: Engine,
@@ -341,7 +341,7 @@ def tainted_slices(api: ListsObjects) -> list[RawSlice]:
     return [cast(RawSlice, dict(s)) for s in with_taint_rules(slices, taint_rules(rules))]
 
 
-def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[RawSlice], list[RawBody], list[RawBody]]:
+def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[RawSlice], Sequence[RawDeviceClass], list[RawBody]]:
     """The claim, every ResourceSlice and DeviceClass, and every claim's allocation (overlapping)."""
     reads = _Reads(api, namespace, name)
     try:

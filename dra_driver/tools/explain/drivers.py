@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.controller.verdicts import claim_class_names
+from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass
 from dra_driver.k8s.claims import device_ids, is_allocated, status_of
 
 _DRIVER_EQUALS = re.compile(r"""device\.driver\s*==\s*(?:"([^"]+)"|'([^']+)')""")
 
 
-def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
+def class_drivers(device_class: RawDeviceClass) -> set[str]:
     """The drivers a DeviceClass's CEL selectors compare ``device.driver`` with; empty when they say
     nothing about the driver (the class may then match any driver's devices)."""
     spec = device_class.get("spec")
@@ -26,7 +27,7 @@ def class_drivers(device_class: Mapping[str, Any]) -> set[str]:
     return found
 
 
-def claim_drivers(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> set[str]:
+def claim_drivers(claim: Mapping[str, Any], classes: DeviceClasses) -> set[str]:
     """The drivers of an allocated claim's devices; for a pending one, those its DeviceClasses name.
     Empty when that cannot be told (a class that names no driver, or is not there)."""
     if is_allocated(claim):

@@ -19,7 +19,7 @@ from typing import Any
 
 from dra_driver.controller.keys import EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION
 from dra_driver.controller.verdicts import EVENT_REASON, Verdict
-from dra_driver.k8s.bodies import RawBody
+from dra_driver.k8s.bodies import RawBody, RawDeviceClass
 from dra_driver.k8s.claims import annotations_of, classes_by_name, is_allocated, is_deleting, pod_claim_names
 from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, PODS, KubeApi, ListResult
 from dra_driver.k8s.objects import key_of
@@ -82,7 +82,7 @@ def unreadable(listed: Mapping[str, ListResult]) -> list[str]:
     return [f"{kind} {bad.ref}: {bad.reason}" for kind, result in listed.items() for bad in result.undecodable]
 
 
-def pending_report(claims: Sequence[RawBody], classes: Sequence[RawBody], pods: Sequence[RawBody] | None, *, driver: str,
+def pending_report(claims: Sequence[RawBody], classes: Sequence[RawDeviceClass], pods: Sequence[RawBody] | None, *, driver: str,
                    namespace: str | None) -> dict[str, Any]:
     """The document ``explain -n``/``-A`` prints: the unallocated claims of ``driver`` (not being
     deleted) in groups of one reason and summary, largest first; with ``pods`` (``-o wide``),

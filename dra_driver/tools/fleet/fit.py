@@ -28,7 +28,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.verdicts import Verdict, evaluate
-from dra_driver.k8s.bodies import RawBody
+from dra_driver.k8s.bodies import DeviceClasses, RawBody, RawDeviceClass
 from dra_driver.k8s.claims import classes_by_name, device_ids, is_allocated, status_of
 from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, PODS, ApiError
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
@@ -81,7 +81,7 @@ def parse_file(text: str, source: str, namespace: str) -> dict[str, Any]:
     return claim_from_document(docs[0], source, namespace)
 
 
-def read_unit(api: ReadApi, target: FitTarget, file_text: str | None, classes: Sequence[RawBody],
+def read_unit(api: ReadApi, target: FitTarget, file_text: str | None, classes: Sequence[RawDeviceClass],
               claims: Sequence[RawBody], driver: str) -> Unit:
     """What one more of ``target`` needs (reads the template, or the pod and its claims). FleetError for
     an object not there, one of another driver, a pod with no claim of the driver."""
@@ -107,13 +107,13 @@ def _get(api: ReadApi, res: Any, target: FitTarget) -> dict[str, Any]:
         raise
 
 
-def _own(claim: Mapping[str, Any], class_map: Mapping[str, Mapping[str, Any]], driver: str, label: str) -> None:
+def _own(claim: Mapping[str, Any], class_map: DeviceClasses, driver: str, label: str) -> None:
     drivers = claim_drivers(claim, class_map)
     if drivers and driver not in drivers:
         raise FleetError(f"{label} is a claim of {', '.join(sorted(drivers))}, not of {driver}")
 
 
-def _pod_unit(api: ReadApi, target: FitTarget, class_map: Mapping[str, Mapping[str, Any]],
+def _pod_unit(api: ReadApi, target: FitTarget, class_map: DeviceClasses,
               claims: Sequence[RawBody], driver: str) -> Unit:
     pod = _get(api, PODS, target)
     unit = Unit(f"pod {target.namespace}/{target.name}", [], [])
@@ -173,7 +173,7 @@ def _named(claim: Mapping[str, Any], index: int) -> dict[str, Any]:
             "spec": claim.get("spec") or {}}
 
 
-def fit_report(unit: Unit, count: int, *, inventory: Inventory, classes: Sequence[RawBody], claims: Sequence[RawBody],
+def fit_report(unit: Unit, count: int, *, inventory: Inventory, classes: Sequence[RawDeviceClass], claims: Sequence[RawBody],
                engine: Engine, rules: SchedulerRules, driver: str) -> dict[str, Any]:
     """The document ``fit -o json`` prints (docs/fleet.md): ``fits`` of ``count``, by node and by
     model, and the first that did not fit (its claim, the summary and the engine's explanation)."""
@@ -221,7 +221,7 @@ Tried = tuple[AllocatedState, str | None, list[tuple[str, str, str]]] | dict[str
 
 
 def _try(claims: Sequence[Mapping[str, Any]], index: int, node: str | None, state: AllocatedState, copy_state: bool, *,
-         engine: Engine, inventory: Inventory, classes: Mapping[str, Mapping[str, Any]], driver: str,
+         engine: Engine, inventory: Inventory, classes: DeviceClasses, driver: str,
          rules: SchedulerRules) -> Tried:
     """Try ``index`` (on ``node``, else where its first claim goes): the state with its claims
     allocated, its node and devices; or the failure (its claim, summary and explanation)."""

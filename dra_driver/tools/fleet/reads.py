@@ -18,11 +18,11 @@ claim's allocation, the pods' claim references), from the watch cache:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from dra_driver.k8s.bodies import RawBody, RawSlice
+from dra_driver.k8s.bodies import RawBody, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import pod_claim_names
 from dra_driver.k8s.client import (
     CLAIMS,
@@ -93,7 +93,7 @@ class FleetObjects:
     """Everything the views are computed from (plain API dicts)."""
 
     slices: list[RawSlice]
-    classes: list[RawBody]
+    classes: Sequence[RawDeviceClass]
     claims: list[RawBody]
     """Every claim, reduced to its name, namespace, UID and allocation."""
     pods: list[RawBody]

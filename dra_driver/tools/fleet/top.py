@@ -14,7 +14,7 @@ from dra_driver.allocator.devicestates import ALLOCATED, FREE, SHARED, WITHHELD
 from dra_driver.allocator.groups import outcome
 from dra_driver.allocator.inventory import Device
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.k8s.bodies import RawBody
+from dra_driver.k8s.bodies import RawDeviceClass
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
 from dra_driver.tools.fleet.devices import UNHEALTHY, DeviceRow
 from dra_driver.tools.fleet.table import table
@@ -35,7 +35,7 @@ def counts(rows: Sequence[DeviceRow]) -> dict[str, int]:
     }
 
 
-def class_selects(device_class: RawBody, rules: SchedulerRules) -> Callable[[Device], bool]:
+def class_selects(device_class: RawDeviceClass, rules: SchedulerRules) -> Callable[[Device], bool]:
     """Whether a DeviceClass's selectors all select a device; a selector that does not compile
     selects nothing (as the scheduler fails every claim of that class)."""
     expressions = [str(as_mapping(s.get("cel")).get("expression", ""))
@@ -47,7 +47,7 @@ def class_selects(device_class: RawBody, rules: SchedulerRules) -> Callable[[Dev
     return lambda dev: all(outcome(c, dev, rules.qualified_names, rules.cel_converts_on_read) is True for c in compiled)
 
 
-def top_report(rows: Sequence[DeviceRow], classes: Sequence[RawBody], rules: SchedulerRules) -> dict[str, Any]:
+def top_report(rows: Sequence[DeviceRow], classes: Sequence[RawDeviceClass], rules: SchedulerRules) -> dict[str, Any]:
     """The document ``top -o json`` prints (docs/fleet.md); withheld devices count under neither."""
     published = [r for r in rows if r.state != WITHHELD]
     models: dict[str, list[DeviceRow]] = {}

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import CONFIG_API_VERSION
+from dra_driver.k8s.bodies import RawDeviceClass
 from dra_driver.k8s.names import is_dns_subdomain
 from dra_driver.k8s.objects import as_list, as_mapping, as_mappings, as_str, meta
 from dra_driver.tools.migrate.config import MigrateError, MigStrategy, PluginConfig, Replicated, SharingKind
@@ -209,8 +210,8 @@ def device_class(served: Served, driver: str) -> dict[str, Any]:
     }
 
 
-def _claimants(existing: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {}
+def _claimants(existing: Sequence[RawDeviceClass]) -> dict[str, list[RawDeviceClass]]:
+    out: dict[str, list[RawDeviceClass]] = {}
     for cls in existing:
         name = _served_name(cls)
         if name:
@@ -218,21 +219,21 @@ def _claimants(existing: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[
     return out
 
 
-def _name(cls: Mapping[str, Any]) -> str:
+def _name(cls: RawDeviceClass) -> str:
     return as_str(meta(cls).get("name")) or ""
 
 
-def _served_name(cls: Mapping[str, Any]) -> str | None:
+def _served_name(cls: RawDeviceClass) -> str | None:
     return as_str(as_mapping(cls.get("spec")).get("extendedResourceName"))
 
 
-def _same_selection(cls: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+def _same_selection(cls: RawDeviceClass, wanted: Mapping[str, Any]) -> bool:
     spec, want = as_mapping(cls.get("spec")), wanted["spec"]
     return bool(as_list(spec.get("selectors")) == want["selectors"] and as_list(spec.get("config")) == want.get("config", []))
 
 
 def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[str, set[str]],
-                 existing: Sequence[Mapping[str, Any]], driver: str) -> Plan:
+                 existing: Sequence[RawDeviceClass], driver: str) -> Plan:
     """``configs``: each GPU node's config (None: unknown, left out); ``profiles``: the MIG profiles
     each node publishes; ``existing``: the cluster's DeviceClasses."""
     fleet_profiles = set().union(*profiles.values()) if profiles else set()

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import yaml
 
 from dra_driver import DEFAULT_DRIVER_NAME
+from dra_driver.k8s.bodies import RawDeviceClass
 from dra_driver.k8s.client import (
     CONFIGMAPS,
     DEVICE_CLASSES,
@@ -56,7 +57,7 @@ class Fleet:
 
     nodes: Sequence[Mapping[str, Any]]
     slices: Sequence[Mapping[str, Any]]
-    device_classes: Sequence[Mapping[str, Any]]
+    device_classes: Sequence[RawDeviceClass]
     workloads: Sequence[Mapping[str, Any]]
 
 
