@@ -146,6 +146,22 @@ def test_every_dashboard_query_is_exported_by_the_running_plugin_and_controller(
     live = exported_families(page(port)) | exported_families(page(bed.fleet.controller_port))
     missing = sorted(q for q in queried_metrics() if family(q, live) is None)
     assert not missing, f"the dashboard queries metrics the bed's plugin and controller do not export: {missing}"
+    # The fleet panels' gauges are counted at the controller's resync: a series of each, not only
+    # its TYPE line, and free devices of some model (the bed's GPUs are mostly free).
+    fleet = sorted(q for q in queried_metrics() if q.startswith("dra_driver_controller_device"))
+    assert fleet == ["dra_driver_controller_device_shares", "dra_driver_controller_devices"], fleet
+
+    def counted() -> dict[str, list[tuple[dict[str, str], float]]]:
+        found: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for (name, labels), v in samples(page(bed.fleet.controller_port)).items():
+            found.setdefault(name, []).append((dict(labels), v))
+        return found if all(found.get(f) for f in fleet) else {}
+
+    series = wait_for("the controller's device count", counted, 30)
+    free = {lbl["model"]: v for lbl, v in series["dra_driver_controller_devices"] if lbl["state"] == "free"}
+    assert any("H100" in model and n > 0 for model, n in free.items()), free
+    models = {lbl["model"] for lbl, _ in series["dra_driver_controller_devices"]}
+    assert {lbl["model"] for lbl, _ in series["dra_driver_controller_device_shares"]} == models
 
 
 # --- checkpoint, crash loop, failed prepare -----------------------------------------------------------

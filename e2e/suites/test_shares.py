@@ -13,12 +13,14 @@ import os
 import secrets
 import signal
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.k8s.quantity import parse_quantity
 from dra_driver.node.describe.shares import parse_consumable_shares, shared_capacity
@@ -108,6 +110,17 @@ def test_every_mode_is_published_as_the_api_server_validated_it(bed: Bed, node: 
                  lambda: (d := devices()) and not any(x.get("allowMultipleAllocations") for x in d.values()), 90)
 
 
+def controller_counts(bed: Bed) -> tuple[float, float]:
+    """The claims holding shares of H100s, and the H100s shared, as the controller's /metrics says."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{bed.fleet.controller_port}/metrics", timeout=10) as resp:
+        families = text_string_to_metric_families(resp.read().decode())
+    found = [(s.name, s.labels, s.value) for fam in families for s in fam.samples]
+    shares = sum(v for n, lbl, v in found if n == "dra_driver_controller_device_shares" and "H100" in lbl["model"])
+    shared = sum(v for n, lbl, v in found if n == "dra_driver_controller_devices" and "H100" in lbl["model"]
+                 and lbl["state"] == "shared")
+    return shares, shared
+
+
 def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = claim["status"]["allocation"]["devices"]["results"]
     return found
@@ -148,6 +161,9 @@ def test_memory_share_two_pods_on_one_gpu_third_on_another(bed: Bed, clean_ns: s
     assert len(share_ids) == 3
     # 2 x 30Gi fit in 81559Mi, a third does not: two pods on one GPU, the third on another.
     assert sorted(Counter(placed.values()).values()) == [1, 2], placed
+    # The dashboard's "Shares in use" (the controller's count at its 5 s resync): three claims
+    # hold shares of two H100s.
+    wait_for("the controller counting the shares", lambda: controller_counts(bed) == (3, 2), 30)
     print(f"\nmemory-share placement: {placed}")
 
 
