@@ -1,4 +1,5 @@
-"""`make demo`: the local bed with simulated GPUs, the example pods, and what each pod got.
+"""`make demo`: the local bed with simulated GPUs, the example pods, what each pod got, and the
+fleet as `kubectl dra get gpus` and `kubectl dra top` show it.
 
 Everything is torn down at the end unless --keep is given (then `make demo-down` stops it).
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.tools.explain import command as explain
+from e2e.demo.fleetview import fleet_report, gpus_excerpt, top_lines
 from e2e.demo.terminal import Row, colour_enabled, fit_lines, render_table
 from e2e.testbed.cluster import Cluster, stop_detached
 from e2e.testbed.clusterview import (
@@ -178,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             out = io.StringIO()
             explain.main(f"pod/{pod}", namespace=ns, kubeconfig=str(cluster.kubeconfig), out=out, err=out)
             print("\n".join(fit_lines(out.getvalue())))
+        print("\n$ kubectl dra get gpus -A    # the devices the examples hold, and any tainted or withheld")
+        print("\n".join(gpus_excerpt(fleet_report("get", "gpus", "-A", kubeconfig=cluster.kubeconfig))))
+        print("\n$ kubectl dra top")
+        print("\n".join(top_lines(fleet_report("top", kubeconfig=cluster.kubeconfig))))
         print(f"demo took {time.monotonic() - started:.0f}s")
         if args.keep:
             print(f"bed kept: export KUBECONFIG={cluster.kubeconfig}")
