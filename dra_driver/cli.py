@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver import __version__
 from dra_driver.allocator.rules import RULE_CHOICES
@@ -37,6 +37,10 @@ from dra_driver.tools.fleet import args as fleet_args
 from dra_driver.tools.migrate.config import CONFIG_LABEL as MIGRATE_CONFIG_LABEL
 from dra_driver.tools.migrate.config import OUTPUTS as MIGRATE_OUTPUTS
 from dra_driver.tools.terminal import printable
+
+if TYPE_CHECKING:
+    from dra_driver.k8s.client import KubeApi
+    from dra_driver.tools.migrate.workloads import FitFn
 
 PROGRAM = "dra-driver"
 KUBECTL_PLUGIN = "kubectl dra"
@@ -212,6 +216,20 @@ def fail(prog: str, message: str) -> int:
     return 1
 
 
+def migrate_fitter(driver: str) -> Callable[[KubeApi], FitFn]:
+    """migrate's fit of each workload: the fleet view's, through migrate's own client, with the
+    rules of the API server's version."""
+
+    def make(api: KubeApi) -> FitFn:
+        from dra_driver.k8s.client import RestKubeApi
+        from dra_driver.tools.fleet import fit
+
+        version = (lambda: str(api.server_version().get("gitVersion", ""))) if isinstance(api, RestKubeApi) else None
+        return fit.workload_fitter(api, driver=driver, server_version=version)
+
+    return make
+
+
 def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
     """What ``args`` asks for, its settings read and checked (SettingsError) before anything runs."""
     if args.command == "kubelet-plugin":
@@ -244,7 +262,8 @@ def command(args: argparse.Namespace, prog: str) -> Callable[[], int]:
 
         return lambda: migrate.main(args.filename, args.configmap, default_config=args.default_config,
                                     output=args.output, apply=args.apply, kubeconfig=args.kubeconfig,
-                                    context=args.context, driver=args.driver_name, prog=prog)
+                                    context=args.context, driver=args.driver_name, prog=prog,
+                                    fitter=migrate_fitter(args.driver_name))
     from dra_driver.tools.explain import command as explain
 
     return lambda: explain.main(args.target, kubeconfig=args.kubeconfig, output=args.output,

@@ -10,13 +10,17 @@ claim the pod names directly is one claim for all pods: allocated, it pins the p
 not allocated, it is fitted with the first pod only. Only devices are counted: the node's CPU,
 memory, its taints and the pod's node selectors are not. Nothing is written: the tries live in
 memory, and the client the command is given can only read (:class:`~dra_driver.tools.fleet.reads.ReadOnly`).
+
+:func:`workload_fitter` is the same fit for ``migrate``'s report: each workload's pods, with the
+claim each would get after the switch, against the fleet as it is now.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, cast
@@ -30,11 +34,14 @@ from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.verdicts import Verdict, evaluate
 from dra_driver.k8s.bodies import DeviceClasses, RawBody, RawDeviceClass
 from dra_driver.k8s.claims import classes_by_name, device_ids, is_allocated, status_of
-from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, PODS, ApiError
+from dra_driver.k8s.client import CLAIM_TEMPLATES, CLAIMS, PODS, ApiError, KubeApi
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
+from dra_driver.tools.explain.command import rules_for
 from dra_driver.tools.explain.drivers import claim_drivers
 from dra_driver.tools.fleet.args import FitTarget, FleetError
-from dra_driver.tools.fleet.reads import ReadApi
+from dra_driver.tools.fleet.reads import ReadApi, ReadOnly, read_fleet
+from dra_driver.tools.migrate.workloads import FitAsk, FitFn
+from dra_driver.tools.terminal import api_error_line
 
 MAX_COUNT = 100_000
 
@@ -264,3 +271,60 @@ def render_fit(report: Mapping[str, Any]) -> str:
         lines.append(f"warning: {report['rulesWarning']}")
     return "\n".join(lines)
 
+
+
+# --- a workload, for migrate ---------------------------------------------------------------------
+
+
+def _nodes_text(nodes: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} ({c})" for n, c in nodes.items())
+
+
+def workload_fit(ask: FitAsk, *, inventory: Inventory, classes: Sequence[RawDeviceClass], claims: Sequence[RawBody],
+                 engine: Engine, rules: SchedulerRules, driver: str) -> str:
+    """Whether ``ask``'s pods fit now, and where, in a few words: ``yes, all 3 pods, on node-a (2), node-b (1)``;
+    ``no: 1 of 3 pods fit (on node-a (1)); the next: <summary>``; a DaemonSet's pod, one node at a time."""
+    m = meta(ask.workload)
+    claim = {"metadata": {"name": str(m.get("name") or "workload"), "namespace": str(m.get("namespace") or "default")},
+             "spec": {"devices": {"requests": [copy.deepcopy(r) for r in ask.requests]}}}
+    known = [*classes, *cast(Sequence[RawDeviceClass], ask.classes)]  # the planned class wins over one of its name
+    if ask.pods is None:
+        class_map = classes_by_name(known)
+        state = engine.allocated_state(claims)
+        nodes = list(inventory.node_names)
+        fits = [n for n in nodes if not isinstance(_try([claim], 0, n, state, True, engine=engine, inventory=inventory,
+                                                        classes=class_map, driver=driver, rules=rules), dict)]
+        return f"one pod on each node: fits on {len(fits)} of {len(nodes)} nodes" + (f" ({', '.join(fits)})" if fits else "")
+    if ask.pods == 0:
+        return "no pods to fit (0 replicas)"
+    report = fit_report(Unit(f"{m.get('namespace')}/{m.get('name')}", [claim], []), ask.pods, inventory=inventory,
+                        classes=known, claims=claims, engine=engine, rules=rules, driver=driver)
+    where = _nodes_text(report["nodes"])
+    if report["fits"] == ask.pods:
+        return f"yes, on {where}" if ask.pods == 1 else f"yes, all {ask.pods} pods, on {where}"
+    failure = report["firstFailure"]
+    done = f"{report['fits']} of {ask.pods} pods fit (on {where}); the next: " if report["fits"] else ""
+    return f"no: {done}{failure['summary']}"
+
+
+def workload_fitter(api: KubeApi, *, driver: str, server_version: Callable[[], str] | None = None,
+                    scheduler_rules: str = "auto", engine: Engine | None = None) -> FitFn:
+    """:func:`workload_fit` over the fleet as ``api`` reads it (through :class:`ReadOnly`, once, at
+    the first workload asked about), with the rules of the cluster's scheduler. Where the fleet
+    cannot be read, each answer says why instead."""
+    reader = ReadOnly(api, server_version)
+    resolver = engine or Engine()
+
+    @functools.cache
+    def fleet_now() -> FitFn:
+        try:
+            objects = read_fleet(reader, None, pods=False)
+        except ApiError as exc:
+            why = f"not computed: {api_error_line(exc)}"
+            return lambda _ask: why
+        rules, _ = rules_for(scheduler_rules, reader.server_version)
+        inventory = resolver.build_inventory(objects.slices)
+        return lambda ask: workload_fit(ask, inventory=inventory, classes=objects.classes, claims=objects.claims,
+                                        engine=resolver, rules=rules, driver=driver)
+
+    return lambda ask: fleet_now()(ask)

@@ -132,7 +132,7 @@ def build_report(configs: Mapping[str, config.PluginConfig], fleet: Fleet, *, de
                   if (spec := as_mapping(s.get("spec"))).get("driver") == driver and as_list(spec.get("devices"))}
     by_node = config.node_configs(nodes, configs, config.default_config(configs, default))
     plan = classes.plan_classes(by_node, profiles, fleet.device_classes, driver)
-    rows = workloads.report(fleet.workloads, plan.served, driver, fit)
+    rows = workloads.report(fleet.workloads, plan.served, driver, fit, plan.classes)
     names = {r["resource"] for r in rows} | set(plan.served)
     pods = steps.pods_by_node([w for w in fleet.workloads if w.get("kind") == "Pod"], names)
     states = [steps.NodeState(name=node_name(n), config=by_node.get(node_name(n)),
@@ -204,12 +204,13 @@ def main(
     api: KubeApi | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
-    fit: workloads.FitFn | None = None,
+    fitter: Callable[[KubeApi], workloads.FitFn] | None = None,
     read_text: Callable[[str], str] | None = None,
     prog: str = "dra-driver migrate",
 ) -> int:
-    """``filename`` or ``configmap`` (``NAMESPACE/NAME``), one of them; ``fit``: the fleet view's
-    fit for a workload (None: the report leaves it out); ``read_text``: how ``filename`` is read
+    """``filename`` or ``configmap`` (``NAMESPACE/NAME``), one of them; ``fitter``: the fleet view's
+    fit for a workload, made with the client migrate reads through (None: the report leaves it
+    out); ``read_text``: how ``filename`` is read
     (``-`` is stdin)."""
     stdout, stderr = out or sys.stdout, err or sys.stderr
     owned: RestKubeApi | None = None
@@ -228,7 +229,8 @@ def main(
             api = owned
         if configs is None:
             configs = read_configmap(api, str(configmap))
-        report = build_report(configs, read_fleet(api), default=default_config, driver=driver, fit=fit)
+        report = build_report(configs, read_fleet(api), default=default_config, driver=driver,
+                              fit=fitter(api) if fitter is not None else None)
         applied = apply_classes(api, report["classes"]) if apply else []
     except (MigrateError, KubeconfigError) as exc:
         print(f"{prog}: {one_line(exc)}", file=stderr)

@@ -7,7 +7,10 @@ it is one the fleet's device plugin configs advertise (``nvidia.com/...``) or a 
 GPU-core extension of another device plugin (``aliyun.com/gpu-mem``, ``nvidia.com/gpumem``, ...).
 For each: served or not, by which class and as what, and where it is not (or a count the class
 cannot mean), the ResourceClaimTemplate to write instead. Whether it fits now is the fleet view's
-``fit``: the caller passes it in as ``fit`` (None: not computed). Pure.
+``fit``: the caller passes it in as ``fit`` (None: not computed), asked with :class:`FitAsk`: the
+claim each pod would get after the switch (as KEP-5004's scheduler makes it for an extended
+resource: per container and name, a request for that many devices of the class; or the
+template's request), and how many pods. Pure.
 """
 
 from __future__ import annotations
@@ -19,8 +22,22 @@ from typing import Any
 from dra_driver.k8s.objects import as_mapping, as_mappings, as_str, meta
 from dra_driver.tools.migrate.classes import Served
 
-FitFn = Callable[[Mapping[str, Any]], str]
-"""The fleet view's answer for one workload object: whether, and where, its pods fit now."""
+
+@dataclass(frozen=True)
+class FitAsk:
+    """What the fleet view's ``fit`` is asked about one workload."""
+
+    workload: Mapping[str, Any]
+    requests: tuple[dict[str, Any], ...]
+    """The device requests of the claim each of its pods would get after the switch."""
+    pods: int | None
+    """How many pods at once (replicas, a Job's parallelism); None: a DaemonSet, one on each node."""
+    classes: tuple[Mapping[str, Any], ...] = ()
+    """The DeviceClasses migrate would create: the requests may name them before they exist."""
+
+
+FitFn = Callable[[FitAsk], str]
+"""The fleet view's answer for one workload: whether, and where, its pods fit now."""
 
 MEMORY_EXTENSIONS = {"aliyun.com/gpu-mem": "Gi", "nvidia.com/gpumem": "Mi", "tencent.com/vcuda-memory": "256Mi"}
 """Device plugins that sell GPU memory, and the unit of their count: served here as a share of a
@@ -131,18 +148,56 @@ def _row(obj: Mapping[str, Any], req: Request, served: Mapping[str, Served], dri
     return row
 
 
+def pod_count(obj: Mapping[str, Any]) -> int | None:
+    """How many pods of the workload run at once: 1 for a Pod, ``replicas`` (default 1), a Job's
+    ``parallelism`` (default 1); None for a DaemonSet (one on each node)."""
+    kind = obj.get("kind")
+    spec = as_mapping(obj.get("spec"))
+    if kind == "DaemonSet":
+        return None
+    if kind == "CronJob":
+        spec = as_mapping(as_mapping(spec.get("jobTemplate")).get("spec"))
+    field = "replicas" if kind in ("Deployment", "StatefulSet", "ReplicaSet") else "parallelism" if kind in (
+        "Job", "CronJob") else None
+    value = spec.get(field) if field else None
+    return max(value, 0) if isinstance(value, int) and not isinstance(value, bool) else 1
+
+
+def fit_requests(asked: Iterable[Request], rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], ...] | None:
+    """The device requests of a pod's claim after the switch, one per container and name: ``count``
+    devices of the class that serves the name, else the template's request; None where a name has
+    neither (nothing to fit it with) or no count."""
+    out: list[dict[str, Any]] = []
+    for req, row in zip(asked, rows, strict=True):
+        if row.get("served"):
+            exactly: dict[str, Any] = {"deviceClassName": row["deviceClass"], "count": req.count}
+        elif row.get("template"):
+            exactly = dict(row["template"]["spec"]["spec"]["devices"]["requests"][0]["exactly"])
+        else:
+            return None
+        if req.count < 1:
+            return None
+        for _ in req.containers:
+            out.append({"name": f"gpu-{len(out)}", "exactly": dict(exactly)})
+    return tuple(out) or None
+
+
 def report(objects: Iterable[Mapping[str, Any]], served: Mapping[str, Served], driver: str,
-           fit: FitFn | None = None) -> list[dict[str, Any]]:
-    """One row per workload and device plugin name it asks for, in the order of the workloads."""
+           fit: FitFn | None = None, classes: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """One row per workload and device plugin name it asks for, in the order of the workloads;
+    ``fit``'s answer on each row of a workload whose every name can be fitted (``classes``: the
+    DeviceClasses migrate would create, for ``fit``)."""
+    planned = tuple(classes)
     rows: list[dict[str, Any]] = []
     for obj in objects:
         if obj.get("kind") == "Pod" and owned(obj):
             continue
         asked = requests(pod_spec(obj), served)
-        fits = fit(obj) if fit is not None and asked else None
-        for req in asked:
-            row = _row(obj, req, served, driver)
-            if fits is not None:
+        mine = [_row(obj, req, served, driver) for req in asked]
+        wanted = fit_requests(asked, mine) if fit is not None and asked else None
+        if fit is not None and wanted is not None:
+            fits = fit(FitAsk(obj, wanted, pod_count(obj), planned))
+            for row in mine:
                 row["fit"] = fits
-            rows.append(row)
+        rows += mine
     return rows

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
-from ctrlfix import add_pod, claim, pod
+from ctrlfix import CLASS, DRIVER, add_pod, claim, device_class, pod
 from fleetfix import A100, H100, fleet, run, template
 
-from dra_driver.k8s.client import CLAIM_TEMPLATES
+from dra_driver.k8s.client import CLAIM_TEMPLATES, SLICES, ApiError
+from dra_driver.tools.fleet.fit import workload_fitter
+from dra_driver.tools.migrate.workloads import FitAsk
 
 # --- fit -----------------------------------------------------------------------------------------
 
@@ -50,3 +53,47 @@ def test_fit_a_pod_puts_all_its_claims_on_one_node() -> None:
     doc = json.loads(out)
     assert rc == 0 and doc["fits"] == 1 and doc["nodes"] == {"node-b": 1} and doc["models"] == {A100: 2}
     assert doc["firstFailure"]["try"] == 2
+
+
+# --- a workload, for migrate ---------------------------------------------------------------------
+
+
+def ask(pods: int | None, cls: str = CLASS, count: int = 1, classes: tuple[dict[str, Any], ...] = ()) -> FitAsk:
+    return FitAsk({"kind": "Deployment", "metadata": {"name": "serve", "namespace": "ml"}},
+                  ({"name": "gpu-0", "exactly": {"deviceClassName": cls, "count": count}},), pods, classes)
+
+
+def test_a_workloads_pods_fit_or_not_and_where() -> None:
+    fit = workload_fitter(fleet(), driver=DRIVER)
+    # as the fit above: node-a's gpu-3 and node-b's two A100s are free for a whole GPU
+    assert fit(ask(3)) == "yes, all 3 pods, on node-a (1), node-b (2)"
+    four = fit(ask(4))
+    assert four.startswith("no: 3 of 4 pods fit (on node-a (1), node-b (2)); the next: cannot allocate"), four
+    assert fit(ask(1, count=2)) == "yes, on node-b (1)"
+    assert fit(ask(1, count=3)).startswith("no: cannot allocate"), "none fits: no count of pods that did"
+    assert fit(ask(0)) == "no pods to fit (0 replicas)"
+
+
+def test_a_daemonsets_pod_is_tried_on_each_node() -> None:
+    fit = workload_fitter(fleet(), driver=DRIVER)
+    assert fit(ask(None)) == "one pod on each node: fits on 2 of 3 nodes (node-a, node-b)"
+    assert fit(ask(None, count=2)) == "one pod on each node: fits on 1 of 3 nodes (node-b)"
+
+
+def test_a_class_migrate_would_create_is_fitted_before_it_exists() -> None:
+    planned = device_class("nvidia-gpu.gpu.dra-driver.io")
+    planned["spec"]["selectors"].append({"cel": {"expression": f'device.attributes["{DRIVER}"].productName == "{H100}"'}})
+    fit = workload_fitter(fleet(), driver=DRIVER)
+    assert fit(ask(1, "nvidia-gpu.gpu.dra-driver.io", classes=(planned,))) == "yes, on node-a (1)"
+    assert fit(ask(2, "nvidia-gpu.gpu.dra-driver.io", classes=(planned,))).startswith("no: 1 of 2 pods fit")
+    missing = fit(ask(1, "nvidia-gpu.gpu.dra-driver.io"))
+    assert missing.startswith("no: ") and "nvidia-gpu.gpu.dra-driver.io not found" in missing, missing
+
+
+def test_a_fleet_that_cannot_be_read_is_said_and_read_once() -> None:
+    kube = fleet()
+    kube.fail["list:resourceslices"] = ApiError(403, "Forbidden", "resourceslices is forbidden")
+    fit = workload_fitter(kube, driver=DRIVER)
+    assert fit(ask(1)) == fit(ask(2)) == "not computed: not allowed: 403 Forbidden: resourceslices is forbidden"
+    reads = [c for c in kube.calls if c[0] == "list" and c[1] == SLICES.plural]
+    assert len(reads) == 1, reads

@@ -11,6 +11,7 @@ import yaml
 from kubefake import FakeKube
 from migfix import DRIVER, node, pod, slice_of
 
+from dra_driver import cli
 from dra_driver.k8s.client import CONFIGMAPS, DEVICE_CLASSES, NODES, PODS, SLICES, ApiError
 from dra_driver.tools.migrate import command
 from dra_driver.tools.migrate.command import DEPLOYMENTS
@@ -71,6 +72,19 @@ def test_operator_configmap_report() -> None:
     assert "node-0002:\n    1. WARNING: gpu.dra-driver.io already publishes the GPUs of node-0002" in out
     assert "--consumable-shares=4" in out and "node-0003:\n    1. already moved" in out
     assert "cpu-only" not in out
+
+
+def test_the_report_says_whether_each_workload_fits_now_and_where() -> None:
+    """The command line's migrate is wired to the fleet view's fit, over the classes it would create."""
+    rc, out, err = run(fleet(), configmap="gpu-operator/device-plugin-config", default_config="default",
+                       fitter=cli.migrate_fitter(DRIVER))
+    assert (rc, err) == (0, "")
+    lines = {line.split(" -> ")[0].strip(): line for line in out.splitlines() if " -> served by" in line or "not served" in line}
+    # node-0004's A100 has a 1g.5gb MIG device free; full GPUs are free on node-0002 (shareable) and node-0003
+    assert lines["Pod ml/trainer nvidia.com/mig-1g.5gb: 1"].endswith("; fits now: yes, on node-0004 (1)")
+    assert lines["Deployment ml/serve nvidia.com/gpu: 1"].endswith("; fits now: yes, on node-0002 (1)")
+    # the chart's shared-gpu class is not in this cluster: said in the engine's words
+    assert "; fits now: no: cannot allocate" in lines["Pod team/hami nvidia.com/gpumem: 4096"]
 
 
 def test_yaml_prints_the_classes_for_kubectl_apply() -> None:

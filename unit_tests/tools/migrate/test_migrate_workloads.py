@@ -8,7 +8,7 @@ import pytest
 from migfix import DRIVER, pod
 
 from dra_driver.tools.migrate.classes import Backing, Served
-from dra_driver.tools.migrate.workloads import report
+from dra_driver.tools.migrate.workloads import FitAsk, pod_count, report
 
 SERVED = {
     "nvidia.com/gpu": Served("nvidia.com/gpu", f"nvidia-gpu.{DRIVER}", {Backing("gpu"): ["node-0001"]}),
@@ -62,13 +62,44 @@ def test_a_device_plugin_name_nothing_serves_says_so() -> None:
     assert not row["served"] and "no node's config serves nvidia.com/mig-2g.20gb" in row["note"]
 
 
-def test_fit_is_the_callers() -> None:
-    seen: list[Any] = []
+def test_fit_is_the_callers_asked_with_the_claim_after_the_switch() -> None:
+    seen: list[FitAsk] = []
 
-    def fit(obj: Any) -> str:
-        seen.append(obj["metadata"]["name"])
-        return "yes, node-0001"
+    def fit(ask: FitAsk) -> str:
+        seen.append(ask)
+        return "yes, on node-0001"
 
-    rows = report([pod("a", {"nvidia.com/gpu": "1"}), pod("cpu-only", {"cpu": "1"})], SERVED, DRIVER, fit)
-    assert [r["fit"] for r in rows] == ["yes, node-0001"] and seen == ["a"]
+    planned = [{"metadata": {"name": f"nvidia-gpu.{DRIVER}"}}]
+    two = pod("a", {"nvidia.com/gpu": "2"})
+    two["spec"]["containers"].append({"name": "side", "resources": {"limits": {"nvidia.com/gpu": "2"}}})
+    rows = report([two, pod("cpu-only", {"cpu": "1"})], SERVED, DRIVER, fit, planned)
+    assert [r["fit"] for r in rows] == ["yes, on node-0001"]
+    (asked,) = seen
+    assert asked.workload is two and asked.pods == 1 and asked.classes == tuple(planned)
+    # KEP-5004: per container and name, that many devices of the class that serves it
+    assert asked.requests == ({"name": "gpu-0", "exactly": {"deviceClassName": f"nvidia-gpu.{DRIVER}", "count": 2}},
+                              {"name": "gpu-1", "exactly": {"deviceClassName": f"nvidia-gpu.{DRIVER}", "count": 2}})
     assert "fit" not in report([pod("a", {"nvidia.com/gpu": "1"})], SERVED, DRIVER)[0]
+
+
+def test_fit_asks_for_the_template_where_no_class_serves_and_not_where_nothing_does() -> None:
+    seen: list[FitAsk] = []
+
+    def fit(ask: FitAsk) -> str:
+        seen.append(ask)
+        return "no"
+
+    (memory,) = report([pod("m", {"aliyun.com/gpu-mem": "8"})], SERVED, DRIVER, fit)
+    assert memory["fit"] == "no" and seen[0].requests == ({"name": "gpu-0", "exactly": {
+        "deviceClassName": f"shared-gpu.{DRIVER}", "capacity": {"requests": {"memory": "8Gi"}}}},)
+    rows = report([pod("x", {"nvidia.com/mig-2g.20gb": "1", "nvidia.com/gpu": "1"})], SERVED, DRIVER, fit)
+    assert len(rows) == 2 and all("fit" not in r for r in rows) and len(seen) == 1, "half a pod cannot be fitted"
+
+
+@pytest.mark.parametrize(("kind", "spec", "pods"), [
+    ("Pod", {}, 1), ("Deployment", {"replicas": 3}, 3), ("Deployment", {}, 1), ("StatefulSet", {"replicas": 0}, 0),
+    ("Job", {"parallelism": 4}, 4), ("Job", {}, 1), ("CronJob", {"jobTemplate": {"spec": {"parallelism": 2}}}, 2),
+    ("DaemonSet", {"replicas": 5}, None), ("Deployment", {"replicas": "3"}, 1),
+])
+def test_how_many_pods_run_at_once(kind: str, spec: dict[str, Any], pods: int | None) -> None:
+    assert pod_count({"kind": kind, "spec": spec}) == pods
