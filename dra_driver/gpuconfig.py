@@ -10,9 +10,10 @@ Decoding is strict: an unknown field, a wrong type, an out-of-range value or a w
 ``apiVersion``/``kind`` raises :class:`ConfigError`, whose message starts with the path of the
 offending field. See ``api/config/v1alpha1/README.md`` for the user-facing description.
 
-:func:`resolve_sharing` applies the precedence rules of ``status.allocation.devices.config``:
+:func:`matching_configs` applies the precedence rules of ``status.allocation.devices.config``:
 only entries for this driver whose ``requests`` is empty or names the result's request, class
-configs before claim configs, later entries win.
+configs before claim configs, later entries win. Which of them applies to each device, in either
+this API or NVIDIA's (:mod:`dra_driver.nvidiaconfig`), is :mod:`dra_driver.opaqueconfig`'s.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ DEFAULT_CONFIG = GpuConfig()
 # --- strict decoding --------------------------------------------------------------------------
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """A JSON value's type as an error message names it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -146,9 +148,10 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _object(value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any]:
+def strict_object(value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any]:
+    """``value`` as an object with no field outside ``allowed``; ConfigError naming the first other one."""
     if not isinstance(value, Mapping):
-        raise ConfigError(path, f"must be an object, got {_type_name(value)}")
+        raise ConfigError(path, f"must be an object, got {type_name(value)}")
     for key in value:
         if key not in allowed:
             # An empty or non-string key is quoted, so the message still names the field.
@@ -158,67 +161,74 @@ def _object(value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any]:
     return value
 
 
-def _join(path: str, key: str) -> str:
+def join_path(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _enum_value(value: Any, path: str, choices: type[StrEnum]) -> Any:
+def enum_value(value: Any, path: str, choices: type[StrEnum]) -> Any:
+    """``value`` as a member of ``choices``; ConfigError listing them otherwise."""
     names = [c.value for c in choices]
     if not isinstance(value, str):
-        raise ConfigError(path, f"must be a string, one of {', '.join(names)}; got {_type_name(value)}")
+        raise ConfigError(path, f"must be a string, one of {', '.join(names)}; got {type_name(value)}")
     try:
         return choices(value)
     except ValueError:
         raise ConfigError(path, f"must be one of {', '.join(names)}, got {value!r}") from None
 
 
+def decode_percentage(value: Any, path: str) -> int:
+    """An MPS client's active-thread percentage: an integer from 1 to 100."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"must be an integer, got {type_name(value)}")
+    if not 1 <= value <= 100:
+        raise ConfigError(path, f"must be between 1 and 100, got {value}")
+    return value
+
+
+def decode_memory_limit(value: Any, path: str) -> tuple[str, int]:
+    """An MPS client's pinned-memory limit: the quantity as written and its bytes, at least 1Mi."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigError(path, f"must be a quantity string such as \"10Gi\", got {type_name(value)}")
+    text = str(value)
+    try:
+        # Parse the text form: it is what to_dict() stores and the checkpoint decodes again, so an
+        # integer must not pass where its own spelling would not.
+        amount = parse_quantity(text).value
+    except QuantityError:
+        raise ConfigError(path, f"must be a quantity such as \"10Gi\" or \"512M\", got {text!r}") from None
+    if amount < 2**20:
+        raise ConfigError(path, f"must be at least 1Mi, got {text!r}")
+    return text, int(amount)
+
+
 def _decode_mps(value: Any, path: str) -> MpsSettings:
-    obj = _object(value, path, ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit"))
-    pct_path = _join(path, "defaultActiveThreadPercentage")
-    pct = obj.get("defaultActiveThreadPercentage")
-    if pct is not None:
-        if isinstance(pct, bool) or not isinstance(pct, int):
-            raise ConfigError(pct_path, f"must be an integer, got {_type_name(pct)}")
-        if not 1 <= pct <= 100:
-            raise ConfigError(pct_path, f"must be between 1 and 100, got {pct}")
-    mem_path = _join(path, "defaultPinnedDeviceMemoryLimit")
-    mem = obj.get("defaultPinnedDeviceMemoryLimit")
-    mem_text: str | None = None
-    mem_bytes: int | None = None
-    if mem is not None:
-        if isinstance(mem, bool) or not isinstance(mem, str | int):
-            raise ConfigError(mem_path, f"must be a quantity string such as \"10Gi\", got {_type_name(mem)}")
-        mem_text = str(mem)
-        try:
-            # Parse the text form: it is what to_dict() stores and the checkpoint decodes again, so an
-            # integer must not pass where its own spelling would not.
-            amount = parse_quantity(mem_text).value
-        except QuantityError:
-            raise ConfigError(mem_path, f"must be a quantity such as \"10Gi\" or \"512M\", got {mem_text!r}") from None
-        if amount < 2**20:
-            raise ConfigError(mem_path, f"must be at least 1Mi, got {mem_text!r}")
-        mem_bytes = int(amount)
-    return MpsSettings(pct, mem_text, mem_bytes)
+    obj = strict_object(value, path, ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit"))
+    pct, mem = obj.get("defaultActiveThreadPercentage"), obj.get("defaultPinnedDeviceMemoryLimit")
+    percentage = None if pct is None else decode_percentage(pct, join_path(path, "defaultActiveThreadPercentage"))
+    if mem is None:
+        return MpsSettings(percentage)
+    text, amount = decode_memory_limit(mem, join_path(path, "defaultPinnedDeviceMemoryLimit"))
+    return MpsSettings(percentage, text, amount)
 
 
 def decode_sharing(value: Any, path: str = "sharing") -> SharingConfig:
     """Decode the ``sharing`` object; ``None`` means Exclusive."""
     if value is None:
         return EXCLUSIVE
-    obj = _object(value, path, ("strategy", "timeSlicing", "mps"))
+    obj = strict_object(value, path, ("strategy", "timeSlicing", "mps"))
     raw_strategy = obj.get("strategy")
     strategy = (
-        Strategy.EXCLUSIVE if raw_strategy is None else _enum_value(raw_strategy, _join(path, "strategy"), Strategy)
+        Strategy.EXCLUSIVE if raw_strategy is None else enum_value(raw_strategy, join_path(path, "strategy"), Strategy)
     )
-    ts_path, mps_path = _join(path, "timeSlicing"), _join(path, "mps")
+    ts_path, mps_path = join_path(path, "timeSlicing"), join_path(path, "mps")
     interval: TimeSliceInterval | None = None
     mps: MpsSettings | None = None
     if obj.get("timeSlicing") is not None:
         if strategy is not Strategy.TIME_SLICING:
             raise ConfigError(ts_path, f"only allowed with strategy TimeSlicing, strategy is {strategy.value}")
-        ts = _object(obj["timeSlicing"], ts_path, ("interval",))
+        ts = strict_object(obj["timeSlicing"], ts_path, ("interval",))
         if ts.get("interval") is not None:
-            interval = _enum_value(ts["interval"], _join(ts_path, "interval"), TimeSliceInterval)
+            interval = enum_value(ts["interval"], join_path(ts_path, "interval"), TimeSliceInterval)
     if obj.get("mps") is not None:
         if strategy is not Strategy.MPS:
             raise ConfigError(mps_path, f"only allowed with strategy MPS, strategy is {strategy.value}")
@@ -232,7 +242,7 @@ def decode_sharing(value: Any, path: str = "sharing") -> SharingConfig:
 
 def decode(parameters: Any) -> GpuConfig:
     """Strictly decode opaque parameters into a :class:`GpuConfig`."""
-    obj = _object(parameters, "", ("apiVersion", "kind", "sharing"))
+    obj = strict_object(parameters, "", ("apiVersion", "kind", "sharing"))
     api_version = obj.get("apiVersion")
     if api_version != CONFIG_API_VERSION:
         got = "nothing" if api_version is None else repr(api_version)
@@ -258,6 +268,8 @@ class MatchedConfig:
     source: str
     """``FromClass`` or ``FromClaim``."""
     parameters: Any
+    requests: tuple[str, ...] = ()
+    """The entry's ``requests``: empty when it applies to every request."""
 
 
 def base_request(request: str) -> str:
@@ -291,26 +303,8 @@ def matching_configs(configs: Sequence[Any] | None, request: str, driver: str) -
         requests = entry.get("requests") or []
         if not isinstance(requests, list) or not request_matches([str(r) for r in requests], request):
             continue
-        found.append(MatchedConfig(index, str(entry.get("source") or "FromClaim"), opaque.get("parameters")))
+        found.append(MatchedConfig(index, str(entry.get("source") or "FromClaim"), opaque.get("parameters"),
+                                   tuple(str(r) for r in requests)))
     # Stable sort: class configs before claim configs, original order within each source.
     found.sort(key=lambda m: _SOURCE_ORDER.get(m.source, 1))
     return found
-
-
-def resolve_config(configs: Sequence[Any] | None, request: str, driver: str) -> GpuConfig:
-    """The effective :class:`GpuConfig` for one allocation result; Exclusive when none applies.
-
-    Every matching entry is decoded strictly (an invalid one is an error even if a later one
-    overrides it); the last one wins. Errors name ``devices.config[i].opaque.parameters.<field>``.
-    """
-    effective = DEFAULT_CONFIG
-    for match in matching_configs(configs, request, driver):
-        try:
-            effective = decode(match.parameters)
-        except ConfigError as exc:
-            raise exc.under(f"devices.config[{match.index}].opaque.parameters") from None
-    return effective
-
-
-def resolve_sharing(configs: Sequence[Any] | None, request: str, driver: str) -> SharingConfig:
-    return resolve_config(configs, request, driver).sharing

@@ -169,6 +169,15 @@ def gpu_config(sharing: dict[str, Any] | None = None, requests: list[str] | None
     return {"source": source, "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
 
 
+def nvidia_config(sharing: dict[str, Any] | None = None, requests: list[str] | None = None,
+                  kind: str = "GpuConfig", driver: str = DRIVER) -> dict[str, Any]:
+    """An entry in NVIDIA's API (resource.nvidia.com/v1beta1), as their driver's claims carry it."""
+    params: dict[str, Any] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind}
+    if sharing is not None:
+        params["sharing"] = sharing
+    return {"source": "FromClaim", "requests": requests or [], "opaque": {"driver": driver, "parameters": params}}
+
+
 TS = {"strategy": "TimeSlicing"}
 MPS = {"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 50}}
 

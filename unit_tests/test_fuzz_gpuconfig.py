@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_driver import CONFIG_API_VERSION
-from dra_driver.gpuconfig import ConfigError, GpuConfig, decode, encode, resolve_config
+from dra_driver.gpuconfig import ConfigError, GpuConfig, decode, encode
+from dra_driver.opaqueconfig import Target, resolve_sharing
 
 DRIVER = "gpu.dra-driver.io"
 VALID = [
@@ -55,7 +56,7 @@ def test_mutated_valid_configs(data: st.DataObject) -> None:
 })), max_size=5), TEXT)
 def test_resolve_config_over_arbitrary_config_lists(configs: list[Any], request: str) -> None:
     try:
-        resolve_config(configs, request, DRIVER)
+        resolve_sharing(configs, [Target(request, "gpu-0", False, "GPU-0")], DRIVER)
     except ConfigError as exc:
         assert str(exc).startswith("devices.config["), str(exc)
 

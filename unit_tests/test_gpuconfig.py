@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from dra_driver import CONFIG_API_VERSION, DEFAULT_DRIVER_NAME
 from dra_driver.gpuconfig import (
     DEFAULT_CONFIG,
+    EXCLUSIVE,
     ConfigError,
+    SharingConfig,
     Strategy,
     TimeSliceInterval,
     decode,
@@ -22,9 +24,9 @@ from dra_driver.gpuconfig import (
     encode,
     matching_configs,
     request_matches,
-    resolve_config,
-    resolve_sharing,
 )
+from dra_driver.opaqueconfig import Target
+from dra_driver.opaqueconfig import resolve_sharing as resolve_claim
 
 DRIVER = DEFAULT_DRIVER_NAME
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +37,11 @@ def cfg(sharing: Any = None, **extra: Any) -> dict[str, Any]:
     if sharing is not None:
         out["sharing"] = sharing
     return out
+
+
+def resolve_sharing(configs: Any, request: str, driver: str) -> SharingConfig:
+    """The sharing of one full GPU allocated for ``request``."""
+    return resolve_claim(configs, [Target(request, "gpu-0", False, "GPU-0")], driver)[0]
 
 
 def entry(params: Any, source: str = "FromClaim", requests: list[str] | None = None, driver: str = DRIVER) -> dict:
@@ -174,12 +181,12 @@ class TestPrecedence:
         assert not request_matches(["gp"], "gpu")
 
     def test_no_config_is_exclusive(self) -> None:
-        assert resolve_config([], "gpu", DRIVER) == DEFAULT_CONFIG
-        assert resolve_config(None, "gpu", DRIVER) == DEFAULT_CONFIG
+        assert resolve_sharing([], "gpu", DRIVER) == EXCLUSIVE
+        assert resolve_sharing(None, "gpu", DRIVER) == EXCLUSIVE
 
     def test_other_driver_ignored_even_if_invalid(self) -> None:
         configs = [entry({"garbage": True}, driver="other.example.com")]
-        assert resolve_config(configs, "gpu", DRIVER) == DEFAULT_CONFIG
+        assert resolve_sharing(configs, "gpu", DRIVER) == EXCLUSIVE
 
     def test_claim_beats_class_regardless_of_order(self) -> None:
         configs = [
@@ -219,7 +226,7 @@ class TestPrecedence:
                                    "must be between 1 and 100, got 150")
 
     def test_entries_without_opaque_skipped(self) -> None:
-        assert resolve_config([{"source": "FromClaim"}, "junk"], "gpu", DRIVER) == DEFAULT_CONFIG
+        assert resolve_sharing([{"source": "FromClaim"}, "junk"], "gpu", DRIVER) == EXCLUSIVE
 
 
 class TestDocs:

@@ -14,7 +14,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine, Resolution
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_BYTES, OUR_ANNOTATIONS, wants_controller_allocation
-from dra_driver.gpuconfig import ConfigError, decode
+from dra_driver.gpuconfig import ConfigError
 from dra_driver.k8s.bodies import DeviceClasses
 from dra_driver.k8s.claims import (
     annotations_of,
@@ -27,13 +27,16 @@ from dra_driver.k8s.claims import (
 )
 from dra_driver.k8s.fields import one_line
 from dra_driver.k8s.labels import LabelSelector
+from dra_driver.opaqueconfig import decode
 
 # --------------------------------------------------------------------------------------------
 # Opaque configuration validation
 
 
 def config_errors(configs: Any, driver: str, path: str) -> list[str]:
-    """Field-path messages for every opaque config of ``driver`` in ``configs`` that does not decode."""
+    """Field-path messages for every opaque config of ``driver`` in ``configs`` that does not decode, in
+    this driver's API or NVIDIA's (:mod:`dra_driver.opaqueconfig`); no device is known yet, so which
+    device type an NVIDIA kind applies to is checked at prepare."""
     errors: list[str] = []
     if configs is None:
         return errors

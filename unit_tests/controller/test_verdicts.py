@@ -64,6 +64,19 @@ class TestConfigValidation:
         assert len(errs) == 1
         assert errs[0].startswith("spec.devices.config[1].opaque.parameters.sharing.strategy: ")
 
+    def test_nvidia_configs_are_validated_too(self) -> None:
+        def nvidia(kind: str, **fields: object) -> dict[str, object]:
+            return {"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": kind, **fields}}}
+        good = nvidia("GpuConfig", sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+        assert config_errors([good, nvidia("MigDeviceConfig", sharing={"strategy": "MPS"})], DRIVER, "c") == []
+        errs = config_errors([nvidia("GpuConfig", sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+                              nvidia("VfioDeviceConfig", iommu={"backendPolicy": "LegacyOnly"}),
+                              nvidia("GpuConfig", sharing={"strategy": "MPS", "mpsConfig": {"pct": 5}})], DRIVER, "c")
+        assert errs[0] == "c[0].opaque.parameters.sharing.mpsConfig: cannot be used with strategy TimeSlicing"
+        assert errs[1].startswith("c[1].opaque.parameters.kind: VfioDeviceConfig is NVIDIA's VFIO passthrough")
+        assert errs[2].startswith("c[2].opaque.parameters.sharing.mpsConfig.pct: unknown field")
+
     def test_not_an_object(self) -> None:
         errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
         assert errs and errs[0].startswith("p[0].opaque.parameters")
@@ -71,7 +84,8 @@ class TestConfigValidation:
 
     def test_the_field_path_follows_the_parameters(self) -> None:
         errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": {"apiVersion": "v9"}}}], DRIVER, "p")
-        assert errs == ["p[0].opaque.parameters.apiVersion: must be 'gpu.dra-driver.io/v1alpha1', got 'v9'"]
+        assert errs == ["p[0].opaque.parameters.apiVersion: must be 'gpu.dra-driver.io/v1alpha1' or "
+                        "'resource.nvidia.com/v1beta1', got 'v9'"]
         errs = config_errors([{"opaque": {"driver": DRIVER, "parameters": "nope"}}], DRIVER, "p")
         assert errs == ["p[0].opaque.parameters: must be an object, got string"]
 

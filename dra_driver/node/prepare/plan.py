@@ -2,7 +2,7 @@
 driver becomes on this node.
 
 For every allocation result of this driver: the pool is this node, the device is known, the opaque
-config is valid (class configs before claim configs, a later one wins) and its sharing strategy is
+config is valid (this driver's API or NVIDIA's, :mod:`dra_driver.opaqueconfig`) and its sharing strategy is
 allowed here, the consumed capacity fits the device, and a share's MPS client limits come from
 what it consumed. The outcome is one :class:`PreparedDevice` per result, which the checkpoint keeps
 and the container edits (:mod:`dra_driver.node.prepare.edits`) are made from. Nothing here touches
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpuconfig import ConfigError, MpsSettings, SharingConfig, Strategy, resolve_sharing
+from dra_driver.gpuconfig import MpsSettings, SharingConfig, Strategy
 from dra_driver.k8s.bodies import RawClaim
 from dra_driver.k8s.objects import Node, as_mapping, meta, selector_matches
 from dra_driver.k8s.quantity import QuantityError, format_canonical, parse_quantity
@@ -34,6 +34,7 @@ from dra_driver.node.prepare.calls import (
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
+from dra_driver.opaqueconfig import RequestConfigError, Target, resolve_sharing
 
 # --- the claim --------------------------------------------------------------------------------
 
@@ -179,6 +180,12 @@ def _share_id(value: Any, where: str) -> str | None:
         raise ClaimFailure(f"{where}: {exc}") from None
 
 
+def _target(result: Mapping[str, Any], device: AllocatableDevice) -> Target:
+    """What the opaque configs see of one result: a dynamic MIG device has no UUID until created."""
+    uuid = device.gpu.uuid if device.kind == "gpu" else (device.mig.uuid if device.mig is not None else "")
+    return Target(str(result.get("request") or ""), device.name, device.kind == "mig", uuid)
+
+
 @dataclass(frozen=True)
 class ClaimPlanner:
     """Turns a verified ResourceClaim into a :class:`Plan` for this node's devices."""
@@ -197,8 +204,16 @@ class ClaimPlanner:
         configs = devices_of.get("config") or []
         if not isinstance(results, list) or not isinstance(configs, list):
             raise ClaimFailure("status.allocation.devices is malformed")
-        planned = [self._planned(claim, i, result, configs, devices) for i, result in enumerate(results)
-                   if isinstance(result, Mapping) and result.get("driver") == self.driver_name]
+        ours = [(i, result) for i, result in enumerate(results)
+                if isinstance(result, Mapping) and result.get("driver") == self.driver_name]
+        found = [self._device_of(i, result, devices) for i, result in ours]
+        targets = [_target(result, device) for (_, result), device in zip(ours, found, strict=True)]
+        try:
+            sharings = resolve_sharing(configs, targets, self.driver_name)
+        except RequestConfigError as exc:
+            raise ClaimFailure(f"invalid {self.driver_name} config for request {exc.request!r}: {exc}") from None
+        planned = [self._planned(claim, i, result, device, sharing)
+                   for (i, result), device, sharing in zip(ours, found, sharings, strict=True)]
         if self.metadata is None or not self.metadata.enabled or not planned:
             return Plan(claim, planned)
         try:
@@ -210,9 +225,8 @@ class ClaimPlanner:
             d.prepared = prepared
         return Plan(claim, planned, pod_claim)
 
-    def _planned(self, claim: ClaimRef, i: int, result: Mapping[str, Any], configs: list[Any],
-                 devices: Mapping[str, AllocatableDevice]) -> PlannedDevice:
-        request = str(result.get("request") or "")
+    def _device_of(self, i: int, result: Mapping[str, Any], devices: Mapping[str, AllocatableDevice]) -> AllocatableDevice:
+        """The device of one allocation result: in this node's pool and known here."""
         pool = str(result.get("pool") or "")
         name = str(result.get("device") or "")
         where = f"status.allocation.devices.results[{i}]"
@@ -221,10 +235,13 @@ class ClaimPlanner:
         device = devices.get(name)
         if device is None:
             raise ClaimFailure(f"{where}: device {name!r} is not a device of this driver on node {self.node_name}")
-        try:
-            sharing = resolve_sharing(configs, request, self.driver_name)
-        except ConfigError as exc:
-            raise ClaimFailure(f"invalid {self.driver_name} config for request {request!r}: {exc}") from None
+        return device
+
+    def _planned(self, claim: ClaimRef, i: int, result: Mapping[str, Any], device: AllocatableDevice,
+                 sharing: SharingConfig) -> PlannedDevice:
+        request = str(result.get("request") or "")
+        name = device.name
+        where = f"status.allocation.devices.results[{i}]"
         if sharing.strategy.value not in self.strategies:
             raise ClaimFailure(
                 f"config for request {request!r} asks for sharing strategy {sharing.strategy.value}, which node "

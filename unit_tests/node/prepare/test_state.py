@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import structlog
-from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim
+from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim, nvidia_config
 
 from dra_driver.gpuconfig import EXCLUSIVE
 from dra_driver.node.metrics import METRICS
@@ -80,6 +80,52 @@ class TestPrepare:
         assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == \
             "MPS:defaultActiveThreadPercentage=50"
         assert env_of(spec["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+    def test_nvidia_config_reaches_the_same_prepare(self, env: Env) -> None:
+        """NVIDIA's quickstart gpu-test5 configs: a time-sliced GPU with the Long interval set on it,
+        and an MPS GPU whose clients get the limits, as this driver's own GpuConfig would."""
+        claim = make_claim("c", [("ts-gpu", "gpu-0"), ("mps-gpu", "gpu-1")], config=[
+            nvidia_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}, ["ts-gpu"]),
+            nvidia_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                                            "defaultPinnedDeviceMemoryLimit": "10Gi"}}, ["mps-gpu"]),
+        ])
+        assert env.prepare_one(claim).error is None
+        assert env.gpus.time_slices[env.devices["gpu-0"].gpu.uuid] == 3
+        spec = env.spec(claim["metadata"]["uid"])
+        assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == "TimeSlicing:Long"
+        assert env_of(spec["devices"][1]["containerEdits"])["DRA_GPU_1_SHARING"] == \
+            "MPS:defaultActiveThreadPercentage=50,defaultPinnedDeviceMemoryLimit=10Gi"
+        assert env_of(spec["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env_of(spec["containerEdits"])["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
+
+    def test_nvidia_mig_device_config(self, env: Env) -> None:
+        claim = make_claim("c", [("mig", "gpu-2-mig-1")], config=[
+            nvidia_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}},
+                          kind="MigDeviceConfig")])
+        assert env.prepare_one(claim).error is None
+        spec = env.spec(claim["metadata"]["uid"])
+        assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == \
+            "MPS:defaultActiveThreadPercentage=30"
+
+    @pytest.mark.parametrize(("parameters", "message"), [
+        ({"kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                                                             "threads": 2}}},
+         "devices.config[0].opaque.parameters.sharing.mpsConfig.threads: unknown field"),
+        ({"kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "LegacyOnly"}},
+         "devices.config[0].opaque.parameters.kind: VfioDeviceConfig is NVIDIA's VFIO passthrough"),
+        ({"kind": "ComputeDomainChannelConfig", "domainID": "d"},
+         "devices.config[0].opaque.parameters.kind: ComputeDomainChannelConfig is NVIDIA's ComputeDomains"),
+        ({"kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
+         "devices.config[0].opaque.parameters.kind: MigDeviceConfig cannot be applied to device 'gpu-0'"),
+    ])
+    def test_nvidia_config_refused_names_it(self, env: Env, parameters: dict[str, Any], message: str) -> None:
+        config = {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", **parameters}}}
+        claim = make_claim("c", [("gpu", "gpu-0")], config=[config])
+        err = env.prepare_one(claim).error or ""
+        assert err.startswith(f"invalid {DRIVER} config for request 'gpu': {message}"), err
+        assert not env.spec_exists(claim["metadata"]["uid"])
+        assert env.gpus.calls == [] and env.checkpoint()[claim["metadata"]["uid"]]["devices"] == []
 
     def test_static_mig(self, env: Env) -> None:
         claim = make_claim("c", [("gpu", "gpu-2-mig-1")])
