@@ -22,6 +22,15 @@ from dra_driver.k8s.bodies import DeviceClasses, RawDeviceClass
 from dra_driver.k8s.objects import as_int, as_list, as_mapping, as_str
 from dra_driver.k8s.quantity import Quantity
 
+UNSUPPORTED_CLASSES: Mapping[str, str] = {
+    "vfio.gpu.nvidia.com": "VFIO passthrough",
+    "compute-domain-daemon.nvidia.com": "ComputeDomains (IMEX daemons)",
+    "compute-domain-default-channel.nvidia.com": "ComputeDomains (IMEX channels)",
+    "imex.nvidia.com": "IMEX channels",
+}
+"""NVIDIA's DeviceClasses for features of their driver that this one does not have: a claim for one
+is told so, not only that the class is missing."""
+
 
 @dataclass
 class Alt:
@@ -140,6 +149,9 @@ def prepare_alt(alt: Alt, classes: DeviceClasses) -> None:
     cls = classes.get(alt.class_name)
     if cls is None:
         alt.error = f"device class {alt.class_name} not found"
+        if alt.class_name in UNSUPPORTED_CLASSES:
+            alt.error += (f": it is NVIDIA's {UNSUPPORTED_CLASSES[alt.class_name]} class, a feature of their "
+                          "driver that this driver does not have")
         return
     alt.class_obj = cls
     sources = [(f"class {alt.class_name} selector #{i}", as_mapping(s)) for i, s in enumerate(_class_selectors(cls))]

@@ -17,6 +17,15 @@ def test_missing_class_is_clear_error() -> None:
     assert "device class nope not found" in res.explanation.summary
 
 
+@pytest.mark.parametrize(("cls", "feature"), [("vfio.gpu.nvidia.com", "VFIO passthrough"),
+                                              ("compute-domain-default-channel.nvidia.com", "ComputeDomains")])
+def test_nvidia_class_of_a_feature_this_driver_lacks(cls: str, feature: str) -> None:
+    res = resolve(claim(request(cls=cls)), build_inventory([NODE_A]), CLASSES)
+    assert res.allocation is None
+    assert f"device class {cls} not found: it is NVIDIA's {feature}" in res.explanation.summary
+    assert "this driver does not have" in res.explanation.summary
+
+
 def test_malformed_cel_is_error_not_crash() -> None:
     res = resolve(claim(request(selectors=("device.attributes[",))), build_inventory([NODE_A]), CLASSES)
     assert res.allocation is None
