@@ -6,8 +6,9 @@ Flow of :meth:`DeviceState.prepare` for one request (a batch of claims):
    the lock (the API round-trip dominates; 100 claims must not take 100 round-trips).
 2. Under the lock, per claim: verify the UID (else "claim was replaced"), ``status.allocation``,
    that the allocation's node selector admits this node, and for every result of this driver:
-   the pool is this node, the device is known, the opaque config is valid (precedence:
-   class before claim, later wins). Check exclusivity against every other live claim.
+   the pool is this node, the device is known, the opaque config is valid (this driver's API or
+   NVIDIA's; precedence: class before claim, later wins). Check exclusivity against every other
+   live claim.
 3. Checkpoint all new claims as ``PrepareStarted`` (one write) -> create dynamic MIG instances
    (checkpointed again when any were created) -> write one CDI spec per claim -> checkpoint
    ``PrepareCompleted`` (one write) -> respond.

@@ -125,7 +125,7 @@ class TestPrepare:
         err = env.prepare_one(claim).error or ""
         assert err.startswith(f"invalid {DRIVER} config for request 'gpu': {message}"), err
         assert not env.spec_exists(claim["metadata"]["uid"])
-        assert env.gpus.calls == [] and env.checkpoint()[claim["metadata"]["uid"]]["devices"] == []
+        assert env.gpus.calls == [] and env.state.prepared_claims() == {}
 
     def test_static_mig(self, env: Env) -> None:
         claim = make_claim("c", [("gpu", "gpu-2-mig-1")])
