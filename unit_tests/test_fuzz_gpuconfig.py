@@ -48,15 +48,27 @@ def test_mutated_valid_configs(data: st.DataObject) -> None:
     check(mutate(data.draw(st.sampled_from(VALID)), data))
 
 
+NVIDIA_VALID = [
+    {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi", "GPU-1": "2Gi"}}}},
+    {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
+]
+
+
 @given(st.lists(st.one_of(json_values(10), st.fixed_dictionaries({
     "source": st.sampled_from(["FromClass", "FromClaim", "Other"]),
-    "requests": st.one_of(st.lists(TEXT, max_size=3), json_values(3)),
+    "requests": st.one_of(st.lists(st.one_of(TEXT, st.sampled_from(["a", "b"])), max_size=3), json_values(3)),
     "opaque": st.fixed_dictionaries({"driver": st.sampled_from([DRIVER, "other"]),
-                                     "parameters": st.one_of(st.sampled_from(VALID), json_values(10))}),
+                                     "parameters": st.one_of(st.sampled_from(VALID + NVIDIA_VALID),
+                                                             json_values(10))}),
 })), max_size=5), TEXT)
 def test_resolve_config_over_arbitrary_config_lists(configs: list[Any], request: str) -> None:
+    """Either API, full GPUs and MIG devices, UUIDs known or not: a sharing per device, or an error
+    that names the entry's field."""
+    targets = [Target(request, "gpu-0", False, "GPU-0"), Target("a", "gpu-1", False, "GPU-1"),
+               Target("b", "gpu-2-mig-0", True, "MIG-2"), Target("b", "gpu-3-mig-1", True, "")]
     try:
-        resolve_sharing(configs, [Target(request, "gpu-0", False, "GPU-0")], DRIVER)
+        assert len(resolve_sharing(configs, targets, DRIVER)) == len(targets)
     except ConfigError as exc:
         assert str(exc).startswith("devices.config["), str(exc)
 
