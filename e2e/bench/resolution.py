@@ -213,6 +213,7 @@ def run(bed: BenchBed, quick: bool) -> Result:
     result = Result("resolution", "Resolution throughput", {
         "nodes": NODE_COUNT, "gpus_per_node": GPUS, "claims": pods, "driver": FAKE_DRIVER,
         "claim": "1 GPU via a DeviceClass selecting the driver (CEL)",
+        "slices": "the plugin's for a simulated node (e2e/generators/fleet.py), H100, A100, L4 and T4 in turn",
         "scheduler": f"kube-scheduler {binaries.kubernetes_version()} on the bed",
     })
     t0 = time.monotonic()
