@@ -55,6 +55,8 @@ GOOD_COMBOS: dict[str, list[str]] = {
     "no-controller": ["--set", "controller.enabled=false", "--set", "deviceClasses.enabled=false"],
     "controller-allocation": ["--set", "controller.allocation.enabled=true",
                               "--set", r"controller.allocation.namespaceSelector=team in (ml\,vision)"],
+    "nvidia-api-profile": ["--set", "apiProfile=nvidia", "--set", "gpuBackend=simulated", "--set", "consumableShares=4",
+                           "--set", "dynamicMig=true"],
     "other-driver-name": ["--set", "driverName=gpu.example.org", "--set", "logFormat=console",
                           "--set", "admissionPolicy.enabled=false", "--set", "controller.replicas=2"],
 }
@@ -62,6 +64,10 @@ GOOD_COMBOS: dict[str, list[str]] = {
 # name -> (extra args, regex that the error output must match)
 BAD_COMBOS: dict[str, tuple[list[str], str]] = {
     "bad-backend": (["--set", "gpuBackend=cuda"], r"gpuBackend"),
+    "bad-api-profile": (["--set", "apiProfile=nvdia"], r"apiProfile"),
+    "nvidia-api-profile-other-name": (["--set", "apiProfile=nvidia", "--set", "driverName=gpu.example.org"],
+                                      r"apiProfile nvidia publishes as gpu\.nvidia\.com"),
+    "nvidias-name-own-profile": (["--set", "driverName=gpu.nvidia.com"], r"goes with apiProfile nvidia"),
     "bad-gpu-node-labels": (["--set-json", "kubeletPlugin.gpuNodeLabels=[true]"], r"gpuNodeLabels"),
     "bad-ignore-device-plugin": (["--set", "kubeletPlugin.ignoreDevicePlugin=maybe"], r"ignoreDevicePlugin"),
     "bad-log-format": (["--set", "logFormat=xml"], r"logFormat"),

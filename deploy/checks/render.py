@@ -72,8 +72,10 @@ def _file_documents(paths: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def deviceclass_documents() -> list[dict[str, Any]]:
-    return [d for _, d in _file_documents(DEVICECLASS_DIR.glob("*.yaml"))]
+def deviceclass_documents(api_profile: str = "dra-driver") -> list[dict[str, Any]]:
+    """The plain DeviceClass manifests: this driver's own, or (``nvidia``) NVIDIA's, in ``nvidia/``."""
+    folder = DEVICECLASS_DIR / "nvidia" if api_profile == "nvidia" else DEVICECLASS_DIR
+    return [d for _, d in _file_documents(folder.glob("*.yaml"))]
 
 
 def example_files() -> list[Path]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver import apiprofile
 from e2e.testbed.cluster import FEATURE_GATES
 
 # Renders the chart with helm, which make test's background worker builds on a cold machine: run last.
@@ -446,6 +447,39 @@ def test_chart_deviceclasses_match_plain_manifests() -> None:
     # Without consumable shares the class that needs DRAConsumableCapacity's CEL field is left out.
     default = {d["metadata"]["name"] for d in render.chart_documents() if d["kind"] == "DeviceClass"}
     assert default == set(plain) - {f"shared-gpu.{DRIVER}"}
+
+
+@pytest.mark.timeout(1200)
+def test_the_nvidia_profile_has_nvidias_classes_only() -> None:
+    _helm_or_skip()
+    render = _load_module(DEPLOY / "checks" / "render.py")
+    values = ["--set", "apiProfile=nvidia", "--set", "consumableShares=memory"]
+    chart = {d["metadata"]["name"]: d["spec"] for d in render.chart_documents(values=values) if d["kind"] == "DeviceClass"}
+    plain = {d["metadata"]["name"]: d["spec"] for d in render.deviceclass_documents("nvidia")}
+    assert chart == plain and set(chart) == {"gpu.nvidia.com", "mig.nvidia.com"}
+    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        assert chart[name]["selectors"] == [{"cel": {"expression": apiprofile.class_selector("gpu.nvidia.com", kind)}}]
+    assert chart["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in chart["mig.nvidia.com"]
+    # The profile module's classes are the chart's.
+    assert [(c.name, c.extended_resource_name) for c in apiprofile.NVIDIA_PROFILE.device_classes("gpu.nvidia.com")] == [
+        ("gpu.nvidia.com", "nvidia.com/gpu"), ("mig.nvidia.com", None)]
+    without = render.chart_documents(values=["--set", "apiProfile=nvidia", "--set", "deviceClasses.extendedResourceName="])
+    assert all("extendedResourceName" not in d["spec"] for d in without if d["kind"] == "DeviceClass")
+
+
+@pytest.mark.timeout(1200)
+def test_the_nvidia_profile_reaches_the_plugin_and_the_controller() -> None:
+    _helm_or_skip()
+    render = _load_module(DEPLOY / "checks" / "render.py")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in render.chart_documents(values=["--set", "apiProfile=nvidia"])}
+    for kind, name in (("DaemonSet", "dra-driver-kubelet-plugin"), ("Deployment", "dra-driver-controller")):
+        container = docs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["DRIVER_NAME"], env["API_PROFILE"]) == ("gpu.nvidia.com", "nvidia"), name
+    plugin = docs[("DaemonSet", "dra-driver-kubelet-plugin")]["spec"]["template"]["spec"]
+    assert {v["hostPath"]["path"] for v in plugin["volumes"] if v["name"] == "plugin-data"} == {
+        "/var/lib/kubelet/plugins/gpu.nvidia.com"}
 
 
 @pytest.mark.timeout(1200)

@@ -53,7 +53,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- join "," $s -}}
 {{- end -}}
 
-{{/* CEL selecting this driver's devices of one type; call with (dict "driver" .Values.driverName "type" "gpu"). */}}
+{{/* The driver name: NVIDIA's under apiProfile nvidia (driverName may then only be left as it is or
+     say gpu.nvidia.com), else driverName (which may not be NVIDIA's), as the plugin decides it. */}}
+{{- define "dra-driver.driverName" -}}
+{{- if eq .Values.apiProfile "nvidia" -}}
+{{- if not (has .Values.driverName (list "gpu.dra-driver.io" "gpu.nvidia.com")) -}}
+{{- fail (printf "apiProfile nvidia publishes as gpu.nvidia.com, the name NVIDIA's classes and selectors read: unset driverName (it says %s)" .Values.driverName) -}}
+{{- end -}}
+gpu.nvidia.com
+{{- else if eq .Values.driverName "gpu.nvidia.com" -}}
+{{- fail "driverName gpu.nvidia.com is NVIDIA's DRA driver's: it goes with apiProfile nvidia, whose names its claims and classes read" -}}
+{{- else -}}
+{{- .Values.driverName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* CEL selecting this driver's devices of one type; call with (dict "driver" (include "dra-driver.driverName" .) "type" "gpu"). */}}
 {{- define "dra-driver.celType" -}}
 device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '{{ .type }}'
 {{- end -}}
@@ -66,7 +81,7 @@ device.driver == '{{ .driver }}' && device.attributes['{{ .driver }}'].type == '
 
 {{/* Host directory the image's nvidia-cdi-hook is installed into. */}}
 {{- define "dra-driver.cdiHookInstallDir" -}}
-{{- default (printf "/var/lib/dra-driver/%s/bin" .Values.driverName) (trimSuffix "/" .Values.nvml.cdiHook.installDir) -}}
+{{- default (printf "/var/lib/dra-driver/%s/bin" (include "dra-driver.driverName" .)) (trimSuffix "/" .Values.nvml.cdiHook.installDir) -}}
 {{- end -}}
 
 {{/* nvidia-cdi-hook as the host's runtime finds it, named in every claim's CDI spec. */}}
