@@ -61,6 +61,11 @@ class TaintKeys:
         return tuple(dict.fromkeys((self.unhealthy, self.xid, self.gpu_lost, self.unmonitored)))
 
     @property
+    def unhealthy_keys(self) -> tuple[str, ...]:
+        """The keys that say a device is unhealthy (``unmonitored`` only says its health is unknown)."""
+        return tuple(dict.fromkeys((self.unhealthy, self.xid, self.gpu_lost)))
+
+    @property
     def by_event(self) -> bool:
         """One key per kind of event (NVIDIA's), rather than one for all."""
         return len(self.all) > 1
@@ -93,6 +98,9 @@ class ApiProfile:
     own directory); NVIDIA's plugin keeps its ``checkpoint.json`` in the same directory."""
     config_api_group: str
     """The opaque configuration's API group this profile reads."""
+    refuses_rivals: bool
+    """The plugin refuses to start where another plugin of its driver name runs on the node (NVIDIA's
+    own, for ``gpu.nvidia.com``: dra_driver.node.kubelet.rivals)."""
     taints: TaintKeys
     class_prefixes: tuple[tuple[str, str], ...]
     """(class name prefix, device type) of the own profile's classes, ``<prefix>.<driver>``."""
@@ -173,6 +181,7 @@ OWN = ApiProfile(
     shares_memory_step=None,
     state_subdir="",
     config_api_group=CONFIG_API_GROUP,
+    refuses_rivals=False,
     taints=TaintKeys(*(f"{DEFAULT_DRIVER_NAME}/unhealthy",) * 4),
     class_prefixes=(("gpu", "gpu"), ("mig", "mig")),
 )
@@ -189,6 +198,7 @@ NVIDIA_PROFILE = ApiProfile(
     shares_memory_step=2**20,
     state_subdir="dra-driver",
     config_api_group="resource.nvidia.com",
+    refuses_rivals=True,
     taints=TaintKeys(unhealthy=f"{NVIDIA_DRIVER_NAME}/xid", xid=f"{NVIDIA_DRIVER_NAME}/xid",
                      gpu_lost=f"{NVIDIA_DRIVER_NAME}/gpu-lost", unmonitored=f"{NVIDIA_DRIVER_NAME}/unmonitored"),
     class_prefixes=(),

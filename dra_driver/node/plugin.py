@@ -48,7 +48,7 @@ from dra_driver.node.discovery.model import Gpu
 from dra_driver.node.discovery.nvml import NvmlBackend, NvmlError
 from dra_driver.node.discovery.select import open_backend
 from dra_driver.node.fileio import restrict_dir
-from dra_driver.node.kubelet import httpport, probe
+from dra_driver.node.kubelet import httpport, probe, rivals
 from dra_driver.node.kubelet.grpc import HealthSource, PluginServers, PrepareHandler
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.calls import ClaimRef
@@ -357,6 +357,10 @@ def run(settings: PluginSettings) -> int:
     if restrict_dir(settings.plugin_data_dir, PLUGIN_DIR_MODE):
         log.info("tightened the plugin directory", path=str(settings.plugin_data_dir), mode=oct(PLUGIN_DIR_MODE))
     api = api_client(settings.kubeconfig)
+    if settings.api_profile.refuses_rivals:
+        rivals.refuse_beside_rivals(api, driver=settings.driver_name, node=settings.node_name,
+                                    registry_dir=settings.registry_dir, own_socket=settings.registration_socket,
+                                    state_dir=settings.state_dir, log=log)
     recorder = EventRecorder(api, notices.REPORTING_CONTROLLER, settings.node_name, on_drop=METRICS.events_dropped.inc)
     recorder.start(stop)
     events = notices.NodeEvents(recorder, settings.node_name)
@@ -388,6 +392,8 @@ def run(settings: PluginSettings) -> int:
         health_file.install_signal()  # before anything slow, so an early SIGUSR1 cannot kill the process
 
     servers.start()
+    instance = (rivals.mark_instance(settings.state_dir, servers.registration_socket)
+                if settings.api_profile.refuses_rivals else None)
     log.info("serving the kubelet", dra_socket=str(servers.dra_socket),
              registration_socket=str(servers.registration_socket), startup_seconds=round(time.monotonic() - started, 3))
 
@@ -434,6 +440,8 @@ def run(settings: PluginSettings) -> int:
 
     stop.wait()
     servers.stop(DRAIN_SECONDS)
+    if instance is not None:
+        instance.unlink(missing_ok=True)
     if healthz is not None:
         healthz.shutdown()
     ownership.release()
