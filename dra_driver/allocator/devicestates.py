@@ -9,7 +9,8 @@ A device's state, the first that holds:
 * ``shared``: claims hold shares of it (a device that allows multiple allocations: a ``shareID``
   or consumed capacity in the result);
 * ``tainted``: a taint with effect ``NoSchedule`` or ``NoExecute`` keeps new claims off it (the
-  health monitor's ``gpu.dra-driver.io/unhealthy``, a DeviceTaintRule's);
+  health monitor's ``gpu.dra-driver.io/unhealthy`` or, under ``--api-profile nvidia``, NVIDIA's keys; a
+  DeviceTaintRule's);
 * ``blocked``: its pool cannot be allocated from (incomplete or invalid), or the counters it would
   consume are taken by devices of the same GPU (a dynamic MIG partition, the GPU under it);
 * ``free``.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dra_driver import apiprofile
 from dra_driver.node.fileio import atomic_write, ensure_dir, holds, remove_stale_temp_files
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.prepare.calls import (
@@ -49,8 +50,7 @@ class CdiSpecs:
                  mps_state_dir: Path | None = None) -> None:
         self.cdi_root = Path(cdi_root)
         self.driver_name = validate_driver_name(driver_name)
-        self.vendor = f"k8s.{driver_name}"
-        self.kind = f"{self.vendor}/claim"
+        self.kind = apiprofile.for_driver(driver_name).cdi_kind(driver_name)
         self.dev_root = Path(dev_root)
         self.node_name = node_name
         self._host_dev = self.dev_root / "dev" if self.dev_root.resolve() != Path("/") else None

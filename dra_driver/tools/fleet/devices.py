@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_driver import apiprofile
 from dra_driver.allocator.capacity import show
 from dra_driver.allocator.devicestates import (
     FREE,
@@ -35,10 +36,15 @@ from dra_driver.allocator.devicestates import (
 from dra_driver.allocator.devicestates import is_placement as _is_placement
 from dra_driver.allocator.inventory import Device, Inventory, allocated_state, quantity_or_none
 from dra_driver.k8s.objects import as_mapping
-from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet.reads import FleetObjects, pods_by_claim
 
 HEALTHY, UNHEALTHY = "healthy", "unhealthy"
+
+
+def unhealthy_taint_keys(driver: str) -> tuple[str, ...]:
+    """The keys of the taints with which ``driver``'s plugin marks a device unhealthy: this driver's
+    ``gpu.dra-driver.io/unhealthy``, or NVIDIA's keys for ``gpu.nvidia.com`` (its profile's)."""
+    return apiprofile.for_driver(driver).taints.unhealthy_keys
 
 
 @dataclass
@@ -177,7 +183,7 @@ def _row(state: DeviceState, fleet: FleetObjects, pods: Mapping[str, list[str]],
         model=string_attribute(dev, "productName") or "", memory=_memory(dev),
         profile=string_attribute(dev, "profile"),
         parent=names_by_uuid.get(parent_uuid, parent_uuid) if parent_uuid else None,
-        health=UNHEALTHY if any(t.get("key") == TAINT_KEY for t in taints) else HEALTHY,
+        health=UNHEALTHY if any(t.get("key") in unhealthy_taint_keys(dev.key[0]) for t in taints) else HEALTHY,
         taints=[_taint_text(t) for t in taints], state=state.state, detail=state.detail, holders=holders, source=state)
     if state.state == SHARED:
         shares = [h for h in holders if h.share and not h.admin]

@@ -6,6 +6,7 @@ the report says how many and the first error. Pure."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +16,8 @@ from dra_driver.allocator.cel.errors import CelCompileError, CelRuntimeError
 from dra_driver.allocator.devicestates import FREE
 from dra_driver.allocator.groups import outcome
 from dra_driver.allocator.rules import SchedulerRules
-from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet.args import FleetError
-from dra_driver.tools.fleet.devices import DeviceRow, Holder, row_document
+from dra_driver.tools.fleet.devices import DeviceRow, Holder, row_document, unhealthy_taint_keys
 from dra_driver.tools.fleet.table import table
 
 
@@ -90,7 +90,9 @@ def _profile(doc: Mapping[str, Any]) -> str:
 
 
 def _health(doc: Mapping[str, Any]) -> str:
-    taints = [t for t in doc.get("taints") or [] if not str(t).startswith(f"{TAINT_KEY}=") or str(t).startswith(f"{TAINT_KEY}:")]
+    # The health column says what the plugin's own health taints say; the others are listed.
+    own = unhealthy_taint_keys(str(doc.get("driver") or ""))
+    taints = [t for t in doc.get("taints") or [] if re.split("[=:]", str(t), maxsplit=1)[0] not in own]
     return ", ".join([str(doc.get("health") or "-"), *taints])
 
 

@@ -41,6 +41,14 @@ class TestNames:
         assert specs.cdi_device_id(UID, "gpu-0") == f"k8s.gpu.dra-driver.io/claim={UID}-gpu-0"
         assert specs.spec_path(UID).name == f"k8s.gpu.dra-driver.io-claim_{UID}.json"
 
+    def test_nvidias_kind_under_its_profile(self, tmp_path: Path) -> None:
+        nvidia = CdiSpecs(tmp_path, "gpu.nvidia.com")
+        assert nvidia.kind == "k8s.gpu.nvidia.com/claim"
+        assert nvidia.cdi_device_id(UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
+        # NVIDIA's plugin writes k8s.gpu.nvidia.com-claim_<uid>.yaml: never one of ours.
+        (tmp_path / f"k8s.gpu.nvidia.com-claim_{UID}.yaml").write_text("{}")
+        assert nvidia.list_claim_specs() == []
+
     @pytest.mark.parametrize("bad", ["", "../../etc", UID.upper(), UID + "x", "not-a-uuid", UID.replace("-", ""),
                                      f"{UID}/..", "0b6f7c7e-8d8a-4c1e-9f55-3f1d0c2a9b1g"])
     def test_bad_uid_never_becomes_a_path(self, specs: CdiSpecs, bad: str) -> None:
