@@ -25,7 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver.apiprofile import NVIDIA_DRIVER_NAME, NVIDIA_PROFILE
+from dra_driver.node.describe.shares import parse_consumable_shares
+from dra_driver.node.discovery.profiles import load_profile
 from dra_driver.node.publish.checker import NOT_AN_API_SERVER_RULE, STRICTER_SINCE_1_38, check_device
+from e2e.generators.fleet import published_slices
 from e2e.testbed.clusterview import Bed
 
 DRIVER = "gpu.example.com"
@@ -219,6 +223,39 @@ def test_slice_rules_agree_with_a_1_38_api_server(bed: Bed) -> None:
                      if not helper_only(checker_rules(device, per_device))
                      and (not checker_rules(device, per_device)) != (i in accepted)]
     assert not disagreements, disagreements
+
+
+def nvidia_profile_slices() -> list[dict[str, Any]]:
+    """What the plugin publishes under ``--api-profile nvidia`` (the plugin's own discovery and
+    description of simulated nodes): static MIG with 4 shares each, dynamic MIG (the counter sets),
+    and a device with each of NVIDIA's health taints."""
+    bodies = []
+    for node, profile, dynamic, shares in (("nv-static", "a100-mig", False, "4"), ("nv-dynamic", "h100-8x", True, "disabled"),
+                                           ("nv-memory", "mixed-l4-t4", False, "memory")):
+        bodies += published_slices(load_profile(profile), node, driver=NVIDIA_DRIVER_NAME, dynamic_mig=dynamic,
+                                   api_profile=NVIDIA_PROFILE, shares=parse_consumable_shares(shares))
+    devices = next(b for b in bodies if b["spec"]["nodeName"] == "nv-memory")["spec"]["devices"]
+    keys = NVIDIA_PROFILE.taints
+    for device, taint in zip(devices, ({"key": keys.xid, "value": "79", "effect": "NoSchedule"},
+                                       {"key": keys.gpu_lost, "effect": "NoSchedule"},
+                                       {"key": keys.unmonitored, "effect": "None"}), strict=False):
+        device["taints"] = [taint]
+    return bodies
+
+
+def test_the_nvidia_profiles_slices_are_accepted_by_the_api_server(bed: Bed) -> None:
+    """NVIDIA's names, attributes, capacities, counter sets, shares and taints, as the plugin writes
+    them, pass the API server's own validation (a server-side dry run of every slice)."""
+    bodies = nvidia_profile_slices()
+    for body in bodies:
+        for device in body["spec"].get("devices", []):
+            assert check_device(device, NVIDIA_DRIVER_NAME) == [], device["name"]
+    proc = subprocess.run(
+        [bed.kubectl_bin, "--kubeconfig", str(bed.kubeconfig), "create", "--dry-run=server", "-o", "name", "-f", "-"],
+        input=yaml.safe_dump_all(bodies), capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == len(bodies) > 3
+    assert any(b["spec"].get("sharedCounters") for b in bodies)
 
 
 def test_every_checker_rule_is_sent_to_the_api_server() -> None:
