@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             out = io.StringIO()
             explain.main(f"pod/{pod}", namespace=ns, kubeconfig=str(cluster.kubeconfig), out=out, err=out)
             print("\n".join(fit_lines(out.getvalue())))
-        print("\n$ kubectl dra get gpus -A    # the devices the examples hold, and any tainted or withheld")
+        print("\n$ kubectl dra get gpus -A    # cut: the devices not free (held, tainted, withheld) and who holds them")
         print("\n".join(gpus_excerpt(fleet_report("get", "gpus", "-A", kubeconfig=cluster.kubeconfig))))
         print("\n$ kubectl dra top")
         print("\n".join(top_lines(fleet_report("top", kubeconfig=cluster.kubeconfig))))
