@@ -189,6 +189,24 @@ def funnel(ctx: Ctx, alt: Alt) -> RequestExplanation:
     return info
 
 
+def evaluate_selectors(ctx: Ctx, alt: Alt) -> None:
+    """The selector verdicts :func:`funnel` evaluates for ``alt`` (every group and every device
+    looked at alone), into ``ctx``, without counting anything: what an allocation without an
+    explanation needs of the funnel (whether a CEL runtime error was seen decides how far the
+    search must go)."""
+    if alt.error:
+        return
+    part = ctx.partition(alt)
+    if part is not None:
+        for g in range(len(part.groups)):
+            ctx.group_verdict(alt, part, g)
+        single: Iterable[Device] = ctx.inventory.unclean
+    else:
+        single = [d for p in ctx.inventory.pools if p.usable for d in p.devices]
+    for d in single:
+        ctx.verdict(alt, d)
+
+
 def _selector_stages(info: RequestExplanation, ctx: Ctx, alt: Alt, alive: Survivors, losses: list[Loss]) -> None:
     part = alive.part
     group_verdicts = {g: ctx.group_verdict(alt, part, g) for g in alive.groups} if part is not None else {}

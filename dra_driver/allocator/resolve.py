@@ -14,6 +14,7 @@ list is not given, nodes are the ones named by slices (or one anonymous node tha
 from __future__ import annotations
 
 import uuid
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from dra_driver.allocator.capacity import capacities, rounding_note, status_name
 from dra_driver.allocator.context import SCHEDULER_ABORTS, Abort, Ctx
 from dra_driver.allocator.explanation import Explanation, ResultNote
-from dra_driver.allocator.funnel import explain_failure, funnel
+from dra_driver.allocator.funnel import evaluate_selectors, explain_failure, funnel
 from dra_driver.allocator.groups import Group
 from dra_driver.allocator.inventory import (
     AllocatedState,
@@ -73,6 +74,12 @@ class Engine:
                 nodes: Sequence[Any] | None = None, rules: SchedulerRules | None = None) -> Resolution:
         return resolve(claim, inventory, classes, allocated, nodes, rules)
 
+    def allocate(self, claim: Mapping[str, Any], inventory: Inventory,
+                 classes: DeviceClasses | Iterable[RawDeviceClass], allocated: AllocatedState | None = None,
+                 nodes: Sequence[Any] | None = None, rules: SchedulerRules | None = None,
+                 skip_before: int = 0) -> dict[str, Any] | None:
+        return allocate(claim, inventory, classes, allocated, nodes, rules, skip_before)
+
     def prime(self, inventory: Inventory, class_name: str, classes: DeviceClasses) -> None:
         prime(inventory, class_name, classes)
 
@@ -98,15 +105,50 @@ def resolve(
 
     ``rules``: the scheduler version to decide as where versions differ (the newest by default)."""
     claim = as_mapping(claim)
-    meta = as_mapping(claim.get("metadata"))
-    label = f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '<unnamed>'}"
-    explanation = Explanation(claim=label, pools=list(inventory.problems))
+    explanation = Explanation(claim=_label(claim), pools=list(inventory.problems))
     try:
         return _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation,
                         rules or SchedulerRules())
     except Exception as exc:  # last resort: bad input must not crash callers (the explanation names it)
         explanation.errors.append(f"internal error: {type(exc).__name__}: {exc}")
         return Resolution(None, explanation)
+
+
+def allocate(
+    claim: Mapping[str, Any],
+    inventory: Inventory,
+    classes: DeviceClasses | Iterable[RawDeviceClass],
+    allocated: AllocatedState | None = None,
+    nodes: Sequence[Any] | None = None,
+    rules: SchedulerRules | None = None,
+    skip_before: int = 0,
+) -> dict[str, Any] | None:
+    """The allocation :func:`resolve` makes for ``claim``, without its explanation: None where it
+    may not allocate (then :func:`resolve` says why, and may still allocate: callers ask it).
+
+    ``skip_before``: with ``nodes`` None, a position in the inventory's node list before which the
+    caller knows no node fits the claim (none did with fewer devices taken: taking more never
+    makes room), searched again only where the search must reach every node (see ``_resolve``).
+
+    The same search over the same context, less the funnel's counting (every stage of every
+    request over the whole fleet, a claim's main cost at 40,000 devices), which decides nothing
+    an allocation depends on: the selectors' verdicts it leaves behind (whether a CEL error was
+    seen) are evaluated here too, and its early failure (:func:`_precheck`) only anticipates the
+    search's. For a caller that tries many claims and explains only the one that does not fit
+    (``fit``)."""
+    claim = as_mapping(claim)
+    explanation = Explanation(claim=_label(claim), pools=[])  # the label: a shareID's seed where the claim has no UID
+    try:
+        res = _resolve(claim, inventory, classes_by_name(classes), allocated or AllocatedState(), nodes, explanation,
+                       rules or SchedulerRules(), explain=False, skip_before=skip_before if nodes is None else 0)
+    except Exception:  # resolve() says what went wrong
+        return None
+    return res.allocation
+
+
+def _label(claim: Mapping[str, Any]) -> str:
+    meta = as_mapping(claim.get("metadata"))
+    return f"{as_str(meta.get('namespace')) or 'default'}/{as_str(meta.get('name')) or '<unnamed>'}"
 
 
 def _resolve(
@@ -117,6 +159,9 @@ def _resolve(
     nodes: Sequence[Any] | None,
     explanation: Explanation,
     rules: SchedulerRules,
+    *,
+    explain: bool = True,
+    skip_before: int = 0,
 ) -> Resolution:
     errors = explanation.errors
     if rules.negative_capacity_fails and allocated.invalid:
@@ -129,10 +174,17 @@ def _resolve(
         for alt in alts:
             prepare_alt(alt, classes)
     ctx = Ctx(claim, inventory, allocated, requests, constraints, rules)
-    explanation.requests = [funnel(ctx, alt) for alts in requests for alt in alts]
-    if errors:
-        return Resolution(None, explanation)
-    _precheck(ctx, explanation)
+    if not explain:
+        for alts in requests:
+            for alt in alts:
+                evaluate_selectors(ctx, alt)
+        if errors:
+            return Resolution(None, explanation)
+    else:
+        explanation.requests = [funnel(ctx, alt) for alts in requests for alt in alts]
+        if errors:
+            return Resolution(None, explanation)
+        _precheck(ctx, explanation)
     if explanation.errors:
         explain_failure(ctx, explanation)
         return Resolution(None, explanation)
@@ -147,6 +199,8 @@ def _resolve(
                       or _fatal_by_rules(ctx))
     narrow = None if fatal_possible else node_filter(ctx, whole_list=nodes is None)
     visit: Sequence[int] = narrow.visit if narrow is not None and narrow.visit is not None else range(len(node_list))
+    if skip_before and narrow is not None:  # first fit: the nodes before the first that fits are not looked at
+        visit = visit[bisect_left(visit, skip_before):]
     found: tuple[Search, Node, int] | None = None
     last = -1
     for pos in visit:

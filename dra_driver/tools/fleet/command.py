@@ -12,9 +12,11 @@ and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
 import yaml
@@ -53,6 +55,23 @@ def _check(args: argparse.Namespace) -> None:
         parse_fit_target(args.target, filename=args.filename, template=args.template, namespace=namespace or "default")
 
 
+COLLECTOR_THRESHOLDS = (50_000, 20, 100)
+"""The cyclic collector's thresholds while a command reads and computes (Python's: 700, 10, 10):
+the lists of a large cluster decode into millions of dicts, which the views keep until the end,
+and at the default every 700 of them set off a collection that walked them all, most of a view's
+time (docs/fleet.md#speed). The objects are acyclic: nothing is left for the collector."""
+
+
+@contextlib.contextmanager
+def _few_collections() -> Iterator[None]:
+    before = gc.get_threshold()
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def report_for(args: argparse.Namespace, reader: ReadOnly, *, engine: Engine, default_namespace: str,
                stdin: TextIO | None) -> tuple[dict[str, Any], Callable[[Mapping[str, Any]], str]]:
     """The document the command prints, and how its text form is rendered."""
@@ -80,15 +99,15 @@ def report_for(args: argparse.Namespace, reader: ReadOnly, *, engine: Engine, de
             rows = [r for r in rows if not is_placement(r)]
         wide = args.output == "wide"
         if args.command == "top":
-            report, render = top.top_report(rows, objects.classes, rules), top.render_top
+            report, render = top.top_report(rows, objects.classes, inventory, rules), top.render_top
         elif args.resource in GPU_WORDS:
             filters = gpus.Filters(args.node, args.model, args.free, args.selector)
-            kept, undecided = gpus.selected(rows, filters, rules)
+            kept, undecided = gpus.selected(rows, filters, inventory, rules)
             report = gpus.gpus_report(kept, hidden=objects.pods_hidden, withheld_hidden=objects.withheld_hidden,
                                       not_decided=undecided, unreadable=objects.unreadable, rules=rules)
             render = lambda r: gpus.render_gpus(r, wide=wide)  # noqa: E731
         else:
-            kept, _ = gpus.selected(rows, gpus.Filters(args.node, args.model), rules)
+            kept, _ = gpus.selected(rows, gpus.Filters(args.node, args.model), inventory, rules)
             report = nodes.nodes_report(kept)
             render = lambda r: nodes.render_nodes(r, wide=wide)  # noqa: E731
     if warning:
@@ -118,8 +137,9 @@ def main(args: argparse.Namespace, *, prog: str, api: KubeApi | None = None, eng
             rest = owned
             server_version = lambda: str(rest.server_version().get("gitVersion", ""))  # noqa: E731
             api = owned
-        report, render = report_for(args, ReadOnly(api, server_version), engine=engine or Engine(),
-                                    default_namespace=default_namespace, stdin=stdin)
+        with _few_collections():
+            report, render = report_for(args, ReadOnly(api, server_version), engine=engine or Engine(),
+                                        default_namespace=default_namespace, stdin=stdin)
     except (FleetError, KubeconfigError) as exc:
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from dra_driver import apiprofile
@@ -31,10 +32,10 @@ from dra_driver.allocator.devicestates import (
     is_share,
     model_label,
     pool_states,
-    string_attribute,
 )
 from dra_driver.allocator.devicestates import is_placement as _is_placement
 from dra_driver.allocator.inventory import Device, Inventory, allocated_state, quantity_or_none
+from dra_driver.allocator.slicechecks import attribute_value
 from dra_driver.k8s.objects import as_mapping
 from dra_driver.tools.fleet.reads import FleetObjects, pods_by_claim
 
@@ -94,6 +95,57 @@ def _memory(dev: Device) -> str | None:
     return show(entry[0].value) if entry is not None else None
 
 
+class _Memories:
+    """:func:`_memory` once per capacity map: the decoded slices share equal maps (a fleet of
+    40,000 GPUs publishes a handful), and each device would otherwise parse its own."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, str], tuple[Any, str | None]] = {}
+
+    def of(self, dev: Device) -> str | None:
+        capacity = dev.raw.get("capacity")
+        key = (id(capacity), dev.key[0])
+        found = self._known.get(key)
+        if found is None or found[0] is not capacity:
+            found = self._known[key] = (capacity, _memory(dev))  # the map kept: its id stays its own
+        return found[1]
+
+
+class _Strings:
+    """:func:`~dra_driver.allocator.devicestates.string_attribute` of each of ``names`` (short
+    names, in the device's driver's domain), a device's attribute map read once and each published
+    entry converted once: the decoded slices share equal entries (a fleet's 40,000 GPUs hold four
+    product names)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = tuple(names)
+        self._qualified: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._known: dict[int, tuple[Any, str | None]] = {}
+
+    def of(self, dev: Device) -> list[str | None]:
+        raw = as_mapping(dev.raw.get("attributes"))
+        driver = dev.key[0]
+        names = self._qualified.get(driver)
+        if names is None:
+            names = self._qualified[driver] = tuple((f"{driver}/{n}", n) for n in self._names)
+        out: list[str | None] = []
+        for qualified, short in names:
+            # The qualified spelling wins where both are published (inventory.published_attribute).
+            entry = raw.get(qualified)
+            if entry is None:
+                entry = raw.get(short)
+            if entry is None:
+                out.append(None)
+                continue
+            known = self._known.get(id(entry))
+            if known is None or known[0] is not entry:
+                found = attribute_value(entry)
+                known = self._known[id(entry)] = (entry, str(found[1]) if found is not None and found[1] is not None
+                                                  else None)  # the entry kept: its id stays its own
+            out.append(known[1])
+        return out
+
+
 def _taint_text(taint: Mapping[str, Any]) -> str:
     value = f"={taint['value']}" if taint.get("value") else ""
     return f"{taint.get('key', '')}{value}:{taint.get('effect', '')}"
@@ -145,6 +197,7 @@ def share_text(count: int, used: Mapping[str, Mapping[str, str]]) -> str:
     return claims
 
 
+@lru_cache(maxsize=4096)
 def natural(name: str) -> tuple[tuple[int, int | str], ...]:
     """A sort key that puts ``gpu-2`` before ``gpu-10``."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
@@ -156,13 +209,18 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
     holdings = claim_holdings(fleet.claims, driver)
     allocated = allocated_state(fleet.claims)
     pods = pods_by_claim(fleet.pods)
+    memories = _Memories()
+    strings = _Strings(_FACTS)
     rows: list[DeviceRow] = []
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
-        names_by_uuid = {u: d.key[2] for d in pool.devices if (u := string_attribute(d, "uuid"))
-                         and string_attribute(d, "type") == "gpu"}
-        pool_rows = [_row(state, fleet, pods, names_by_uuid) for state in pool_states(pool, allocated, holdings)]
+        facts = [strings.of(d) for d in pool.devices]
+        # A MIG device names its GPU by UUID: the pool's GPUs by UUID, where a device has a parent.
+        names_by_uuid = ({u: d.key[2] for d, (kind, _, _, _, u) in zip(pool.devices, facts, strict=True)
+                          if u and kind == "gpu"} if any(f[3] for f in facts) else {})
+        pool_rows = [_row(state, fact, memories.of(state.device), fleet, pods, names_by_uuid)
+                     for state, fact in zip(pool_states(pool, allocated, holdings), facts, strict=True)]
         _partitions(pool_rows)
         rows += pool_rows
     published = {(r.node, r.device) for r in rows}
@@ -172,16 +230,20 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
 
 
-def _row(state: DeviceState, fleet: FleetObjects, pods: Mapping[str, list[str]],
-         names_by_uuid: Mapping[str, str]) -> DeviceRow:
+_FACTS = ("type", "productName", "profile", "parentUUID", "uuid")
+"""The attributes a row reads, in :meth:`_Strings.of`'s order."""
+
+
+def _row(state: DeviceState, facts: Sequence[str | None], memory: str | None, fleet: FleetObjects,
+         pods: Mapping[str, list[str]], names_by_uuid: Mapping[str, str]) -> DeviceRow:
+    """``facts``: the device's :data:`_FACTS`; ``memory``: its :func:`_memory`."""
     dev = state.device
-    parent_uuid = string_attribute(dev, "parentUUID")
+    kind, model, profile, parent_uuid, _ = facts
     taints = [as_mapping(t) for t in dev.taints]
-    holders = _holders(state.held, fleet, pods)
+    holders = _holders(state.held, fleet, pods) if state.held else []
     row = DeviceRow(
-        node=_node_of(dev), driver=dev.key[0], pool=dev.key[1], device=dev.key[2], kind=string_attribute(dev, "type") or "",
-        model=string_attribute(dev, "productName") or "", memory=_memory(dev),
-        profile=string_attribute(dev, "profile"),
+        node=_node_of(dev), driver=dev.key[0], pool=dev.key[1], device=dev.key[2], kind=kind or "",
+        model=model or "", memory=memory, profile=profile,
         parent=names_by_uuid.get(parent_uuid, parent_uuid) if parent_uuid else None,
         health=UNHEALTHY if any(t.get("key") in unhealthy_taint_keys(dev.key[0]) for t in taints) else HEALTHY,
         taints=[_taint_text(t) for t in taints], state=state.state, detail=state.detail, holders=holders, source=state)

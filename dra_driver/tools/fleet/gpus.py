@@ -14,10 +14,11 @@ from typing import Any
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError, CelRuntimeError
 from dra_driver.allocator.devicestates import FREE
-from dra_driver.allocator.groups import outcome
+from dra_driver.allocator.inventory import Inventory
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.tools.fleet.args import FleetError
 from dra_driver.tools.fleet.devices import DeviceRow, Holder, row_document, unhealthy_taint_keys
+from dra_driver.tools.fleet.selects import outcomes
 from dra_driver.tools.fleet.table import table
 
 
@@ -29,9 +30,11 @@ class Filters:
     selector: str | None = None
 
 
-def selected(rows: Sequence[DeviceRow], filters: Filters, rules: SchedulerRules) -> tuple[list[DeviceRow], list[str]]:
+def selected(rows: Sequence[DeviceRow], filters: Filters, inventory: Inventory,
+             rules: SchedulerRules) -> tuple[list[DeviceRow], list[str]]:
     """The rows the filters keep, and what the selector could not decide (``N device(s): error``).
-    FleetError for a selector that does not compile (the message names the expression and where)."""
+    ``inventory``: the one the rows' devices are of. FleetError for a selector that does not
+    compile (the message names the expression and where)."""
     kept = [r for r in rows if (filters.node is None or r.node == filters.node)
             and (filters.model is None or filters.model.lower() in r.model.lower())
             and (not filters.free or r.state == FREE)]
@@ -41,12 +44,13 @@ def selected(rows: Sequence[DeviceRow], filters: Filters, rules: SchedulerRules)
         compiled = compile_selector(filters.selector)
     except CelCompileError as exc:
         raise FleetError(f"invalid --selector {filters.selector!r}: {exc.message}") from None
+    of = outcomes(compiled, inventory, rules)
     out: list[DeviceRow] = []
     failed: dict[str, int] = {}
     for r in kept:
         if r.source is None:
             continue
-        verdict = outcome(compiled, r.source.device, rules.qualified_names, rules.cel_converts_on_read)
+        verdict = of(r.source.device)
         if isinstance(verdict, CelRuntimeError):
             failed[verdict.message] = failed.get(verdict.message, 0) + 1
         elif verdict is True:

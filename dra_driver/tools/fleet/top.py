@@ -11,12 +11,12 @@ from typing import Any
 from dra_driver.allocator.cel.compile import compile_selector
 from dra_driver.allocator.cel.errors import CelCompileError
 from dra_driver.allocator.devicestates import ALLOCATED, FREE, SHARED, WITHHELD
-from dra_driver.allocator.groups import outcome
-from dra_driver.allocator.inventory import Device
+from dra_driver.allocator.inventory import Device, Inventory
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.k8s.bodies import RawDeviceClass
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
 from dra_driver.tools.fleet.devices import UNHEALTHY, DeviceRow
+from dra_driver.tools.fleet.selects import outcomes
 from dra_driver.tools.fleet.table import table
 
 
@@ -35,27 +35,29 @@ def counts(rows: Sequence[DeviceRow]) -> dict[str, int]:
     }
 
 
-def class_selects(device_class: RawDeviceClass, rules: SchedulerRules) -> Callable[[Device], bool]:
-    """Whether a DeviceClass's selectors all select a device; a selector that does not compile
-    selects nothing (as the scheduler fails every claim of that class)."""
+def class_selects(device_class: RawDeviceClass, inventory: Inventory, rules: SchedulerRules) -> Callable[[Device], bool]:
+    """Whether a DeviceClass's selectors all select a device of ``inventory``; a selector that
+    does not compile selects nothing (as the scheduler fails every claim of that class)."""
     expressions = [str(as_mapping(s.get("cel")).get("expression", ""))
                    for s in as_mappings(as_mapping(device_class.get("spec")).get("selectors"))]
     try:
-        compiled = [compile_selector(e) for e in expressions]
+        compiled = [outcomes(compile_selector(e), inventory, rules) for e in expressions]
     except CelCompileError:
         return lambda _dev: False
-    return lambda dev: all(outcome(c, dev, rules.qualified_names, rules.cel_converts_on_read) is True for c in compiled)
+    return lambda dev: all(of(dev) is True for of in compiled)
 
 
-def top_report(rows: Sequence[DeviceRow], classes: Sequence[RawDeviceClass], rules: SchedulerRules) -> dict[str, Any]:
-    """The document ``top -o json`` prints (docs/fleet.md); withheld devices count under neither."""
+def top_report(rows: Sequence[DeviceRow], classes: Sequence[RawDeviceClass], inventory: Inventory,
+               rules: SchedulerRules) -> dict[str, Any]:
+    """The document ``top -o json`` prints (docs/fleet.md); withheld devices count under neither.
+    ``inventory``: the one the rows' devices are of."""
     published = [r for r in rows if r.state != WITHHELD]
     models: dict[str, list[DeviceRow]] = {}
     for r in published:
         models.setdefault(r.model_label, []).append(r)
     by_class = []
     for cls in sorted(classes, key=lambda c: str(meta(c).get("name", ""))):
-        selects = class_selects(cls, rules)
+        selects = class_selects(cls, inventory, rules)
         members = [r for r in published if r.source is not None and selects(r.source.device)]
         if members:
             by_class.append({"deviceClass": str(meta(cls).get("name", "")), **counts(members)})
