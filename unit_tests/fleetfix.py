@@ -11,6 +11,7 @@ from ctrlfix import DRIVER, add_claim, add_pod, allocated_status, claim, device_
 from kubefake import FakeKube
 
 from dra_driver import cli
+from dra_driver.allocator.resolve import Engine
 from dra_driver.flags import resolve_environment
 from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES
 from dra_driver.node.publish.health import TAINT_KEY
@@ -62,12 +63,12 @@ def fleet() -> FakeKube:
     return kube
 
 
-def run(kube: FakeKube, *argv: str, stdin: str | None = None) -> tuple[int, str, str]:
+def run(kube: FakeKube, *argv: str, stdin: str | None = None, engine: Engine | None = None) -> tuple[int, str, str]:
     parser = cli.build_parser(cli.KUBECTL_PLUGIN, kubectl_plugin=True)
     args = parser.parse_args(cli.kubectl_booleans(list(argv), parser.error))
     resolve_environment(args)
     out, err = io.StringIO(), io.StringIO()
-    rc = command.main(args, prog=f"kubectl dra {args.command}", api=kube, out=out, err=err,
+    rc = command.main(args, prog=f"kubectl dra {args.command}", api=kube, engine=engine, out=out, err=err,
                       stdin=io.StringIO(stdin or ""), server_version=lambda: "v1.37.2")
     assert kube.writes() == [], "a fleet command wrote"
     return rc, out.getvalue(), err.getvalue()

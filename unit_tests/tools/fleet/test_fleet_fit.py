@@ -6,13 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
-from ctrlfix import CLASS, DRIVER, add_pod, claim, device_class, pod
+from ctrlfix import CLASS, DRIVER, add_claim, add_pod, allocated_status, claim, device_class, pod
 from fleetfix import A100, H100, fleet, run, template
+from kubefake import FakeKube
 
-from dra_driver.k8s.client import CLAIM_TEMPLATES, SLICES, ApiError
+from dra_driver.allocator.resolve import Engine
+from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, SLICES, ApiError
 from dra_driver.tools.fleet.fit import workload_fitter
 from dra_driver.tools.migrate.workloads import FitAsk
+from e2e.bench.common import REPO
+from e2e.generators.fleet import plugin_slices
 
 # --- fit -----------------------------------------------------------------------------------------
 
@@ -97,3 +102,91 @@ def test_a_fleet_that_cannot_be_read_is_said_and_read_once() -> None:
     assert fit(ask(1)) == fit(ask(2)) == "not computed: not allowed: 403 Forbidden: resourceslices is forbidden"
     reads = [c for c in kube.calls if c[0] == "list" and c[1] == SLICES.plural]
     assert len(reads) == 1, reads
+# --- each try allocated without its explanation gives what explaining every try gave ----------------
+
+
+class Explaining(Engine):
+    """The engine as fit used it before it allocated without explaining: every try through
+    the controller's whole evaluation (resolve and its explanation)."""
+
+    def __init__(self) -> None:
+        self.allocations = 0
+
+    def allocate(self, *_: Any, **__: Any) -> None:
+        self.allocations += 1
+        return None
+
+
+class Counting(Engine):
+    def __init__(self) -> None:
+        self.resolves = 0
+
+    def resolve(self, *args: Any, **kwargs: Any) -> Any:
+        self.resolves += 1
+        return super().resolve(*args, **kwargs)
+
+
+def _fleet_with_mig() -> FakeKube:
+    """Six nodes of the plugin's own slices (two with dynamic MIG), the shipped DeviceClasses, and
+    claims holding GPUs, a MIG partition and two shares."""
+    kube = FakeKube()
+    for s in plugin_slices(6, mig_nodes=2):
+        kube.add(SLICES, s)
+    for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                kube.add(DEVICE_CLASSES, doc)
+    for i, (node, device) in enumerate([("gpu-node-3", "gpu-0"), ("gpu-node-3", "gpu-1"), ("gpu-node-4", "gpu-5"),
+                                        ("gpu-node-1", "gpu-0-mig-3g40gb-0")]):
+        held = claim(f"held-{i}")
+        held["status"] = allocated_status([device], node=node)
+        add_claim(kube, held)
+    return kube
+
+
+def _request(cls: str, selector: str | None = None, count: int = 1, **extra: Any) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": "gpu", "exactly": exactly, **extra}
+
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "any-gpu": {"requests": [_request(f"gpu.{DRIVER}")]},
+    "h100": {"requests": [_request(f"gpu.{DRIVER}", f'device.attributes["{DRIVER}"].productName.startsWith("NVIDIA H100")')]},
+    "mig-1g": {"requests": [_request(f"mig.{DRIVER}", f'device.attributes["{DRIVER}"].profile.startsWith("1g.")')]},
+    "two-on-one-pcie-root": {"requests": [_request(f"gpu.{DRIVER}", count=2)],
+                        "constraints": [{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]},
+    "cel-error": {"requests": [_request(f"gpu.{DRIVER}", f'device.attributes["{DRIVER}"].nope == "x"')]},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_template_fits_as_when_every_try_was_explained(shape: str) -> None:
+    kube = _fleet_with_mig()
+    kube.add(CLAIM_TEMPLATES, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                               "metadata": {"name": shape, "namespace": "default"}, "spec": {"spec": {"devices": SHAPES[shape]}}})
+    explaining = Explaining()
+    rc, before, _ = run(kube, "fit", "--template", shape, "--count", "200", "-o", "json", engine=explaining)
+    counting = Counting()
+    rc2, now, _ = run(kube, "fit", "--template", shape, "--count", "200", "-o", "json", engine=counting)
+    assert rc == rc2 == 0 and json.loads(now) == json.loads(before)
+    doc = json.loads(now)
+    assert explaining.allocations == doc["fits"] + ("firstFailure" in doc)
+    # Only the try that does not fit is explained (a CEL error fails the first).
+    assert counting.resolves == ("firstFailure" in doc)
+    if shape != "cel-error":
+        assert doc["fits"] > 10 and "firstFailure" in doc
+
+
+def test_the_fixture_fleet_and_a_pod_fit_as_when_every_try_was_explained() -> None:
+    kube = fleet()
+    kube.add(CLAIM_TEMPLATES, template())
+    two = pod("trainer", "", via_template=True)
+    two["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimTemplateName": "one-gpu"},
+                                     {"name": "b", "resourceClaimTemplateName": "one-gpu"}]
+    add_pod(kube, two)
+    for argv in (("fit", "--template", "one-gpu", "--count", "10"), ("fit", "pod/trainer", "--count", "3")):
+        explained = run(kube, *argv, "-o", "json", engine=Explaining())
+        assert run(kube, *argv, "-o", "json") == explained
+        assert json.loads(explained[1])["fits"] >= 1

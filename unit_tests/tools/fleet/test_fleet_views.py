@@ -182,3 +182,41 @@ def test_rows_are_in_node_and_device_order_numbers_by_value() -> None:
                               "refuse it: x (rule y)"})
     assert [d for _, d in devices(kube)] == ["gpu-1", "gpu-2", "gpu-3", "gpu-10"]
 
+
+
+# --- CEL once per group of devices, as device by device ------------------------------------------
+
+
+def test_selectors_and_classes_decide_per_group_as_per_device() -> None:
+    from dra_driver.allocator.cel.compile import compile_selector
+    from dra_driver.allocator.groups import outcome
+    from dra_driver.allocator.inventory import build_inventory
+    from dra_driver.allocator.rules import SchedulerRules
+    from dra_driver.controller.views import slice_view
+    from dra_driver.tools.fleet.selects import outcomes
+    from dra_driver.tools.fleet.top import class_selects
+    from e2e.bench.common import REPO
+
+    view = slice_view()
+    inventory = build_inventory([view(s) for s in plugin_slices(4, mig_nodes=2)])
+    classes = [d for p in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml"))
+               for d in yaml.safe_load_all(p.read_text()) if d]
+    rules = SchedulerRules.for_version("v1.37.2")
+    expressions = ['device.attributes["gpu.dra-driver.io"].profile.startsWith("1g.")',  # a CEL error on GPUs
+                   'device.capacity["gpu.dra-driver.io"].memory.compareTo(quantity("40Gi")) >= 0', "device.driver != ''"]
+    for expression in expressions:
+        compiled = compile_selector(expression)
+        of = outcomes(compiled, inventory, rules)
+        for dev in inventory.devices:
+            want = outcome(compiled, dev, rules.qualified_names, rules.cel_converts_on_read)
+            got = of(dev)
+            assert type(got) is type(want) and (got == want if isinstance(want, bool) else got.message == want.message)
+    chosen = 0
+    for cls in classes:
+        selects = class_selects(cls, inventory, rules)
+        exprs = [s["cel"]["expression"] for s in cls["spec"].get("selectors", [])]
+        picked = [d.key for d in inventory.devices if selects(d)]
+        assert picked == [d.key for d in inventory.devices
+                          if all(outcome(compile_selector(e), d, rules.qualified_names) is True for e in exprs)]
+        chosen += len(picked)
+    assert chosen > len(inventory.devices) / 2
