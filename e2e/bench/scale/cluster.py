@@ -387,6 +387,9 @@ class ScaleCluster:
     held_claims: int = 0
     writable: list[tuple[str, str, str]] = field(default_factory=list)
     """(node, pool, device) of GPUs the bench may allocate by writing, in order: half of every plain node's."""
+    spare: list[tuple[str, str, str]] = field(default_factory=list)
+    """The next quarter of every plain node's GPUs: the fleet views' 10,000 more claims at 5,000 nodes."""
+    more_claims: int = 0
     plain_pods: int = 0
     controllers: int = 0
     started: list[ControllerProcess] = field(default_factory=list)
@@ -494,6 +497,8 @@ class ScaleCluster:
                 pool = body["spec"]["pool"]["name"]
                 half = body["spec"]["devices"][: fleet.GPUS_PER_NODE // 2]
                 self.writable += [(node, pool, d["name"]) for d in half]
+                quarter = body["spec"]["devices"][fleet.GPUS_PER_NODE // 2: fleet.GPUS_PER_NODE * 3 // 4]
+                self.spare += [(node, pool, d["name"]) for d in quarter]
         self.gpu_nodes, self.mig_nodes = gpu_nodes, mig
         self.slices += len(bodies)
         self.devices += sum(len(b["spec"].get("devices") or []) for b in bodies)
@@ -559,34 +564,49 @@ class ScaleCluster:
         if len(todo) > len(self.writable) - self.held_claims:
             raise RuntimeError(f"scale: {claims} written claims need more than the {len(self.writable)} writable GPUs")
         t0 = time.monotonic()
-
-        def one(i: int) -> None:
-            node, pool, device = self.writable[i]
-            name = f"held-{i}"
-            pod = create(self.api, PODS, pod_body(name, claim=name, node=node), NS_HELD)
-            claim = create(self.api, CLAIMS, claim_body(name, FIT_SHAPES["any-gpu"]), NS_HELD)
-            claim["status"] = {
-                "allocation": {
-                    "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]},
-                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-                "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}],
-            }
-            _retrying(lambda: self.api.replace_status(CLAIMS, claim))
-
-        parallel(one, todo)
+        parallel(lambda i: self._write_held(f"held-{i}", *self.writable[i]), todo)
         self.held_claims = claims
         took = time.monotonic() - t0
         self.log(f"scale: {len(todo)} claims allocated by writing in {took:.0f}s")
         return {"claims": len(todo), "seconds": round(took, 1)}
 
+    def hold_more(self, claims: int) -> dict[str, Any]:
+        """``claims`` more claims allocated by writing, as :meth:`hold` writes them, on the
+        :attr:`spare` GPUs no claim holds yet (the scheduler's fill may have taken some)."""
+        taken = {(str(r.get("pool")), str(r.get("device"))) for c in self.api.list_claim_allocations().items
+                 for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []}
+        free = [gpu for gpu in self.spare if gpu[1:] not in taken]
+        if claims > len(free):
+            raise RuntimeError(f"scale: {claims} more written claims need more than the {len(free)} spare GPUs free")
+        first = self.more_claims
+        t0 = time.monotonic()
+        parallel(lambda i: self._write_held(f"held-more-{first + i}", *free[i]), range(claims))
+        self.more_claims += claims
+        took = time.monotonic() - t0
+        self.log(f"scale: {claims} more claims allocated by writing in {took:.0f}s")
+        return {"claims": claims, "seconds": round(took, 1)}
+
+    def _write_held(self, name: str, node: str, pool: str, device: str) -> None:
+        """A pod bound to ``node``, its claim, and the claim's status as the scheduler writes it
+        (the allocation of ``device`` and ``reservedFor`` the pod)."""
+        pod = create(self.api, PODS, pod_body(name, claim=name, node=node), NS_HELD)
+        claim = create(self.api, CLAIMS, claim_body(name, FIT_SHAPES["any-gpu"]), NS_HELD)
+        claim["status"] = {
+            "allocation": {
+                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}],
+        }
+        _retrying(lambda: self.api.replace_status(CLAIMS, claim))
+
     @property
     def claims(self) -> int:
-        return self.fill_pods + self.held_claims
+        return self.fill_pods + self.held_claims + self.more_claims
 
     @property
     def pods(self) -> int:
-        return self.fill_pods + self.held_claims + self.plain_pods
+        return self.fill_pods + self.held_claims + self.more_claims + self.plain_pods
 
     # -- pending claims for our controller alone
 

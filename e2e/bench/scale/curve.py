@@ -101,6 +101,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import resource
 import shutil
 import signal
@@ -130,6 +131,7 @@ from e2e.bench.scale.cluster import (
     NO_SCHEDULER,
     NS_APF,
     NS_BACKLOG,
+    NS_FILL,
     NS_PROBE,
     PRIORITY_LEVELS,
     QUEUE_DEPTH,
@@ -157,6 +159,7 @@ from e2e.bench.scale.rows import (
     explain_listing,
     fill_deadline_s,
     fill_pods,
+    fleet_view_rows,
     histogram,
     log_problems,
     markdown_tables,
@@ -212,6 +215,12 @@ class Plan:
     at_once_sync_s: float = 90.0
     """For the budget: a fresh controller's sync before a backlog run of its own (36 s at 5,000 nodes)."""
     explain_all_samples: int = 3
+    fleet_claims: int = 30_000
+    """Claims allocated when the fleet views are timed: :meth:`ScaleCluster.hold_more` writes what
+    the sizes left short (10,000 at 5,000 nodes, on the spare quarter of every plain node's GPUs)."""
+    fleet_samples: int = 3
+    """Runs of each fleet view (``kubectl dra get gpus -A``, ...); 0: the stage is not run."""
+    fit_count: int = 1000
     settle_most_s: float = 120.0
     """How long, after the last claim was explained, the API server's count of writes may take to
     stand still: the pods' Events go out after the claims' explanations, one writer at the budget's
@@ -239,11 +248,16 @@ class Plan:
         return (10 * self.explain_all_samples + int(backlog["claims"]) / 150 + float(backlog["synced_s"])
                 + float(backlog["waited_s"]) + 15)
 
+    def fleet_views_s(self, more_claims: int) -> float:
+        """For the budget, the fleet views: the claims written (80/s, below the 106/s of the slower
+        machine's 5,000-node run) and each view's runs (10 s each: three times the target)."""
+        return more_claims / 80 + 10 * self.fleet_samples * len(FLEET_VIEWS)
+
 
 FULL = Plan()
 SMOKE = Plan(sizes=(250,), claims_per_node=2, scheduled_pods=100, plain_pods_per_node=1, backlog_at_once=100, fit_samples=5,
              explain_samples=3, startup_samples=1, apf_claims=60, backlog_wait_s=240.0, profile=False,
-             explain_all_samples=1)
+             explain_all_samples=1, fleet_samples=0)
 
 
 # =========================================================================== measurements
@@ -623,6 +637,91 @@ def explain_all(sc: ScaleCluster, samples: int) -> dict[str, Any]:
     return doc
 
 
+FLEET_VIEWS: dict[str, tuple[str, ...]] = {
+    "get gpus -A": ("get", "gpus", "-A"),
+    "get nodes": ("get", "nodes"),
+    "top": ("top",),
+    "fit --count 1000": ("fit", "--template", f"{NS_FILL}/any-gpu", "--count", "1000"),
+}
+"""The fleet views (issue 54) as a person runs them; ``fit`` of the one-GPU template the fill's
+pods use (``--count`` is :attr:`Plan.fit_count`)."""
+
+
+def fleet_views_phase(sc: ScaleCluster, plan: Plan, elapsed: float) -> dict[str, Any] | None:
+    """The fleet views on the cluster as it is, once :attr:`Plan.fleet_claims` claims are allocated:
+    each view ``plan.fleet_samples`` times from process start to exit, with its own CPU and peak
+    RSS. None when the stage is off or the budget has no room for it."""
+    more = max(0, plan.fleet_claims - sc.claims)
+    if not plan.fleet_samples:
+        return None
+    if elapsed + plan.fleet_views_s(more) > plan.budget_s:
+        sc.log("scale: no time left for the fleet views")
+        return None
+    doc: dict[str, Any] = {"nodes": sc.gpu_nodes, "mig_nodes": sc.mig_nodes, "devices": sc.devices, "failed": {}}
+    if more:
+        doc["written"] = sc.hold_more(more)
+    doc |= {"claims_allocated": sc.claims, "pods": sc.pods, "views": {}}
+    for name, argv in FLEET_VIEWS.items():
+        if name.startswith("fit"):
+            argv = (*argv[:-1], str(plan.fit_count))
+        try:
+            doc["views"][name] = fleet_view(sc, argv, plan.fleet_samples)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            doc["failed"][name] = str(exc)
+            sc.log(f"scale: kubectl dra {name} failed: {exc}")
+    return doc
+
+
+def fleet_view(sc: ScaleCluster, argv: tuple[str, ...], samples: int) -> dict[str, Any]:
+    """``python -m dra_driver ARGV`` (what ``kubectl dra`` runs), ``samples`` times: each from
+    process start to exit, its own CPU and its peak RSS (the kernel's account of that one child,
+    :func:`os.wait4`), and what the last one printed."""
+    cmd = [sys.executable, "-m", "dra_driver", *argv, f"--kubeconfig={sc.cluster.kubeconfig}"]
+    taken: list[float] = []
+    cpu: list[float] = []
+    peak: list[float] = []
+    stdout = ""
+    for _ in range(samples):
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err)
+            try:
+                _, status, usage = _wait4(proc.pid, 300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            taken.append(round(time.monotonic() - t0, 2))
+            cpu.append(round(usage.ru_utime + usage.ru_stime, 2))
+            peak.append(round(usage.ru_maxrss / 1024, 1))
+            out.seek(0)
+            err.seek(0)
+            stdout = out.read().decode(errors="replace")
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)} exited with {proc.returncode}: "
+                                   f"{err.read().decode(errors='replace').strip()[-500:]}")
+    lines = stdout.splitlines()
+    doc = {"seconds": statistics.median(taken), "samples": taken, "cpu_s": cpu, "peak_rss_mib": max(peak),
+           "peak_rss_samples_mib": peak, "lines": len(lines), "first_line": lines[0][:200] if lines else "",
+           "stdout_bytes": len(stdout.encode())}
+    sc.log(f"scale: kubectl dra {' '.join(argv)}: {', '.join(f'{t:.2f}' for t in taken)} s (its own CPU: "
+           f"{', '.join(f'{t:.2f}' for t in cpu)} s), peak RSS {max(peak):.0f} MiB, {len(lines)} lines")
+    return doc
+
+
+def _wait4(pid: int, timeout: float) -> tuple[int, int, resource.struct_rusage]:
+    """:func:`os.wait4` of ``pid``, polling, TimeoutExpired after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found, status, usage = os.wait4(pid, os.WNOHANG)
+        if found == pid:
+            return found, status, usage
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired([str(pid)], timeout)
+        time.sleep(0.02)
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -813,6 +912,7 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
     at_once: dict[str, Any] | None = None
     at_once_failed: str | None = None
     explained: dict[str, Any] | None = None
+    views: dict[str, Any] | None = None
     try:
         sc.start()
         for nodes in plan.sizes:
@@ -854,12 +954,59 @@ def run_curve(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> 
             explained = explained_backlog_phase(sc, plan, kept, time.monotonic() - started)
             if explained and explained.get("off"):
                 runs[-1].controller_problems += explained["off"]["problems"]
+        if runs:
+            views = _fleet_views_or_failure(sc, plan, time.monotonic() - started)
     finally:
         sc.close()
     return {"runs": [asdict(r) for r in runs], "apf": apf, "skipped_sizes": skipped, "failed_sizes": failed,
             "failed_runs": [asdict(r) for r in failed_runs], "stacks": stacks,
             "backlog_at_once": at_once or (runs[-1].backlog if runs else None), "backlog_at_once_failed": at_once_failed,
-            "explained_backlog": explained, "seconds": round(time.monotonic() - started, 1)}
+            "explained_backlog": explained, "fleet_views": views, "seconds": round(time.monotonic() - started, 1)}
+
+
+def _fleet_views_or_failure(sc: ScaleCluster, plan: Plan, elapsed: float) -> dict[str, Any] | None:
+    try:
+        return fleet_views_phase(sc, plan, elapsed)
+    except (RuntimeError, TimeoutError, ApiError) as exc:  # the curve is measured: say so, keep it
+        sc.log(f"scale: the fleet views failed: {exc}")
+        return {"failed": {"fleet views": str(exc)}, "views": {}}
+
+
+def run_fleet_views(plan: Plan, workdir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The fleet views' stage alone (``--fleet-views-only``): the cluster grown to the largest size
+    at once, its claims allocated by writing (none through the scheduler), then the views."""
+    started = time.monotonic()
+    binaries.ensure()
+    gotools.ensure([kwok_mod.TOOL])
+    bytecode.shipped_python()
+    sc = ScaleCluster(workdir, plan.mig_per, log)
+    try:
+        sc.start()
+        grown = sc.grow(plan.sizes[-1])
+        held = sc.hold(min(plan.fleet_claims, len(sc.writable)))
+        plan = Plan(**{**asdict(plan), "budget_s": float("inf")})
+        views = fleet_views_phase(sc, plan, 0.0) or {"failed": {"fleet views": "not run"}, "views": {}}
+    finally:
+        sc.close()
+    return {"fleet_views": views, "grow": grown, "held": held, "seconds": round(time.monotonic() - started, 1)}
+
+
+def fleet_result_of(doc: dict[str, Any], plan: Plan) -> Result:
+    """``scale-fleet.json``: the fleet views' rows, measured on their own (``--fleet-views-only``)."""
+    views = doc["fleet_views"]
+    result = Result("scale-fleet", "Scale: the fleet views (kubectl dra get gpus, get nodes, top, fit) on kwok nodes", {
+        "nodes": plan.sizes[-1], "mig_per": plan.mig_per, "fleet_claims": plan.fleet_claims,
+        "samples": plan.fleet_samples, "fit_count": plan.fit_count, "kubernetes": binaries.kubernetes_version(),
+        "kwok": gotools.TOOLS[kwok_mod.TOOL].version(), "apiserver": list(APISERVER_ARGS),
+        "how": "the cluster grown to its size at once and every claim allocated by writing (none through the "
+               "scheduler); each view from process start to exit"})
+    result.figures.update({"fleet_views": views, "grow": doc.get("grow"), "held": doc.get("held"),
+                           "run_seconds": doc["seconds"]})
+    for row in fleet_view_rows(views, Targets(nodes=plan.sizes[-1])) if views.get("views") else []:
+        result.target(f"{row.what} [{row.basis}]", row.value, row.limit, row.unit)
+    for part, why in (views.get("failed") or {}).items():
+        result.notes.append(f"{part}: failed: {why[:300]}")
+    return result
 
 
 def at_once_phase(sc: ScaleCluster, plan: Plan, largest: SizeRun, failed_size: int | None,
@@ -894,7 +1041,9 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
     row_list, fit_figures = rows(curve_of(runs, failed_samples), targets, throughput=throughput, backlog=backlog,
                                  apf=doc["apf"], backlog_where=where_backlog_ran(
                                      at_once, largest.nodes, plan.backlog_at_once, doc.get("backlog_at_once_failed")),
-                                 explained_backlog=explained)
+                                 explained_backlog=explained,
+                                 fleet_views=doc.get("fleet_views") if (doc.get("fleet_views") or {}).get("views")
+                                 else None)
     result = Result("scale", "Scale: our controller beside the kube-scheduler on kwok nodes", {
         "sizes_planned": list(plan.sizes), "sizes_run": [r.nodes for r in runs], "sizes_skipped": doc["skipped_sizes"],
         "sizes_failed": doc.get("failed_sizes", {}),
@@ -906,7 +1055,7 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
         "fit_shapes": list(FIT_SHAPES), "unsatisfiable_shapes": list(UNSAT_SHAPES),
     })
     result.figures.update({"sizes": doc["runs"], "apf": doc["apf"], "backlog_at_once": at_once,
-                           "explained_backlog": explained, **fit_figures,
+                           "explained_backlog": explained, "fleet_views": doc.get("fleet_views"), **fit_figures,
                            "failed_sizes_partial": doc.get("failed_runs", []), "run_seconds": doc["seconds"]})
     if doc.get("stacks"):
         result.figures["profile"] = {"nodes": largest.nodes, **profile_breakdown(doc["stacks"])}
@@ -922,6 +1071,10 @@ def result_of(doc: dict[str, Any], plan: Plan) -> Result:
         result.notes.append("explain -A and the API writes with pod Events on against off: not measured (no backlog "
                             "kept at the end, or no time left for them)")
     for part, why in ((explained or {}).get("failed") or {}).items():
+        result.notes.append(f"{part}: failed: {why[:300]}")
+    if doc.get("fleet_views") is None and plan.fleet_samples:
+        result.notes.append("the fleet views (kubectl dra get gpus, get nodes, top, fit): not measured (no time left)")
+    for part, why in ((doc.get("fleet_views") or {}).get("failed") or {}).items():
         result.notes.append(f"{part}: failed: {why[:300]}")
     if at_once.get("after_failed_size"):
         result.notes.append(f"our claims/s (the throughput row) is the backlog's, run after the "
@@ -960,11 +1113,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated GPU node counts, e.g. 500,1000")
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory for scale.json and the plot")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--fleet-views-only", action="store_true",
+                        help="only the fleet views' stage, at the largest size (written to scale-fleet.json)")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     if args.sizes:
         plan = Plan(**{**asdict(plan), "sizes": args.sizes})
     workdir = Path(tempfile.mkdtemp(prefix="dra-scale-"))
+    if args.fleet_views_only:
+        return _fleet_views_main(plan if plan.fleet_samples else FULL, workdir, args)
     try:
         doc = run_curve(plan, workdir, log=lambda line: print(line, flush=True))
         result = result_of(doc, plan)
@@ -982,6 +1139,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {t['what']}: {t['value']} {t['unit']} ({t['comparison']} {t['limit']}) {'ok' if t['pass'] else 'MISSED'}")
     print(json.dumps(result.figures.get("profile", {}), indent=1))
     print(markdown_tables(json.loads(path.read_text())))
+    return 0
+
+
+def _fleet_views_main(plan: Plan, workdir: Path, args: argparse.Namespace) -> int:
+    try:
+        doc = run_fleet_views(plan, workdir, log=lambda line: print(line, flush=True))
+        result = fleet_result_of(doc, plan)
+        path = result.write(machine_facts(workdir), args.results)
+        (args.results / "SUMMARY.md").write_text(summary_markdown(args.results))
+    finally:
+        if args.keep:
+            print(f"scale: work directory kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"scale: {({True: 'pass', False: 'MISSED', None: 'informational'})[result.passed]} -> {path}")
+    for t in result.targets:
+        print(f"    {t['what']}: {t['value']} {t['unit']} ({t['comparison']} {t['limit']}) {'ok' if t['pass'] else 'MISSED'}")
     return 0
 
 

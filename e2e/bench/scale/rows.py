@@ -317,6 +317,8 @@ class Targets:
     claims: int = 20_000
     pods: int = 150_000
     backlog: int = 10_000
+    fleet_claims: int = 30_000
+    """Claims allocated for the fleet views' rows (issue 54)."""
 
     @property
     def plain_pods(self) -> int:
@@ -553,15 +555,35 @@ def explained_backlog_rows(doc: Mapping[str, Any], target: int) -> list[Row]:
     return out
 
 
+def fleet_view_rows(doc: Mapping[str, Any], targets: Targets) -> list[Row]:
+    """The fleet views' rows (``doc``: the cluster they ran on, and per view its runs, each from
+    process start to exit, with its own CPU and peak RSS)."""
+    where = (f"measured at {_n(doc['nodes'])} GPU nodes (+{_n(doc.get('mig_nodes', 0))} dynamic-MIG), "
+             f"{_n(doc['devices'])} devices, {_n(doc['claims_allocated'])} claims allocated, {_n(doc['pods'])} pods")
+    out = []
+    for name, view in (doc.get("views") or {}).items():
+        runs = ", ".join(f"{t:.2f}" for t in view["samples"])
+        cpu = ", ".join(f"{t:.2f}" for t in view["cpu_s"])
+        basis = (f"{where}: `python -m dra_driver {name}` (what `kubectl dra` runs), process start to exit, the "
+                 f"median of {len(view['samples'])} runs ({runs} s, of it its own CPU {cpu} s); peak RSS "
+                 f"{view['peak_rss_mib']:.0f} MiB; it printed {_n(view['lines'])} lines")
+        out.append(Row(f"kubectl dra {name} on {_n(targets.nodes)} nodes, {_n(targets.devices)} GPUs, "
+                       f"{_n(targets.fleet_claims)} claims allocated", float(view["seconds"]), 3.0, "s", basis,
+                       note=f"peak RSS {view['peak_rss_mib']:.0f} MiB"))
+    return out
+
+
 def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int] | None,
          backlog: Backlog | None, apf: Mapping[str, Any] | None, backlog_where: str = "",
-         explained_backlog: Mapping[str, Any] | None = None) -> tuple[list[Row], dict[str, Any]]:
+         explained_backlog: Mapping[str, Any] | None = None,
+         fleet_views: Mapping[str, Any] | None = None) -> tuple[list[Row], dict[str, Any]]:
     """Every row of the issue, with its basis; and the fit figures behind them.
 
     ``throughput``: (our claims/s, the scheduler's pods/s, nodes) at the largest size run.
     ``backlog_where``: where the backlog ran, for its row's basis (:func:`where_backlog_ran`).
     ``apf``: ``claims``, ``explained``, ``problems`` (log lines), ``rejected`` (429s the API server
-    answered the controller's flow). ``explained_backlog``: see :func:`explained_backlog_rows`.
+    answered the controller's flow). ``explained_backlog``: see :func:`explained_backlog_rows`;
+    ``fleet_views``: :func:`fleet_view_rows`.
     """
     out: list[Row] = []
     figures: dict[str, Any] = {}
@@ -596,6 +618,8 @@ def rows(curve: Curve, targets: Targets, *, throughput: tuple[float, float, int]
         out.append(backlog_row(backlog, targets.backlog, backlog_where))
     if explained_backlog is not None:
         out += explained_backlog_rows(explained_backlog, targets.backlog)
+    if fleet_views is not None:
+        out += fleet_view_rows(fleet_views, targets)
     if apf is not None:
         missing = int(apf["claims"]) - int(apf["explained"])
         out.append(Row("low API Priority and Fairness limit: claims left unexplained + error lines logged",

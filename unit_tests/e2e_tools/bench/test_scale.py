@@ -79,7 +79,8 @@ class FakeCluster:
     def __init__(self, workdir: object, mig_per: int, log: Any) -> None:
         self.mig_per, self.log, self.api = mig_per, log, None
         self.gpu_nodes = self.mig_nodes = self.slices = self.devices = 0
-        self.fill_pods = self.held_claims = self.plain_pods = 0
+        self.fill_pods = self.held_claims = self.plain_pods = self.more_claims = 0
+        self.writable: list[tuple[str, str, str]] = []
         self.fills: list[tuple[int, float]] = []
         self.started: list[FakeController] = []
         self.stopped_all = 0
@@ -91,7 +92,7 @@ class FakeCluster:
 
     @property
     def claims(self) -> int:
-        return self.fill_pods + self.held_claims
+        return self.fill_pods + self.held_claims + self.more_claims
 
     @property
     def pods(self) -> int:
@@ -100,11 +101,16 @@ class FakeCluster:
     def grow(self, nodes: int) -> dict[str, Any]:
         self.gpu_nodes, self.mig_nodes = nodes, nodes // self.mig_per
         self.devices = int(23.2 * nodes)
+        self.writable = [("n", "p", f"d{i}") for i in range(4 * nodes)]
         return {}
 
     def hold(self, claims: int) -> dict[str, Any]:
         self.held_claims = claims
         return {}
+
+    def hold_more(self, claims: int) -> dict[str, Any]:
+        self.more_claims += claims
+        return {"claims": claims}
 
     def fill(self, claims: int, timeout_s: float) -> dict[str, Any]:
         pods = claims - self.fill_pods
@@ -142,7 +148,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """run_curve with the cluster, the controllers and the measurements faked; what they were asked."""
     from e2e.bench.scale import curve as scale
 
-    seen: dict[str, Any] = {"backlogs": [], "clusters": [], "explained": []}
+    seen: dict[str, Any] = {"backlogs": [], "clusters": [], "explained": [], "views": []}
 
     def cluster(*args: Any) -> FakeCluster:
         sc = FakeCluster(*args)
@@ -175,7 +181,13 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                 "writes": {"resourceclaims PATCH 200": len(names), "events POST 201": len(names)},
                 "problems": ["an error line"]}
 
+    def view(sc: FakeCluster, argv: tuple[str, ...], samples: int) -> dict[str, Any]:
+        seen["views"].append((argv, samples, sc.gpu_nodes, sc.claims))
+        return {"seconds": 2.0, "samples": [2.0] * samples, "cpu_s": [1.5] * samples, "peak_rss_mib": 400.0,
+                "lines": 40_001}
+
     probe = {"latency_s": 0.01, "sum_s": 0.01, "evaluations": 1, "rss_growth_mib": 1.0, "peak_growth_mib": 1.0}
+    monkeypatch.setattr(scale, "fleet_view", view)
     monkeypatch.setattr(scale, "ScaleCluster", cluster)
     monkeypatch.setattr(scale, "synced_sample", sample)
     monkeypatch.setattr(scale, "later_sample", later)
@@ -350,7 +362,7 @@ def test_the_startup_row_is_the_median_of_fresh_processes_taken_in_turn(
     assert startup["explained_s"] == pytest.approx(5.0, abs=0.5) and startup["synced_s"] == 1.0
 
 
-@pytest.mark.parametrize("module", ["e2e.bench.scale", "e2e.bench.scale.inprocess"])
+@pytest.mark.parametrize("module", ["e2e.bench.scale", "e2e.bench.scale.inprocess", "e2e.bench.scale.fleetviews"])
 def test_the_commands_parse_their_arguments(module: str) -> None:
     """``python -m e2e.bench.scale`` (make bench-scale) and the in-process bench start from their
     folder: only ``--help``, nothing is measured."""
@@ -359,3 +371,69 @@ def test_the_commands_parse_their_arguments(module: str) -> None:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: python -m {module} ")
+
+
+# --- the fleet views (issue 54) ------------------------------------------------------------------
+
+
+def test_the_fleet_views_run_last_with_30000_claims_allocated(fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench.scale import curve as scale
+
+    doc = scale.run_curve(_plan(), tmp_path, log=lambda line: None)
+    views = doc["fleet_views"]
+    assert views["claims_allocated"] == 30_000 and views["written"] == {"claims": 10_000} and not views["failed"]
+    assert [v[0][:2] for v in fake["views"]] == [("get", "gpus"), ("get", "nodes"), ("top",), ("fit", "--template")]
+    assert fake["views"][-1][0][-2:] == ("--count", "1000")
+    assert {(v[1], v[2], v[3]) for v in fake["views"]} == {(3, 5000, 30_000)}
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(binaries, "kubernetes_version", lambda: "v0")
+    try:
+        result = scale.result_of(doc, _plan())
+    finally:
+        monkey.undo()
+    rows = {t["what"].partition(" [")[0]: t for t in result.targets}
+    top = rows["kubectl dra top on 5,000 nodes, 40,000 GPUs, 30,000 claims allocated"]
+    assert top["value"] == 2.0 and top["limit"] == 3.0 and top["pass"]
+    assert "process start to exit" in top["what"] and "peak RSS 400 MiB" in top["what"]
+
+
+def test_without_time_for_them_the_fleet_views_are_said_not_measured(fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench.scale import curve as scale
+
+    doc = scale.run_curve(_plan(fleet_claims=10**9), tmp_path, log=lambda line: None)  # a write that takes years
+    assert doc["fleet_views"] is None and fake["views"] == []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(binaries, "kubernetes_version", lambda: "v0")
+    try:
+        result = scale.result_of(doc, _plan())
+    finally:
+        monkey.undo()
+    assert any(n.startswith("the fleet views (kubectl dra get gpus, get nodes, top, fit): not measured") for n in result.notes)
+    assert scale.fleet_views_phase(fake["clusters"][-1], scale.SMOKE, 0.0) is None  # make e2e's smoke: no stage
+
+
+def test_the_fleet_views_stage_runs_alone_at_the_largest_size(fake: dict[str, Any], tmp_path: Path) -> None:
+    from e2e.bench.scale import curve as scale
+
+    doc = scale.run_fleet_views(_plan(), tmp_path, log=lambda line: None)
+    sc = fake["clusters"][-1]
+    assert sc.gpu_nodes == 5000 and sc.held_claims == 20_000 and sc.more_claims == 10_000 and sc.fill_pods == 0
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(binaries, "kubernetes_version", lambda: "v0")
+    try:
+        result = scale.fleet_result_of(doc, _plan())
+    finally:
+        monkey.undo()
+    assert result.name == "scale-fleet" and len(result.targets) == 4 and result.passed
+
+
+def test_a_fleet_view_is_timed_from_process_start_to_exit_with_its_peak_rss(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from e2e.bench.scale import curve as scale
+
+    sc = SimpleNamespace(cluster=SimpleNamespace(kubeconfig=tmp_path / "none"), log=lambda line: None)
+    done = scale.fleet_view(sc, ("get", "gpus", "--help"), 1)  # type: ignore[arg-type]
+    assert done["lines"] > 5 and done["peak_rss_mib"] > 10 and done["samples"][0] > 0
+    with pytest.raises(RuntimeError, match=r"get gpus exited with 1: dra-driver get: kubeconfig .* does not exist"):
+        scale.fleet_view(sc, ("get", "gpus"), 1)  # type: ignore[arg-type]
