@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
+import yaml
 from ctrlfix import DRIVER, add_claim, add_pod, allocated_status, claim, device_class, pod
 from kubefake import FakeKube
 
@@ -17,6 +19,7 @@ from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES
 from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet import command
 
+SHIPPED_CLASSES = Path(__file__).resolve().parents[1] / "deploy" / "deviceclasses"
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
 
@@ -61,6 +64,11 @@ def fleet() -> FakeKube:
                       "note": "device gpu-7 is not published, the node's other devices are: the API server would "
                               "refuse it: attributes: too many (rule maxAttributes)"})
     return kube
+
+
+def shipped_classes() -> list[dict[str, Any]]:
+    """The chart's DeviceClasses (``deploy/deviceclasses``)."""
+    return [d for p in sorted(SHIPPED_CLASSES.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
 
 
 def run(kube: FakeKube, *argv: str, stdin: str | None = None, engine: Engine | None = None) -> tuple[int, str, str]:

@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                "rss_with_cluster_mib": round(_status_mib("VmRSS"), 1),
                "commands": {args.only: measure(cluster, args.only, COMMANDS[args.only], args.samples, args.profile)}}
         found = doc["commands"][args.only]
-        say(f"  {args.only}: {found['first_wall_s']:.2f}s wall cold, best {found['wall_s']:.2f}s")
+        say(f"  {args.only}: {found['first_wall_s']:.2f}s wall ({found['first_cpu_s']:.2f}s CPU) cold, best "
+            f"{found['wall_s']:.2f}s")
+        if args.profile:
+            say(found["profile"])
     if args.json == "-":
         print(json.dumps(doc, indent=1))
     elif args.json is not None:

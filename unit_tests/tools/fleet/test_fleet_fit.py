@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 import yaml
 from ctrlfix import CLASS, DRIVER, add_claim, add_pod, allocated_status, claim, device_class, pod
-from fleetfix import A100, H100, fleet, run, template
+from fleetfix import A100, H100, fleet, run, shipped_classes, template
 from kubefake import FakeKube
 
 from dra_driver.allocator.resolve import Engine
 from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, SLICES, ApiError
 from dra_driver.tools.fleet.fit import workload_fitter
 from dra_driver.tools.migrate.workloads import FitAsk
-from e2e.bench.common import REPO
 from e2e.generators.fleet import plugin_slices
 
 # --- fit -----------------------------------------------------------------------------------------
@@ -132,10 +131,8 @@ def _fleet_with_mig() -> FakeKube:
     kube = FakeKube()
     for s in plugin_slices(6, mig_nodes=2):
         kube.add(SLICES, s)
-    for path in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                kube.add(DEVICE_CLASSES, doc)
+    for doc in shipped_classes():
+        kube.add(DEVICE_CLASSES, doc)
     for i, (node, device) in enumerate([("gpu-node-3", "gpu-0"), ("gpu-node-3", "gpu-1"), ("gpu-node-4", "gpu-5"),
                                         ("gpu-node-1", "gpu-0-mig-3g40gb-0")]):
         held = claim(f"held-{i}")

@@ -6,7 +6,7 @@ import json
 
 import yaml
 from ctrlfix import add_claim, allocated_status, claim, device_class
-from fleetfix import A100, H100, devices, fleet, gpu, node_slice, one_line, run
+from fleetfix import A100, H100, devices, fleet, gpu, node_slice, one_line, run, shipped_classes
 from kubefake import FakeKube
 
 from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES, ApiError
@@ -195,12 +195,10 @@ def test_selectors_and_classes_decide_per_group_as_per_device() -> None:
     from dra_driver.controller.views import slice_view
     from dra_driver.tools.fleet.selects import outcomes
     from dra_driver.tools.fleet.top import class_selects
-    from e2e.bench.common import REPO
 
     view = slice_view()
     inventory = build_inventory([view(s) for s in plugin_slices(4, mig_nodes=2)])
-    classes = [d for p in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml"))
-               for d in yaml.safe_load_all(p.read_text()) if d]
+    classes = shipped_classes()
     rules = SchedulerRules.for_version("v1.37.2")
     expressions = ['device.attributes["gpu.dra-driver.io"].profile.startsWith("1g.")',  # a CEL error on GPUs
                    'device.capacity["gpu.dra-driver.io"].memory.compareTo(quantity("40Gi")) >= 0', "device.driver != ''"]
