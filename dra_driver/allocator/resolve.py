@@ -228,7 +228,8 @@ def _resolve(
                 explanation.failure = {k: v for k, v in (("request", exc.request), ("selector", exc.selector),
                                                          ("device", key_str(exc.device) if exc.device else None)) if v}
                 explanation.nodes = {"tried": number, "reasons": dict(reasons)}
-                explain_failure(ctx, explanation)
+                if explain:
+                    explain_failure(ctx, explanation)
                 return Resolution(None, explanation)
             reasons[str(exc)] += 1
             passed_over.add(pos)
@@ -243,6 +244,8 @@ def _resolve(
         search, node, number = found
         explanation.nodes = {"tried": number, "reasons": dict(reasons)}
         return _success(ctx, search, node, explanation)
+    if not explain:
+        return Resolution(None, explanation)
     if len(node_list) > last + 1:
         reasons[NOT_ENOUGH] += len(node_list) - last - 1
     explanation.nodes = {"tried": len(node_list), "reasons": dict(reasons)}
