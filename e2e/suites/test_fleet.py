@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ BAD_CAPABILITY = "8.1234567890123456789"  # a version 1.38 refuses: the plugin w
 
 MODELS: dict[str, dict[str, Any]] = {
     "a10": {"productName": "NVIDIA A10", "cudaComputeCapability": "8.6", "memoryMiB": 23028, "multiprocessors": 72},
+    "a16": {"productName": "NVIDIA A16", "cudaComputeCapability": "8.6", "memoryMiB": 15356, "multiprocessors": 40},
     "a40": {"productName": "NVIDIA A40", "cudaComputeCapability": "8.6", "memoryMiB": 46068, "multiprocessors": 84},
     "l40s": {"productName": "NVIDIA L40S", "cudaComputeCapability": "8.9", "memoryMiB": 46068, "multiprocessors": 142},
     "odd": {"productName": "NVIDIA L4", "cudaComputeCapability": BAD_CAPABILITY, "memoryMiB": 23034,
@@ -76,14 +77,18 @@ def _profile(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 # - MIG 1g.6gb: two on fleet-a's A30, one on fleet-b's: 3 (a:2, b:1);
 # - 20Gi shares of an L40S (45Gi): two per GPU, two GPUs on fleet-b only: 4 (b:4);
 # - two A40s on one NUMA node: fleet-a's two are on different NUMA nodes, fleet-b has two on NUMA 0
-#   and one on NUMA 1: 1 (b:1), where counting GPUs alone would say 2.
+#   and one on NUMA 1: 1 (b:1), where counting GPUs alone would say 2;
+# - a pod with two claims of one A16 each, all on one node: three A16s on each node; with one such
+#   pod placed, 1 more (on the other node), where counting GPUs alone would say 2.
 PROFILES = {
     NODE_A: _profile([_gpu(0, "a10", 0), _gpu(1, "a10", 1), _gpu(2, "a40", 0), _gpu(3, "a40", 1),
-                      _gpu(4, "a30", 0, [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)])]),
+                      _gpu(4, "a30", 0, [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)]),
+                      _gpu(5, "a16", 1), _gpu(6, "a16", 1), _gpu(7, "a16", 1)]),
     NODE_B: _profile([_gpu(0, "a10", 0), _gpu(1, "a40", 0), _gpu(2, "a40", 0), _gpu(3, "a40", 1), _gpu(4, "l40s", 1),
-                      _gpu(5, "l40s", 1), _gpu(6, "a30", 1, [("1g.6gb", 0), ("2g.12gb", 2)]), _gpu(7, "odd", 1)]),
+                      _gpu(5, "l40s", 1), _gpu(6, "a30", 1, [("1g.6gb", 0), ("2g.12gb", 2)]), _gpu(7, "odd", 1),
+                      _gpu(8, "a16", 0), _gpu(9, "a16", 0), _gpu(10, "a16", 0)]),
 }
-PUBLISHED = {NODE_A: 7, NODE_B: 8}
+PUBLISHED = {NODE_A: 10, NODE_B: 11}
 """Devices each node publishes: its GPUs without MIG, and the MIG devices (fleet-b's gpu-7 withheld)."""
 FLAGS = {NODE_A: (), NODE_B: ("--consumable-shares=memory",)}
 
@@ -179,12 +184,12 @@ def template(name: str, device_class: str, selector: str, *, count: int = 1, mem
             "spec": {"spec": {"devices": devices}}}
 
 
-def pod(name: str, template_name: str) -> dict[str, Any]:
+def pod(name: str, template_name: str, claims: tuple[str, ...] = ("gpu",)) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
         "terminationGracePeriodSeconds": 0,
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template_name}],
+        "resourceClaims": [{"name": c, "resourceClaimTemplateName": template_name} for c in claims],
         "containers": [{"name": "ctr0", "image": "busybox:1.36", "command": ["sh", "-c", "sleep 86400"],
-                        "resources": {"claims": [{"name": "gpu"}]}}]}}
+                        "resources": {"claims": [{"name": c} for c in claims]}}]}}
 
 
 def product(name: str) -> str:
@@ -196,23 +201,26 @@ def unschedulable(p: dict[str, Any]) -> bool:
                for c in p.get("status", {}).get("conditions") or [])
 
 
-def placement(bed: Bed, ns: str) -> tuple[dict[str, str], list[str]]:
-    """The pods the scheduler bound (pod -> node), and those it found no room for."""
-    pods = bed.get("pods", ns=ns)["items"]
+def placement(bed: Bed, ns: str, prefix: str) -> tuple[dict[str, str], list[str]]:
+    """The pods named ``prefix-*`` the scheduler bound (pod -> node), and those it found no room for."""
+    pods = [p for p in bed.get("pods", ns=ns)["items"] if p["metadata"]["name"].startswith(f"{prefix}-")]
     bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
     waiting = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName") and unschedulable(p)]
     return bound, waiting
 
 
-def predict_then_schedule(bed: Bed, ns: str, tmpl: dict[str, Any],
-                          expect: dict[str, int]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``fit --count 100`` of ``tmpl``, then K+1 pods from it to the scheduler: exactly K bound, on
-    the nodes ``fit`` named. ``expect``: K by node, as counted by hand (so that a ``fit`` and a
-    scheduler wrong the same way, or a K of 0, cannot pass). The report, and where each pod went."""
+def predict_then_schedule(bed: Bed, ns: str, tmpl: dict[str, Any], expect: dict[str, int], *,
+                          target: tuple[str, ...] = (), claims: tuple[str, ...] = ("gpu",),
+                          make: Callable[[str], dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``fit --count 100`` of ``tmpl`` (or of ``target``, a pod), then K+1 pods from it (``make``) to
+    the scheduler: exactly K bound, on the nodes ``fit`` named, each pod's ``claims`` on its node.
+    ``expect``: K by node, as counted by hand (so that a ``fit`` and a scheduler wrong the same way,
+    or a K of 0, cannot pass). The report, and where each pod went."""
     name = tmpl["metadata"]["name"]
     bed.apply([tmpl], ns=ns)
     started = time.monotonic()
-    report = dra_json(bed, "fit", "--template", f"{ns}/{name}", "--count", "100", *scheduler_rules())
+    report = dra_json(bed, "fit", *(target or ("--template", f"{ns}/{name}")), "-n", ns, "--count", "100",
+                      *scheduler_rules())
     took = time.monotonic() - started
     k = report["fits"]
     assert report["kind"] == "GpuFit" and report["asked"] == 100, report
@@ -220,21 +228,21 @@ def predict_then_schedule(bed: Bed, ns: str, tmpl: dict[str, Any],
     failure = report["firstFailure"]
     assert failure["try"] == k + 1 and failure["state"] == "unsatisfiable" and failure["summary"], report
 
-    bed.apply([pod(f"{name}-{i}", name) for i in range(k + 1)], ns=ns)
+    bed.apply([(make or (lambda p: pod(p, name)))(f"{name}-{i}") for i in range(k + 1)], ns=ns)
 
     def settled() -> tuple[dict[str, str], list[str]] | None:
-        bound, waiting = placement(bed, ns)
+        bound, waiting = placement(bed, ns, name)
         return (bound, waiting) if len(bound) + len(waiting) == k + 1 else None
 
     bound, waiting = wait_for(f"{k} of {k + 1} pods bound and one unschedulable", settled, 90)
     time.sleep(2.0)  # a pod bound late would show now
-    assert placement(bed, ns) == (bound, waiting)
+    assert placement(bed, ns, name) == (bound, waiting)
     assert len(bound) == k and len(waiting) == 1, (bound, waiting)
     assert dict(Counter(bound.values())) == report["nodes"], (bound, report)
     for p, node in bound.items():
-        claim = claim_of(bed, ns, p, "gpu")
-        results = claim["status"]["allocation"]["devices"]["results"]
-        assert {r["pool"] for r in results} == {node}, (p, node, results)
+        for pod_claim in claims:
+            results = claim_of(bed, ns, p, pod_claim)["status"]["allocation"]["devices"]["results"]
+            assert {r["pool"] for r in results} == {node}, (p, pod_claim, node, results)
     print(f"\nfit {name}: {k} ({report['nodes']}, {report['models']}) in {took:.1f}s; the scheduler bound {bound}")
     return report, bound
 
@@ -306,6 +314,19 @@ def test_fit_a_match_attribute_constraint(bed: Bed, ns: str, fleet_nodes: tuple[
     tmpl = template("a40-pair", GPU_CLASS, product("NVIDIA A40"), count=2, match="resource.kubernetes.io/numaNode")
     report, _ = predict_then_schedule(bed, ns, tmpl, {NODE_B: 1})
     assert report["models"] == {"NVIDIA A40": 2}, report
+
+
+@pytest.mark.testbed_only
+@pytest.mark.next
+def test_fit_a_pod_puts_its_claims_on_one_node(bed: Bed, ns: str, fleet_nodes: tuple[str, str]) -> None:
+    both = ("a", "b")
+    tmpl = template("a16", GPU_CLASS, product("NVIDIA A16"))
+    bed.apply([tmpl, pod("first", "a16", both)], ns=ns)
+    placed = wait_for("the first pod bound", lambda: bed.get("pod", "first", ns)["spec"].get("nodeName"), 60)
+    other = NODE_B if placed == NODE_A else NODE_A
+    report, _ = predict_then_schedule(bed, ns, tmpl, {other: 1}, target=("pod/first",), claims=both,
+                                      make=lambda name: pod(name, "a16", both))
+    assert report["target"] == f"pod {ns}/first" and report["models"] == {"NVIDIA A16": 2}, report
 
 
 @pytest.mark.testbed_only
