@@ -194,4 +194,4 @@ def summary_markdown(directory: Path = RESULTS) -> str:
 
 
 BENCH_ORDER = ("prepare", "mig_publish", "plugin_start", "resolution", "explain", "cel", "real_node", "grpc_floor",
-               "scale")
+               "scale", "scale-fleet")
