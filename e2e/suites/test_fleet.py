@@ -503,3 +503,21 @@ def test_bad_input_is_one_line_and_exit_1(bed: Bed, ns: str, plugin_path: dict[s
                      "cannot reach the cluster")
     one_line_failure(kubectl_dra(bed, plugin_path, "top", "--context", "gone", kubeconfig=config),
                      "cannot reach the cluster")
+
+
+# --------------------------------------------------------------------------- migrate's fit
+
+
+@pytest.mark.testbed_only
+def test_migrate_says_whether_each_workload_fits_now(bed: Bed, ns: str, tmp_path: Path) -> None:
+    """migrate's report, through the API client it reads with, answers with the fleet view's fit."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"}, "spec": {
+        "suspend": True, "parallelism": 2, "template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "ctr0", "image": "busybox:1.36", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
+    bed.apply([job], ns=ns)
+    config = tmp_path / "device-plugin.yaml"
+    config.write_text("version: v1\nflags: {migStrategy: none}\n")
+    proc = dra(bed, "migrate", "-f", str(config))
+    assert proc.returncode == 0, proc.stderr
+    [line] = [line for line in proc.stdout.splitlines() if f"Job {ns}/train nvidia.com/gpu: 1" in line]
+    assert "; fits now: yes, all 2 pods, on " in line, line
