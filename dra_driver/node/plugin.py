@@ -88,7 +88,7 @@ def api_client(kubeconfig: str | None) -> kube.RestKubeApi:
     """The plugin's one API client: one connection pool, sized for a batch of claim reads, shared
     with slice publication."""
     return kube.RestKubeApi.from_kubeconfig(kubeconfig, pool_size=CLAIM_READ_CONCURRENCY, request_timeout=20.0,
-                                            user_agent="dra-driver-plugin")
+                                            user_agent=rivals.PLUGIN_USER_AGENT)
 
 
 def sweep_stale_claims(state: DeviceState, api: kube.KubeApi, claims: StaleClaims, now: float, log: Logger,

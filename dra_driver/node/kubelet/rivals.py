@@ -11,8 +11,8 @@ two things:
   ``<state dir>/instances/`` (NVIDIA's plugin never writes there; its state directory is the one
   above), so a sibling pod of a rolling update is not taken for a rival;
 * the API server: a ResourceSlice of this driver for this node that no instance of this driver
-  wrote (none of its ``managedFields`` is this driver's, whose writer the API server names after
-  its user agent, ``dra-driver``). The kubelet removes a plugin's slices once the plugin is gone,
+  wrote (none of its ``managedFields`` is this driver's plugin's, whose writes the API server names
+  after its user agent, ``dra-driver-plugin``). The kubelet removes a plugin's slices once the plugin is gone,
   so one that stays is a plugin that runs.
 
 Only a start-up check: a rival installed later is not noticed, which is why the docs say to remove
@@ -37,8 +37,9 @@ from dra_driver.k8s.client import SLICES, ApiError, KubeApi
 from dra_driver.k8s.objects import as_list, as_mapping, as_str, meta
 from dra_driver.logs import Logger
 
-OWN_MANAGER = "dra-driver"
-"""How the API server names this driver's writes (the first word of its user agent)."""
+PLUGIN_USER_AGENT = "dra-driver-plugin"
+"""The node plugin's user agent, which the API server records as the manager of the plugin's writes
+(``managedFields[].manager``: the user agent up to its first ``/``)."""
 INSTANCES_DIR = "instances"
 """In the state directory: one empty file per live instance, named after its registration socket."""
 GETINFO_TIMEOUT = 1.0
@@ -90,7 +91,7 @@ def slice_rivals(slices: Sequence[Mapping[str, Any]], driver: str, node: str) ->
         if as_str(spec.get("driver")) != driver or as_str(spec.get("nodeName")) != node:
             continue
         managers = {as_str(as_mapping(m).get("manager")) for m in as_list(meta(body).get("managedFields"))}
-        if OWN_MANAGER not in managers:
+        if PLUGIN_USER_AGENT not in managers:
             writers = ", ".join(sorted(m for m in managers if m)) or "an unknown writer"
             found.append(f"ResourceSlice {as_str(meta(body).get('name'))} of {driver} for node {node} is "
                          f"published by {writers}")

@@ -94,7 +94,7 @@ def test_a_live_socket_of_another_plugin_is_a_rival(short_tmp: Path) -> None:
 
 
 def test_a_slice_of_the_node_someone_else_wrote_is_a_rival() -> None:
-    assert slice_rivals([nvidia_slice("dra-driver")], DRIVER, NODE) == []
+    assert slice_rivals([nvidia_slice("dra-driver-plugin")], DRIVER, NODE) == []
     assert slice_rivals([nvidia_slice("gpu-kubelet-plugin")], DRIVER, NODE) == [
         f"ResourceSlice node-a-gpu.nvidia.com-x7k2p of {DRIVER} for node {NODE} is published by gpu-kubelet-plugin"]
     assert slice_rivals([nvidia_slice(None)], DRIVER, NODE)[0].endswith("is published by an unknown writer")
@@ -114,7 +114,7 @@ def test_the_refusal_names_what_it_found(short_tmp: Path) -> None:
         "publish: remove NVIDIA's DRA driver from this node first (drain it, uninstall its kubelet plugin, then start "
         "this one; docs/upgrading.md)")
     mine = FakeKube()
-    mine.add(SLICES, nvidia_slice("dra-driver"))
+    mine.add(SLICES, nvidia_slice("dra-driver-plugin"))
     refuse_beside_rivals(mine, driver=DRIVER, node=NODE, registry_dir=short_tmp / "registry",
                          own_socket=short_tmp / "registry" / "gpu.nvidia.com-reg.sock", state_dir=short_tmp / "state", log=LOG)
 
