@@ -154,6 +154,10 @@ def test_the_api_profile_chooses_the_driver_name(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("API_PROFILE", "nvidia")
     assert settings().driver_name == "gpu.nvidia.com" and settings("--api-profile=dra-driver").driver_name == (
         "gpu.dra-driver.io")
+    from dra_driver.controller.settings import controller_settings
+
+    # The controller resolves claims of the profile's driver.
+    assert controller_settings(cli.build_parser().parse_args(["controller"])).driver_name == "gpu.nvidia.com"
     monkeypatch.delenv("API_PROFILE")
     assert settings("--driver-name=gpu.nvidia.com").api_profile.name == "nvidia"
 

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver import apiprofile
 from dra_driver.allocator.rules import AUTO, RULE_CHOICES
 from dra_driver.controller import fence
 from dra_driver.flags import (
@@ -16,7 +15,6 @@ from dra_driver.flags import (
     add_env_argument,
     add_scheduler_rules_argument,
     add_shared_arguments,
-    api_profile,
     port,
     positive_number,
     resolve_environment,
@@ -58,8 +56,6 @@ class ControllerSettings:
     allocation_namespaces: LabelSelector | None = None
     """The namespaces (by their labels) whose claims the controller allocates when annotated
     ``gpu.dra-driver.io/allocate: controller``; None: it allocates none (the default)."""
-    api_profile: apiprofile.ApiProfile = apiprofile.OWN
-    """Whose names the driver's devices have (dra_driver.apiprofile)."""
 
 
 def add_controller_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +110,6 @@ def controller_settings(args: argparse.Namespace, environ: Mapping[str, str] | N
         scheduler_rules=str(args.scheduler_rules),
         pod_events=bool(args.pod_events),
         allocation_namespaces=args.allocation_namespace_selector,
-        api_profile=api_profile(args),
     )
 
 
