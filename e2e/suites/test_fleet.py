@@ -44,6 +44,9 @@ BAD_CAPABILITY = "8.1234567890123456789"  # a version 1.38 refuses: the plugin w
 
 MODELS: dict[str, dict[str, Any]] = {
     "a10": {"productName": "NVIDIA A10", "cudaComputeCapability": "8.6", "memoryMiB": 23028, "multiprocessors": 72},
+    "a2": {"productName": "NVIDIA A2", "cudaComputeCapability": "8.6", "memoryMiB": 15356, "multiprocessors": 10},
+    "a6000": {"productName": "NVIDIA RTX A6000", "cudaComputeCapability": "8.6", "memoryMiB": 49140,
+              "multiprocessors": 84},
     "a16": {"productName": "NVIDIA A16", "cudaComputeCapability": "8.6", "memoryMiB": 15356, "multiprocessors": 40},
     "a40": {"productName": "NVIDIA A40", "cudaComputeCapability": "8.6", "memoryMiB": 46068, "multiprocessors": 84},
     "l40s": {"productName": "NVIDIA L40S", "cudaComputeCapability": "8.9", "memoryMiB": 46068, "multiprocessors": 142},
@@ -79,16 +82,20 @@ def _profile(gpus: list[dict[str, Any]]) -> dict[str, Any]:
 # - two A40s on one NUMA node: fleet-a's two are on different NUMA nodes, fleet-b has two on NUMA 0
 #   and one on NUMA 1: 1 (b:1), where counting GPUs alone would say 2;
 # - a pod with two claims of one A16 each, all on one node: three A16s on each node; with one such
-#   pod placed, 1 more (on the other node), where counting GPUs alone would say 2.
+#   pod placed, 1 more (on the other node), where counting GPUs alone would say 2;
+# - two RTX A6000s, else one A2 (firstAvailable): fleet-a has two A6000s and an A2, fleet-b one A6000
+#   and two A2s: 4 (a:2 as one of each, b:2 as A2s).
 PROFILES = {
     NODE_A: _profile([_gpu(0, "a10", 0), _gpu(1, "a10", 1), _gpu(2, "a40", 0), _gpu(3, "a40", 1),
                       _gpu(4, "a30", 0, [("1g.6gb", 0), ("1g.6gb", 1), ("2g.12gb", 2)]),
-                      _gpu(5, "a16", 1), _gpu(6, "a16", 1), _gpu(7, "a16", 1)]),
+                      _gpu(5, "a16", 1), _gpu(6, "a16", 1), _gpu(7, "a16", 1),
+                      _gpu(8, "a6000", 0), _gpu(9, "a6000", 0), _gpu(10, "a2", 1)]),
     NODE_B: _profile([_gpu(0, "a10", 0), _gpu(1, "a40", 0), _gpu(2, "a40", 0), _gpu(3, "a40", 1), _gpu(4, "l40s", 1),
                       _gpu(5, "l40s", 1), _gpu(6, "a30", 1, [("1g.6gb", 0), ("2g.12gb", 2)]), _gpu(7, "odd", 1),
-                      _gpu(8, "a16", 0), _gpu(9, "a16", 0), _gpu(10, "a16", 0)]),
+                      _gpu(8, "a16", 0), _gpu(9, "a16", 0), _gpu(10, "a16", 0),
+                      _gpu(11, "a6000", 0), _gpu(12, "a2", 1), _gpu(13, "a2", 1)]),
 }
-PUBLISHED = {NODE_A: 10, NODE_B: 11}
+PUBLISHED = {NODE_A: 13, NODE_B: 14}
 """Devices each node publishes: its GPUs without MIG, and the MIG devices (fleet-b's gpu-7 withheld)."""
 FLAGS = {NODE_A: (), NODE_B: ("--consumable-shares=memory",)}
 
@@ -314,6 +321,22 @@ def test_fit_a_match_attribute_constraint(bed: Bed, ns: str, fleet_nodes: tuple[
     tmpl = template("a40-pair", GPU_CLASS, product("NVIDIA A40"), count=2, match="resource.kubernetes.io/numaNode")
     report, _ = predict_then_schedule(bed, ns, tmpl, {NODE_B: 1})
     assert report["models"] == {"NVIDIA A40": 2}, report
+
+
+@pytest.mark.testbed_only
+@pytest.mark.next
+def test_fit_a_prioritized_list(bed: Bed, ns: str, fleet_nodes: tuple[str, str]) -> None:
+    tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "a6000-or-a2"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": GPU_CLASS, "count": 2,
+                 "selectors": [{"cel": {"expression": product("NVIDIA RTX A6000")}}]},
+                {"name": "small", "deviceClassName": GPU_CLASS,
+                 "selectors": [{"cel": {"expression": product("NVIDIA A2")}}]}]}]}}}}
+    report, bound = predict_then_schedule(bed, ns, tmpl, {NODE_A: 2, NODE_B: 2})
+    assert report["models"] == {"NVIDIA RTX A6000": 2, "NVIDIA A2": 3}, report
+    results = [r for p in bound for r in claim_of(bed, ns, p, "gpu")["status"]["allocation"]["devices"]["results"]]
+    taken = Counter(r["request"] for r in results)
+    assert taken == {"gpu/big": 2, "gpu/small": 3}, taken
 
 
 @pytest.mark.testbed_only
