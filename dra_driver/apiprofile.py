@@ -11,8 +11,10 @@
   are ``gpu.nvidia.com/xid``, ``gpu.nvidia.com/gpu-lost`` and ``gpu.nvidia.com/unmonitored``.
 
 Both: one pool per node, named after the node; the CDI kind is ``k8s.<driver>/claim``. The name
-table, ours beside NVIDIA's, is docs/nvidia-profile.md. Everything that names a device, an
-attribute, a capacity, a counter, a class or a taint reads it from the profile here.
+table, ours beside NVIDIA's, is docs/nvidia-profile.md. What differs between the two is decided
+here (the driver name, device and counter-set names, which attributes, capacities and counters are
+published, the classes, the taint keys, the state directory); the names both share (``productName``,
+``memory``, ...) are written where the devices are described, dra_driver.node.describe.devices.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ NAMES = (DRA_DRIVER, NVIDIA)
 """The values of ``--api-profile`` (``$API_PROFILE``, chart ``apiProfile``)."""
 
 NVIDIA_DRIVER_NAME = "gpu.nvidia.com"
-STANDARD_PREFIX = "resource.kubernetes.io/"
 NUMBERED_BY_INDEX = "index"
 NUMBERED_BY_MINOR = "minor"
 
