@@ -98,8 +98,12 @@ def enumerate_devices(gpus: Sequence[Gpu], dynamic_mig: bool, profile: ApiProfil
                                           mig_profile=mig_profile, placement=placement))
         elif gpu.mig_enabled:
             for mig in gpu.mig_devices:
-                add(AllocatableDevice(name=static_mig_device_name(gpu, mig, profile), gpu=gpu, mig=mig,
-                                      placement=mig.placement))
+                name = static_mig_device_name(gpu, mig, profile)
+                if name in devices and profile.mig_names_by_profile_id:
+                    # NVIDIA's name says the GPU instance, not the compute instance: a second compute
+                    # instance of one GPU instance is told apart by its ID (NVIDIA's plugin has no name for it).
+                    name = f"{name}-ci{mig.compute_instance_id}"
+                add(AllocatableDevice(name=name, gpu=gpu, mig=mig, placement=mig.placement))
         else:
             add(AllocatableDevice(name=gpu_device_name(gpu, profile), gpu=gpu))
     return devices

@@ -124,3 +124,12 @@ def test_consumable_shares_are_nvidias_modes_in_1mi_steps(mode: str, default: st
             "default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}}}
     else:
         assert "shares" not in shared["capacity"]
+
+
+def test_two_compute_instances_of_one_gpu_instance_are_told_apart() -> None:
+    gpu = gpus("a100-mig")[1]  # 7g.40gb
+    whole = gpu.mig_devices[0]
+    halves = (replace(whole, uuid="MIG-a", profile="3c.7g.40gb", compute_instance_id=0),
+              replace(whole, uuid="MIG-b", profile="3c.7g.40gb", compute_instance_id=1))
+    devices = enumerate_devices([replace(gpu, mig_devices=halves)], False, NVIDIA_PROFILE)
+    assert list(devices) == ["gpu-1-mig-3c7g40gb-0-0", "gpu-1-mig-3c7g40gb-0-0-ci1"]
