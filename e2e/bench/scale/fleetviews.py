@@ -52,7 +52,7 @@ from dra_driver.k8s.wire import Reduced, allocation_view
 from dra_driver.tools.fleet import command
 from e2e.bench.common import REPO
 from e2e.bench.scale.cluster import FIT_SHAPES, NS_FILL, NS_HELD
-from e2e.generators.fleet import DRIVER, GPUS_PER_NODE, plugin_slices
+from e2e.generators.fleet import DRIVER, GPUS_PER_NODE, node_name, plugin_slices
 
 TEMPLATE = "any-gpu"
 COMMANDS: dict[str, tuple[str, ...]] = {
@@ -66,11 +66,13 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 class Cluster:
     """What the API server would answer, already decoded: the client's reads and nothing else."""
 
-    def __init__(self, nodes: int, claims_per_node: int) -> None:
+    def __init__(self, nodes: int, claims_per_node: int, mig_nodes: int = 0) -> None:
         if not 0 <= claims_per_node <= GPUS_PER_NODE:
             raise ValueError(f"claims per node must be 0..{GPUS_PER_NODE}")
         view = slice_view()
-        raw = plugin_slices(nodes)
+        # The dynamic-MIG nodes first (as the scale bench adds them), their claims none.
+        raw = plugin_slices(nodes + mig_nodes, mig_nodes=mig_nodes)
+        mig = {node_name(i) for i in range(mig_nodes)}
         self.slices = [view(s) for s in raw]
         self.classes = [d for p in sorted((REPO / "deploy" / "deviceclasses").glob("*.yaml"))
                         for d in yaml.safe_load_all(p.read_text()) if d]
@@ -78,7 +80,7 @@ class Cluster:
         self.pods: list[Obj] = []
         for body in raw:
             node, pool = body["spec"]["nodeName"], body["spec"]["pool"]["name"]
-            for dev in body["spec"]["devices"][:claims_per_node]:
+            for dev in ([] if node in mig else body["spec"].get("devices") or [])[:claims_per_node]:
                 name = f"held-{len(self.claims)}"
                 result = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": dev["name"]}
                 self.claims.append(dict(allocation_view({
@@ -163,7 +165,8 @@ def measure(cluster: Cluster, name: str, argv: tuple[str, ...], samples: int, pr
 def child(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """``name`` measured in a fresh interpreter (caches cold, as in a person's run; its own peak RSS)."""
     cmd = [sys.executable, "-m", "e2e.bench.scale.fleetviews", "--nodes", str(args.nodes), "--claims-per-node",
-           str(args.claims_per_node), "--samples", str(args.samples), "--only", name, "--json", "-"]
+           str(args.claims_per_node), "--mig-nodes", str(args.mig_nodes), "--samples", str(args.samples), "--only", name,
+           "--json", "-"]
     if args.profile:
         cmd.append("--profile")
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.bench.scale.fleetviews", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--claims-per-node", type=int, default=6, help="GPUs allocated per node (of 8)")
+    parser.add_argument("--mig-nodes", type=int, default=0,
+                        help="dynamic-MIG nodes besides (the scale bench has one per ten GPU nodes)")
     parser.add_argument("--samples", type=int, default=3, help="runs per command, in one process: the first is cold")
     parser.add_argument("--only", choices=sorted(COMMANDS), help="one command, in this process")
     parser.add_argument("--profile", action="store_true")
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda _line: None) if args.json == "-" else (lambda line: print(line, flush=True))
     doc: dict[str, Any]
     if args.only is None:
-        doc = {"nodes": args.nodes, "gpus": args.nodes * GPUS_PER_NODE, "commands": {}}
+        doc = {"nodes": args.nodes, "mig_nodes": args.mig_nodes, "gpus": args.nodes * GPUS_PER_NODE, "commands": {}}
         for name in COMMANDS:
             one = child(args, name)
             doc["claims"], doc["fixture_rss_mib"] = one["claims"], one["rss_with_cluster_mib"]
@@ -197,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                 say(found["profile"])
     else:
         t0 = time.perf_counter()
-        cluster = Cluster(args.nodes, args.claims_per_node)
-        doc = {"nodes": args.nodes, "gpus": args.nodes * GPUS_PER_NODE, "claims": len(cluster.claims),
+        cluster = Cluster(args.nodes, args.claims_per_node, args.mig_nodes)
+        doc = {"nodes": args.nodes, "mig_nodes": args.mig_nodes, "devices": sum(
+                   len(s["spec"].get("devices") or []) for s in cluster.slices), "claims": len(cluster.claims),
                "pods": len(cluster.pods), "fixture_s": round(time.perf_counter() - t0, 1),
                "rss_with_cluster_mib": round(_status_mib("VmRSS"), 1),
                "commands": {args.only: measure(cluster, args.only, COMMANDS[args.only], args.samples, args.profile)}}
