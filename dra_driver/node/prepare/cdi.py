@@ -95,8 +95,11 @@ class CdiSpecs:
             "containerEdits": edits.common,
         }
         if self.mps_state_dir is not None:
+            # On the MPS devices only: a container of another request of the claim is no MPS client.
             daemons = container_edits(self.mps_state_dir, [d.mps_gpu for d in devices if d.mps_gpu])
-            spec["containerEdits"] = merge_edits(spec["containerEdits"], daemons)
+            for entry, device in zip(edits.devices, spec["devices"], strict=True):
+                if entry.device.mps_gpu:
+                    device["containerEdits"] = merge_edits(device["containerEdits"], daemons)
         if self._driver_edits is not None:
             spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())
         spec["cdiVersion"] = minimum_cdi_version(spec)

@@ -3,8 +3,9 @@
 Per device: the GPU node ``/dev/nvidiaN``, the MIG capability nodes
 ``/dev/nvidia-caps/nvidia-capN``, and ``DRA_GPU_<i>_*`` variables saying what the container got
 (device, request, UUID, sharing; for a share its ID, memory and compute; the time-slice interval
-and MPS client limits its config sets). For the claim: the control nodes, ``NVIDIA_VISIBLE_DEVICES``
-with the claim's UUIDs, ``DRA_GPU_*`` variables, and one set of MPS client limits for the container.
+and MPS client limits its config sets), and on each MPS device the claim's one set of MPS client
+limits for the container. For the claim: the control nodes, ``NVIDIA_VISIBLE_DEVICES`` with the
+claim's UUIDs and ``DRA_GPU_*`` variables.
 With a fake dev root (simulated GPUs) every node gets ``hostPath`` under it while ``path`` stays
 ``/dev/...``.
 
@@ -153,11 +154,19 @@ def claim_edits(claim_uid: str, claim_ref: str, driver_name: str, node_name: str
     ]
     if node_name:
         claim_env.append(f"DRA_GPU_NODE={node_name}")
+    client_env = []
     if mps.percents:
         # One value per MPS client: the strictest of the claim's devices.
-        claim_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps.percents)}")
+        client_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps.percents)}")
     if mps.memory:
         limits = ",".join(f"{ordinal}={_mps_limit_text(n)}" for ordinal, n in sorted(mps.memory.items()))
-        claim_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
+        client_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
+    # The client limits ride on the MPS devices' own edits, not the claim's: a container that names
+    # another request of the claim (NVIDIA's gpu-test5: one request time-sliced, one under MPS) gets
+    # the claim's edits too, and must not become an MPS client. Each MPS device carries the same
+    # values, so a container with several gets them once.
+    for entry in out.devices:
+        if entry.device.sharing.strategy is Strategy.MPS:
+            entry.edits["env"] += client_env
     out.common = {"deviceNodes": [device_node(n, host_dev) for n in CONTROL_NODES], "env": claim_env}
     return out

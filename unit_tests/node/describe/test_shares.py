@@ -280,15 +280,16 @@ def test_two_shares_of_one_gpu_in_one_claim_are_two_cdi_devices(senv: ShareEnv) 
     assert device_env(spec, 1)["DRA_GPU_1_MEMORY_SHARE"] == "10Gi"
     claim_env = env_of(spec["containerEdits"])
     assert claim_env["DRA_GPU_COUNT"] == "2"
-    # One container, one MPS client of that GPU: the pinned-memory limit is both shares together.
-    assert claim_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
+    # One container, one MPS client of that GPU: the pinned-memory limit is both shares together, on each.
+    assert device_env(spec, 0)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
+    assert device_env(spec, 1)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
 
 
 def test_mps_share_gets_limits_from_what_it_consumed(senv: ShareEnv) -> None:
     claim = make_claim("m", [share("gpu-0", memory="30Gi", shares="2")], config=[gpu_config({"strategy": "MPS"})])
     uid = claim["metadata"]["uid"]
     assert senv.prepare_one(claim).error is None
-    claim_env = env_of(senv.spec(uid)["containerEdits"])
+    claim_env = device_env(senv.spec(uid), 0)
     assert claim_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30720M"
     assert claim_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
 

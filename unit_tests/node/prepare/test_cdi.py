@@ -133,10 +133,12 @@ class TestContent:
         assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
         assert env["DRA_GPU_COUNT"] == "2"
         assert env["DRA_GPU_DEVICES"] == "gpu-0,gpu-1"
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=1024M"
         d0 = env_of(spec["devices"][0]["containerEdits"])
         d1 = env_of(spec["devices"][1]["containerEdits"])
+        # The MPS client limits are the MPS device's: a container of request "a" alone is no MPS client.
+        assert not any(k.startswith("CUDA_MPS_") for k in {**env, **d0})
+        assert d1["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+        assert d1["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=1024M"
         assert d0["DRA_GPU_0_SHARING"] == "TimeSlicing:Long"
         assert d0["DRA_GPU_0_TIMESLICE_INTERVAL"] == "Long"
         assert d1["DRA_GPU_1_REQUEST"] == "b/big"

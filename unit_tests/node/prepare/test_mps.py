@@ -68,11 +68,14 @@ def test_three_shares_one_daemon_three_clients_stopped_after_the_last(menv: MpsE
     assert menv.daemons.starts == [GPU0], "one daemon for the GPU"
     assert menv.daemons.live[GPU0] == Defaults(None, 10 * 2**30), "the smallest share is the default"
     for i, ref in enumerate(refs):
-        common = menv.spec(ref.uid)["containerEdits"]
-        env = env_of(common)
+        spec = menv.spec(ref.uid)
+        assert "mounts" not in spec["containerEdits"], "the daemon's edits are the MPS device's, not the claim's"
+        (device,) = spec["devices"]
+        env = env_of(device["containerEdits"])
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={10240 * (i + 1)}M"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-        assert {m["containerPath"] for m in common["mounts"]} == {"/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm"}
+        mounts = device["containerEdits"]["mounts"]
+        assert {m["containerPath"] for m in mounts} == {"/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm"}
     for ref in refs[:2]:
         assert menv.state.unprepare([ref]) == {ref.uid: None}
     assert menv.daemons.stops == []
@@ -146,8 +149,10 @@ def test_without_daemons_mps_claims_get_their_limits_alone(env: Env) -> None:
     assert isinstance(env.state, DeviceState) and not env.state.runs_mps
     ref = env.reader.add(make_claim("a", [("gpu", "gpu-0")], config=[gpu_config(MPS)]))
     assert env.state.prepare([ref])[ref.uid].ok
-    common = env.spec(ref.uid)["containerEdits"]
-    assert "mounts" not in common and env_of(common)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    spec = env.spec(ref.uid)
+    (device,) = spec["devices"]
+    assert "mounts" not in spec["containerEdits"] and "mounts" not in device["containerEdits"]
+    assert env_of(device["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
 
 
 def test_two_plugin_instances_of_a_node_share_one_daemon(menv: MpsEnv) -> None:

@@ -79,7 +79,7 @@ class TestPrepare:
         spec = env.spec(claim["metadata"]["uid"])
         assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == \
             "MPS:defaultActiveThreadPercentage=50"
-        assert env_of(spec["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env_of(spec["devices"][0]["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
 
     def test_nvidia_config_reaches_the_same_prepare(self, env: Env) -> None:
         """NVIDIA's quickstart gpu-test5 configs: a time-sliced GPU with the Long interval set on it,
@@ -95,8 +95,11 @@ class TestPrepare:
         assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == "TimeSlicing:Long"
         assert env_of(spec["devices"][1]["containerEdits"])["DRA_GPU_1_SHARING"] == \
             "MPS:defaultActiveThreadPercentage=50,defaultPinnedDeviceMemoryLimit=10Gi"
-        assert env_of(spec["containerEdits"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-        assert env_of(spec["containerEdits"])["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
+        # Only the MPS GPU's containers are MPS clients (gpu-test5's ts-ctr0/1 name the other request).
+        ts_env, mps_env = (env_of(d["containerEdits"]) for d in spec["devices"])
+        assert not any(k.startswith("CUDA_MPS_") for k in {**env_of(spec["containerEdits"]), **ts_env})
+        assert mps_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert mps_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
 
     def test_nvidia_mig_device_config(self, env: Env) -> None:
         claim = make_claim("c", [("mig", "gpu-2-mig-1")], config=[
