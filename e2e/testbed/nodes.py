@@ -44,6 +44,9 @@ class SimNode:
     from a fake driver root, instead of simulated GPUs."""
     flags: tuple[str, ...] = ()
     """Plugin flags of this node on every start (``--dynamic-mig``)."""
+    driver_name: str = DRIVER_NAME
+    """The plugin's ``--driver-name``: a second driver on the bed (``gpu.nvidia.com`` with
+    ``--api-profile=nvidia`` in ``flags``) runs beside the bed's own on nodes of its own."""
 
     @property
     def registry_dir(self) -> Path:
@@ -106,7 +109,7 @@ class SimNode:
             *(["env", *environment] if environment else []),
             *bytecode.shipped_python(), "-m", "dra_driver", "kubelet-plugin",
             f"--node-name={self.name}",
-            f"--driver-name={DRIVER_NAME}",
+            f"--driver-name={self.driver_name}",
             *self.backend_args(),
             f"--kubelet-registry-dir={self.registry_dir}",
             f"--kubelet-plugins-dir={self.plugins_dir}",
@@ -232,8 +235,13 @@ class NodeFleet:
 
     def add_node(self, node: SimNode, timeout: float = 60.0) -> None:
         """One more node (its kubelet peer registers it) with its plugin, on a fleet already running."""
-        self.nodes[node.name] = node
-        self._start_nodes([node], timeout)
+        self.add_nodes([node], timeout)
+
+    def add_nodes(self, nodes: list[SimNode], timeout: float = 60.0) -> None:
+        """More nodes at once: their peers and plugins start side by side."""
+        for node in nodes:
+            self.nodes[node.name] = node
+        self._start_nodes(nodes, timeout)
 
     def remove_node(self, name: str) -> None:
         """Stop a node's plugin and kubelet peer; its Node object and slices stay for the caller."""
@@ -248,7 +256,7 @@ class NodeFleet:
         """Wait until every plugin created its registration socket."""
         deadline = time.monotonic() + timeout
         for node in self.nodes.values():
-            sock = node.registry_dir / f"{DRIVER_NAME}-reg.sock"
+            sock = node.registry_dir / f"{node.driver_name}-reg.sock"
             while not sock.exists():
                 self.procs.check_alive()
                 if time.monotonic() > deadline:

@@ -21,10 +21,10 @@ from dra_driver.node.settings import PluginSettings
 
 
 def test_builtin_profiles_present() -> None:
-    assert {"h100-8x", "a100-mig", "mixed-l4-t4"} <= set(builtin_profiles())
+    assert {"h100-8x", "a100-mig", "mixed-l4-t4", "nvidia-examples"} <= set(builtin_profiles())
 
 
-@pytest.mark.parametrize("name", ["h100-8x", "a100-mig", "mixed-l4-t4"])
+@pytest.mark.parametrize("name", ["h100-8x", "a100-mig", "mixed-l4-t4", "nvidia-examples"])
 def test_builtin_profiles_load_and_roundtrip(name: str) -> None:
     gpus = SimulatedBackend(name, "node-a").discover()
     assert [g.index for g in gpus] == list(range(len(gpus)))
@@ -33,6 +33,15 @@ def test_builtin_profiles_load_and_roundtrip(name: str) -> None:
         assert g.driver_version.startswith("580.")
         assert g.cuda_driver_version == "13.0"
         assert g.uuid.startswith("GPU-")
+
+
+def test_nvidia_examples_have_what_nvidias_examples_need() -> None:
+    """Five full A100s, gpu-test4's four MIG devices on one A100, and 1g.12gb devices (extended-resource MIG)."""
+    gpus = SimulatedBackend("nvidia-examples", "node-a").discover()
+    full = [g for g in gpus if not g.mig_enabled]
+    assert len(full) == 5 and all("A100" in g.product_name for g in full)
+    profiles = {g.index: sorted(m.profile for m in g.mig_devices) for g in gpus if g.mig_enabled}
+    assert profiles == {5: ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"], 6: ["1g.12gb", "1g.12gb", "3g.47gb"]}
 
 
 def test_h100_topology() -> None:
