@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dra_driver import CONFIG_API_GROUP, DEFAULT_DRIVER_NAME
+from dra_driver import DEFAULT_DRIVER_NAME
 
 DRA_DRIVER = "dra-driver"
 NVIDIA = "nvidia"
@@ -97,8 +97,6 @@ class ApiProfile:
     state_subdir: str
     """The state directory's default is ``<plugins-dir>/<driver>/<state_subdir>`` ("": the plugin's
     own directory); NVIDIA's plugin keeps its ``checkpoint.json`` in the same directory."""
-    config_api_group: str
-    """The opaque configuration's API group this profile reads."""
     refuses_rivals: bool
     """The plugin refuses to start where another plugin of its driver name runs on the node (NVIDIA's
     own, for ``gpu.nvidia.com``: dra_driver.node.kubelet.rivals)."""
@@ -181,7 +179,6 @@ OWN = ApiProfile(
     engine_counters=False,
     shares_memory_step=None,
     state_subdir="",
-    config_api_group=CONFIG_API_GROUP,
     refuses_rivals=False,
     taints=TaintKeys(*(f"{DEFAULT_DRIVER_NAME}/unhealthy",) * 4),
     class_prefixes=(("gpu", "gpu"), ("mig", "mig")),
@@ -198,7 +195,6 @@ NVIDIA_PROFILE = ApiProfile(
     engine_counters=True,
     shares_memory_step=2**20,
     state_subdir="dra-driver",
-    config_api_group="resource.nvidia.com",
     refuses_rivals=True,
     taints=TaintKeys(unhealthy=f"{NVIDIA_DRIVER_NAME}/xid", xid=f"{NVIDIA_DRIVER_NAME}/xid",
                      gpu_lost=f"{NVIDIA_DRIVER_NAME}/gpu-lost", unmonitored=f"{NVIDIA_DRIVER_NAME}/unmonitored"),
