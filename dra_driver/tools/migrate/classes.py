@@ -20,9 +20,13 @@ What each name meant under the device plugin, node by node, and what serves it h
 
 A name that means different things on different nodes gets one class whose selector takes each
 node's meaning (``||``): Kubernetes allows one class per name, and a device selector cannot name a
-node, so each meaning holds on every node that publishes such a device. A name another DeviceClass already
-claims with a different selector, a name that is MPS-shared on some nodes and not on others, and a
-time-sliced MIG profile no node has are errors. Pure: the cluster is read and written by
+node, so each meaning holds on every node that publishes such a device. A class that already serves
+the name with the same selector serves it (none is generated): one in the cluster, or, where the
+cluster has no class of its name yet, one the chart installs under the driver's API profile
+(``gpu.nvidia.com`` for ``nvidia.com/gpu`` under ``--api-profile nvidia``, :mod:`dra_driver.apiprofile`).
+A name another DeviceClass already claims with a different selector (the chart's class of the
+profile included, installed or not), a name that is MPS-shared on some nodes and not on others,
+and a time-sliced MIG profile no node has are errors. Pure: the cluster is read and written by
 :mod:`dra_driver.tools.migrate.command`.
 """
 
@@ -32,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver import CONFIG_API_VERSION
+from dra_driver import CONFIG_API_VERSION, apiprofile
 from dra_driver.k8s.bodies import RawDeviceClass
 from dra_driver.k8s.names import is_dns_subdomain
 from dra_driver.k8s.objects import as_list, as_mapping, as_mappings, as_str, meta
@@ -83,8 +87,13 @@ class Served:
     backings: dict[Backing, list[str]] = field(default_factory=dict)
     """Each meaning and the nodes it has there."""
     generated: bool = True
+    installed: bool = True
+    """An existing class (not ``generated``) is in the cluster; False: it is the chart's class of the
+    driver's API profile, which serves the name once the chart is installed."""
     current: bool = False
     """The cluster holds the class as wanted already: nothing to apply."""
+    same_devices: str | None = None
+    """A class of the profile (``mig.nvidia.com``) that selects exactly the devices a generated class does."""
     refused_more: bool = False
     """A config sharing it says ``failRequestsGreaterThanOne``: the device plugin refused a count above 1."""
 
@@ -98,6 +107,8 @@ class Plan:
     served: dict[str, Served]
     classes: list[dict[str, Any]]
     """The DeviceClasses to apply (migrate's own and the ones whose selectors change)."""
+    assumed: list[RawDeviceClass] = field(default_factory=list)
+    """The profile's chart classes that serve a name and are not in the cluster, as the chart installs them."""
 
 
 def class_name(resource: str, driver: str) -> str:
@@ -210,6 +221,17 @@ def device_class(served: Served, driver: str) -> dict[str, Any]:
     }
 
 
+def profile_classes(driver: str) -> list[RawDeviceClass]:
+    """The DeviceClasses the chart installs under the driver's API profile, as its default values
+    render their names and specs (``deviceClasses.extendedResourceName: nvidia.com/gpu``): NVIDIA's ``gpu.nvidia.com``
+    and ``mig.nvidia.com`` under ``--api-profile nvidia``."""
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+             "metadata": {"name": spec.name},
+             "spec": {**({"extendedResourceName": spec.extended_resource_name} if spec.extended_resource_name else {}),
+                      "selectors": [{"cel": {"expression": apiprofile.class_selector(driver, spec.device_type)}}]}}
+            for spec in apiprofile.for_driver(driver).device_classes(driver)]
+
+
 def _claimants(existing: Sequence[RawDeviceClass]) -> dict[str, list[RawDeviceClass]]:
     out: dict[str, list[RawDeviceClass]] = {}
     for cls in existing:
@@ -253,7 +275,10 @@ def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[s
             entry.backings.setdefault(backing, []).append(node)
             if backing.shares and config.sharing is not None and config.sharing.fail_requests_greater_than_one:
                 entry.refused_more = True
-    claimants = _claimants(existing)
+    installed = {_name(c) for c in existing}
+    charts = profile_classes(driver)
+    assumed = [c for c in charts if _name(c) not in installed and _served_name(c)]
+    claimants = _claimants([*existing, *assumed])
     classes: list[dict[str, Any]] = []
     for resource, entry in sorted(served.items()):
         if len({b.mps for b in entry.backings}) > 1:
@@ -265,12 +290,15 @@ def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[s
         same = [c for c in others if _same_selection(c, wanted)]
         if others and len(same) == len(others) and len(others) == 1:
             entry.class_name, entry.generated = _name(others[0]), False
+            entry.installed = entry.class_name in installed
             continue
         if others:
-            names = ", ".join(sorted(_name(c) for c in others))
-            raise MigrateError(f"{resource} would be claimed by two DeviceClasses: {names} (existing) and "
+            names = ", ".join(sorted(f"{_name(c)} ({'existing' if _name(c) in installed else _charts(driver)})"
+                                     for c in others))
+            raise MigrateError(f"{resource} would be claimed by two DeviceClasses: {names} and "
                                f"{entry.class_name}; Kubernetes allows one class per extendedResourceName "
                                "(remove it, or set the chart's deviceClasses.extendedResourceName to \"\")")
+        entry.same_devices = next((_name(c) for c in charts if _same_selection(c, wanted)), None)
         mine = [c for c in existing if _name(c) == entry.class_name]
         if mine and _same_selection(mine[0], wanted) and _served_name(mine[0]) == resource:
             entry.current = True
@@ -285,4 +313,8 @@ def plan_classes(configs: Mapping[str, PluginConfig | None], profiles: Mapping[s
                  and (other := _served_name(c)) not in (None, cls["spec"]["extendedResourceName"])]
         if clash:
             raise MigrateError(f"DeviceClass {name} exists and serves {clash[0]}, not {cls['spec']['extendedResourceName']}")
-    return Plan(served, classes)
+    return Plan(served, classes, assumed)
+
+
+def _charts(driver: str) -> str:
+    return f"the chart's under --api-profile {apiprofile.for_driver(driver).name}, not installed yet"

@@ -132,7 +132,7 @@ def build_report(configs: Mapping[str, config.PluginConfig], fleet: Fleet, *, de
                   if (spec := as_mapping(s.get("spec"))).get("driver") == driver and as_list(spec.get("devices"))}
     by_node = config.node_configs(nodes, configs, config.default_config(configs, default))
     plan = classes.plan_classes(by_node, profiles, fleet.device_classes, driver)
-    rows = workloads.report(fleet.workloads, plan.served, driver, fit, plan.classes)
+    rows = workloads.report(fleet.workloads, plan.served, driver, fit, [*plan.classes, *plan.assumed])
     names = {r["resource"] for r in rows} | set(plan.served)
     pods = steps.pods_by_node([w for w in fleet.workloads if w.get("kind") == "Pod"], names)
     states = [steps.NodeState(name=node_name(n), config=by_node.get(node_name(n)),
@@ -142,6 +142,7 @@ def build_report(configs: Mapping[str, config.PluginConfig], fleet: Fleet, *, de
     return {
         "classes": plan.classes,
         "served": [{"resource": s.resource, "deviceClass": s.class_name, "generated": s.generated,
+                    "installed": s.installed, "sameDevicesAs": s.same_devices,
                     "meanings": {b.describe(): sorted(ns) for b, ns in sorted(s.backings.items())}}
                    for s in sorted(plan.served.values(), key=lambda s: s.resource)],
         "unknownConfig": sorted(n for n, c in by_node.items() if c is None),
@@ -159,10 +160,14 @@ def render_text(report: Mapping[str, Any], applied: Sequence[str]) -> str:
     lines.append("Device plugin names and the DeviceClasses that serve them:")
     pending = {c["metadata"]["name"] for c in report["classes"]}
     for s in report["served"]:
-        state = "to apply" if s["deviceClass"] in pending else "up to date" if s["generated"] else "exists"
+        state = "to apply" if s["deviceClass"] in pending else "up to date" if s["generated"] else (
+            "exists: it serves the name already" if s["installed"] else
+            "the chart's class of this API profile: it serves the name once the chart is installed; none generated")
         if applied and s["deviceClass"] in pending:
             state = "applied"
         lines.append(f"  {s['resource']} -> {s['deviceClass']} ({state})")
+        if s["sameDevicesAs"]:
+            lines.append(f"      the same devices as class {s['sameDevicesAs']}, which does not serve {s['resource']}")
         for meaning, nodes in s["meanings"].items():
             lines.append(f"      {meaning}: {', '.join(nodes)}")
     if report["unknownConfig"]:

@@ -8,8 +8,18 @@ import pytest
 from migfix import DRIVER, slice_of
 
 from dra_driver.allocator.cel.compile import compile_selector, device_activation
-from dra_driver.tools.migrate.classes import Backing, advertised_profiles, class_name, mig_profiles, plan_classes
+from dra_driver.apiprofile import NVIDIA_DRIVER_NAME, NVIDIA_PROFILE
+from dra_driver.node.discovery.profiles import load_profile
+from dra_driver.tools.migrate.classes import (
+    Backing,
+    advertised_profiles,
+    class_name,
+    mig_profiles,
+    plan_classes,
+    profile_classes,
+)
 from dra_driver.tools.migrate.config import MigrateError, parse_config
+from e2e.generators.fleet import published_slices
 
 NONE = parse_config("version: v1\nflags: {migStrategy: none}\n", "none")
 MIXED = parse_config("version: v1\nflags: {migStrategy: mixed}\n", "mixed")
@@ -21,13 +31,13 @@ def sharing(rename: bool, replicas: int = 4, kind: str = "timeSlicing", name: st
                         f"    resources: [{{name: {name}, replicas: {replicas}}}]\n", f"{kind}-{rename}")
 
 
-def selected(cls: dict[str, Any], slices: list[dict[str, Any]]) -> list[str]:
+def selected(cls: dict[str, Any], slices: list[dict[str, Any]], driver: str = DRIVER) -> list[str]:
     """The devices (node/name) the class's selectors take, as the scheduler's CEL evaluates them."""
     selectors = [compile_selector(s["cel"]["expression"]) for s in cls["spec"]["selectors"]]
     out = []
     for sl in slices:
         for device in sl["spec"]["devices"]:
-            act = device_activation(DRIVER, device.get("attributes"), device.get("capacity"),
+            act = device_activation(driver, device.get("attributes"), device.get("capacity"),
                                     bool(device.get("allowMultipleAllocations")))
             act.variables["driver"] = sl["spec"]["driver"]
             if all(s.evaluate(act) for s in selectors):
@@ -154,3 +164,79 @@ def test_unknown_configs_are_left_out_and_names_are_valid() -> None:
     assert class_name("nvidia.com/mig-1g.10gb", DRIVER) == f"nvidia-mig-1g.10gb.{DRIVER}"
     with pytest.raises(MigrateError, match="is not a valid DeviceClass name"):
         class_name("nvidia.com/A..b", DRIVER)
+
+
+# --- under --api-profile nvidia: the chart installs NVIDIA's gpu.nvidia.com (nvidia.com/gpu) and mig.nvidia.com
+
+NV = NVIDIA_DRIVER_NAME
+
+
+def nvidia_slices(n: int, profile: str) -> list[dict[str, Any]]:
+    return published_slices(load_profile(profile), f"node-{n:04d}", driver=NV, api_profile=NVIDIA_PROFILE)
+
+
+def installed_chart(extended: bool = True) -> list[dict[str, Any]]:
+    """The chart's classes as the cluster holds them (``deviceClasses.extendedResourceName: ""``: none serves a name)."""
+    bodies = profile_classes(NV)
+    for body in bodies:
+        body["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
+        if not extended:
+            body["spec"].pop("extendedResourceName", None)
+    return bodies
+
+
+def test_nvidias_profile_classes_are_the_profile_modules() -> None:
+    assert [(c["metadata"]["name"], c["spec"].get("extendedResourceName"), c["spec"]["selectors"][0]["cel"]["expression"])
+            for c in profile_classes(NV)] == [
+        ("gpu.nvidia.com", "nvidia.com/gpu", "device.driver == 'gpu.nvidia.com' && "
+                                             "device.attributes['gpu.nvidia.com'].type == 'gpu'"),
+        ("mig.nvidia.com", None, "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'")]
+    # this driver's own chart classes serve no name but nvidia-gpu.<driver>, which is migrate's own name for it
+    assert [c["metadata"]["name"] for c in profile_classes(DRIVER)] == [f"gpu.{DRIVER}", f"mig.{DRIVER}"]
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_under_nvidias_profile_gpu_nvidia_com_serves_nvidia_gpu(installed: bool) -> None:
+    """No second class for nvidia.com/gpu: the chart's gpu.nvidia.com serves it, whether the chart is
+    installed yet or not (Kubernetes allows one class per extendedResourceName)."""
+    slices = nvidia_slices(1, "a100-mig") + nvidia_slices(2, "h100-8x")
+    plan = plan_classes({"node-0001": MIXED, "node-0002": NONE}, mig_profiles(slices, NV),
+                        installed_chart() if installed else [], NV)
+    gpu = plan.served["nvidia.com/gpu"]
+    assert (gpu.class_name, gpu.generated, gpu.installed) == ("gpu.nvidia.com", False, installed)
+    names = {c["metadata"]["name"] for c in plan.classes}
+    assert "nvidia-gpu.gpu.nvidia.com" not in names and not names & {"gpu.nvidia.com", "mig.nvidia.com"}
+    assert "nvidia.com/gpu" not in {c["spec"]["extendedResourceName"] for c in plan.classes}
+    # the MIG profiles still get migrate's classes, under the profile's driver and its device names
+    mig = by_resource(plan.classes)["nvidia.com/mig-1g.5gb"]
+    assert mig["metadata"]["name"] == "nvidia-mig-1g.5gb.gpu.nvidia.com"
+    chosen = selected(mig, slices, NV)
+    assert chosen and all(d.startswith("node-0001/gpu-") and "-mig-1g5gb-" in d for d in chosen)
+    # where the chart is not installed yet, its class is what the fleet view's fit is given
+    assert [c["metadata"]["name"] for c in plan.assumed] == ([] if installed else ["gpu.nvidia.com"])
+    assert selected(profile_classes(NV)[0], slices, NV) == ["node-0001/gpu-3"] + [f"node-0002/gpu-{i}" for i in range(8)]
+
+
+def test_under_nvidias_profile_single_needs_the_charts_name_freed() -> None:
+    slices = nvidia_slices(1, "a100-mig")
+    with pytest.raises(MigrateError, match=r"nvidia.com/gpu would be claimed by two DeviceClasses: gpu.nvidia.com "
+                                           r"\(the chart's under --api-profile nvidia, not installed yet\) and "
+                                           r"nvidia-gpu.gpu.nvidia.com; .*extendedResourceName to \"\""):
+        plan_classes({"node-0001": SINGLE}, mig_profiles(slices, NV), [], NV)
+    with pytest.raises(MigrateError, match=r"claimed by two DeviceClasses: gpu.nvidia.com \(existing\) and "):
+        plan_classes({"node-0001": SINGLE}, mig_profiles(slices, NV), installed_chart(), NV)
+
+
+def test_under_nvidias_profile_with_the_name_freed_a_class_is_generated_beside_the_charts() -> None:
+    """deviceClasses.extendedResourceName "": gpu.nvidia.com serves no name, so migrate's class does;
+    the chart's classes are never replaced (NVIDIA's claims name them), and the report says which one
+    selects the same devices."""
+    slices = nvidia_slices(1, "a100-mig")
+    plan = plan_classes({"node-0001": SINGLE}, mig_profiles(slices, NV), installed_chart(extended=False), NV)
+    (cls,) = plan.classes
+    assert cls["metadata"]["name"] == "nvidia-gpu.gpu.nvidia.com" and plan.assumed == []
+    assert plan.served["nvidia.com/gpu"].same_devices == "mig.nvidia.com"
+    assert selected(cls, slices, NV) == selected(profile_classes(NV)[1], slices, NV)
+    plan = plan_classes({"node-0001": NONE}, mig_profiles(slices, NV), installed_chart(extended=False), NV)
+    assert [c["metadata"]["name"] for c in plan.classes] == ["nvidia-gpu.gpu.nvidia.com"]
+    assert plan.served["nvidia.com/gpu"].same_devices == "gpu.nvidia.com"

@@ -12,9 +12,14 @@ from kubefake import FakeKube
 from migfix import DRIVER, node, pod, slice_of
 
 from dra_driver import cli
+from dra_driver.apiprofile import NVIDIA_DRIVER_NAME, NVIDIA_PROFILE
+from dra_driver.flags import resolve_environment
 from dra_driver.k8s.client import CONFIGMAPS, DEVICE_CLASSES, NODES, PODS, SLICES, ApiError
+from dra_driver.node.discovery.profiles import load_profile
 from dra_driver.tools.migrate import command
+from dra_driver.tools.migrate.classes import profile_classes
 from dra_driver.tools.migrate.command import DEPLOYMENTS
+from e2e.generators.fleet import published_slices
 
 OPERATOR = {
     "metadata": {"name": "device-plugin-config", "namespace": "gpu-operator"},
@@ -62,6 +67,7 @@ def test_operator_configmap_report() -> None:
     assert f"nvidia.com/mig-1g.5gb -> nvidia-mig-1g.5gb.{DRIVER} (to apply)" in out
     assert f"nvidia.com/gpu.shared -> nvidia-gpu.shared.{DRIVER} (to apply)" in out
     assert "one of 4 shares of a full GPU: node-0002" in out
+    assert f"the same devices as class gpu.{DRIVER}, which does not serve nvidia.com/gpu" in out
     assert f"Pod ml/trainer nvidia.com/mig-1g.5gb: 1 -> served by nvidia-mig-1g.5gb.{DRIVER}" in out
     assert f"Deployment ml/serve nvidia.com/gpu: 1 -> served by nvidia-gpu.{DRIVER} as a full GPU" in out
     assert "Pod team/hami nvidia.com/gpumem: 4096 -> not served" in out and "memory: 4096Mi" in out
@@ -190,3 +196,45 @@ def test_malformed_objects_read_as_without_the_field() -> None:
     kube.add(NODES, {"metadata": {"name": "node-0009", "labels": "x"}, "status": {"capacity": ["nvidia.com/gpu"]}})
     rc, out, err = run(kube, configmap="gpu-operator/device-plugin-config", default_config="default")
     assert (rc, err) == (0, "") and "odd" not in out
+
+
+def nvidia_fleet(*, chart: bool) -> FakeKube:
+    """Under --api-profile nvidia: node-0001 moved (this driver publishes its A100's in NVIDIA's names),
+    node-0002 still on the device plugin; ``chart``: the chart's gpu.nvidia.com is installed."""
+    kube = FakeKube()
+    kube.add(NODES, node(1))
+    kube.add(NODES, node(2, device_plugin={"nvidia.com/gpu": "8"}))
+    for body in published_slices(load_profile("a100-mig"), "node-0001", driver=NVIDIA_DRIVER_NAME,
+                                 api_profile=NVIDIA_PROFILE):
+        kube.add(SLICES, body)
+    if chart:
+        for body in profile_classes(NVIDIA_DRIVER_NAME):
+            kube.add(DEVICE_CLASSES, body)
+    deployment = pod("serve", {"nvidia.com/gpu": "1"}, kind="Deployment")
+    del deployment["kind"]
+    kube.add(DEPLOYMENTS, deployment)
+    return kube
+
+
+@pytest.mark.parametrize("chart", [False, True])
+def test_under_nvidias_profile_the_report_names_gpu_nvidia_com(tmp_path: Any, chart: bool) -> None:
+    path = tmp_path / "dp.yaml"
+    path.write_text("version: v1\nflags: {migStrategy: none}\n")
+    rc, out, err = run(nvidia_fleet(chart=chart), str(path), driver=NVIDIA_DRIVER_NAME,
+                       fitter=cli.migrate_fitter(NVIDIA_DRIVER_NAME))
+    assert (rc, err) == (0, "")
+    state = ("exists: it serves the name already" if chart else
+             "the chart's class of this API profile: it serves the name once the chart is installed; none generated")
+    assert f"nvidia.com/gpu -> gpu.nvidia.com ({state})" in out
+    # node-0001's A100 has one full GPU (gpu-3) beside its MIG devices: fitted with the chart's class
+    assert ("Deployment ml/serve nvidia.com/gpu: 1 -> served by gpu.nvidia.com as a full GPU; "
+            "fits now: yes, on node-0001 (1)") in out
+    assert "nvidia-gpu.gpu.nvidia.com" not in out
+    rc, out, _ = run(nvidia_fleet(chart=chart), str(path), driver=NVIDIA_DRIVER_NAME, output="yaml")
+    assert (rc, out) == (0, "")  # nothing to apply: no second class for nvidia.com/gpu
+
+
+def test_the_api_profile_flag_gives_migrate_nvidias_driver_name() -> None:
+    parser = cli.build_parser()
+    args = resolve_environment(parser.parse_args(["migrate", "-f", "dp.yaml", "--api-profile", "nvidia"]), {})
+    assert args.driver_name == NVIDIA_DRIVER_NAME
