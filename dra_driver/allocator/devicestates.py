@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.inventory import AllocatedState, Device, DeviceKey, Inventory, Pool
+from dra_driver.allocator.inventory import AllocatedState, Device, DeviceKey, Inventory, Pool, hashable
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
 
 FREE, ALLOCATED, SHARED, TAINTED, BLOCKED, WITHHELD = "free", "allocated", "shared", "tainted", "blocked", "withheld"
@@ -105,11 +105,6 @@ def remaining_counters(pool: Pool, holding: set[DeviceKey]) -> dict[str, dict[st
     return left
 
 
-def counters_fit(dev: Device, left: Mapping[str, Mapping[str, Fraction]]) -> bool:
-    return all(name in left.get(counter_set, {}) and value <= left[counter_set][name]
-               for counter_set, counters in dev.consumes for name, value in counters.items())
-
-
 def _counter_holders(dev: Device, pool: Pool, holding: set[DeviceKey]) -> list[str]:
     """The held devices of the pool that consume a counter ``dev`` needs."""
     needs = {(cs, name) for cs, counters in dev.consumes for name in counters}
@@ -118,20 +113,50 @@ def _counter_holders(dev: Device, pool: Pool, holding: set[DeviceKey]) -> list[s
             and needs & {(cs, name) for cs, counters in other.consumes for name in counters}]
 
 
+Whole = dict[int, tuple[dict[str, Fraction], tuple[tuple[str, Fraction | int], ...]]]
+"""Counter maps of :attr:`Device.consumes` with each value :func:`hashable`, by the map's id
+(each kept, so that its id stays its own): the devices of a build share equal maps."""
+
+
+def _whole_counters(counters: dict[str, Fraction], whole: Whole) -> tuple[tuple[str, Fraction | int], ...]:
+    found = whole.get(id(counters))
+    if found is None or found[0] is not counters:
+        found = whole[id(counters)] = (counters, tuple((name, hashable(v)) for name, v in counters.items()))
+    return found[1]
+
+
+def counters_fit(dev: Device, left: Mapping[str, Mapping[str, Fraction | int]], whole: Whole | None = None) -> bool:
+    """Whether every counter ``dev`` consumes is in ``left`` with at least as much left. Whole
+    quantities are compared as ints (a Fraction's comparison is Python code, and a dynamic-MIG
+    fleet's placements make hundreds of thousands): equal values, the same answer. ``whole``: see
+    :data:`Whole`."""
+    whole = whole if whole is not None else {}
+    for counter_set, counters in dev.consumes:
+        have = left.get(counter_set)
+        for name, value in _whole_counters(counters, whole):
+            if have is None or name not in have or not value <= have[name]:
+                return False
+    return True
+
+
 def pool_states(pool: Pool, allocated: AllocatedState,
-                holdings: Mapping[DeviceKey, Sequence[Holding]] | None = None) -> list[DeviceState]:
+                holdings: Mapping[DeviceKey, Sequence[Holding]] | None = None,
+                whole: Whole | None = None) -> list[DeviceState]:
     """The state of each device of ``pool``, in the pool's order, from what the claims hold
     (:func:`dra_driver.allocator.inventory.allocated_state`: admin access holds nothing, a result
     with a share ID or consumed capacity holds a share); ``holdings``
-    (:func:`claim_holdings`), where given, names each device's claims in :attr:`DeviceState.held`."""
+    (:func:`claim_holdings`), where given, names each device's claims in :attr:`DeviceState.held`;
+    ``whole``: the counter maps made whole by earlier calls (one for all the pools of an inventory)."""
     holding = {k for d in pool.devices if (k := d.key) in allocated.devices or k in allocated.consumers}
-    left = remaining_counters(pool, holding) if pool.counter_sets else {}
+    left = ({cs: {name: hashable(v) for name, v in counters.items()}
+             for cs, counters in remaining_counters(pool, holding).items()} if pool.counter_sets else {})
     held = holdings or {}
-    return [_state(dev, pool, allocated, tuple(held.get(dev.key, ())), holding, left) for dev in pool.devices]
+    known = whole if whole is not None else {}
+    return [_state(dev, pool, allocated, tuple(held.get(dev.key, ())), holding, left, known) for dev in pool.devices]
 
 
 def _state(dev: Device, pool: Pool, allocated: AllocatedState, held: tuple[Holding, ...], holding: set[DeviceKey],
-           left: Mapping[str, Mapping[str, Fraction]]) -> DeviceState:
+           left: Mapping[str, Mapping[str, Fraction | int]], whole: Whole) -> DeviceState:
     key = dev.key
     if key in allocated.devices:
         return DeviceState(dev, ALLOCATED, "", held)
@@ -144,7 +169,7 @@ def _state(dev: Device, pool: Pool, allocated: AllocatedState, held: tuple[Holdi
             return DeviceState(dev, TAINTED, ", ".join(blocking), held)
     if not pool.usable:
         return DeviceState(dev, BLOCKED, f"pool {pool.label}: {pool.invalid or 'incomplete'}", held)
-    if dev.has_consumes and not counters_fit(dev, left):
+    if dev.has_consumes and not counters_fit(dev, left, whole):
         by = _counter_holders(dev, pool, holding)
         return DeviceState(dev, BLOCKED, f"counters taken by {', '.join(by)}" if by else "counters exhausted", held)
     return DeviceState(dev, FREE, "", held)
@@ -177,10 +202,11 @@ def device_census(inventory: Inventory, allocated: AllocatedState, driver: str,
     devices: Counter[tuple[str, str]] = Counter()
     shares: Counter[str] = Counter()
     seen: set[str] = set()
+    whole: Whole = {}
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
-        for s in pool_states(pool, allocated):
+        for s in pool_states(pool, allocated, whole=whole):
             if is_placement(s):
                 continue
             model = known.get(s.device.key)

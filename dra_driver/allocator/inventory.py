@@ -57,9 +57,10 @@ def key_str(key: DeviceKey) -> str:
 class Device:
     """One device of a (current-generation) slice, pre-digested for the search.
 
-    Only what every claim needs is digested when the inventory is built; the attribute and capacity
-    maps and the counters a device consumes are read from ``raw`` on first use (which is why slices
-    must not be edited in place once handed over). Most devices never need them: selectors are
+    Only what every claim needs is digested when the inventory is built (with the counters a device
+    consumes, each map of a build once: :func:`_digest_consumes`); the attribute and capacity maps
+    are read from ``raw`` on first use (which is why slices must not be edited in place once handed
+    over). Most devices never need them: selectors are
     evaluated once per group of devices that agree on what they read (``allocator.groups``)."""
 
     key: DeviceKey
@@ -184,15 +185,35 @@ def _digest_capacity(raw: Mapping[str, Any]) -> dict[str, tuple[Quantity, Mappin
     return out
 
 
-def _digest_consumes(raw: Any) -> list[tuple[str, dict[str, Fraction]]]:
-    """The counters a device consumes (those whose value is not a quantity were reported as problems)."""
+def _digest_counters(raw: Any) -> dict[str, Fraction]:
+    """One entry's counters (those whose value is not a quantity were reported as problems)."""
+    counters: dict[str, Fraction] = {}
+    for cname, c in as_mapping(raw).items():
+        q = quantity_or_none(as_mapping(c).get("value"))
+        if q is not None:
+            counters[cname] = q.value
+    return counters
+
+
+Digests = dict[int, tuple[Any, dict[str, Fraction]]]
+"""Counter maps digested in one build, by the map's id (each kept, so that its id stays its own)."""
+
+
+def _digest_consumes(raw: Any, digests: Digests | None = None) -> list[tuple[str, dict[str, Fraction]]]:
+    """The counters a device consumes. ``digests``: the maps digested earlier in the same build,
+    shared (read only) by the devices that consume equal ones: the decoded slices share equal maps
+    (a dynamic-MIG fleet's 76,000 placements consume a few dozen), and parsing each device's own
+    was most of a MIG pool's digest."""
     consumes: list[tuple[str, dict[str, Fraction]]] = []
     for entry in as_list(raw):
-        counters: dict[str, Fraction] = {}
-        for cname, c in as_mapping(as_mapping(entry).get("counters")).items():
-            q = quantity_or_none(as_mapping(c).get("value"))
-            if q is not None:
-                counters[cname] = q.value
+        counters_map = as_mapping(entry).get("counters")
+        if digests is None:
+            counters = _digest_counters(counters_map)
+        else:
+            found = digests.get(id(counters_map))
+            if found is None or found[0] is not counters_map:
+                found = digests[id(counters_map)] = (counters_map, _digest_counters(counters_map))
+            counters = found[1]
         consumes.append((as_str(as_mapping(entry).get("counterSet")) or "", counters))
     return consumes
 
@@ -294,6 +315,7 @@ class Prebuilt:
         self._members: dict[tuple[str, str], list[tuple[Mapping[str, Any], int]]] = {}
         self._added = 0
         self._checked: dict[int, Checked] = {}
+        self._digests: Digests = {}
 
     def add(self, slices: Sequence[Mapping[str, Any]]) -> None:
         """Digest the pools of ``slices``, those that arrived after the ones added before, once
@@ -307,7 +329,7 @@ class Prebuilt:
             everything = self._members.setdefault(key, [])
             everything.extend(members)
             if _all_there(everything):
-                self.pools[key] = _build_pool(*key, everything, self._checked)
+                self.pools[key] = _build_pool(*key, everything, self._checked, self._digests)
 
 
 def _pool_field(sl: Mapping[str, Any], name: str) -> int:
@@ -357,6 +379,7 @@ def build_inventory(slices: Iterable[RawSlice], previous: Inventory | None = Non
     earlier = previous.pool_map if previous is not None else {}
     fresh = prebuilt.pools if prebuilt is not None else {}
     checked: dict[int, Checked] = {}
+    digests: Digests = {}
     devices: list[Device] = []
     pools: list[Pool] = []
     for (driver, name), members in sorted(groups.items()):
@@ -365,7 +388,7 @@ def build_inventory(slices: Iterable[RawSlice], previous: Inventory | None = Non
         if built is None:
             built = fresh.pop((driver, name), None)
             if built is None or not _same_sources(built, sources):
-                built = _build_pool(driver, name, members, checked)
+                built = _build_pool(driver, name, members, checked, digests)
             # Numbered in place: no inventory holds a fresh pool yet.
             for i, dev in enumerate(built.devices):
                 dev.index = len(devices) + i
@@ -423,9 +446,10 @@ def _slice_name(sl: Any, index: int) -> str:
 
 
 def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], int]],
-                checked: dict[int, Checked]) -> Pool:
+                checked: dict[int, Checked], digests: Digests) -> Pool:
     """``sources``: the pool's slices with their positions in the input (which name a slice without a
-    name); ``checked``: see :func:`~dra_driver.allocator.slicechecks.checked_once`."""
+    name); ``checked``: see :func:`~dra_driver.allocator.slicechecks.checked_once`; ``digests``: see
+    :func:`_digest_consumes`."""
     members = [{**sl, "_index": i} for sl, i in sources]
 
     top, newest, expected = _newest(members)
@@ -437,12 +461,12 @@ def _build_pool(driver: str, name: str, sources: list[tuple[Mapping[str, Any], i
         pool.problems.append(f"pool {pool.label}: incomplete ({len(current)} of {expected} slices of generation {top})")
     seen: set[str] = set()
     for sl in current:
-        _add_slice(pool, sl, seen, pool.problems, checked)
+        _add_slice(pool, sl, seen, pool.problems, checked, digests)
     return pool
 
 
 def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list[str],
-               checked: dict[int, Checked]) -> None:
+               checked: dict[int, Checked], digests: Digests) -> None:
     spec = as_mapping(sl["spec"])
     sname = _slice_name(sl, sl["_index"])
     for cs in as_list(spec.get("sharedCounters")):
@@ -465,7 +489,7 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
         problems.append(f"slice {sname}: no node selection set, ignored")
         return
     for raw in as_list(spec.get("devices")):
-        dev = _build_device(pool, sname, as_mapping(raw), problems, checked)
+        dev = _build_device(pool, sname, as_mapping(raw), problems, checked, digests)
         if dev is None:
             continue
         if dev.key[2] in seen:
@@ -481,7 +505,7 @@ def _add_slice(pool: Pool, sl: Mapping[str, Any], seen: set[str], problems: list
 
 
 def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list[str],
-                  checked: dict[int, Checked]) -> Device | None:
+                  checked: dict[int, Checked], digests: Digests) -> Device | None:
     name = as_str(raw.get("name"))
     if not name:
         problems.append(f"slice {sname}: device without a name ignored")
@@ -489,7 +513,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
     _, attributes_clean, local = checked_once(checked, raw.get("attributes"), check_attributes)
     _, capacity_clean, capacity_problems = checked_once(checked, raw.get("capacity"), check_capacity)
     local += capacity_problems
-    # Checked now, digested once needed (Device.consumes).
+    # Checked and digested now, each map once per build (_digest_consumes).
     entries = as_list(raw.get("consumesCounters"))
     for entry in entries:
         local += checked_once(checked, as_mapping(entry).get("counters"), check_counters)[2]
@@ -505,6 +529,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
         binds_to_node=raw.get("bindsToNode") is True,
         taints=tuple(as_mapping(t) for t in as_list(taints)) if taints else (),
         problems=local, cel_clean=attributes_clean and capacity_clean, has_consumes=bool(entries),
+        _consumes=_digest_consumes(entries, digests) if entries else [],
     )  # fmt: skip
 
 

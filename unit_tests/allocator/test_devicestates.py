@@ -3,10 +3,12 @@ allocated, shared, tainted, blocked that holds, else free."""
 
 from __future__ import annotations
 
+import random
+from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.devicestates import device_census, pool_states
-from dra_driver.allocator.inventory import allocated_state, build_inventory
+from dra_driver.allocator.devicestates import counters_fit, device_census, pool_states, remaining_counters
+from dra_driver.allocator.inventory import _digest_consumes, allocated_state, build_inventory
 
 DRIVER = "gpu.dra-driver.io"
 
@@ -54,3 +56,37 @@ def test_the_census_counts_every_state_of_each_model_and_the_claims_sharing() ->
                                     ("H100", "tainted"): 0, ("H100", "blocked"): 0}
     assert dict(census.shares) == {"H100": 2}
     assert device_census(inventory, allocated_state(claims), "other.example.com").devices == {}
+
+
+def _counters_fit_with_fractions(dev: Any, left: dict[str, dict[str, Fraction]]) -> bool:
+    """What counters_fit answered before it compared whole quantities as ints."""
+    return all(name in left.get(cs, {}) and value <= left[cs][name] for cs, counters in dev.consumes
+               for name, value in counters.items())
+
+
+def test_counters_fit_answers_as_with_fractions() -> None:
+    rng = random.Random(54)
+    values = ["0", "1", "2", "7", "500m", "1500m", "1Gi", "1025Mi", "3"]
+    for _ in range(300):
+        consumes = [{"counterSet": rng.choice(["a", "b"]),
+                     "counters": {rng.choice(["m", "s", "t"]): {"value": rng.choice(values)} for _ in range(rng.randint(0, 3))}}
+                    for _ in range(rng.randint(1, 2))]
+        sl = one_pool([gpu("g", consumesCounters=consumes)])
+        sl["spec"]["sharedCounters"] = [{"name": "a", "counters": {n: {"value": rng.choice(values)} for n in "ms"}}]
+        (pool,) = build_inventory([sl]).pools
+        (dev,) = pool.devices
+        left = remaining_counters(pool, set())
+        assert counters_fit(dev, left) == _counters_fit_with_fractions(dev, left), consumes
+
+
+def test_equal_counter_maps_are_digested_once_per_build_and_read_the_same() -> None:
+    shared = {"memory": {"value": "10Gi"}, "slices": {"value": "1"}}
+    devices = [gpu(f"mig-{i}", consumesCounters=[{"counterSet": "cs", "counters": shared}]) for i in range(3)]
+    sl = one_pool(devices)
+    sl["spec"]["sharedCounters"] = [{"name": "cs", "counters": {"memory": {"value": "20Gi"}, "slices": {"value": "2"}}}]
+    (pool,) = build_inventory([sl]).pools
+    assert all(d.consumes == _digest_consumes(d.raw.get("consumesCounters")) for d in pool.devices)
+    assert pool.devices[0].consumes[0][1] is pool.devices[2].consumes[0][1]
+    assert [s.state for s in pool_states(pool, allocated_state([held("mig-0")]))] == ["allocated", "free", "free"]
+    assert [s.state for s in pool_states(pool, allocated_state([held("mig-0"), held("mig-1")]))] == [
+        "allocated", "allocated", "blocked"]
