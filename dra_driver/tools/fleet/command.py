@@ -27,7 +27,7 @@ from dra_driver.k8s.names import is_dns_label
 from dra_driver.tools.explain.command import rules_for
 from dra_driver.tools.fleet import fit, gpus, nodes, top
 from dra_driver.tools.fleet.args import GPU_WORDS, FitTarget, FleetError, parse_fit_target
-from dra_driver.tools.fleet.devices import device_rows, is_placement
+from dra_driver.tools.fleet.devices import device_rows
 from dra_driver.tools.fleet.reads import ReadOnly, read_fleet
 from dra_driver.tools.terminal import api_error_line, one_line, printable
 
@@ -94,9 +94,7 @@ def report_for(args: argparse.Namespace, reader: ReadOnly, *, engine: Engine, de
                                 engine=engine, rules=rules, driver=driver)
         render = fit.render_fit
     else:
-        rows = device_rows(objects, inventory, driver=driver)
-        if not getattr(args, "partitions", False):
-            rows = [r for r in rows if not is_placement(r)]
+        rows = device_rows(objects, inventory, driver=driver, placements=getattr(args, "partitions", False))
         wide = args.output == "wide"
         if args.command == "top":
             report, render = top.top_report(rows, objects.classes, inventory, rules), top.render_top

@@ -27,13 +27,14 @@ from dra_driver.allocator.devicestates import (
     WITHHELD,
     DeviceState,
     Holding,
+    Whole,
     claim_holdings,
     holds,
+    is_placement,
     is_share,
     model_label,
     pool_states,
 )
-from dra_driver.allocator.devicestates import is_placement as _is_placement
 from dra_driver.allocator.inventory import Device, Inventory, allocated_state, quantity_or_none
 from dra_driver.allocator.slicechecks import attribute_value
 from dra_driver.k8s.objects import as_mapping
@@ -203,15 +204,21 @@ def natural(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name))
 
 
-def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> list[DeviceRow]:
+def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, placements: bool = True) -> list[DeviceRow]:
     """One row per device of ``driver`` in ``inventory`` (built from ``fleet.slices``) and one per
-    withheld device, in (node, device) order (numbers in names by value)."""
+    withheld device, in (node, device) order (numbers in names by value). ``placements=False``
+    leaves out the rows of the dynamic MIG partitions not made yet
+    (:func:`~dra_driver.allocator.devicestates.is_placement`), which
+    are then only counted in their GPUs' ``can_make``: most of a dynamic-MIG fleet's devices, and
+    no view but ``--partitions`` prints them."""
     holdings = claim_holdings(fleet.claims, driver)
     allocated = allocated_state(fleet.claims)
     pods = pods_by_claim(fleet.pods)
     memories = _Memories()
     strings = _Strings(_FACTS)
+    whole: Whole = {}
     rows: list[DeviceRow] = []
+    published: set[tuple[str, str]] = set()
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
@@ -219,11 +226,22 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str) -> li
         # A MIG device names its GPU by UUID: the pool's GPUs by UUID, where a device has a parent.
         names_by_uuid = ({u: d.key[2] for d, (kind, _, _, _, u) in zip(pool.devices, facts, strict=True)
                           if u and kind == "gpu"} if any(f[3] for f in facts) else {})
-        pool_rows = [_row(state, fact, memories.of(state.device), fleet, pods, names_by_uuid)
-                     for state, fact in zip(pool_states(pool, allocated, holdings), facts, strict=True)]
-        _partitions(pool_rows)
+        pool_rows: list[DeviceRow] = []
+        made: dict[str, Counter[str]] = {}
+        for state, fact in zip(pool_states(pool, allocated, holdings, whole), facts, strict=True):
+            if placements or not is_placement(state):
+                pool_rows.append(_row(state, fact, memories.of(state.device), fleet, pods, names_by_uuid))
+                continue
+            # What _partitions reads of the row it does not build: kind mig, consuming counters.
+            published.add((_node_of(state.device), state.device.key[2]))
+            parent_uuid = fact[3]
+            if parent_uuid:
+                counts = made.setdefault(names_by_uuid.get(parent_uuid, parent_uuid), Counter())
+                if state.state == FREE and fact[2]:
+                    counts[fact[2]] += 1
+        _partitions(pool_rows, made)
         rows += pool_rows
-    published = {(r.node, r.device) for r in rows}
+    published.update((r.node, r.device) for r in rows)
     for w in fleet.withheld:
         if (w.node, w.device) not in published:
             rows.append(DeviceRow(w.node, driver, "", w.device, "", "", None, None, None, "", [], WITHHELD, w.rule))
@@ -254,10 +272,10 @@ def _row(state: DeviceState, facts: Sequence[str | None], memory: str | None, fl
     return row
 
 
-def _partitions(rows: list[DeviceRow]) -> None:
+def _partitions(rows: list[DeviceRow], by_parent: dict[str, Counter[str]]) -> None:
     """Each GPU of a pool whose MIG devices are made per claim (they consume the GPU's counters):
-    the profiles whose placements are free now, counted."""
-    by_parent: dict[str, Counter[str]] = {}
+    the profiles whose placements are free now, counted. ``by_parent``: those counted already, of
+    the placements without a row (by parent GPU, then profile)."""
     for r in rows:
         if r.kind == "mig" and r.parent and r.source is not None and r.source.device.has_consumes:
             counts = by_parent.setdefault(r.parent, Counter())
@@ -266,12 +284,6 @@ def _partitions(rows: list[DeviceRow]) -> None:
     for r in rows:
         if r.kind == "gpu" and r.device in by_parent:
             r.can_make = dict(sorted(by_parent[r.device].items()))
-
-
-def is_placement(row: DeviceRow) -> bool:
-    """A dynamic MIG partition not made yet (:func:`dra_driver.allocator.devicestates.is_placement`):
-    counted in its GPU's ``can_make``, not a device of its own."""
-    return row.source is not None and _is_placement(row.source)
 
 
 def row_document(row: DeviceRow) -> dict[str, Any]:

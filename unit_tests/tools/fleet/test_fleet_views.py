@@ -218,3 +218,27 @@ def test_selectors_and_classes_decide_per_group_as_per_device() -> None:
                           if all(outcome(compile_selector(e), d, rules.qualified_names) is True for e in exprs)]
         chosen += len(picked)
     assert chosen > len(inventory.devices) / 2
+
+
+def test_rows_without_placements_are_those_rows_less_the_placements() -> None:
+    from dra_driver.allocator.devicestates import is_placement
+    from dra_driver.allocator.inventory import build_inventory
+    from dra_driver.controller.views import slice_view
+    from dra_driver.tools.fleet.devices import device_rows, row_document
+    from dra_driver.tools.fleet.reads import FleetObjects, Withheld
+
+    view = slice_view()
+    slices = [view(s) for s in plugin_slices(3, mig_nodes=2)]
+    part = claim("mig")
+    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0", "gpu-1-mig-1g10gb-2"], node="gpu-node-1")
+    whole = claim("whole")
+    whole["status"] = allocated_status(["gpu-3"], node="gpu-node-3")
+    withheld = [Withheld("gpu-node-1", "gpu-2-mig-1g10gb-0", "published"), Withheld("gpu-node-3", "gpu-9", "r")]
+    fleet_objects = FleetObjects(slices=slices, classes=[], claims=[part, whole], pods=[], namespace=None,
+                                 withheld=withheld)
+    inventory = build_inventory(slices)
+    every = device_rows(fleet_objects, inventory, driver="gpu.dra-driver.io")
+    kept = device_rows(fleet_objects, inventory, driver="gpu.dra-driver.io", placements=False)
+    assert len(kept) < len(every) and any(r.can_make for r in kept) and kept[-1].state == "withheld"
+    assert [row_document(r) for r in kept] == [row_document(r) for r in every
+                                               if r.source is None or not is_placement(r.source)]
