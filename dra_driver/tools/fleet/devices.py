@@ -22,6 +22,7 @@ from typing import Any
 from dra_driver import apiprofile
 from dra_driver.allocator.capacity import show
 from dra_driver.allocator.devicestates import (
+    ALLOCATED,
     FREE,
     SHARED,
     WITHHELD,
@@ -30,7 +31,6 @@ from dra_driver.allocator.devicestates import (
     Whole,
     claim_holdings,
     holds,
-    is_placement,
     is_share,
     model_label,
     pool_states,
@@ -122,10 +122,20 @@ class _Strings:
         self._names = tuple(names)
         self._qualified: dict[str, tuple[tuple[str, str], ...]] = {}
         self._known: dict[int, tuple[Any, str | None]] = {}
+        self._maps: dict[tuple[int, str], tuple[Any, list[str | None]]] = {}
 
     def of(self, dev: Device) -> list[str | None]:
+        """The list is shared by the devices with the same attribute map (dynamic MIG placements
+        of a profile on a GPU): read only."""
         raw = as_mapping(dev.raw.get("attributes"))
         driver = dev.key[0]
+        key = (id(raw), driver)
+        found = self._maps.get(key)
+        if found is None or found[0] is not raw:
+            found = self._maps[key] = (raw, self._read(raw, driver))  # the map kept: its id stays its own
+        return found[1]
+
+    def _read(self, raw: Mapping[str, Any], driver: str) -> list[str | None]:
         names = self._qualified.get(driver)
         if names is None:
             names = self._qualified[driver] = tuple((f"{driver}/{n}", n) for n in self._names)
@@ -229,7 +239,7 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
         pool_rows: list[DeviceRow] = []
         made: dict[str, Counter[str]] = {}
         for state, fact in zip(pool_states(pool, allocated, holdings, whole), facts, strict=True):
-            if placements or not is_placement(state):
+            if placements or not _placement(state, fact[0]):
                 pool_rows.append(_row(state, fact, memories.of(state.device), fleet, pods, names_by_uuid))
                 continue
             # What _partitions reads of the row it does not build: kind mig, consuming counters.
@@ -246,6 +256,12 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
         if (w.node, w.device) not in published:
             rows.append(DeviceRow(w.node, driver, "", w.device, "", "", None, None, None, "", [], WITHHELD, w.rule))
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
+
+
+def _placement(state: DeviceState, kind: str | None) -> bool:
+    """:func:`~dra_driver.allocator.devicestates.is_placement`, the device's ``type`` read
+    already (``kind``, as :meth:`_Strings.of` reads it: the same lookup)."""
+    return state.device.has_consumes and state.state not in (ALLOCATED, SHARED) and kind == "mig"
 
 
 _FACTS = ("type", "productName", "profile", "parentUUID", "uuid")
