@@ -286,6 +286,8 @@ class Inventory:
     unusable: list[Pool] = field(default_factory=list)  # incomplete or invalid pools
     # Groups of devices by what selectors read (allocator.groups), built on first use.
     partitions: Any = None
+    # The node lists the node filter visits, by the groups that decide them (allocator.resolve).
+    visits: dict[Any, tuple[list[Any], list[int]]] = field(default_factory=dict)
     # The nodes named by slices (or one anonymous node), for a claim that names none; their
     # positions by name, and the positions of those without allocatable devices of their own.
     nodes: list[Node] = field(default_factory=list)

@@ -379,12 +379,37 @@ def node_filter(ctx: Ctx, whole_list: bool) -> NodeFilter | None:
         if only is not None and len(only[1]) == 1 and not only[2] and not inventory.idle_positions:
             visit = only[1][0].positions_with(only[0], devices, positions)  # the usual claim: one group of devices
         else:
-            able: frozenset[str] | None = None
-            for grouped in groups:
-                names = frozenset().union(*(_nodes_with(passing, alone, count, devices) for count, passing, alone in grouped))
-                able = names if able is None else able & names
-            visit = sorted([positions[n] for n in able or ()] + inventory.idle_positions)
+            visit = _visit(inventory, groups)
     return NodeFilter(may_fit, visit)
+
+
+MAX_VISITS = 256
+"""The node lists an inventory keeps (:func:`_visit`): one per shape of claim."""
+
+
+def _visit(inventory: Inventory, groups: list[list[tuple[int, list[Group], dict[str, list[Device]]]]]) -> list[int]:
+    """The positions :class:`NodeFilter` visits, for requests whose alternatives accept the devices
+    of ``groups`` (count, passing groups, devices looked at alone). Without devices looked at alone
+    they depend on the groups and counts only, and are kept on the inventory: ``fit --count 1000``
+    asks a thousand times, and each asked for the union and the sort of thousands of nodes."""
+    key = None
+    if all(not alone for grouped in groups for _, _, alone in grouped):
+        key = tuple(tuple((count, tuple(map(id, passing))) for count, passing, _ in grouped) for grouped in groups)
+        found = inventory.visits.get(key)
+        if found is not None:
+            return found[1]
+    devices, positions = inventory.devices, inventory.node_positions
+    able: frozenset[str] | None = None
+    for grouped in groups:
+        names = frozenset().union(*(_nodes_with(passing, alone, count, devices) for count, passing, alone in grouped))
+        able = names if able is None else able & names
+    visit = sorted([positions[n] for n in able or ()] + inventory.idle_positions)
+    if key is not None:
+        if len(inventory.visits) >= MAX_VISITS:
+            inventory.visits.clear()  # a controller's inventory lives on: bounded
+        # The groups kept with it: their ids in the key stay theirs.
+        inventory.visits[key] = ([g for grouped in groups for _, passing, _ in grouped for g in passing], visit)
+    return visit
 
 
 def _nodes_with(passing: list[Group], alone: dict[str, list[Device]], count: int, devices: list[Device]) -> frozenset[str]:

@@ -187,3 +187,31 @@ def test_the_fixture_fleet_and_a_pod_fit_as_when_every_try_was_explained() -> No
         explained = run(kube, *argv, "-o", "json", engine=Explaining())
         assert run(kube, *argv, "-o", "json") == explained
         assert json.loads(explained[1])["fits"] >= 1
+
+
+class _Forgets(dict[Any, Any]):
+    """An inventory's node lists that keeps none (each asked for is computed anew)."""
+
+    stored = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        type(self).stored += 1
+
+
+def test_the_node_lists_kept_on_the_inventory_fit_as_those_computed_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2e.bench.scale.fleetviews import COMMANDS, Cluster, run_command
+
+    cluster = Cluster(12, 6, mig_nodes=3)  # dynamic MIG: the request's groups are several, not one
+    argv = (*COMMANDS["fit --count 1000"][:3], "--count", "60", "-o", "json")
+    kept = run_command(cluster, argv)
+    built = Engine.build_inventory
+
+    def forgetting(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        inventory = built(self, *args, **kwargs)
+        inventory.visits = _Forgets()
+        return inventory
+
+    monkeypatch.setattr(Engine, "build_inventory", forgetting)
+    assert run_command(cluster, argv) == kept
+    assert _Forgets.stored >= 48
+    assert json.loads(kept)["fits"] == 12 * 2 + 3 * 8  # the free GPUs: two per plain node, eight per MIG node
