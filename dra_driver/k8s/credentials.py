@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -54,6 +54,22 @@ CLUSTER_KEYS = frozenset({"server", "certificate-authority", "certificate-author
 USER_KEYS = frozenset({"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key",
                        "client-key-data"})
 CONTEXT_KEYS = frozenset({"cluster", "user", "namespace"})
+_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", None)
+
+
+def _read_yaml(f: IO[str]) -> Any:
+    """The YAML document in ``f``, as ``yaml.safe_load`` reads it. A command reads its kubeconfig
+    up to three times (its context, then the client's), and the pure-Python parser cost more than
+    the rest of the client's set-up: libyaml's parser reads it where PyYAML was built with it. A
+    document that parser rejects is read again by the pure-Python one, so an error says what it
+    always said."""
+    text = f.read()
+    if _FAST_LOADER is not None:
+        try:
+            return yaml.load(text, Loader=_FAST_LOADER)
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
 
 
 class KubeconfigError(Exception):
@@ -294,7 +310,7 @@ def simple_kubeconfig(path: str, context: str | None = None) -> Connection | Non
     path = os.path.abspath(os.path.expanduser(path))
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            doc = _read_yaml(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     if not isinstance(doc, Mapping):
@@ -504,7 +520,7 @@ def kubeconfig_context(path: str, context: str | None = None) -> tuple[str, str 
             continue
         try:
             with open(full) as f:
-                doc = yaml.safe_load(f)
+                doc = _read_yaml(f)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             detail = " ".join(str(exc).split())
             raise KubeconfigError(f"cannot load cluster configuration from kubeconfig {p}: {detail}") from None
