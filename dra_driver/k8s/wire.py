@@ -403,21 +403,28 @@ class _SliceDecoder:
 
     def device(self, d: _M) -> Obj:
         out: Obj = {"name": d.name}
-        if d.attributes:
-            out["attributes"] = self._whole(d.attributes, self._slice_attributes, self._attributes, self._attribute)
-        if d.capacity:
-            out["capacity"] = self._whole(d.capacity, self._whole_capacity, self._capacity, self._capacity_entry)
-        if d.consumesCounters:
-            raw = tuple(d.consumesCounters)
+        # The fields set, in one call: asking for each field a device may set was a third of the
+        # decoding, and most devices set only their name, attributes and capacity.
+        present = {f.name: value for f, value in d.ListFields()}
+        attributes = present.get("attributes")
+        if attributes:
+            out["attributes"] = self._whole(attributes, self._slice_attributes, self._attributes, self._attribute)
+        capacity = present.get("capacity")
+        if capacity:
+            out["capacity"] = self._whole(capacity, self._whole_capacity, self._capacity, self._capacity_entry)
+        counters = present.get("consumesCounters")
+        if counters:
+            raw = tuple(counters)
             consumes = self._consumes.get(raw)
             if consumes is None:
                 consumes = _kept(self._consumes, raw, list(map(self._consumption, raw)), WHOLE_LIMIT)
             out["consumesCounters"] = consumes
-        _copy_set(out, d, _DEVICE_SCALARS, ("bindingConditions", "bindingFailureConditions"))
-        if d.HasField("nodeSelector"):
-            out["nodeSelector"] = _node_selector(d.nodeSelector)
-        if d.taints:
-            out["taints"] = [_taint(t) for t in d.taints]
+        if len(present) > ("name" in present) + bool(attributes) + bool(capacity) + bool(counters):
+            _copy_present(out, present, _DEVICE_SCALARS, ("bindingConditions", "bindingFailureConditions"))
+            if "nodeSelector" in present:
+                out["nodeSelector"] = _node_selector(present["nodeSelector"])
+            if "taints" in present:
+                out["taints"] = [_taint(t) for t in present["taints"]]
         return out
 
     def _whole(self, entries: _M, maps: dict[tuple[bytes, ...], Obj], known: dict[bytes, tuple[str, Any]],
@@ -507,6 +514,16 @@ def _copy_set(out: Obj, message: _M, scalars: tuple[str, ...], lists: tuple[str,
         items = getattr(message, name)
         if items:
             out[name] = list(items)
+
+
+def _copy_present(out: Obj, present: Mapping[str, Any], scalars: tuple[str, ...], lists: tuple[str, ...]) -> None:
+    """:func:`_copy_set` of a message whose set fields are ``present`` (``ListFields``, by name)."""
+    for name in scalars:
+        if name in present:
+            out[name] = present[name]
+    for name in lists:
+        if name in present:
+            out[name] = list(present[name])
 
 
 def _listed_attribute(value: _M) -> Obj:
