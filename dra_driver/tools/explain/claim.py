@@ -16,9 +16,9 @@ decode is reported too. :mod:`dra_driver.tools.explain.pod` builds a pod's repor
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from dra_driver import DEFAULT_DRIVER_NAME
 from dra_driver.allocator.capacity import rounding_note, show
@@ -292,20 +292,22 @@ def _device_count(results: list[Mapping[str, Any]]) -> str:
 
 
 class _Reads:
-    """The reads ``explain`` needs: all claims' allocations in the background, the rest in order here.
+    """The reads ``explain`` needs: the ResourceSlices (with the DeviceTaintRules) in the background,
+    the rest in order here.
 
-    Listing the claims is the longest read even in protobuf (:mod:`dra_driver.k8s.wire`), and most
-    of its time is the API server's, so it overlaps with the other reads and with building the
-    inventory.  One
-    extra connection, not one per read: on a small machine the TLS handshakes and the parallel
-    JSON decoding cost more than further overlap gains.  The claim is read on its own, not picked
-    from the list, so that a missing claim is a 404 like everywhere else.
+    The slices are the longest read: the API server's encoding of every device and our decoding of
+    it (:mod:`dra_driver.k8s.wire`, in protobuf). The claim, the classes and every claim's
+    allocation are read here meanwhile, while the server works on them. One extra connection, not
+    one per read: on a small machine the TLS handshakes and the parallel decoding cost more than
+    further overlap gains. The claim is read on its own, not picked from the list, so that a
+    missing claim is a 404 like everywhere else. An error is raised where its read used to be
+    when they were read one after another: the claim's, the slices', the classes', the claims'.
     """
 
     def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
         self.api, self.namespace, self.name = api, namespace, name
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-claims")
-        self.claims: Future[list[RawBody]] = self._pool.submit(lambda: api.list_claim_allocations().items)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain-slices")
+        self.slices: Future[list[RawSlice]] = self._pool.submit(tainted_slices, api)
 
     def claim(self) -> Obj:
         try:
@@ -315,9 +317,32 @@ class _Reads:
                 raise NotFoundError(f"ResourceClaim {self.namespace}/{self.name} not found") from None
             raise
 
+    def inventory(self, engine: Engine) -> Future[Inventory]:
+        """The engine's inventory of the slices, built in the background once they are read."""
+        return self._pool.submit(lambda: engine.build_inventory(self.slices.result()))
+
+    def rest(self) -> tuple[Future[Sequence[RawDeviceClass]], Future[list[RawBody]]]:
+        """The classes and every claim's allocation, read now; their errors are raised by
+        ``result()``, after the slices' (:attr:`slices`)."""
+        return _read_now(lambda: self.api.list(DEVICE_CLASSES, cached=True).items), \
+            _read_now(lambda: self.api.list_claim_allocations().items)
+
     def close(self) -> None:
-        # After an error the claims read is not waited for; it ends with its request timeout.
+        # After an error the slices read is not waited for; it ends with its request timeout.
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_T = TypeVar("_T")
+
+
+def _read_now(read: Callable[[], _T]) -> Future[_T]:
+    """``read()``, run here and now; its result, or its error, kept for when it is asked for."""
+    done: Future[_T] = Future()
+    try:
+        done.set_result(read())
+    except Exception as exc:  # raised where the result is asked for
+        done.set_exception(exc)
+    return done
 
 
 class ListsObjects(Protocol):
@@ -346,34 +371,31 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[RawSlice],
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = tainted_slices(api)
-        classes = api.list(DEVICE_CLASSES, cached=True).items
-        return claim, slices, classes, reads.claims.result()
+        classes, allocations = reads.rest()
+        slices = reads.slices.result()
+        return claim, slices, classes.result(), allocations.result()
     finally:
         reads.close()
 
 
 def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
                   driver: str = DEFAULT_DRIVER_NAME, rules: SchedulerRules | None = None) -> dict[str, Any]:
-    """:func:`fetch` and :func:`build_report`, with the inventory built while the claims list is
-    still on its way (not at all for an allocated claim, whose report needs none)."""
+    """:func:`fetch` and :func:`build_report`, with the inventory built in the background once the
+    slices are in, while the classes and claims are read (not at all for an allocated claim, whose
+    report needs none)."""
     reads = _Reads(api, namespace, name)
     try:
         claim = reads.claim()
-        slices = tainted_slices(api)
-        classes = api.list(DEVICE_CLASSES, cached=True).items
+        # A failed build is in the future; build_report reports it like its own failure.
+        inventory = None if is_allocated(claim) else reads.inventory(engine)
+        listed, allocations = reads.rest()
+        slices = reads.slices.result()
+        classes = listed.result()
         drivers = claim_drivers(claim, classes_by_name(classes))
         if drivers and driver not in drivers:
             raise ExplainError(f"ResourceClaim {namespace}/{name} is a claim of {', '.join(sorted(drivers))}, "
                                f"not of {driver}")
-        inventory: Future[Inventory] | None = None
-        if not is_allocated(claim):
-            inventory = Future()
-            try:
-                inventory.set_result(engine.build_inventory(slices))
-            except Exception as exc:  # build_report reports it like its own failure
-                inventory.set_exception(exc)
-        return build_report(claim, slices, classes, reads.claims.result(), engine=engine, driver=driver,
+        return build_report(claim, slices, classes, allocations.result(), engine=engine, driver=driver,
                             inventory=inventory, rules=rules)
     finally:
         reads.close()
