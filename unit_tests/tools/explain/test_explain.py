@@ -102,6 +102,25 @@ def test_forbidden() -> None:
     assert rc == 1 and "not allowed" in err
 
 
+def test_read_errors_keep_their_order() -> None:
+    """The slices are read in the background, the classes and claims meanwhile: the error reported
+    is still the first read's of claim, slices, classes, claims."""
+    from dra_driver.k8s.client import ApiError
+
+    order = ("resourceslices", "deviceclasses", "resourceclaims")
+    fails = {f"list:{plural}": ApiError(403, "Forbidden", f"{plural} is forbidden") for plural in order}
+    for i, first in enumerate(order):
+        kube = cluster()
+        add_claim(kube, claim())
+        kube.fail.update({f"list:{p}": fails[f"list:{p}"] for p in order[i:]})
+        rc, _, err = run(kube, "default/c1")
+        assert rc == 1 and f"{first} is forbidden" in err and err.count("\n") == 1, (first, err)
+    kube = cluster()
+    kube.fail.update(fails)
+    rc, _, err = run(kube, "default/nope")
+    assert rc == 1 and "not found" in err, err
+
+
 def test_missing_kubeconfig(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     rc, _, err = run(None, "default/c1", kubeconfig="/nonexistent/kubeconfig")
