@@ -7,15 +7,17 @@ module adds (``gpu.nvidia.com`` plugins, with NVIDIA's DeviceClasses made from
 full A100s each, an A100 in MIG mode with gpu-test4's four devices, an H100 NVL with 1g.12gb MIG
 devices), their plugins programming the GPUs through the stand-in ``nvidia-smi`` and MPS control
 daemon (e2e/testbed/standins); and one node of one GPU per ``--consumable-shares`` mode (4,
-memory, unlimited), one mode per plugin as a DaemonSet would have it.
+memory, unlimited), one mode per plugin as a DaemonSet would have it; and the second release's
+controller (``--api-profile nvidia``, a Lease and ledger of its own).
 
 Each manifest of e2e/manifests/nvidia is applied as it is, and each pod must run with the devices
 and the sharing NVIDIA's README gives it: which devices (the claim's ``status.allocation`` and the
 ``NVIDIA_VISIBLE_DEVICES`` the CDI spec set), the time-slice interval and the MPS daemon's
 settings (what the stand-ins were asked), the shares each claim consumed. gpu-test6's selector
 reads ``index``, which NVIDIA's driver no longer publishes, nor this profile: its pods stay pending
-with the CEL error in the explanation. The refused manifests fail to prepare, the pod's event
-naming the field or the kind.
+with the CEL error in the scheduler's condition, ``explain`` and the claim's explanation. The
+refused manifests fail to prepare, the pod's event naming the field or the kind, and the
+controller's Warning Event ``InvalidConfig`` names it too.
 
 No manifest can say which nodes it runs on, and the examples' classes match every GPU of the
 driver: DeviceTaintRules (``NoSchedule``, on whole pools) keep the examples off the nodes a test is
@@ -46,9 +48,22 @@ import pytest
 import yaml
 
 from dra_driver.apiprofile import NVIDIA_DRIVER_NAME, NVIDIA_PROFILE, class_selector
-from e2e.testbed.clusterview import REPO, Bed, attr, claim_of, load_manifests, names_of, observed, wait_for, wait_running
+from e2e.testbed.cluster import free_port
+from e2e.testbed.clusterview import (
+    EXPLANATION_ANNOTATION,
+    REPO,
+    Bed,
+    attr,
+    claim_of,
+    load_manifests,
+    names_of,
+    observed,
+    wait_for,
+    wait_running,
+)
 from e2e.testbed.nodes import SimNode
 from e2e.testbed.standins import install as standins
+from e2e.tooling import bytecode
 
 NVIDIA = NVIDIA_DRIVER_NAME
 MANIFESTS = REPO / "e2e" / "manifests" / "nvidia"
@@ -64,6 +79,7 @@ ONE_A100 = {
     "gpus": [{"index": 0, "model": "a100", "pciBusId": "0000:07:00.0", "numaNode": 0}],
 }
 FENCE_KEY = "e2e.dra-driver.io/not-this-test"
+CONTROLLER = "controller-nvidia"
 
 
 def nvidia_classes() -> list[dict[str, Any]]:
@@ -134,6 +150,12 @@ def profiled(bed: Bed) -> Iterator[Profiled]:
     try:
         bed.apply(nvidia_classes() + [fence(n) for n in sorted(SHARES)])
         fleet.add_nodes(nodes)
+        # The second release's controller: its own Lease and ledger, NVIDIA's config read for gpu.nvidia.com.
+        fleet.procs.start(CONTROLLER, [
+            *bytecode.shipped_python(), "-m", "dra_driver", "controller", f"--kubeconfig={fleet.kubeconfig}",
+            "--api-profile=nvidia", "--log-format=json", f"--metrics-port={free_port()}",
+            "--leader-election-namespace=kube-system", "--leader-election-id=dra-driver-controller-nvidia",
+            "--allocation-ledger=kube-system/dra-driver-allocations-nvidia", "--resync-seconds=5"])
         wait_for("the nvidia-profile nodes' devices published",
                  lambda: Counter(pool for pool, _ in nv_devices(bed)) == Counter(PUBLISHED), 90)
         yield state
@@ -146,6 +168,7 @@ def profiled(bed: Bed) -> Iterator[Profiled]:
             for pid_file in (root.parent / "plugin-state").glob("mps/*/pipe/nvidia-cuda-mps-control.pid"):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        fleet.procs.stop(CONTROLLER)
         for node in nodes:
             fleet.remove_node(node.name)
         bed.kubectl("delete", "resourceslices", f"--field-selector=spec.driver={NVIDIA}", "--wait=false", check=False)
@@ -385,6 +408,9 @@ def test_gpu_test6_selector_on_index_is_explained(bed: Bed, profiled: Profiled) 
     print(f"gpu-test6: explain says (exit {explained.returncode}):\n{explained.stdout}{explained.stderr}")
     assert "CEL runtime error: no such key: index" in explained.stdout, explained
     assert all("no such key: index" in str(unschedulable(p)) for p in pods)
+    claim = claim_of(bed, ns, pods[0]["metadata"]["name"], "a100")["metadata"]["name"]
+    wait_for("the controllers' explanation on the claim naming index", lambda: "no such key: index" in bed.get(
+        "resourceclaim", claim, ns)["metadata"].get("annotations", {}).get(EXPLANATION_ANNOTATION, ""), 30)
     bed.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -434,6 +460,13 @@ def test_a_refused_config_fails_to_prepare_naming_why(bed: Bed, profiled: Profil
                 if e.get("reason") == "FailedPrepareDynamicResources" and says in str(e.get("message"))]
 
     messages = wait_for(f"{ns}/{pod}'s event naming {says!r}", refused, 60)
+
+    def invalid() -> list[str]:
+        items = bed.get("events", ns=ns)["items"]
+        return [str(e.get("message")) for e in items if e.get("reason") == "InvalidConfig" and says in str(e.get("message"))]
+
+    noted = wait_for(f"the nvidia-profile controller's InvalidConfig Event naming {says!r}", invalid, 30)
+    print(f"\n{name}: controller: {noted[0]}")
     assert bed.get("pod", pod, ns)["status"].get("phase") == "Pending"
     print(f"\n{name}: {messages[0]}")
     bed.kubectl("delete", "namespace", ns, "--wait=false")
