@@ -125,10 +125,13 @@ class _Strings:
         self._maps: dict[tuple[int, str], tuple[Any, list[str | None]]] = {}
 
     def of(self, dev: Device) -> list[str | None]:
-        """The list is shared by the devices with the same attribute map (dynamic MIG placements
-        of a profile on a GPU): read only."""
+        """Read only: a device that consumes counters (a dynamic MIG placement) shares the list
+        with those of the same attribute map (the placements of a profile on a GPU); a GPU's map
+        is its own (its UUID), and kept it would only cost memory."""
         raw = as_mapping(dev.raw.get("attributes"))
         driver = dev.key[0]
+        if not dev.has_consumes:
+            return self._read(raw, driver)
         key = (id(raw), driver)
         found = self._maps.get(key)
         if found is None or found[0] is not raw:
