@@ -379,12 +379,15 @@ def fetch(api: KubeApi, namespace: str, name: str) -> tuple[Obj, list[RawSlice],
 
 
 def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
-                  driver: str = DEFAULT_DRIVER_NAME, rules: SchedulerRules | None = None) -> dict[str, Any]:
+                  driver: str = DEFAULT_DRIVER_NAME,
+                  rules: SchedulerRules | Callable[[], SchedulerRules] | None = None) -> dict[str, Any]:
     """:func:`fetch` and :func:`build_report`, with the inventory built in the background once the
     slices are in, while the classes and claims are read (not at all for an allocated claim, whose
-    report needs none)."""
+    report needs none). ``rules`` may be a function that decides them (asking the API server's
+    version): it is called once the slices are being read, before any other read."""
     reads = _Reads(api, namespace, name)
     try:
+        decided = rules() if callable(rules) else rules
         claim = reads.claim()
         # A failed build is in the future; build_report reports it like its own failure.
         inventory = None if is_allocated(claim) else reads.inventory(engine)
@@ -396,6 +399,6 @@ def explain_claim(api: KubeApi, namespace: str, name: str, *, engine: Engine,
             raise ExplainError(f"ResourceClaim {namespace}/{name} is a claim of {', '.join(sorted(drivers))}, "
                                f"not of {driver}")
         return build_report(claim, slices, classes, allocations.result(), engine=engine, driver=driver,
-                            inventory=inventory, rules=rules)
+                            inventory=inventory, rules=decided)
     finally:
         reads.close()

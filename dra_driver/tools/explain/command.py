@@ -112,22 +112,29 @@ def main(
             report = pending.read_pending(api, what.namespace, driver=driver, wide=output == "wide")
             render = pending.render_pending
         else:
-            rules, warning = rules_for(scheduler_rules, server_version)
             namespace_, name = str(what.namespace), what.name
+            warnings: list[str | None] = []
+
+            def decide() -> SchedulerRules:
+                rules, warning = rules_for(scheduler_rules, server_version)
+                warnings.append(warning)
+                return rules
+
             if what.kind is Kind.POD:
-                report = pod.explain_pod(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                report = pod.explain_pod(api, namespace_, name, engine=engine, driver=driver, rules=decide())
                 render = pod.render_pod
             else:
                 try:
-                    report = claim.explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=rules)
+                    # Decided once the slices are being read: the version's round trip overlaps that read.
+                    report = claim.explain_claim(api, namespace_, name, engine=engine, driver=driver, rules=decide)
                 except claim.NotFoundError as exc:
                     if not what.namespace_form:
                         raise
                     raise claim.NotFoundError(f"{exc} (read {target_text(target)!r} as NAMESPACE/CLAIM; a pod is "
                                               "pod/NAME, a claim in another namespace claim/NAME -n NAMESPACE)") from None
                 render = claim.render_text
-            if warning:
-                report["rulesWarning"] = warning
+            if warnings and warnings[0]:
+                report["rulesWarning"] = warnings[0]
     except (claim.ExplainError, TargetError, KubeconfigError) as exc:
         print(f"{prog}: {one_line(exc)}", file=stderr)
         return 1
