@@ -199,11 +199,10 @@ class _Forgets(dict[Any, Any]):
 
 
 def test_the_node_lists_kept_on_the_inventory_fit_as_those_computed_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.bench.scale.fleetviews import COMMANDS, Cluster, run_command
-
-    cluster = Cluster(12, 6, mig_nodes=3)  # dynamic MIG: the request's groups are several, not one
-    argv = (*COMMANDS["fit --count 1000"][:3], "--count", "60", "-o", "json")
-    kept = run_command(cluster, argv)
+    kube = _fleet_with_mig()  # dynamic MIG: the request's devices are several groups, not one
+    kube.add(CLAIM_TEMPLATES, template(cls="gpu.gpu.dra-driver.io"))
+    argv = ("fit", "--template", "one-gpu", "--count", "60", "-o", "json")
+    rc, kept, _ = run(kube, *argv)
     built = Engine.build_inventory
 
     def forgetting(self: Engine, *args: Any, **kwargs: Any) -> Any:
@@ -212,6 +211,6 @@ def test_the_node_lists_kept_on_the_inventory_fit_as_those_computed_each_time(mo
         return inventory
 
     monkeypatch.setattr(Engine, "build_inventory", forgetting)
-    assert run_command(cluster, argv) == kept
-    assert _Forgets.stored >= 48
-    assert json.loads(kept)["fits"] == 12 * 2 + 3 * 8  # the free GPUs: two per plain node, eight per MIG node
+    assert run(kube, *argv) == (rc, kept, "")
+    fits = json.loads(kept)["fits"]
+    assert rc == 0 and 0 < fits < 60 and _Forgets.stored >= fits
