@@ -18,6 +18,7 @@ from dra_driver.flags import resolve_environment
 from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES
 from dra_driver.node.publish.health import TAINT_KEY
 from dra_driver.tools.fleet import command
+from e2e.generators.fleet import plugin_slices
 
 SHIPPED_CLASSES = Path(__file__).resolve().parents[1] / "deploy" / "deviceclasses"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -97,3 +98,15 @@ def devices(kube: FakeKube, *argv: str) -> dict[tuple[str, str], dict[str, Any]]
 def template(name: str = "one-gpu", ns: str = "default", cls: str = "gpu.dra-driver.io") -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": ns},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": cls}}]}}}}
+
+
+def dynamic_mig() -> FakeKube:
+    """One dynamic-MIG node as the plugin publishes it, with one 3g.40gb partition allocated."""
+    kube = FakeKube()
+    for s in plugin_slices(1, mig_nodes=1):
+        kube.add(SLICES, s)
+    kube.add(DEVICE_CLASSES, device_class())
+    part = claim("mig")
+    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
+    add_claim(kube, part)
+    return kube

@@ -152,6 +152,17 @@ def ns(bed: Bed) -> Iterator[str]:
     bed.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+@pytest.fixture()
+def plugin_path(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH has the kubectl-dra that installing the package put beside python."""
+    installed = Path(sys.executable).parent / "kubectl-dra"
+    assert installed.exists(), "the package installs kubectl-dra (pip install -e .)"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl-dra").symlink_to(installed)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 @pytest.fixture(scope="module")
 def real_node(bed: Bed) -> Iterator[Any]:
     """``real-node-1`` (e2e/testbed/realnode.py), one per module: a module may restart its plugin as it likes."""

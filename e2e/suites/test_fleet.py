@@ -20,7 +20,6 @@ The plugin lookup and bad-input tests use no node of their own, so they also run
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -363,17 +362,6 @@ def test_a_withheld_device_shows_as_withheld(bed: Bed, fleet_nodes: tuple[str, s
 
 
 # --------------------------------------------------------------------------- kubectl's plugin lookup
-
-
-@pytest.fixture()
-def plugin_path(tmp_path: Path) -> dict[str, str]:
-    """An environment whose PATH has the kubectl-dra that installing the package put beside python."""
-    installed = Path(sys.executable).parent / "kubectl-dra"
-    assert installed.exists(), "the package installs kubectl-dra (pip install -e .)"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl-dra").symlink_to(installed)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def kubectl_dra(bed: Bed, env: dict[str, str], *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:

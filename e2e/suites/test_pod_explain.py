@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,17 +94,6 @@ def test_the_reason_stops_once_the_pod_is_scheduled(bed: Bed, ns: str) -> None:
 
 
 # --------------------------------------------------------------------------- kubectl dra explain
-
-
-@pytest.fixture()
-def plugin_path(tmp_path: Path) -> dict[str, str]:
-    """An environment whose PATH has the kubectl-dra that installing the package put beside python."""
-    installed = Path(sys.executable).parent / "kubectl-dra"
-    assert installed.exists(), "the package installs kubectl-dra (pip install -e .)"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl-dra").symlink_to(installed)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def kubectl_dra(bed: Bed, env: dict[str, str], *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:

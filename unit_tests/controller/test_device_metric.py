@@ -9,16 +9,15 @@ import json
 from typing import Any
 
 import pytest
-from ctrlfix import add_claim, allocated_status, claim, device_class, make_controller, sync
-from fleetfix import A100, H100, fleet, run
+from ctrlfix import add_claim, allocated_status, claim, make_controller, sync
+from fleetfix import A100, H100, dynamic_mig, fleet, run
 from kubefake import FakeKube
 
 from dra_driver.allocator.devicestates import PUBLISHED_STATES
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import reconciler
 from dra_driver.controller.reconciler import Controller
-from dra_driver.k8s.client import CLAIMS, DEVICE_CLASSES, SLICES
-from e2e.generators.fleet import plugin_slices
+from dra_driver.k8s.client import CLAIMS, SLICES
 
 
 def exported(ctrl: Controller) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
@@ -66,13 +65,7 @@ def test_the_metric_agrees_with_kubectl_dra_top_on_the_same_cluster() -> None:
 
 
 def test_dynamic_mig_partitions_not_made_are_not_devices_and_a_taken_gpu_is_blocked() -> None:
-    kube = FakeKube()
-    for s in plugin_slices(1, mig_nodes=1):
-        kube.add(SLICES, s)
-    kube.add(DEVICE_CLASSES, device_class())
-    part = claim("mig")
-    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
-    add_claim(kube, part)
+    kube = dynamic_mig()
     devices, _ = exported(counted(kube))
     rc, out, _ = run(kube, "top", "-o", "json")
     top = {r["model"]: r for r in json.loads(out)["models"]}

@@ -12,15 +12,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ctrlfix import add_claim, add_pod, allocated_status, claim, device_class, pod
-from fleetfix import fleet, template
+from ctrlfix import add_pod, device_class, pod
+from fleetfix import dynamic_mig, fleet, template
 from kubefake import FakeKube
 
 from dra_driver import cli
 from dra_driver.flags import resolve_environment
 from dra_driver.k8s.client import CLAIM_TEMPLATES, DEVICE_CLASSES, SLICES, ApiError, ListResult
 from dra_driver.tools.fleet import command
-from e2e.generators.fleet import plugin_slices
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 KINDS = {"get gpus": "GpuList", "get nodes": "GpuNodeList", "top": "GpuTop", "fit": "GpuFit"}
@@ -78,17 +77,6 @@ def keys(doc: dict[str, Any], *rows: str, nested: tuple[str, ...] = ()) -> set[s
                 for item in row.get(inner) or []:
                     found |= set(item)
     return found
-
-
-def dynamic_mig() -> FakeKube:
-    kube = FakeKube()
-    for s in plugin_slices(1, mig_nodes=1):
-        kube.add(SLICES, s)
-    kube.add(DEVICE_CLASSES, device_class())
-    part = claim("mig")
-    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
-    add_claim(kube, part)
-    return kube
 
 
 def test_the_readme_lists_exactly_the_keys_the_commands_print() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import yaml
-from ctrlfix import add_claim, allocated_status, claim, device_class
-from fleetfix import A100, H100, devices, fleet, gpu, node_slice, one_line, run, shipped_classes
+from ctrlfix import allocated_status, claim
+from fleetfix import A100, H100, devices, dynamic_mig, fleet, gpu, node_slice, one_line, run, shipped_classes
 from kubefake import FakeKube
 
 from dra_driver.k8s.client import DEVICE_CLASSES, EVENTS, SLICES, ApiError
@@ -90,13 +90,7 @@ def test_an_invalid_selector_is_one_line_naming_it_and_where() -> None:
 
 
 def test_dynamic_mig_shows_what_a_gpu_can_still_be_cut_into() -> None:
-    kube = FakeKube()
-    for s in plugin_slices(1, mig_nodes=1):
-        kube.add(SLICES, s)
-    kube.add(DEVICE_CLASSES, device_class())
-    part = claim("mig")
-    part["status"] = allocated_status(["gpu-0-mig-3g40gb-0"], node="gpu-node-1")
-    add_claim(kube, part)
+    kube = dynamic_mig()
     found = devices(kube)
     assert found[("gpu-node-1", "gpu-0-mig-3g40gb-0")]["state"] == "allocated"
     assert found[("gpu-node-1", "gpu-0-mig-3g40gb-0")]["parent"] == "gpu-0"
