@@ -70,13 +70,16 @@ def fence_policy(kube: FakeKube, ledger: str = "kube-system/dra-driver-allocatio
     kube.admission.append(admit)
 
 
-def make_controller(kube: FakeKube, *, fenced: bool = True, **kw: Any) -> tuple[Controller, FakeClock]:
-    """A controller on ``kube`` with a fake clock; ``fenced``: the cluster has the allocation-fence policy."""
+def make_controller(kube: FakeKube, *, fenced: bool = True, driver: str = DRIVER, **kw: Any) -> tuple[Controller, FakeClock]:
+    """A controller of ``driver`` on ``kube`` with a fake clock; ``fenced``: the cluster has the
+    allocation-fence policy."""
     clock = FakeClock()
     if fenced:
         fence_policy(kube)
     kw.setdefault("sleep", lambda _s: None)
-    c = Controller(kube, settings(), clock=clock, **kw)
+    over: dict[str, Any] = {} if driver == DRIVER else {"driver_name": driver, "leader_election_id": f"{driver}-controller",
+                                                          "allocation_ledger": ("kube-system", f"{driver}-allocations")}
+    c = Controller(kube, settings(**over), clock=clock, **kw)
     return c, clock
 
 

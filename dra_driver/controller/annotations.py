@@ -11,6 +11,9 @@
 When the document is larger than 32 KiB the engine's structured explanation is replaced by
 ``{"text": "<render(), cut>"}`` and ``truncated`` becomes true.
 ``gpu.dra-driver.io/explanation-summary``: the summary (≤ 1024 characters).
+``gpu.dra-driver.io/explained-by``: the driver whose controller wrote them, so that a claim of
+another driver's is left to that driver's controller once it has explained it
+(:mod:`dra_driver.controller.ownership`).
 ``gpu.dra-driver.io/explanation-hash``: 16 hex digits of SHA-256 over the explanation
 document; a write whose hash equals the one on the claim is skipped. A Warning Event (reason
 ``Unsatisfiable``, ``InvalidConfig``, ``NotAllocatable`` or ``ResolveError``; note = summary;
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.controller.keys import (
+    EXPLAINED_BY_ANNOTATION,
     EXPLANATION_ANNOTATION,
     HASH_ANNOTATION,
     MAX_EXPLANATION_BYTES,
@@ -91,12 +95,14 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def desired_annotations(outcome: Outcome | None) -> dict[str, str] | None:
-    """Our annotations for an outcome; None means "none of ours should be there"."""
+def desired_annotations(outcome: Outcome | None, driver: str) -> dict[str, str] | None:
+    """Our annotations for an outcome, as ``driver``'s controller writes them; None means "none of
+    ours should be there"."""
     if outcome is None or outcome.verdict is Verdict.SATISFIABLE:
         return None
     doc = explanation_document(outcome)
     return {
+        EXPLAINED_BY_ANNOTATION: driver,
         EXPLANATION_ANNOTATION: doc,
         SUMMARY_ANNOTATION: outcome.summary,
         HASH_ANNOTATION: content_hash(doc),
@@ -117,3 +123,8 @@ def annotation_patch(current: Mapping[str, str], desired: Mapping[str, str] | No
 def needs_event(current: Mapping[str, str], outcome: Outcome) -> bool:
     """A Warning Event goes out when the verdict line changes, not on every re-evaluation."""
     return outcome.verdict is not Verdict.SATISFIABLE and current.get(SUMMARY_ANNOTATION) != outcome.summary
+
+
+def explained_by(current: Mapping[str, str]) -> str | None:
+    """The driver whose controller wrote the explanation in ``current``, if one did."""
+    return current.get(EXPLAINED_BY_ANNOTATION) or None

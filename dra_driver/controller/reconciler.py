@@ -50,9 +50,11 @@ from dra_driver.allocator.inventory import DeviceKey, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
 from dra_driver.controller.allocating import ALLOCATION_SETTLE_SECONDS, FencedAllocator
+from dra_driver.controller.annotations import explained_by
 from dra_driver.controller.engine_inputs import EngineInputs, synced
 from dra_driver.controller.keys import OUR_ANNOTATIONS, REPORTING_CONTROLLER
 from dra_driver.controller.metrics import ControllerMetrics, MetricsServer
+from dra_driver.controller.ownership import foreign_drivers
 from dra_driver.controller.placement import node_view, placement_key, same_placement
 from dra_driver.controller.reporting import Reporter
 from dra_driver.controller.rules_source import RulesSource
@@ -453,14 +455,18 @@ class Controller:
             with self._allocation_lock:
                 self.allocator.verify_allocation(claim, log, settled=True)
             claim = self.claims.store.get(key) or claim
-        action = classify(claim, waited_for=self.waited_for(key))
+        foreign = foreign_drivers(claim, self.inputs.class_map(), self.driver)
+        theirs = foreign is not None and explained_by(annotations_of(claim)) in foreign
+        action = classify(claim, waited_for=self.waited_for(key), ours=not theirs)
+        if theirs and action is Action.IGNORE and not is_allocated(claim) and not is_deleting(claim):
+            log.debug("claim left to its driver's controller", drivers=foreign)
         if action is not Action.EXPLAIN:
             with self._lock:
                 self._settled.pop(key, None)
         if action not in (Action.EXPLAIN, Action.ALLOCATE):
             self.reporter.pod_notices.forget_claim(key)
         if action in (Action.IGNORE, Action.CLEAR):
-            if not is_allocated(claim) and not is_deleting(claim):
+            if not theirs and not is_allocated(claim) and not is_deleting(claim):
                 # Nobody waits for it (yet): still flag bad configuration before a node sees it.
                 errors = claim_config_errors(claim, self.inputs.class_map(), self.driver)
                 if errors:

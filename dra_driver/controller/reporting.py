@@ -63,7 +63,7 @@ class Reporter:
         server: the written one, ``claim`` when there was nothing to write, None when it could not
         be written (gone, or not the leader)."""
         current = annotations_of(claim)
-        patch = annotation_patch(current, desired_annotations(outcome))
+        patch = annotation_patch(current, desired_annotations(outcome, self.driver))
         event = outcome is not None and needs_event(current, outcome)
         if patch is None and not event:
             return claim

@@ -123,16 +123,20 @@ class Action(StrEnum):
     """Opted-in claim being deleted, unreserved, with the finalizer: deallocate and release."""
 
 
-def classify(claim: Mapping[str, Any], *, waited_for: bool) -> Action:
-    """What the controller does with ``claim``; ``waited_for``: a pod that is not done uses it."""
+def classify(claim: Mapping[str, Any], *, waited_for: bool, ours: bool = True) -> Action:
+    """What the controller does with ``claim``; ``waited_for``: a pod that is not done uses it;
+    ``ours``: False for a claim only another driver could serve, which that driver's controller has
+    explained (:mod:`dra_driver.controller.ownership`): left to it."""
     opted_in = wants_controller_allocation(claim)
     if is_deleting(claim):
-        if opted_in and has_finalizer(claim) and not reserved_for(claim) and not is_generated_for_pod(claim):
+        if ours and opted_in and has_finalizer(claim) and not reserved_for(claim) and not is_generated_for_pod(claim):
             return Action.FINALIZE
         return Action.IGNORE
     has_ours = any(a in annotations_of(claim) for a in OUR_ANNOTATIONS)
     if is_allocated(claim):
         return Action.CLEAR if has_ours else Action.IGNORE
+    if not ours:
+        return Action.IGNORE
     if opted_in and not is_generated_for_pod(claim):
         return Action.ALLOCATE
     if waited_for or opted_in:

@@ -122,7 +122,7 @@ def explained_claim(i: int) -> Obj:
     claim = job_claim(i, allocated=False)
     outcome = Outcome(verdict=Verdict.UNSATISFIABLE, summary="cannot allocate: request gpu: 0 candidates, need 1",
                       explanation={"closest": [f"{DRIVER}/node-{n:04d}/gpu-0: memory 80Gi < 1Ti" for n in range(320)]})
-    claim["metadata"]["annotations"].update(desired_annotations(outcome) or {})
+    claim["metadata"]["annotations"].update(desired_annotations(outcome, DRIVER) or {})
     return claim
 
 

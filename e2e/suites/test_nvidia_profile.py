@@ -52,6 +52,7 @@ from e2e.testbed.cluster import free_port
 from e2e.testbed.clusterview import (
     EXPLANATION_ANNOTATION,
     REPO,
+    SUMMARY_ANNOTATION,
     Bed,
     attr,
     claim_of,
@@ -470,6 +471,38 @@ def test_a_refused_config_fails_to_prepare_naming_why(bed: Bed, profiled: Profil
     assert bed.get("pod", pod, ns)["status"].get("phase") == "Pending"
     print(f"\n{name}: {messages[0]}")
     bed.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_a_waiting_claim_is_explained_by_its_own_drivers_controller_alone(bed: Bed, profiled: Profiled) -> None:
+    """Both releases' controllers watch this claim; it is for ``gpu.nvidia.com`` only, so the
+    nvidia-profile controller explains it (its config is invalid for NVIDIA's API) and the other
+    leaves it alone: the explanation is written once, not overwritten back and forth."""
+    ns = "gpu-explained-once"
+    bad = {"opaque": {"driver": NVIDIA, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Bogus"}}}}
+    bed.apply([
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "many", "namespace": ns},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": NVIDIA, "count": 99}}],
+                              "config": [bad]}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waits", "namespace": ns},
+         "spec": {"containers": [{"name": "ctr", "image": "busybox:1.36", "command": ["sleep", "86400"],
+                                  "resources": {"claims": [{"name": "gpu"}]}}],
+                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "many"}]}},
+    ])
+    try:
+        def summary() -> str:
+            return str(bed.get("resourceclaim", "many", ns)["metadata"].get("annotations", {}).get(SUMMARY_ANNOTATION, ""))
+
+        said = wait_for("the nvidia-profile controller's explanation", lambda: summary().startswith(
+            f"invalid configuration for {NVIDIA}") and summary(), 60)
+        version = bed.get("resourceclaim", "many", ns)["metadata"]["resourceVersion"]
+        time.sleep(5.0)  # two controllers at odds rewrite it every few milliseconds
+        after = bed.get("resourceclaim", "many", ns)["metadata"]
+        print(f"\nexplained once: {said}")
+        assert (after["resourceVersion"], after["annotations"][SUMMARY_ANNOTATION]) == (version, said)
+    finally:
+        bed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 # --------------------------------------------------------------------------- consumable shares

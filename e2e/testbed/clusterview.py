@@ -25,6 +25,7 @@ FENCE_POLICY = REPO / "deploy" / "helm" / "dra-driver" / "files" / "allocation-f
 DRIVER = "gpu.dra-driver.io"
 CONTAINERS_ANNOTATION = "e2e.dra-driver.io/containers"
 EXPLANATION_ANNOTATION = f"{DRIVER}/explanation"
+SUMMARY_ANNOTATION = f"{DRIVER}/explanation-summary"
 
 
 @dataclass

@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dra_driver import DEFAULT_DRIVER_NAME as DRIVER
 from dra_driver.controller.annotations import annotation_patch, desired_annotations, explanation_document, needs_event
-from dra_driver.controller.keys import EXPLANATION_ANNOTATION, HASH_ANNOTATION, MAX_SUMMARY_BYTES, SUMMARY_ANNOTATION
+from dra_driver.controller.keys import (
+    EXPLAINED_BY_ANNOTATION,
+    EXPLANATION_ANNOTATION,
+    HASH_ANNOTATION,
+    MAX_SUMMARY_BYTES,
+    SUMMARY_ANNOTATION,
+)
 from dra_driver.controller.verdicts import Outcome, Verdict
 from dra_driver.k8s.fields import one_line
 
@@ -38,11 +45,13 @@ class TestAnnotations:
         assert json.loads(doc_text)["truncated"] is True
 
     def test_patch_dedup_by_hash(self) -> None:
-        want = desired_annotations(outcome())
-        assert want is not None and set(want) == {EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION, HASH_ANNOTATION}
+        want = desired_annotations(outcome(), DRIVER)
+        assert want is not None
+        assert set(want) == {EXPLANATION_ANNOTATION, SUMMARY_ANNOTATION, HASH_ANNOTATION, EXPLAINED_BY_ANNOTATION}
+        assert want[EXPLAINED_BY_ANNOTATION] == DRIVER
         assert annotation_patch({}, want) == want
         assert annotation_patch(dict(want), want) is None
-        changed = desired_annotations(outcome("cannot allocate: other reason"))
+        changed = desired_annotations(outcome("cannot allocate: other reason"), DRIVER)
         assert changed is not None
         assert annotation_patch(dict(want), changed) == changed
 
@@ -50,7 +59,7 @@ class TestAnnotations:
         assert annotation_patch({"other": "x"}, None) is None
         cur = {"other": "x", SUMMARY_ANNOTATION: "s", HASH_ANNOTATION: "h"}
         assert annotation_patch(cur, None) == {SUMMARY_ANNOTATION: None, HASH_ANNOTATION: None}
-        assert desired_annotations(outcome(verdict=Verdict.SATISFIABLE)) is None
+        assert desired_annotations(outcome(verdict=Verdict.SATISFIABLE), DRIVER) is None
 
     def test_event_only_when_the_verdict_line_changes(self) -> None:
         o = outcome()

@@ -87,7 +87,7 @@ def check(slices: list[Any], claim: dict[str, Any]) -> None:
     doc = explanation_document(outcome)
     assert len(doc.encode()) <= MAX_EXPLANATION_BYTES
     json.loads(doc)
-    annotations = desired_annotations(outcome)
+    annotations = desired_annotations(outcome, OURS)
     assert annotations is None or all(isinstance(v, str) for v in annotations.values())
     event_body(object_ref(claim, CLAIM_RESOURCE), Occurrence("Warning", str(outcome.verdict), "Allocate", outcome.summary),
                controller=REPORTING_CONTROLLER, instance="fuzz", now=datetime.now(UTC))

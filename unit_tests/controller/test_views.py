@@ -77,7 +77,7 @@ def test_pods_that_wait_for_nothing_are_not_kept() -> None:
 
 
 EXPLAINED = desired_annotations(Outcome(verdict=Verdict.UNSATISFIABLE, summary="cannot allocate",
-                                        explanation={"closest": ["x" * 20_000]}))
+                                        explanation={"closest": ["x" * 20_000]}), "gpu.dra-driver.io")
 assert EXPLAINED is not None
 
 
