@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,14 +240,6 @@ class Env:
     def spec(self, uid: str) -> dict[str, Any]:
         return json.loads((self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
 
-    def views_path(self, uid: str) -> Path:
-        return self.cdi_root / f"k8s.{DRIVER}-claim_{uid}-views.json"
-
-    def specs(self, uid: str) -> list[dict[str, Any]]:
-        """The claim's spec, and its views' where it has them."""
-        views = self.views_path(uid)
-        return [self.spec(uid), *([json.loads(views.read_text())] if views.exists() else [])]
-
     def spec_exists(self, uid: str) -> bool:
         return (self.cdi_root / f"k8s.{DRIVER}-claim_{uid}.json").exists()
 
@@ -263,29 +255,6 @@ class Env:
 
 def env_of(edits: dict[str, Any]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in edits.get("env", []))
-
-
-def container_env(specs: Sequence[dict[str, Any]], devices: Sequence[Any], request: str | None = None) -> dict[str, str]:
-    """The environment a container gets from the claim's specs (:meth:`Env.specs`), given the devices
-    the plugin answered (``ResponseDevice``), naming ``request`` of the claim or (None) the whole
-    claim: the kubelet picks the CDI IDs of the devices of that request (of all for None; a device
-    entry without request names goes to every container), in order; CDI applies a spec's own edits
-    once, before its first device's, then each device's, a later value of a name replacing an
-    earlier one."""
-    ids = [i for d in devices if request is None or not d.request_names or request in d.request_names
-           for i in d.cdi_device_ids]
-    by_id = {f"{spec['kind']}={d['name']}": (n, d) for n, spec in enumerate(specs) for d in spec["devices"]}
-    env: dict[str, str] = {}
-    applied: set[int] = set()
-    for i in ids:
-        if i not in by_id:
-            continue
-        n, dev = by_id[i]
-        if n not in applied:
-            applied.add(n)
-            env.update(env_of(specs[n].get("containerEdits") or {}))
-        env.update(env_of(dev["containerEdits"]))
-    return env
 
 
 # --- happy path -------------------------------------------------------------------------------

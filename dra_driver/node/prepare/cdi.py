@@ -16,10 +16,9 @@ Every name that ends up in a path is validated first (claim UID, driver name).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +31,15 @@ from dra_driver.node.prepare.calls import (
     validate_claim_uid,
     validate_device_name,
     validate_driver_name,
-    validate_request_name,
     validate_share_id,
 )
 from dra_driver.node.prepare.cdispec import DERIVED_FILES_DURABLE, DIR_MODE, SPEC_MODE, minimum_cdi_version, spec_bytes
 from dra_driver.node.prepare.edits import ClaimDevice, claim_edits
 from dra_driver.node.prepare.mps import container_edits
 from dra_driver.node.prepare.toolkit import merge_edits
-from dra_driver.node.prepare.views import view_device_name
 from dra_driver.ondisk import claim_spec_prefix
 
-_SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})(?:-views)?\.json")
+_SPEC_FILE = re.compile(r"k8s\.(?P<driver>.+)-claim_(?P<uid>[0-9a-f-]{36})\.json")
 
 
 class CdiSpecs:
@@ -76,38 +73,20 @@ class CdiSpecs:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_root / f"{claim_spec_prefix(self.driver_name)}{validate_claim_uid(claim_uid)}.json"
 
-    def views_path(self, claim_uid: str) -> Path:
-        return self.cdi_root / f"{claim_spec_prefix(self.driver_name)}{validate_claim_uid(claim_uid)}-views.json"
-
     def require_driver(self) -> None:
         """Raise DriverEditsError, naming what is missing, when the driver's edits cannot be had."""
         if self._driver_edits is not None:
             self._driver_edits()
 
     # content
-    def build_spec(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice], *,
-                   per_request: bool = False) -> dict[str, Any]:
-        """The claim's spec; ``per_request``: its devices' environment is in the views' spec
-        (:meth:`build_views_spec`), as claims of several requests are prepared now."""
-        return self._build(claim_uid, namespace, name, devices, per_request)[0]
-
-    def build_views_spec(self, claim_uid: str, namespace: str, name: str,
-                         devices: Sequence[ClaimDevice]) -> dict[str, Any] | None:
-        """The spec of the claim's views (:mod:`dra_driver.node.prepare.views`); None for a claim of
-        one request, which needs none. A file of its own: a release from before views, rolled back
-        to, neither rewrites nor removes it, so the IDs the kubelet holds stay resolvable."""
-        return self._build(claim_uid, namespace, name, devices, True)[1]
-
-    def _build(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice],
-               per_request: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def build_spec(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
         validate_claim_uid(claim_uid)
         if not devices:
             raise CdiError("a CDI spec needs at least one device")
         for value in (namespace, name):
             if "\x00" in value or "\n" in value:
                 raise CdiError(f"invalid claim reference {namespace!r}/{name!r}")
-        edits = claim_edits(claim_uid, f"{namespace}/{name}", self.driver_name, self.node_name, devices, self._host_dev,
-                            per_request=per_request)
+        edits = claim_edits(claim_uid, f"{namespace}/{name}", self.driver_name, self.node_name, devices, self._host_dev)
         spec: dict[str, Any] = {
             "cdiVersion": "",
             "kind": self.kind,
@@ -124,52 +103,37 @@ class CdiSpecs:
         if self._driver_edits is not None:
             spec["containerEdits"] = merge_edits(spec["containerEdits"], self._driver_edits())
         spec["cdiVersion"] = minimum_cdi_version(spec)
-        if len(edits.views) < 2:
-            return spec, None
-        views: dict[str, Any] = {"cdiVersion": "", "kind": self.kind, "devices": [
-            {"name": view_device_name(claim_uid, validate_request_name(r) if r is not None else None), "containerEdits": e}
-            for r, e in edits.views.items()]}
-        views["cdiVersion"] = minimum_cdi_version(views)
-        return spec, views
+        return spec
 
     # files
     def write_claim_spec(self, claim_uid: str, namespace: str, name: str,
-                         devices: Sequence[ClaimDevice], *, per_request: bool = False) -> list[str]:
-        """Write (or replace) the claim's spec, and with ``per_request`` its views' first; returns the
-        fully-qualified CDI device IDs of its devices.
+                         devices: Sequence[ClaimDevice]) -> list[str]:
+        """Write (or replace) the claim's spec; returns the fully-qualified CDI device IDs.
 
         Raises CdiError for invalid input and OSError (ENOSPC, ...) for write failures.
         """
-        spec, views = self._build(claim_uid, namespace, name, devices, per_request)
+        spec = self.build_spec(claim_uid, namespace, name, devices)
+        data = spec_bytes(spec)
         try:
             ensure_dir(self.cdi_root, DIR_MODE)
-            # The views first: a claim's spec on disk means its files are all there.
-            for path, content in ((self.views_path(claim_uid), views), (self.spec_path(claim_uid), spec)):
-                if content is not None:
-                    data = spec_bytes(content)
-                    if not holds(path, data, SPEC_MODE):
-                        atomic_write(path, data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
+            path = self.spec_path(claim_uid)
+            if not holds(path, data, SPEC_MODE):
+                atomic_write(path, data, SPEC_MODE, durable=DERIVED_FILES_DURABLE)
         except OSError:
             METRICS.cdi_spec_writes.labels(result="error").inc()
             raise
         METRICS.cdi_spec_writes.labels(result="success").inc()
         return list(dict.fromkeys(self.cdi_device_id(claim_uid, d.device_name, d.share_id) for d in devices))
 
-    def spec_is_current(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice], *,
-                        per_request: bool = False) -> bool:
-        """Whether the claim's spec (and its views') hold exactly what :meth:`write_claim_spec` writes now."""
-        spec, views = self._build(claim_uid, namespace, name, devices, per_request)
-        return holds(self.spec_path(claim_uid), spec_bytes(spec)) and (
-            views is None or holds(self.views_path(claim_uid), spec_bytes(views)))
+    def spec_is_current(self, claim_uid: str, namespace: str, name: str, devices: Sequence[ClaimDevice]) -> bool:
+        """Whether the claim's spec holds exactly what :meth:`write_claim_spec` writes now."""
+        return holds(self.spec_path(claim_uid), spec_bytes(self.build_spec(claim_uid, namespace, name, devices)))
 
     def spec_exists(self, claim_uid: str) -> bool:
         return self.spec_path(claim_uid).is_file()
 
     def delete_claim_spec(self, claim_uid: str) -> bool:
-        """Remove the claim's spec, and its views' (first, so that no views outlive the spec
-        unnoticed: :meth:`list_claim_specs` names them too); False when there was no spec."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.views_path(claim_uid))
+        """Remove the claim's spec; False when there was none."""
         try:
             os.unlink(self.spec_path(claim_uid))
         except FileNotFoundError:
@@ -182,20 +146,8 @@ class CdiSpecs:
         prefix = f".{claim_spec_prefix(self.driver_name)}"
         return remove_stale_temp_files(self.cdi_root, lambda name: name.startswith(prefix))
 
-    def remove_stray_views(self, known: Collection[str]) -> list[str]:
-        """Delete the views' specs of claims that have neither a spec nor a checkpoint entry among
-        ``known``: a release from before views unprepared them, removing the claim's spec alone.
-        Nothing can use them: a new container of the claim needs its spec too. The UIDs, for the log."""
-        stray = []
-        for uid in self.list_claim_specs():
-            if uid not in known and not self.spec_exists(uid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.views_path(uid))
-                    stray.append(uid)
-        return stray
-
     def list_claim_specs(self) -> list[str]:
-        """Claim UIDs that have a spec (or views' spec) of this driver in the directory."""
+        """Claim UIDs that have a spec of this driver in the directory."""
         try:
             names = os.listdir(self.cdi_root)
         except FileNotFoundError:
@@ -205,4 +157,4 @@ class CdiSpecs:
             m = _SPEC_FILE.fullmatch(entry)
             if m and m["driver"] == self.driver_name and is_uuid(m["uid"]):
                 uids.append(m["uid"])
-        return sorted(set(uids))
+        return sorted(uids)

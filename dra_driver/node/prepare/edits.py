@@ -1,14 +1,11 @@
 """Container edits for a claim's prepared devices, from their applied config.
 
-Per device: the GPU node ``/dev/nvidiaN`` and the MIG capability nodes
-``/dev/nvidia-caps/nvidia-capN``. For the claim: the control nodes and ``DRA_GPU_DRIVER``,
-``DRA_GPU_CLAIM``, ``DRA_GPU_CLAIM_UID``, ``DRA_GPU_NODE``. In each view (one per request, and one for
-the whole claim of several requests: :mod:`dra_driver.node.prepare.views`), for the view's devices:
-``NVIDIA_VISIBLE_DEVICES`` with their UUIDs, ``DRA_GPU_COUNT``, ``DRA_GPU_DEVICES``, the
-``DRA_GPU_<i>_*`` variables saying what the container got (device, request, UUID, sharing; for a
-share its ID, memory and compute; the time-slice interval and MPS client limits its config sets),
-and for MPS devices the one set of MPS client limits for the container. Claims prepared before views
-keep the earlier layout: the per-device variables on the devices, the rest on the claim.
+Per device: the GPU node ``/dev/nvidiaN``, the MIG capability nodes
+``/dev/nvidia-caps/nvidia-capN``, and ``DRA_GPU_<i>_*`` variables saying what the container got
+(device, request, UUID, sharing; for a share its ID, memory and compute; the time-slice interval
+and MPS client limits its config sets), and on each MPS device the claim's one set of MPS client
+limits for the container. For the claim: the control nodes, ``NVIDIA_VISIBLE_DEVICES`` with the
+claim's UUIDs and ``DRA_GPU_*`` variables.
 With a fake dev root (simulated GPUs) every node gets ``hostPath`` under it while ``path`` stays
 ``/dev/...``.
 
@@ -23,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy, base_request
+from dra_driver.gpuconfig import EXCLUSIVE, SharingConfig, Strategy
 from dra_driver.k8s.quantity import format_canonical
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -85,13 +82,10 @@ class DeviceEdits:
 
 @dataclass
 class ClaimEdits:
-    """A claim's edits: one entry per distinct (device, share), the ones for the whole claim, and
-    the views'."""
+    """A claim's edits: one entry per distinct (device, share), and the ones for the whole claim."""
 
     devices: list[DeviceEdits] = field(default_factory=list)
     common: dict[str, Any] = field(default_factory=dict)
-    views: dict[str | None, dict[str, Any]] = field(default_factory=dict)
-    """By request (None: the whole claim), the edits of its view; none in the earlier layout."""
 
 
 @dataclass
@@ -130,97 +124,49 @@ def _device_env(prefix: str, dev: ClaimDevice, ordinal: int, mps: _Mps) -> list[
     return env
 
 
-def _distinct(devices: Sequence[ClaimDevice]) -> list[ClaimDevice]:
-    """One per (device, share): a device listed twice for one share is prepared once."""
-    seen: set[tuple[str, str | None]] = set()
-    out = []
-    for dev in devices:
-        if (dev.device_name, dev.share_id) not in seen:
-            seen.add((dev.device_name, dev.share_id))
-            out.append(dev)
-    return out
-
-
-@dataclass(frozen=True)
-class _ViewEnv:
-    """What a container given ``devices`` is told about them: per device, and for them together."""
-
-    per_device: list[list[str]]
-    together: list[str]
-    mps_client: list[str]
-
-    def all(self) -> list[str]:
-        return [*(v for env in self.per_device for v in env), *self.together, *self.mps_client]
-
-
-def _view_env(devices: Sequence[ClaimDevice]) -> _ViewEnv:
-    uuids = list(dict.fromkeys(dev.uuid for dev in devices))
-    mps = _Mps()
-    per_device = [_device_env(f"DRA_GPU_{i}_", dev, uuids.index(dev.uuid), mps) for i, dev in enumerate(devices)]
-    together = [
-        f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}",
-        f"DRA_GPU_COUNT={len(devices)}",
-        f"DRA_GPU_DEVICES={','.join(dev.device_name for dev in devices)}",
-    ]
-    client = []
-    if mps.percents:
-        # One value per MPS client: the strictest of the devices.
-        client.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps.percents)}")
-    if mps.memory:
-        limits = ",".join(f"{ordinal}={_mps_limit_text(n)}" for ordinal, n in sorted(mps.memory.items()))
-        client.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
-    return _ViewEnv(per_device, together, client)
-
-
-def _device_nodes(dev: ClaimDevice, host_dev: Path | None) -> list[dict[str, Any]]:
-    nodes = [device_node(f"nvidia{int(dev.gpu_minor)}", host_dev)]
-    return nodes + [device_node(f"nvidia-caps/nvidia-cap{int(c)}", host_dev) for c in dev.mig_caps]
-
-
-def _names(env: Sequence[str]) -> list[str]:
-    return [e.partition("=")[0] for e in env]
-
-
 def claim_edits(claim_uid: str, claim_ref: str, driver_name: str, node_name: str, devices: Sequence[ClaimDevice],
-                host_dev: Path | None, *, per_request: bool = False) -> ClaimEdits:
-    """The edits for ``devices`` of the claim ``claim_ref`` (``namespace/name``) on ``node_name``.
-    ``per_request``: the environment that describes the devices goes into views
-    (:mod:`dra_driver.node.prepare.views`), so that a container given one request of the claim is
-    told of that request's devices alone; else (claims prepared before views) each device carries
-    its own variables and the claim's spec-wide edits the rest."""
+                host_dev: Path | None) -> ClaimEdits:
+    """The edits for ``devices`` of the claim ``claim_ref`` (``namespace/name``) on ``node_name``."""
     out = ClaimEdits()
-    distinct = _distinct(devices)
+    seen: set[tuple[str, str | None]] = set()
+    uuids: list[str] = []
+    names: list[str] = []
+    mps = _Mps()
+    for dev in devices:
+        if (dev.device_name, dev.share_id) in seen:
+            continue
+        seen.add((dev.device_name, dev.share_id))
+        prefix = f"DRA_GPU_{len(names)}_"
+        names.append(dev.device_name)
+        if dev.uuid not in uuids:
+            uuids.append(dev.uuid)
+        nodes = [device_node(f"nvidia{int(dev.gpu_minor)}", host_dev)]
+        nodes += [device_node(f"nvidia-caps/nvidia-cap{int(c)}", host_dev) for c in dev.mig_caps]
+        env = _device_env(prefix, dev, uuids.index(dev.uuid), mps)
+        out.devices.append(DeviceEdits(dev, {"deviceNodes": nodes, "env": env}))
     claim_env = [
+        f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}",
         f"DRA_GPU_DRIVER={driver_name}",
         f"DRA_GPU_CLAIM={claim_ref}",
         f"DRA_GPU_CLAIM_UID={claim_uid}",
+        f"DRA_GPU_COUNT={len(names)}",
+        f"DRA_GPU_DEVICES={','.join(names)}",
     ]
     if node_name:
         claim_env.append(f"DRA_GPU_NODE={node_name}")
-    control = [device_node(n, host_dev) for n in CONTROL_NODES]
-    if per_request:
-        out.devices = [DeviceEdits(dev, {"deviceNodes": _device_nodes(dev, host_dev)}) for dev in distinct]
-        requests = list(dict.fromkeys(base_request(dev.request) for dev in distinct))
-        views = {r: _view_env([d for d in distinct if base_request(d.request) == r]).all() for r in requests}
-        out.views = {r: {"env": env} for r, env in views.items()}
-        if len(requests) > 1:
-            whole = _view_env(distinct).all()
-            # The whole claim's view comes after every request's: it empties what they set and it does not.
-            set_by_requests = dict.fromkeys(n for env in views.values() for n in _names(env))
-            whole += [f"{n}=" for n in set_by_requests if n not in set(_names(whole))]
-            out.views[None] = {"env": whole}
-        out.common = {"deviceNodes": control, "env": claim_env}
-        return out
-    view = _view_env(distinct)
-    for dev, env in zip(distinct, view.per_device, strict=True):
-        out.devices.append(DeviceEdits(dev, {"deviceNodes": _device_nodes(dev, host_dev), "env": env}))
+    client_env = []
+    if mps.percents:
+        # One value per MPS client: the strictest of the claim's devices.
+        client_env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={min(mps.percents)}")
+    if mps.memory:
+        limits = ",".join(f"{ordinal}={_mps_limit_text(n)}" for ordinal, n in sorted(mps.memory.items()))
+        client_env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
     # The client limits ride on the MPS devices' own edits, not the claim's: a container that names
     # another request of the claim (NVIDIA's gpu-test5: one request time-sliced, one under MPS) gets
     # the claim's edits too, and must not become an MPS client. Each MPS device carries the same
     # values, so a container with several gets them once.
     for entry in out.devices:
         if entry.device.sharing.strategy is Strategy.MPS:
-            entry.edits["env"] += view.mps_client
-    together = view.together
-    out.common = {"deviceNodes": control, "env": [together[0], *claim_env[:3], *together[1:], *claim_env[3:]]}
+            entry.edits["env"] += client_env
+    out.common = {"deviceNodes": [device_node(n, host_dev) for n in CONTROL_NODES], "env": claim_env}
     return out

@@ -25,7 +25,6 @@ from dra_driver.node.prepare.entries import ClaimEntry, DeviceKind, PreparedDevi
 from dra_driver.node.prepare.metadata import MetadataClaim, MetadataFiles
 from dra_driver.node.prepare.mps import runs_mps
 from dra_driver.node.prepare.toolkit import DriverEditsError
-from dra_driver.node.prepare.views import has_views
 
 
 def creates_mig(device: AllocatableDevice, prepared: PreparedDevice) -> bool:
@@ -107,8 +106,7 @@ class Materializer:
             self._write_metadata(MetadataClaim(entry.uid, entry.namespace, entry.name, entry.pod_claim_name),
                                  entry.devices, devices)
         try:
-            self.cdi.write_claim_spec(entry.uid, entry.namespace, entry.name, [claim_device(d) for d in entry.devices],
-                                      per_request=has_views(self.cdi.kind, entry.uid, entry.devices))
+            self.cdi.write_claim_spec(entry.uid, entry.namespace, entry.name, [claim_device(d) for d in entry.devices])
         except DriverEditsError as exc:
             raise ClaimFailure(str(exc)) from None
         except OSError as exc:
@@ -156,8 +154,7 @@ class Materializer:
             return False
         try:
             if not self.cdi.spec_is_current(entry.uid, entry.namespace, entry.name,
-                                            [claim_device(d) for d in entry.devices],
-                                            per_request=has_views(self.cdi.kind, entry.uid, entry.devices)):
+                                            [claim_device(d) for d in entry.devices]):
                 return True
             return self.metadata is not None and not self.metadata.current(
                 MetadataClaim(entry.uid, entry.namespace, entry.name, entry.pod_claim_name), entry.devices, devices)
@@ -216,13 +213,6 @@ class Materializer:
         if self.metadata is not None:
             leftovers += self.metadata.remove_stale_temp_files()
         return leftovers
-
-    def remove_stray_views(self, known: Collection[str]) -> list[str]:
-        """Views' specs left by a release from before views (start-up only)."""
-        try:
-            return self.cdi.remove_stray_views(known)
-        except OSError:
-            return []
 
     def orphans(self, known: Collection[str]) -> list[str]:
         """Claims with files but no entry among ``known``."""

@@ -34,7 +34,6 @@ from dra_driver.node.prepare.calls import (
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.entries import DeviceKind, PreparedDevice
 from dra_driver.node.prepare.metadata import MetadataFiles, pod_claim_name
-from dra_driver.node.prepare.views import with_view_ids
 from dra_driver.opaqueconfig import RequestConfigError, Target, resolve_sharing
 
 # --- the claim --------------------------------------------------------------------------------
@@ -215,9 +214,6 @@ class ClaimPlanner:
             raise ClaimFailure(f"invalid {self.driver_name} config for request {exc.request!r}: {exc}") from None
         planned = [self._planned(claim, i, result, device, sharing)
                    for (i, result), device, sharing in zip(ours, found, sharings, strict=True)]
-        for d, prepared in zip(planned, with_view_ids(self.cdi.kind, claim.uid, [d.prepared for d in planned]),
-                               strict=True):
-            d.prepared = prepared
         if self.metadata is None or not self.metadata.enabled or not planned:
             return Plan(claim, planned)
         try:

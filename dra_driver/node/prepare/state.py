@@ -65,7 +65,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dra_driver import failpoints, logs
-from dra_driver.gpuconfig import Strategy
+from dra_driver.gpuconfig import Strategy, base_request
 from dra_driver.k8s.client import ApiError, KubeApi
 from dra_driver.logs import Logger
 from dra_driver.node.describe.devices import AllocatableDevice
@@ -74,10 +74,10 @@ from dra_driver.node.discovery.backend import Backend
 from dra_driver.node.discovery.nvml import NvmlError
 from dra_driver.node.fileio import describe_os_error
 from dra_driver.node.metrics import METRICS
-from dra_driver.node.prepare.calls import ClaimFailure, ClaimRef, PrepareOutcome
+from dra_driver.node.prepare.calls import ClaimFailure, ClaimRef, PrepareOutcome, ResponseDevice
 from dra_driver.node.prepare.cdi import CdiSpecs
 from dra_driver.node.prepare.checkpoint import CheckpointStore
-from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, now_rfc3339
+from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, PreparedDevice, now_rfc3339
 from dra_driver.node.prepare.exclusive import Hold, check_exclusive, hold_of_planned
 from dra_driver.node.prepare.gpupolicy import GpuControl, NoGpuControl, TimeSlicer, gpus_of
 from dra_driver.node.prepare.groupcommit import GroupCommit
@@ -89,11 +89,20 @@ from dra_driver.node.prepare.mps import gpus_of as mps_gpus_of
 from dra_driver.node.prepare.plan import ClaimPlanner, Plan, verify_claim
 from dra_driver.node.prepare.reading import CLAIM_READ_CONCURRENCY, ClaimReader, Fetched, read_error
 from dra_driver.node.prepare.sharedstate import SharedState
-from dra_driver.node.prepare.views import response_devices
 
 _log = logs.get("prepare")
 
 NOT_PROCESSED = "internal error: claim was not processed"
+
+
+def _response_device(dev: PreparedDevice) -> ResponseDevice:
+    return ResponseDevice(
+        request_names=tuple(dict.fromkeys(base_request(r) for r in dev.requests)),
+        pool_name=dev.pool,
+        device_name=dev.device,
+        cdi_device_ids=dev.cdi_device_ids,
+        share_id=dev.share_id,
+    )
 
 
 class DeviceState:
@@ -126,7 +135,6 @@ class DeviceState:
         self._planner = ClaimPlanner(node_name, driver_name, cdi, frozenset(sharing_strategies), consumable_shares,
                                      proc_root, metadata)
         self._node = Materializer(cdi, metadata, backend, proc_root, self._log)
-        self._cdi_kind = cdi.kind
         self._slicer = TimeSlicer(gpu_control or NoGpuControl())
         self._mps = mps
         self._lock = threading.RLock()
@@ -208,9 +216,6 @@ class DeviceState:
             leftovers = self._ledger.store.remove_stale_temp_files() + self._node.remove_temp_files()
             if leftovers:
                 self._log.info("removed temporary files of writes interrupted by a crash", files=leftovers)
-            stray = self._node.remove_stray_views(self._ledger.entries)
-            if stray:
-                self._log.info("removed the views' CDI specs of claims an earlier release unprepared", claim_uids=stray)
             orphans = self._node.orphans(self._ledger.entries)
             if orphans:
                 # Kept: a container of such a claim may still be (re)created from it. The kubelet's
@@ -369,7 +374,7 @@ class DeviceState:
         if done:
             log.info(done, already_prepared=True)
         log.debug("claim already prepared")
-        return PrepareOutcome(devices=response_devices(self._cdi_kind, entry.uid, entry.devices)), again
+        return PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices)), again
 
     def _execute(self, plans: list[Plan], outcomes: dict[str, PrepareOutcome]) -> None:
         boot = self._ledger.store.boot_id
@@ -419,7 +424,7 @@ class DeviceState:
         failpoints.hit("prepare.after-completed")
         for plan in written:
             entry = self._ledger.entries[plan.claim.uid]
-            outcomes[plan.claim.uid] = PrepareOutcome(devices=response_devices(self._cdi_kind, entry.uid, entry.devices))
+            outcomes[plan.claim.uid] = PrepareOutcome(devices=tuple(_response_device(d) for d in entry.devices))
             self._claim_log(plan.claim.uid, plan.claim.ref).info(
                 "prepared claim", devices=[d.device for d in entry.devices],
                 cdi_device_ids=[i for d in entry.devices for i in d.cdi_device_ids],

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from nodefix import DRIVER, MPS, NODE, TS, Env, build_devices, container_env, gpu_config, make_claim, make_gpu
+from nodefix import DRIVER, MPS, NODE, TS, Env, build_devices, env_of, gpu_config, make_claim, make_gpu
 
 from dra_driver.gpuconfig import decode_sharing
 from dra_driver.k8s.quantity import parse_quantity
@@ -23,7 +23,6 @@ from dra_driver.node.prepare.calls import ShareError
 from dra_driver.node.prepare.checkpoint import CheckpointStore, canonical
 from dra_driver.node.prepare.exclusive import coexistence_problem
 from dra_driver.node.prepare.plan import ShareAmounts, mps_for_share, share_amounts
-from dra_driver.node.prepare.views import WHOLE_CLAIM
 from dra_driver.node.settings import add_plugin_arguments, plugin_settings
 
 GI = 2**30
@@ -236,9 +235,8 @@ def senv(tmp_path: Path) -> ShareEnv:
     return ShareEnv(tmp_path)
 
 
-def told(senv: ShareEnv, uid: str, out: Any, request: str | None = None) -> dict[str, str]:
-    """What a container of the claim (naming ``request``, or the whole claim) is told."""
-    return container_env(senv.specs(uid), out.devices, request)
+def device_env(spec: dict[str, Any], i: int) -> dict[str, str]:
+    return env_of(spec["devices"][i]["containerEdits"])
 
 
 def test_two_claims_share_one_gpu_and_each_container_is_told_its_share(senv: ShareEnv) -> None:
@@ -253,7 +251,7 @@ def test_two_claims_share_one_gpu_and_each_container_is_told_its_share(senv: Sha
         assert dev.cdi_device_ids == (f"k8s.{DRIVER}/claim={ref.uid}-gpu-0-{result['shareID']}",)
         spec = senv.spec(ref.uid)
         assert spec["devices"][0]["name"] == f"{ref.uid}-gpu-0-{result['shareID']}"
-        got = told(senv, ref.uid, out[ref.uid])
+        got = device_env(spec, 0)
         assert got["DRA_GPU_0_SHARE_ID"] == result["shareID"]
         assert got["DRA_GPU_0_MEMORY_SHARE"] == "30Gi"
         assert got["DRA_GPU_0_MEMORY_SHARE_BYTES"] == str(30 * GI)
@@ -265,7 +263,7 @@ def test_a_share_that_consumed_no_memory_is_told_nothing_about_memory(senv: Shar
     out = senv.prepare_one(make_claim("a", [share("gpu-0", memory="0", shares="1")]))
     assert out.error is None
     [uid] = senv.state.prepared_claims()
-    got = told(senv, uid, out)
+    got = device_env(senv.spec(uid), 0)
     assert "DRA_GPU_0_MEMORY_SHARE" not in got and got["DRA_GPU_0_COMPUTE_SHARE_PERCENT"] == "25"
 
 
@@ -275,28 +273,23 @@ def test_two_shares_of_one_gpu_in_one_claim_are_two_cdi_devices(senv: ShareEnv) 
     uid = claim["metadata"]["uid"]
     out = senv.prepare_one(claim)
     assert out.error is None
-    assert [d.request_names for d in out.devices] == [("big",), ("small",), (WHOLE_CLAIM,)]
+    assert [d.request_names for d in out.devices] == [("big",), ("small",)]
     spec = senv.spec(uid)
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0-{big['shareID']}", f"{uid}-gpu-0-{small['shareID']}"]
-    assert [d["name"] for d in json.loads(senv.views_path(uid).read_text())["devices"]] == [
-        f"{uid}-request-big", f"{uid}-request-small", f"{uid}-claim"]
-    whole, big_only, small_only = (told(senv, uid, out, r) for r in (None, "big", "small"))
-    assert whole["DRA_GPU_0_MEMORY_SHARE"] == "40Gi" and whole["DRA_GPU_1_MEMORY_SHARE"] == "10Gi"
-    assert whole["DRA_GPU_COUNT"] == "2"
-    # A container of the whole claim is one MPS client of that GPU: its pinned-memory limit is both
-    # shares together. One that names a request is a client with that request's share alone.
-    assert whole["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
-    assert (big_only["DRA_GPU_COUNT"], big_only["DRA_GPU_0_MEMORY_SHARE"]) == ("1", "40Gi")
-    assert big_only["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M" and "DRA_GPU_1_DEVICE" not in big_only
-    assert (small_only["DRA_GPU_0_MEMORY_SHARE"], small_only["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("10Gi", "0=10240M")
+    assert device_env(spec, 0)["DRA_GPU_0_MEMORY_SHARE"] == "40Gi"
+    assert device_env(spec, 1)["DRA_GPU_1_MEMORY_SHARE"] == "10Gi"
+    claim_env = env_of(spec["containerEdits"])
+    assert claim_env["DRA_GPU_COUNT"] == "2"
+    # One container, one MPS client of that GPU: the pinned-memory limit is both shares together, on each.
+    assert device_env(spec, 0)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
+    assert device_env(spec, 1)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=51200M"
 
 
 def test_mps_share_gets_limits_from_what_it_consumed(senv: ShareEnv) -> None:
     claim = make_claim("m", [share("gpu-0", memory="30Gi", shares="2")], config=[gpu_config({"strategy": "MPS"})])
     uid = claim["metadata"]["uid"]
-    out = senv.prepare_one(claim)
-    assert out.error is None
-    claim_env = told(senv, uid, out)
+    assert senv.prepare_one(claim).error is None
+    claim_env = device_env(senv.spec(uid), 0)
     assert claim_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30720M"
     assert claim_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
 
@@ -394,8 +387,7 @@ def test_checkpoint_written_before_shares_still_loads(senv: ShareEnv) -> None:
 def test_static_mig_share(senv: ShareEnv) -> None:
     claim = make_claim("m", [share("gpu-2-mig-0", memory="4Gi", multiprocessors="8")])
     uid = claim["metadata"]["uid"]
-    out = senv.prepare_one(claim)
-    assert out.error is None
-    got = told(senv, uid, out)
+    assert senv.prepare_one(claim).error is None
+    got = device_env(senv.spec(uid), 0)
     assert got["DRA_GPU_0_UUID"] == "MIG-2-0"
     assert got["DRA_GPU_0_MEMORY_SHARE"] == "4Gi" and got["DRA_GPU_0_COMPUTE_SHARE_PERCENT"] == "50"

@@ -294,7 +294,7 @@ class TestPrepare:
         stand_in_device_nodes(menv.cdi_root, menv.tmp / "devroot")
         ids = [i for d in out.devices for i in d.cdi_device_ids]
         verdicts, injection = cdicheck.inject(menv.cdi_root, ids)  # as containerd injects them into one container
-        assert cdicheck.problems(verdicts) == [] and len(verdicts) == 4 + len(ids)  # the claim's, its views', 2 metadata
+        assert cdicheck.problems(verdicts) == [] and len(verdicts) == 3 + len(ids)
         assert injection.ok, injection.error
         mounts = injection.oci["mounts"]
         assert sorted(m["destination"].split("/")[-2] for m in mounts) == ["gpu", "other"]
@@ -315,8 +315,7 @@ class TestPrepare:
         out = menv.prepare_one(claim)
         assert out.error is None
         assert [d.cdi_device_ids[1:] for d in out.devices] == [
-            (f"k8s.{DRIVER}/claim={uid}-request-gpus", f"{DRIVER}/metadata={uid}_gpus"),
-            (f"k8s.{DRIVER}/claim={uid}-request-extra", f"{DRIVER}/metadata={uid}_extra"), ()]
+            (f"{DRIVER}/metadata={uid}_gpus",), (f"{DRIVER}/metadata={uid}_extra",)]
         beta = menv.document(uid, "gpus")[0]
         assert beta["podClaimName"] == "gpus"
         assert beta["requests"][0]["name"] == "gpus/big"  # the full name inside, the base name in paths
@@ -468,7 +467,7 @@ class TestCrashes:
         assert menv.state.prepare([ref])[ref.uid].error is None
         files = sorted(menv.host_dir.iterdir()) + sorted(menv.cdi_root.iterdir())
         before = {p: p.read_bytes() for p in files}
-        assert len(before) == 6  # two metadata files, their two specs, the claim's spec and its views'
+        assert len(before) == 5  # two metadata files, their two specs, the claim's spec
         menv.state.close()
         for p in files[:-1]:
             p.write_bytes(b"")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import structlog
-from nodefix import DRIVER, MPS, NODE, TS, Env, container_env, env_of, gpu_config, make_claim, nvidia_config
+from nodefix import DRIVER, MPS, NODE, TS, Env, env_of, gpu_config, make_claim, nvidia_config
 
 from dra_driver.gpuconfig import EXCLUSIVE
 from dra_driver.node.metrics import METRICS
@@ -21,7 +21,6 @@ from dra_driver.node.prepare.checkpoint import CheckpointStore
 from dra_driver.node.prepare.entries import ClaimEntry, ClaimState, DeviceKind, PreparedDevice
 from dra_driver.node.prepare.plan import ClaimPlanner
 from dra_driver.node.prepare.state import DeviceState
-from dra_driver.node.prepare.views import WHOLE_CLAIM
 
 
 class TestPrepare:
@@ -49,10 +48,10 @@ class TestPrepare:
                                  {"request": "other", "device": "gpu-1"}])
         out = env.prepare_one(claim)
         assert out.error is None
-        assert [d.request_names for d in out.devices] == [("gpu",), ("other",), (WHOLE_CLAIM,)]
-        assert [d.share_id for d in out.devices] == [share, None, None]
-        told = container_env(env.specs(claim["metadata"]["uid"]), out.devices, "gpu")
-        assert told["DRA_GPU_0_REQUEST"] == "gpu/big" and told["DRA_GPU_COUNT"] == "1"
+        assert [d.request_names for d in out.devices] == [("gpu",), ("other",)]
+        assert [d.share_id for d in out.devices] == [share, None]
+        env_dev0 = env_of(env.spec(claim["metadata"]["uid"])["devices"][0]["containerEdits"])
+        assert env_dev0["DRA_GPU_0_REQUEST"] == "gpu/big"
 
     def test_results_of_other_drivers_ignored(self, env: Env) -> None:
         claim = make_claim("c", [("gpu", "gpu-0")])
@@ -90,21 +89,17 @@ class TestPrepare:
             nvidia_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
                                                             "defaultPinnedDeviceMemoryLimit": "10Gi"}}, ["mps-gpu"]),
         ])
-        out = env.prepare_one(claim)
-        assert out.error is None
+        assert env.prepare_one(claim).error is None
         assert env.gpus.time_slices[env.devices["gpu-0"].gpu.uuid] == 3
-        specs = env.specs(claim["metadata"]["uid"])
-        ts_env, mps_env, both = (container_env(specs, out.devices, r) for r in ("ts-gpu", "mps-gpu", None))
-        assert ts_env["DRA_GPU_0_SHARING"] == "TimeSlicing:Long"
-        assert mps_env["DRA_GPU_0_SHARING"] == "MPS:defaultActiveThreadPercentage=50,defaultPinnedDeviceMemoryLimit=10Gi"
+        spec = env.spec(claim["metadata"]["uid"])
+        assert env_of(spec["devices"][0]["containerEdits"])["DRA_GPU_0_SHARING"] == "TimeSlicing:Long"
+        assert env_of(spec["devices"][1]["containerEdits"])["DRA_GPU_1_SHARING"] == \
+            "MPS:defaultActiveThreadPercentage=50,defaultPinnedDeviceMemoryLimit=10Gi"
         # Only the MPS GPU's containers are MPS clients (gpu-test5's ts-ctr0/1 name the other request).
-        assert not any(k.startswith("CUDA_MPS_") for k in ts_env)
+        ts_env, mps_env = (env_of(d["containerEdits"]) for d in spec["devices"])
+        assert not any(k.startswith("CUDA_MPS_") for k in {**env_of(spec["containerEdits"]), **ts_env})
         assert mps_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-        # Its one GPU is the container's device 0; in a container of the whole claim it is device 1.
-        assert mps_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
-        assert both["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
-        assert both["DRA_GPU_1_SHARING"] == mps_env["DRA_GPU_0_SHARING"] and both["DRA_GPU_COUNT"] == "2"
-
+        assert mps_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
 
     def test_nvidia_mig_device_config(self, env: Env) -> None:
         claim = make_claim("c", [("mig", "gpu-2-mig-1")], config=[
