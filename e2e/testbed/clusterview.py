@@ -26,6 +26,7 @@ DRIVER = "gpu.dra-driver.io"
 CONTAINERS_ANNOTATION = "e2e.dra-driver.io/containers"
 EXPLANATION_ANNOTATION = f"{DRIVER}/explanation"
 SUMMARY_ANNOTATION = f"{DRIVER}/explanation-summary"
+EXPLAINED_BY_ANNOTATION = f"{DRIVER}/explained-by"
 
 
 @dataclass
