@@ -29,17 +29,9 @@ _IN_LIST = re.compile(r"^device\.driver\s+in\s*\[(?P<items>[^\]]*)\]$")
 _ITEM = re.compile(r"""^\s*(?:'([^'\\]*)'|"([^"\\]*)")\s*$""")
 
 
-def _strip_parens(text: str) -> str:
-    """``text`` without parentheses that enclose all of it."""
-    text = text.strip()
-    while text.startswith("(") and text.endswith(")") and _closing(text, 0) == len(text) - 1:
-        text = text[1:-1].strip()
-    return text
-
-
-def _closing(text: str, start: int) -> int:
-    """Index of the bracket closing the one at ``start`` (quotes respected); -1 when unbalanced."""
-    depth, quote, i = 0, "", start
+def _unquoted(text: str) -> Iterator[tuple[int, str, int]]:
+    """Each character of ``text`` outside string literals, its index, and the bracket depth before it."""
+    depth, quote, i = 0, "", 0
     while i < len(text):
         ch = text[i]
         if quote:
@@ -49,14 +41,19 @@ def _closing(text: str, start: int) -> int:
                 quote = ""
         elif ch in "'\"":
             quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            yield i, ch, depth
+            depth += (ch in "([{") - (ch in ")]}")
         i += 1
-    return -1
+
+
+def _strip_parens(text: str) -> str:
+    """``text`` without parentheses that enclose all of it."""
+    text = text.strip()
+    while text.startswith("(") and text.endswith(")") and next(
+            (i for i, ch, depth in _unquoted(text) if ch in ")]}" and depth == 1), -1) == len(text) - 1:
+        text = text[1:-1].strip()
+    return text
 
 
 def conjuncts(expression: str) -> list[str]:
@@ -64,27 +61,15 @@ def conjuncts(expression: str) -> list[str]:
     expression with a top-level ``||`` or ternary is one operand: what it pins cannot be read."""
     text = _strip_parens(expression)
     parts: list[str] = []
-    depth, quote, start, i = 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and (text.startswith("||", i) or (ch == "?" and text[i - 1:i] != ".")):
+    start = 0
+    for i, ch, depth in _unquoted(text):
+        if depth != 0 or i < start:
+            continue
+        if text.startswith("||", i) or (ch == "?" and text[i - 1:i] != "."):
             return [text]  # a disjunction or a ternary (``.?`` is an optional field, not one)
-        elif depth == 0 and text.startswith("&&", i):
+        if text.startswith("&&", i):
             parts.append(text[start:i])
             start = i + 2
-            i += 1
-        i += 1
     parts.append(text[start:])
     return [_strip_parens(p) for p in parts]
 
@@ -114,7 +99,7 @@ def _selector_expressions(selectors: Any) -> Iterator[str]:
             yield expr
 
 
-def _alternatives(claim: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+def alternatives(claim: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     """Each way a request of ``claim`` can be met: its ``exactly`` or each ``firstAvailable`` entry."""
     spec = claim.get("spec")
     devices = spec.get("devices") if isinstance(spec, Mapping) else None
@@ -150,7 +135,7 @@ def foreign_drivers(claim: Mapping[str, Any], classes: DeviceClasses, driver: st
     served by ``driver``; None when the claim is (also) ours or says nothing that can be read."""
     named: set[str] = set()
     seen = False
-    for alt in _alternatives(claim):
+    for alt in alternatives(claim):
         seen = True
         drivers = alternative_drivers(alt, classes)
         if drivers is None or driver in drivers:

@@ -14,6 +14,7 @@ from dra_driver.allocator.inventory import AllocatedState, Inventory
 from dra_driver.allocator.resolve import Engine, Resolution
 from dra_driver.allocator.rules import SchedulerRules
 from dra_driver.controller.keys import ALLOCATE_ANNOTATION, MAX_SUMMARY_BYTES, OUR_ANNOTATIONS, wants_controller_allocation
+from dra_driver.controller.ownership import alternatives
 from dra_driver.gpuconfig import ConfigError
 from dra_driver.k8s.bodies import DeviceClasses
 from dra_driver.k8s.claims import (
@@ -75,19 +76,7 @@ def object_config_errors(obj: Mapping[str, Any], driver: str) -> list[str]:
 
 
 def claim_class_names(claim: Mapping[str, Any]) -> list[str]:
-    spec = claim.get("spec")
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    names: list[str] = []
-    for req in (devices.get("requests") if isinstance(devices, Mapping) else None) or []:
-        if not isinstance(req, Mapping):
-            continue
-        exactly = req.get("exactly")
-        if isinstance(exactly, Mapping) and exactly.get("deviceClassName"):
-            names.append(str(exactly["deviceClassName"]))
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, Mapping) and sub.get("deviceClassName"):
-                names.append(str(sub["deviceClassName"]))
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(str(alt["deviceClassName"]) for alt in alternatives(claim) if alt.get("deviceClassName")))
 
 
 def pending_classes(claims: Iterable[Mapping[str, Any]]) -> set[str]:

@@ -31,6 +31,7 @@ OURS, THEIRS = "gpu.dra-driver.io", "gpu.nvidia.com"
     ("device.attributes['a'].?model.orValue('') == 'x' && device.driver == 'a'", {"a"}),
     ("device.attributes['a'].type == 'gpu'", None),
     ("device.driver == 'it''s'", None),
+    ("((device.driver == 'a')", None),  # unbalanced: nothing read
 ])
 def test_pinned_drivers(expr: str, pinned: set[str] | None) -> None:
     assert pinned_drivers(expr) == (None if pinned is None else frozenset(pinned))
