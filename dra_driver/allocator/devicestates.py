@@ -16,26 +16,26 @@ A device's state, the first that holds:
 * ``free``.
 
 ``withheld`` (a device the node plugin left out of its slices) is not in the inventory: only the
-``DeviceWithheld`` Events name it, which the fleet views read and the controller does not.
+Node's ``DeviceWithheld`` Event names it, in words written and read here (:func:`withheld_note`,
+:func:`withheld_from`), by the node plugin, the fleet views and the controller's metric.
 
 Admin-access results hold nothing (the scheduler lets others allocate the device).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.inventory import AllocatedState, Device, DeviceKey, Inventory, Pool, hashable
+from dra_driver.allocator.inventory import AllocatedState, Device, DeviceKey, Inventory, Pool, attribute_entry, hashable
 from dra_driver.k8s.objects import as_mapping, as_mappings, meta
 
 FREE, ALLOCATED, SHARED, TAINTED, BLOCKED, WITHHELD = "free", "allocated", "shared", "tainted", "blocked", "withheld"
 STATES = (FREE, ALLOCATED, SHARED, TAINTED, BLOCKED, WITHHELD)
-PUBLISHED_STATES = (FREE, ALLOCATED, SHARED, TAINTED, BLOCKED)
-"""The states of a device in the slices (all but ``withheld``)."""
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 Holding = tuple[str, Mapping[str, Any]]
@@ -66,6 +66,66 @@ def model_label(model: str, profile: str | None) -> str:
 
 def device_model(dev: Device) -> str:
     return model_label(string_attribute(dev, "productName") or "", string_attribute(dev, "profile"))
+
+
+def raw_device_model(device: Mapping[str, Any], driver: str) -> str:
+    """:func:`device_model` of a device as the node plugin describes it (before any slice holds it)."""
+    attributes = as_mapping(device.get("attributes"))
+
+    def string(name: str) -> str | None:
+        found = attribute_entry(attributes, driver, f"{driver}/{name}")
+        return str(found[1]) if found is not None and found[1] is not None else None
+
+    return model_label(string("productName") or "", string("profile"))
+
+
+WITHHELD_REASON = "DeviceWithheld"
+"""The reason of the Node Event a node plugin writes about each device it does not publish."""
+MAX_NOTE_MODEL = 64
+"""A model in the note is cut to what an attribute string may hold (the model may be what is wrong)."""
+_WITHHELD_NOTE = re.compile(r"^device (?P<device>\S+)(?: of driver (?P<driver>\S+))?(?: \((?P<model>[^()]*)\))?"
+                            r" is not published.*?refuse it: (?P<rule>.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A device a node plugin does not publish, and the API server's rule it would break."""
+
+    node: str
+    device: str
+    rule: str
+    model: str = "unknown"
+    """:func:`model_label`'s words (``unknown`` in Events of plugins before they carried it)."""
+    driver: str | None = None
+    """The plugin's driver (None in Events of plugins before they carried it)."""
+
+    def of(self, driver: str) -> bool:
+        """Whether it is a device of ``driver`` (one of unknown driver counts for any)."""
+        return self.driver in (None, driver)
+
+
+def withheld_note(device: str, driver: str, model: str, why: str) -> str:
+    """The ``DeviceWithheld`` Event's note, which :func:`withheld_from` reads back."""
+    shown = re.sub(r"[()]", "", model)[:MAX_NOTE_MODEL].strip()
+    return (f"device {device} of driver {driver}{f' ({shown})' if shown else ''} is not published, the node's other "
+            f"devices are: the API server would refuse it: {why}")
+
+
+def withheld_from(events: Iterable[Mapping[str, Any]]) -> list[Withheld]:
+    """The devices the ``DeviceWithheld`` Events (``events.k8s.io/v1``) name, one per (node,
+    device), the latest word kept."""
+    found: dict[tuple[str, str], Withheld] = {}
+    for event in events:
+        regarding = as_mapping(event.get("regarding"))
+        if regarding.get("kind") != "Node" or event.get("reason") != WITHHELD_REASON:
+            continue
+        matched = _WITHHELD_NOTE.match(str(event.get("note") or ""))
+        if matched is None:
+            continue
+        node = str(regarding.get("name") or "")
+        found[(node, matched["device"])] = Withheld(node, matched["device"], matched["rule"].strip(),
+                                                    matched["model"] or "unknown", matched["driver"])
+    return [found[k] for k in sorted(found)]
 
 
 def is_share(result: Mapping[str, Any]) -> bool:
@@ -187,22 +247,31 @@ class Census:
     """The devices of a driver counted by model and state, and the claims holding shares, by model."""
 
     devices: Counter[tuple[str, str]]
-    """(model, state) -> devices; every state of :data:`PUBLISHED_STATES` for each model seen."""
+    """(model, state) -> devices; every state of :data:`STATES` for each model seen."""
     shares: Counter[str]
     """model -> the claims holding shares of its devices (one per claim and device)."""
 
 
 def device_census(inventory: Inventory, allocated: AllocatedState, driver: str,
-                  models: dict[DeviceKey, str] | None = None) -> Census:
+                  models: dict[DeviceKey, str] | None = None, *, withheld: Mapping[str, int] | None = None) -> Census:
     """Every published device of ``driver`` counted as ``kubectl dra top`` counts it: by
-    :func:`device_model` and state, dynamic MIG partitions not made yet left out. ``models``: the
-    devices' models found by an earlier count of the same inventory, and filled in here (reading a
-    device's attributes is most of a count's time)."""
+    :func:`device_model` and state, dynamic MIG partitions not made yet left out, and ``withheld``
+    (model -> devices the node plugins withhold). ``models``: the devices' models found by an
+    earlier count of the same inventory, and filled in here (reading a device's attributes is most
+    of a count's time)."""
     known = models if models is not None else {}
     devices: Counter[tuple[str, str]] = Counter()
     shares: Counter[str] = Counter()
     seen: set[str] = set()
     whole: Whole = {}
+
+    def count(model: str, state: str, n: int = 1) -> None:
+        if model not in seen:
+            seen.add(model)
+            devices.update({(model, s): 0 for s in STATES})
+            shares[model] += 0
+        devices[(model, state)] += n
+
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
@@ -212,11 +281,9 @@ def device_census(inventory: Inventory, allocated: AllocatedState, driver: str,
             model = known.get(s.device.key)
             if model is None:
                 model = known[s.device.key] = device_model(s.device)
-            if model not in seen:
-                seen.add(model)
-                devices.update({(model, state): 0 for state in PUBLISHED_STATES})
-                shares[model] += 0
-            devices[(model, s.state)] += 1
+            count(model, s.state)
             if s.state == SHARED:
                 shares[model] += len(allocated.consumers[s.device.key])
+    for model, n in (withheld or {}).items():
+        count(model, WITHHELD, n)
     return Census(devices, shares)

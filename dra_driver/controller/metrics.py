@@ -47,8 +47,8 @@ class ControllerMetrics:
         self.queue_depth = Gauge(f"{PREFIX}_workqueue_depth", "Claim keys waiting to be processed", registry=r)
         self.devices = Gauge(
             f"{PREFIX}_devices",
-            "Published devices of the driver by model and state (free, allocated, shared, tainted, blocked), "
-            "as kubectl dra top counts them", ["model", "state"], registry=r)
+            "Devices of the driver by model and state (free, allocated, shared, tainted, blocked, and withheld: "
+            "left out of the slices by their node plugin), as kubectl dra top counts them", ["model", "state"], registry=r)
         self.device_shares = Gauge(
             f"{PREFIX}_device_shares",
             "Shares of devices held by claims (results with a shareID or consumed capacity), by model",

@@ -39,13 +39,14 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
 from types import FrameType
 from typing import Any, NamedTuple
 
 from dra_driver import logs, memory
-from dra_driver.allocator.devicestates import device_census
+from dra_driver.allocator.devicestates import WITHHELD_REASON, device_census, withheld_from
 from dra_driver.allocator.inventory import DeviceKey, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
@@ -86,7 +87,7 @@ from dra_driver.k8s.client import (
     RestKubeApi,
 )
 from dra_driver.k8s.compact import without_managed_fields
-from dra_driver.k8s.events import EventRecorder
+from dra_driver.k8s.events import EventRecorder, node_events
 from dra_driver.k8s.informer import Informer
 from dra_driver.k8s.leader import AlwaysLeader, LeaderElector, Leadership, LeaseConfig
 from dra_driver.k8s.objects import Obj, as_mapping, key_of, meta, resource_version
@@ -235,7 +236,8 @@ class Controller:
         """Set once the workers run, with the claims of the first resync queued."""
         self._beats = [clock()] * (WORKERS + 1)
         """When the main loop (0) and each worker last came round."""
-        self._counted: tuple[Inventory, int, dict[DeviceKey, str]] | None = None
+        self._counted: tuple[Inventory, int, dict[DeviceKey, str], Counter[str]] | None = None
+        self._withheld_unread = False
         """The inventory and holdings version the device metric was last counted at, and the models
         of that inventory's devices."""
 
@@ -380,22 +382,41 @@ class Controller:
     def count_devices(self) -> None:
         """The device metric (devices by model and state, the claims holding shares), counted from
         the inventory and the holdings the engine decides with (the accounting's, summed once per
-        version for the evaluations too), on the main loop at each resync: skipped while neither
+        version for the evaluations too), and the devices the node plugins withhold (their
+        ``DeviceWithheld`` Events), on the main loop at each resync: skipped while none of them
         changed. Every replica counts, leader or not: its informers see the cluster as the leader's do."""
+        withheld = self._withheld_models()
         try:
             inventory = self.inputs.inventory()
             version, held = self.accounting.held()
             if self._counted is not None and self._counted[0] is inventory:
-                if self._counted[1] == version:
+                if self._counted[1] == version and self._counted[3] == withheld:
                     return
                 models = self._counted[2]
             else:
                 models = {}
-            self.metrics.count_devices(device_census(inventory, held, self.driver, models))
-            self._counted = (inventory, version, models)
+            self.metrics.count_devices(device_census(inventory, held, self.driver, models, withheld=withheld))
+            self._counted = (inventory, version, models, withheld)
         except Exception as exc:  # last resort: the metric stays as it was; the main loop must go on
             self.metrics.error("device_count")
             self._log.warning("cannot count the devices for the metric", error=f"{type(exc).__name__}: {exc}")
+
+    def _withheld_models(self) -> Counter[str]:
+        """The driver's withheld devices by model, as its plugins' Node Events name them; the last
+        count while the Events cannot be read (said once, and again when they can)."""
+        try:
+            events = node_events(self.api, WITHHELD_REASON)
+        except ApiError as exc:
+            self.metrics.error("withheld_events")
+            if not self._withheld_unread:
+                self._log.warning("cannot read the DeviceWithheld Events: the device metric counts no withheld "
+                                  "device until it can", error=str(exc))
+            self._withheld_unread = True
+            return self._counted[3] if self._counted is not None else Counter()
+        if self._withheld_unread:
+            self._log.info("the DeviceWithheld Events can be read again")
+            self._withheld_unread = False
+        return Counter(w.model for w in withheld_from(events) if w.of(self.driver))
 
     # -- processing
 

@@ -1,5 +1,6 @@
 """Kubernetes Events (``events.k8s.io/v1``) written in the background, repeats folded into one series:
-the one way both programs, the node plugin and the controller, write Events.
+the one way both programs, the node plugin and the controller, write Events (and :func:`node_events`
+the one way Node Events are read back).
 
 An Event's name is derived from everything that makes it the same occurrence (what it is about,
 type, reason, action, note, reporter), so a repeat — in this process or in the next one after a
@@ -31,10 +32,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver import logs
-from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, Resource
+from dra_driver.k8s.bodies import RawBody
+from dra_driver.k8s.client import EVENTS, ApiError, KubeApi, ListResult, Resource
 from dra_driver.k8s.fields import micro_time, one_line
 from dra_driver.k8s.objects import Obj, as_str, meta
 
@@ -124,6 +126,23 @@ def event_name(regarding: ObjectRef, what: Occurrence, controller: str, instance
 def event_namespace(regarding: ObjectRef) -> str:
     """Events about cluster-scoped objects live in ``default``, as the kubelet's Node events do."""
     return regarding.namespace or "default"
+
+
+class EventLister(Protocol):
+    def list(self, res: Resource, *, namespace: str | None = None, field_selector: str | None = None,
+             cached: bool = False) -> ListResult: ...
+
+
+def node_events(api: EventLister, reason: str) -> list[RawBody]:
+    """The Events of ``reason`` in ``default`` (where Node Events live), from the watch cache; a
+    server that refuses the field selector (400) is asked for all of them, and they are picked
+    here. ApiError as the list raised it otherwise."""
+    try:
+        return api.list(EVENTS, namespace="default", field_selector=f"reason={reason}", cached=True).items
+    except ApiError as exc:
+        if not exc.bad_request:
+            raise
+    return [e for e in api.list(EVENTS, namespace="default", cached=True).items if e.get("reason") == reason]
 
 
 def event_body(regarding: ObjectRef, what: Occurrence, *, controller: str, instance: str, now: datetime,

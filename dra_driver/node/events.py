@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_driver import CONFIG_API_GROUP
+from dra_driver.allocator.devicestates import withheld_note
 from dra_driver.k8s.client import CLAIMS
 from dra_driver.k8s.events import EventRecorder, ObjectRef, Occurrence, node_ref
 from dra_driver.node.prepare.calls import ClaimRef
@@ -49,12 +50,10 @@ def health_changed(change: HealthChange) -> Occurrence:
     return Occurrence("Warning", "DeviceUnhealthy", "MonitorHealth", change.describe())
 
 
-def device_withheld(device: str, problems: list[Violation]) -> Occurrence:
+def device_withheld(device: str, driver: str, model: str, problems: list[Violation]) -> Occurrence:
     why = "; ".join(f"{v.field}: {v.message} (rule {v.rule})" if v.field else f"{v.message} (rule {v.rule})"
                     for v in problems)
-    return Occurrence("Warning", "DeviceWithheld", "PublishResourceSlices",
-                      f"device {device} is not published, the node's other devices are: the API server would "
-                      f"refuse it: {why}")
+    return Occurrence("Warning", "DeviceWithheld", "PublishResourceSlices", withheld_note(device, driver, model, why))
 
 
 def stale_claim_unprepared(claim: ClaimRef, error: str | None) -> Occurrence:

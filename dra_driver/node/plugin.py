@@ -402,7 +402,8 @@ def run(settings: PluginSettings) -> int:
     ownership = PublisherLock(settings.state_dir / PUBLISHER_LOCK_FILE, settings.node_name)
     ownership.try_take()  # now, so that health changes found at start-up are told when this one publishes
     publisher = SlicePublisher(api, settings.driver_name, settings.node_name, ownership=ownership,
-                               on_withheld=lambda device, why: events.on_node(notices.device_withheld(device, why)))
+                               on_withheld=lambda device, model, why: events.on_node(
+                                   notices.device_withheld(device, settings.driver_name, model, why)))
     devices_json, counters_json = describe(devices, settings.driver_name, settings.dynamic_mig,
                                            settings.consumable_shares, settings.api_profile)
     publish_gate = PublishGate(publisher.update, lambda old, new: gate_changed(old, new, events, log))

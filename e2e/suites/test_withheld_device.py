@@ -97,3 +97,16 @@ def test_the_good_devices_are_published_and_the_bad_one_is_told(bed: Bed, node: 
     assert get(node.health_port, "/healthz")[0] == 200  # degraded, alive: the kubelet must not restart it
     # Still the same after a resync: the bad device is never written.
     assert published(bed) == ["gpu-0", "gpu-2"]
+
+    # The controller reads the Event back: its device metric counts the device by the model the
+    # Event names (the note carries the driver and the model: the device is in no slice).
+    assert f"device gpu-1 of driver {DRIVER} (NVIDIA L4) is not published" in event["note"], event["note"]
+
+    def counted() -> dict[str, float] | None:
+        found = {s.labels["state"]: s.value
+                 for fam in text_string_to_metric_families(get(bed.fleet.controller_port, "/metrics")[1])
+                 for s in fam.samples if s.name == "dra_driver_controller_devices" and s.labels["model"] == "NVIDIA L4"}
+        return found if found.get("withheld") else None
+
+    by_state = wait_for("the controller's count of the withheld L4", counted, timeout=90)
+    assert by_state["withheld"] == 1 and by_state["free"] >= 2, by_state

@@ -53,9 +53,13 @@ def test_the_census_counts_every_state_of_each_model_and_the_claims_sharing() ->
               {**held("b", shareID="2", consumedCapacity={"memory": "1Gi"}), "metadata": {"name": "other", "namespace": "ns"}}]
     census = device_census(inventory, allocated_state(claims), DRIVER)
     assert dict(census.devices) == {("H100", "free"): 1, ("H100", "allocated"): 1, ("H100", "shared"): 1,
-                                    ("H100", "tainted"): 0, ("H100", "blocked"): 0}
+                                    ("H100", "tainted"): 0, ("H100", "blocked"): 0, ("H100", "withheld"): 0}
     assert dict(census.shares) == {"H100": 2}
     assert device_census(inventory, allocated_state(claims), "other.example.com").devices == {}
+    # The withheld devices (by the models their Events name) join the published ones' models.
+    withheld = device_census(inventory, allocated_state(claims), DRIVER, withheld={"H100": 2, "L4": 1}).devices
+    assert (withheld[("H100", "withheld")], withheld[("H100", "free")], withheld[("L4", "withheld")]) == (2, 1, 1)
+    assert {s for m, s in withheld if m == "L4"} == {"free", "allocated", "shared", "tainted", "blocked", "withheld"}
 
 
 def _counters_fit_with_fractions(dev: Any, left: dict[str, dict[str, Fraction]]) -> bool:

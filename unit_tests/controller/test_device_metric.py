@@ -12,12 +12,13 @@ import pytest
 from ctrlfix import add_claim, allocated_status, claim, make_controller, sync
 from fleetfix import A100, H100, dynamic_mig, fleet, run
 from kubefake import FakeKube
+from structlog.testing import capture_logs
 
-from dra_driver.allocator.devicestates import PUBLISHED_STATES
+from dra_driver.allocator.devicestates import STATES, withheld_note
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller import reconciler
 from dra_driver.controller.reconciler import Controller
-from dra_driver.k8s.client import CLAIMS, SLICES
+from dra_driver.k8s.client import CLAIMS, EVENTS, SLICES, ApiError
 
 
 def exported(ctrl: Controller) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
@@ -45,11 +46,66 @@ def counted(kube: FakeKube) -> Controller:
 def test_devices_by_model_and_state_and_the_shares_held() -> None:
     devices, shares = exported(counted(fleet()))
     assert {k: v for k, v in devices.items() if k[0] == H100} == {
-        (H100, "free"): 1, (H100, "allocated"): 1, (H100, "shared"): 1, (H100, "tainted"): 1, (H100, "blocked"): 0}
-    assert {k: v for k, v in devices.items() if k[0] == A100} == {(A100, s): (2 if s == "free" else 0)
-                                                                   for s in PUBLISHED_STATES}
-    assert shares == {H100: 2, A100: 0}
-    assert {m for m, _ in devices} == {H100, A100}, "another driver's devices are not counted"
+        (H100, "free"): 1, (H100, "allocated"): 1, (H100, "shared"): 1, (H100, "tainted"): 1, (H100, "blocked"): 0,
+        (H100, "withheld"): 0}
+    assert {k: v for k, v in devices.items() if k[0] == A100} == {(A100, s): (2 if s == "free" else 0) for s in STATES}
+    assert shares == {H100: 2, A100: 0, "unknown": 0}
+    # The fleet's one DeviceWithheld Event is in the words of a plugin before the model and the
+    # driver were in them: a device of unknown model, counted for any driver.
+    assert {k: v for k, v in devices.items() if k[0] == "unknown" and v} == {("unknown", "withheld"): 1}
+    assert {m for m, _ in devices} == {H100, A100, "unknown"}, "another driver's devices are not counted"
+
+
+def withheld_event(name: str, node: str, device: str, driver: str, model: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "default"}, "reason": "DeviceWithheld",
+            "regarding": {"kind": "Node", "name": node},
+            "note": withheld_note(device, driver, model, "attributes: too many (rule maxAttributes)")}
+
+
+def test_withheld_devices_are_counted_by_the_model_their_events_name_for_this_driver_only() -> None:
+    kube = fleet()
+    kube.delete(EVENTS, "default/w1")
+    kube.add(EVENTS, withheld_event("w2", "node-b", "gpu-8", "gpu.dra-driver.io", H100))
+    kube.add(EVENTS, withheld_event("w3", "node-b", "gpu-9", "gpu.dra-driver.io", "NVIDIA L4"))
+    kube.add(EVENTS, withheld_event("w4", "node-c", "gpu-0", "gpu.nvidia.com", H100))
+    ctrl = counted(kube)
+    devices, shares = exported(ctrl)
+    assert devices[(H100, "withheld")] == 1 and devices[(H100, "free")] == 1
+    assert {k: v for k, v in devices.items() if k[0] == "NVIDIA L4"} == {
+        ("NVIDIA L4", s): (1 if s == "withheld" else 0) for s in STATES}
+    assert shares["NVIDIA L4"] == 0
+    # The plugin published the device again and its Event expired: counted at the next resync.
+    kube.delete(EVENTS, "default/w3")
+    ctrl.count_devices()
+    assert "NVIDIA L4" not in {m for m, _ in exported(ctrl)[0]}
+
+
+def test_events_that_cannot_be_read_leave_the_last_withheld_count_and_are_said_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kube = fleet()
+    ctrl = counted(kube)
+    assert exported(ctrl)[0][("unknown", "withheld")] == 1
+    real = kube.list
+
+    def forbidden(res: Any, **kw: Any) -> Any:
+        if res == EVENTS:
+            raise ApiError(403, "Forbidden", 'events.events.k8s.io is forbidden: cannot list resource "events"')
+        return real(res, **kw)
+
+    monkeypatch.setattr(kube, "list", forbidden)
+    add_claim(kube, {**claim("c9"), "status": allocated_status(["gpu-3"])})
+    sync(ctrl)
+    with capture_logs() as logs:
+        ctrl.count_devices()
+        ctrl.count_devices()
+        devices, _ = exported(ctrl)
+        assert devices[("unknown", "withheld")] == 1 and devices[(H100, "free")] == 0
+        assert ctrl.metrics.value("errors_total", {"kind": "withheld_events"}) == 2
+        monkeypatch.setattr(kube, "list", real)
+        ctrl.count_devices()
+    said = [e["event"] for e in logs if "DeviceWithheld" in e["event"]]
+    assert said == ["cannot read the DeviceWithheld Events: the device metric counts no withheld device until it can",
+                    "the DeviceWithheld Events can be read again"], said
 
 
 def test_the_metric_agrees_with_kubectl_dra_top_on_the_same_cluster() -> None:
@@ -92,9 +148,9 @@ def test_nothing_changed_is_not_counted_again(monkeypatch: pytest.MonkeyPatch) -
     calls: list[int] = []
     real = reconciler.device_census
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kw: Any) -> Any:
         calls.append(1)
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(reconciler, "device_census", spy)
     kube = fleet()

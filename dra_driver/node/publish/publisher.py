@@ -56,14 +56,14 @@ class SlicePublisher:
     nothing until it holds the lock (:mod:`~dra_driver.node.publish.ownership`); :meth:`update`
     keeps the desired state meanwhile.
 
-    ``on_withheld(name, violations)`` hears of each device left out, once per device and set of
+    ``on_withheld(name, model, violations)`` hears of each device left out, once per device and set of
     rules, from the instance that writes (so two instances do not tell it twice).
     """
 
     def __init__(self, api: KubeApi, driver_name: str, node_name: str, *, node_uid: str | None = None,
                  resync_interval: float = 300.0, sync_delay: float = 1.0, watch_timeout: int = 300,
                  max_backoff: float = 30.0, ownership: PublisherLock | None = None,
-                 on_withheld: Callable[[str, list[Violation]], None] | None = None) -> None:
+                 on_withheld: Callable[[str, str, list[Violation]], None] | None = None) -> None:
         self.api = api
         self.ownership = ownership
         self.driver_name = driver_name
@@ -228,7 +228,8 @@ class SlicePublisher:
     def _tell_withheld(self) -> None:
         with self._lock:
             withheld = {name: list(problems) for name, problems in self._withholding.withheld.items()}
-        self._withholding.tell(withheld)
+            models = dict(self._withholding.models)
+        self._withholding.tell(withheld, models)
 
     def _check_dropped(self, index: int, sent: Obj, stored: Obj) -> None:
         gates = dropped_features(sent, stored)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver import logs
+from dra_driver.allocator.devicestates import raw_device_model
 from dra_driver.k8s.objects import Obj
 from dra_driver.node.metrics import METRICS
 from dra_driver.node.publish.checker import RULES, Violation, partition
@@ -103,6 +104,8 @@ class Decision:
     publish: list[Obj]
     withheld: dict[str, list[Violation]]
     refused: dict[str, tuple[str, list[Violation]]]
+    models: dict[str, str]
+    """The withheld devices' models (:func:`~dra_driver.allocator.devicestates.raw_device_model`)."""
 
 
 class Withholding:
@@ -112,12 +115,14 @@ class Withholding:
     :meth:`tell` from its one sync thread with a copy of :attr:`withheld` taken under that lock."""
 
     def __init__(self, driver: str, log: logs.Logger,
-                 on_withheld: Callable[[str, list[Violation]], None] | None = None) -> None:
+                 on_withheld: Callable[[str, str, list[Violation]], None] | None = None) -> None:
         self.driver = driver
         self.on_withheld = on_withheld
         self._log = log
         self.withheld: dict[str, list[Violation]] = {}
         """The devices left out of the slices now, by name, with what they break."""
+        self.models: dict[str, str] = {}
+        """Their models, by name."""
         self._refused: dict[str, tuple[str, list[Violation]]] = {}
         """Devices the API server refused although the checker passed them: name -> (content, why)."""
         self._told: dict[str, frozenset[str]] = {}
@@ -129,11 +134,13 @@ class Withholding:
         refused = {name: (content, why) for name, (content, why) in self._refused.items()
                    if current.get(name) == content}
         split = partition(devices, self.driver, {name: why for name, (_, why) in refused.items()})
-        return Decision(split.publish, split.withheld, refused)
+        models = {name: raw_device_model(d, self.driver) for d in devices
+                  if isinstance(d, Mapping) and (name := str(d.get("name", ""))) in split.withheld}
+        return Decision(split.publish, split.withheld, refused, models)
 
     def adopt(self, decision: Decision) -> None:
         """Make ``decision`` what is withheld now, and count it by reason."""
-        self.withheld, self._refused = decision.withheld, decision.refused
+        self.withheld, self._refused, self.models = decision.withheld, decision.refused, decision.models
         reasons = Counter(problems[0].rule for problems in decision.withheld.values())
         for rule in RULES:
             METRICS.devices_withheld.labels(reason=rule).set(reasons.get(rule, 0))
@@ -146,8 +153,9 @@ class Withholding:
             if device is not None:
                 self._refused[name] = (fingerprint(device), [why])
 
-    def tell(self, withheld: Mapping[str, Sequence[Violation]]) -> None:
-        """Log, and tell ``on_withheld``, each device newly withheld (or withheld for new reasons)."""
+    def tell(self, withheld: Mapping[str, Sequence[Violation]], models: Mapping[str, str]) -> None:
+        """Log, and tell ``on_withheld`` (with its model), each device newly withheld (or withheld
+        for new reasons)."""
         told: dict[str, frozenset[str]] = {}
         for name, problems in withheld.items():
             told[name] = frozenset(v.describe() for v in problems)
@@ -157,7 +165,7 @@ class Withholding:
                               device=name, rules=sorted({v.rule for v in problems}),
                               problems=[f"{v.field}: {v.message}" for v in problems])
             if self.on_withheld is not None:
-                self.on_withheld(name, list(problems))
+                self.on_withheld(name, models.get(name, "unknown"), list(problems))
         for name in sorted(set(self._told) - set(told)):
             self._log.info("a device withheld before is published again", device=name)
         self._told = told

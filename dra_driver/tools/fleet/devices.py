@@ -256,8 +256,9 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
         rows += pool_rows
     published.update((r.node, r.device) for r in rows)
     for w in fleet.withheld:
-        if (w.node, w.device) not in published:
-            rows.append(DeviceRow(w.node, driver, "", w.device, "", "", None, None, None, "", [], WITHHELD, w.rule))
+        if w.of(driver) and (w.node, w.device) not in published:
+            model = "" if w.model == "unknown" else w.model
+            rows.append(DeviceRow(w.node, driver, "", w.device, "", model, None, None, None, "", [], WITHHELD, w.rule))
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
 
 

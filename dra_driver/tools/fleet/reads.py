@@ -17,30 +17,26 @@ claim's allocation, the pods' claim references), from the watch cache:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from dra_driver.allocator.devicestates import WITHHELD_REASON, Withheld, withheld_from
 from dra_driver.k8s.bodies import RawBody, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import pod_claim_names
 from dra_driver.k8s.client import (
     CLAIMS,
     DEVICE_CLASSES,
-    EVENTS,
     PODS,
     ApiError,
     KubeApi,
     ListResult,
     Resource,
 )
-from dra_driver.k8s.objects import Obj, as_mapping, key_of
+from dra_driver.k8s.events import node_events
+from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced
 from dra_driver.tools.explain.claim import tainted_slices
-
-WITHHELD_REASON = "DeviceWithheld"
-"""The reason of the node plugin's Event about a device it does not publish (node/events.py)."""
-_WITHHELD_NOTE = re.compile(r"^device (?P<device>\S+) is not published.*?refuse it: (?P<rule>.*)$", re.DOTALL)
 
 
 class ReadApi(Protocol):
@@ -79,15 +75,6 @@ class ReadOnly:
         return self._version
 
 
-@dataclass(frozen=True)
-class Withheld:
-    """A device a node plugin does not publish, and the API server's rule it would break."""
-
-    node: str
-    device: str
-    rule: str
-
-
 @dataclass
 class FleetObjects:
     """Everything the views are computed from (plain API dicts)."""
@@ -106,34 +93,8 @@ class FleetObjects:
     unreadable: list[str] = field(default_factory=list)
 
 
-def withheld_from(events: list[RawBody]) -> list[Withheld]:
-    """The devices the ``DeviceWithheld`` Events name, one per (node, device), the latest word kept."""
-    found: dict[tuple[str, str], Withheld] = {}
-    for event in events:
-        regarding = as_mapping(event.get("regarding"))
-        if regarding.get("kind") != "Node" or event.get("reason") != WITHHELD_REASON:
-            continue
-        matched = _WITHHELD_NOTE.match(str(event.get("note") or ""))
-        if matched is None:
-            continue
-        node = str(regarding.get("name") or "")
-        found[(node, matched["device"])] = Withheld(node, matched["device"], matched["rule"].strip())
-    return [found[k] for k in sorted(found)]
-
-
 def _forbidden(exc: ApiError, what: str) -> str:
     return f"you may not list {what} ({exc.reason or 'Forbidden'})"
-
-
-def _withheld_events(api: ReadApi) -> list[RawBody]:
-    """The ``DeviceWithheld`` Events (Node events live in ``default``); a server that refuses the
-    field selector (400) is asked for all of them, and they are picked here."""
-    try:
-        return api.list(EVENTS, namespace="default", field_selector=f"reason={WITHHELD_REASON}", cached=True).items
-    except ApiError as exc:
-        if not exc.bad_request:
-            raise
-        return api.list(EVENTS, namespace="default", cached=True).items
 
 
 def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> FleetObjects:
@@ -155,7 +116,7 @@ def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> Fle
             where = f"in namespace {namespace}" if namespace else "in every namespace"
             fleet.pods_hidden = _forbidden(exc, f"pods {where}")
     try:
-        fleet.withheld = withheld_from(_withheld_events(api))
+        fleet.withheld = withheld_from(node_events(api, WITHHELD_REASON))
     except ApiError as exc:
         if not (exc.forbidden or exc.unauthorized or exc.not_found):
             raise

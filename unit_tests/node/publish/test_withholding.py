@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sliceapi import InMemorySliceApi
 
+from dra_driver.allocator.devicestates import Withheld, withheld_from
 from dra_driver.k8s.client import SLICES, ApiError, Resource
 from dra_driver.node import events as notices
 from dra_driver.node.metrics import METRICS
@@ -63,17 +64,20 @@ class Refusing(InMemorySliceApi):
 
 def test_a_device_the_checker_refuses_is_withheld_and_told_once() -> None:
     client = InMemorySliceApi()
-    told: list[tuple[str, list[Violation]]] = []
-    pub = SlicePublisher(client, DRIVER, "node-a", node_uid="u", on_withheld=lambda d, why: told.append((d, why)))
-    pub.update([dev("gpu-0"), dev("gpu-1", driverVersion={"version": "6.19.14.31400000"}), dev("gpu-2")])
+    told: list[tuple[str, str, list[Violation]]] = []
+    pub = SlicePublisher(client, DRIVER, "node-a", node_uid="u",
+                         on_withheld=lambda d, model, why: told.append((d, model, why)))
+    pub.update([dev("gpu-0"), dev("gpu-1", driverVersion={"version": "6.19.14.31400000"},
+                                  productName={"string": "NVIDIA H100 80GB HBM3"}), dev("gpu-2")])
     assert pub.degraded() is not None and "gpu-1 (version)" in str(pub.degraded())
     assert METRICS.value("devices_withheld", {"reason": "version"}) == 1
     assert METRICS.value("devices_withheld", {"reason": "one-slash"}) == 0
     assert told == []  # told by the writing instance, when it syncs
     pub.sync()
     assert published(client) == ["gpu-0", "gpu-2"]
-    [(name, [why])] = told
+    [(name, model, [why])] = told
     assert (name, why.rule, why.field) == ("gpu-1", "version", "attributes[driverVersion].version")
+    assert model == "NVIDIA H100 80GB HBM3"
     pub.sync()
     assert len(told) == 1  # once, not every sync
     # Fixed: published again, no longer degraded.
@@ -93,7 +97,7 @@ def test_withheld_devices_stay_in_the_desired_devices_for_health_updates() -> No
 def test_a_422_naming_the_device_withholds_it_and_publishes_the_rest() -> None:
     client = Refusing(with_causes=True)
     told: list[str] = []
-    pub = SlicePublisher(client, DRIVER, "node-a", node_uid="u", on_withheld=lambda d, why: told.append(d))
+    pub = SlicePublisher(client, DRIVER, "node-a", node_uid="u", on_withheld=lambda d, _model, why: told.append(d))
     pub.update([dev("gpu-0"), dev("gpu-1", secret={"bool": True}), dev("gpu-2")])
     with pytest.raises(ApiError) as refused:  # this sync fails; the loop retries it with backoff
         pub.sync()
@@ -171,9 +175,25 @@ def test_degraded_summary_and_event() -> None:
     assert withheld_summary({"gpu-1": why}) == (
         "publishing degraded: 1 device(s) withheld from the ResourceSlices because the API server would refuse "
         "them: gpu-1 (one-slash)")
-    event = notices.device_withheld("gpu-1", why)
+    event = notices.device_withheld("gpu-1", DRIVER, "NVIDIA A100-SXM4-40GB 1g.5gb", why)
     assert (event.type, event.reason) == ("Warning", "DeviceWithheld")
-    assert "gpu-1" in event.note and "attributes[a/b/c]" in event.note and "one-slash" in event.note
+    assert event.note == (f"device gpu-1 of driver {DRIVER} (NVIDIA A100-SXM4-40GB 1g.5gb) is not published, the node's "
+                          "other devices are: the API server would refuse it: attributes[a/b/c]: must not contain more "
+                          "than one slash (rule one-slash)")
+    # What the fleet views and the controller's metric read back, and an Event of a plugin before
+    # the driver and the model were in its words.
+    earlier = event.note.replace(f" of driver {DRIVER} (NVIDIA A100-SXM4-40GB 1g.5gb)", "")
+    read = withheld_from([{"reason": event.reason, "regarding": {"kind": "Node", "name": "node-a"}, "note": note}
+                          for note in (event.note, earlier)])
+    assert read == [Withheld("node-a", "gpu-1", "attributes[a/b/c]: must not contain more than one slash (rule one-slash)",
+                             "unknown", None)]
+    (now,) = withheld_from([{"reason": event.reason, "regarding": {"kind": "Node", "name": "node-a"}, "note": event.note}])
+    assert (now.model, now.driver, now.of(DRIVER), now.of("gpu.nvidia.com")) == (
+        "NVIDIA A100-SXM4-40GB 1g.5gb", DRIVER, True, False)
+    # A model is what may be wrong with the device: the note keeps it short and without parentheses.
+    odd = notices.device_withheld("gpu-2", DRIVER, "X (" + "y" * 100 + ")", why).note
+    (kept,) = withheld_from([{"reason": "DeviceWithheld", "regarding": {"kind": "Node", "name": "n"}, "note": odd}])
+    assert kept.model == ("X " + "y" * 100)[:64] and kept.rule.endswith("(rule one-slash)")
 
 
 def test_dry_run_is_sent_as_a_query() -> None:

@@ -37,6 +37,20 @@ def test_each_device_has_its_state_and_holders() -> None:
     assert withheld["state"] == "withheld" and withheld["detail"] == "attributes: too many (rule maxAttributes)"
 
 
+def test_a_withheld_device_shows_the_model_its_event_names_and_another_drivers_is_not_shown() -> None:
+    from dra_driver.allocator.devicestates import withheld_note
+
+    kube = fleet()
+    for name, device, driver in (("w2", "gpu-8", "gpu.dra-driver.io"), ("w3", "gpu-9", "gpu.nvidia.com")):
+        kube.add(EVENTS, {"metadata": {"name": name, "namespace": "default"}, "reason": "DeviceWithheld",
+                          "regarding": {"kind": "Node", "name": "node-b"},
+                          "note": withheld_note(device, driver, "NVIDIA L4", "x: y (rule z)")})
+    found = devices(kube, "-A")
+    assert (found[("node-b", "gpu-8")]["state"], found[("node-b", "gpu-8")]["model"]) == ("withheld", "NVIDIA L4")
+    assert found[("node-b", "gpu-7")]["model"] == ""  # its Event (an earlier plugin's) names no model
+    assert ("node-b", "gpu-9") not in found
+
+
 def test_the_text_names_claims_and_pods() -> None:
     rc, out, _ = run(fleet(), "get", "devices", "-A")
     lines = out.splitlines()
@@ -215,11 +229,11 @@ def test_selectors_and_classes_decide_per_group_as_per_device() -> None:
 
 
 def test_rows_without_placements_are_those_rows_less_the_placements() -> None:
-    from dra_driver.allocator.devicestates import is_placement
+    from dra_driver.allocator.devicestates import Withheld, is_placement
     from dra_driver.allocator.inventory import build_inventory
     from dra_driver.controller.views import slice_view
     from dra_driver.tools.fleet.devices import device_rows, row_document
-    from dra_driver.tools.fleet.reads import FleetObjects, Withheld
+    from dra_driver.tools.fleet.reads import FleetObjects
 
     view = slice_view()
     slices = [view(s) for s in plugin_slices(3, mig_nodes=2)]
