@@ -116,6 +116,7 @@ def test_the_allocation_fence_is_the_releases_own_and_switchable() -> None:
         name = f"{release}-dra-driver-allocation-fence"
         vap = objs[("ValidatingAdmissionPolicy", name)]
         assert vap["spec"] == policy["spec"], "the chart ships the policy file's spec unchanged"
+        assert vap["metadata"]["labels"]["app.kubernetes.io/instance"] == release
         binding = objs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"]["policyName"] == name and binding["spec"]["paramRef"]["namespace"] == "dra-driver"
         names.add(name)
