@@ -2,7 +2,9 @@
 # End-to-end run on a kind cluster with simulated GPUs, installed as a user installs it:
 #   create the cluster (e2e/suites/kind/kind-config.yaml: 1 control plane, 2 GPU workers and a CPU-only
 #   one, CDI, DRA gates), building the image meanwhile (deploy/image/build.py, as `make image`) -> `kind load` it ->
-#   `helm install` the chart with gpuBackend=simulated on worker 1 -> wait for the plugins ->
+#   `helm install` the chart with gpuBackend=simulated on worker 1 -> `helm install` it a second time
+#   with apiProfile=nvidia (NVIDIA's driver name and classes, profile nvidia-examples) on worker 3
+#   -> wait for the plugins ->
 #   pytest e2e/suites -m "not testbed_only" with E2E_CLUSTER=kind (the shared suite) ->
 #   pytest e2e/suites/kind (what only a real install shows: registration from the DaemonSet, RBAC from
 #   inside the pods, leader election, helm upgrade and uninstall, a non-default kubelet root).
@@ -34,6 +36,10 @@ CLUSTER_NAME="${CLUSTER_NAME:-dra-driver-e2e}"
 IMAGE="${IMAGE:-dra-driver:e2e}"
 NAMESPACE="dra-driver"
 RELEASE="dra-driver"
+# The second release, NVIDIA's API (--api-profile nvidia): e2e/suites/test_nvidia_profile.py.
+NV_NAMESPACE="dra-driver-nvidia"
+NV_RELEASE="dra-driver-nvidia"
+NV_LABEL="e2e.dra-driver.io/api-profile"
 SIMULATED_PROFILE="${SIMULATED_PROFILE:-kind-mixed}"
 KIND_CONFIG="${ROOT}/e2e/suites/kind/kind-config.yaml"
 KUBECONFIG_FILE="${ROOT}/.run/kind-${CLUSTER_NAME}.kubeconfig"
@@ -76,6 +82,9 @@ cleanup() {
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=controller --tail=60 --prefix || true
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" logs -l app.kubernetes.io/component=controller --tail=60 --prefix --previous || true
     kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NAMESPACE}" get events --sort-by=.lastTimestamp | tail -20 || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NV_NAMESPACE}" get pods -o wide || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NV_NAMESPACE}" logs -l app.kubernetes.io/component=kubelet-plugin --tail=60 --prefix || true
+    kubectl --kubeconfig "${KUBECONFIG_FILE}" -n "${NV_NAMESPACE}" logs -l app.kubernetes.io/component=controller --tail=40 --prefix || true
   fi
   if [[ "${KEEP_CLUSTER:-0}" == "1" ]]; then
     echo "run-e2e: keeping cluster ${CLUSTER_NAME}; KUBECONFIG=${KUBECONFIG_FILE}" >&2
@@ -207,12 +216,53 @@ for _ in $(seq 1 60); do
 done
 kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io
 [[ "${slices}" -ge "${workers}" ]] || die "expected ResourceSlices from ${workers} worker nodes, found ${slices}"
+
+# NVIDIA's API as a second release, as a user moving nodes from NVIDIA's DRA driver would run it
+# (docs/upgrading.md): the same chart and image, apiProfile nvidia (driver gpu.nvidia.com, the
+# classes gpu.nvidia.com and mig.nvidia.com), on the nodes labelled for it only: worker 3. The
+# first release's nodeSelector keeps it off that node, so no node has two plugins of one driver.
+# Worker 3 carries no GPU label (test_defaults.py needs it CPU-only for the chart's defaults), so
+# gpuNodeLabels is emptied and the label alone places the plugin.
+log "installing the chart a second time (apiProfile=nvidia, profile nvidia-examples) on the ${NV_LABEL}=nvidia nodes"
+"${HELM}" upgrade --install "${NV_RELEASE}" deploy/helm/dra-driver \
+  --namespace "${NV_NAMESPACE}" --create-namespace \
+  --set image.repository="${IMAGE%%:*}" \
+  --set image.tag="${IMAGE##*:}" \
+  --set image.pullPolicy=Never \
+  --set gpuBackend=simulated \
+  --set apiProfile=nvidia \
+  --set simulatedProfile=nvidia-examples \
+  --set logFormat=console \
+  --set-json 'kubeletPlugin.gpuNodeLabels=[]' \
+  --set-json "kubeletPlugin.nodeSelector={\"${NV_LABEL}\":\"nvidia\"}" \
+  --wait --timeout 5m
+if [[ "${created}" != "1" ]]; then
+  kubectl -n "${NV_NAMESPACE}" rollout restart "daemonset/${NV_RELEASE}-kubelet-plugin" "deployment/${NV_RELEASE}-controller"
+fi
+kubectl -n "${NV_NAMESPACE}" rollout status "daemonset/${NV_RELEASE}-kubelet-plugin" --timeout=300s
+kubectl -n "${NV_NAMESPACE}" rollout status "deployment/${NV_RELEASE}-controller" --timeout=300s
+nv_nodes="$(kubectl get nodes -l "${NV_LABEL}=nvidia" -o jsonpath='{.items[*].metadata.name}')"
+[[ -n "${nv_nodes}" ]] || die "no node is labelled ${NV_LABEL}=nvidia (${KIND_CONFIG})"
+for node in ${nv_nodes}; do
+  [[ -z "$(kubectl get resourceslices --field-selector "spec.nodeName=${node},spec.driver=gpu.dra-driver.io" --no-headers 2>/dev/null)" ]] \
+    || die "${node} has ResourceSlices of gpu.dra-driver.io: the first release must not run on the nvidia-profile node"
+done
+nv_slices=0
+for _ in $(seq 1 60); do
+  nv_slices="$(kubectl get resourceslices --field-selector spec.driver=gpu.nvidia.com --no-headers 2>/dev/null | wc -l)"
+  [[ "${nv_slices}" -ge 1 ]] && break
+  sleep 2
+done
+kubectl get resourceslices --field-selector spec.driver=gpu.nvidia.com
+[[ "${nv_slices}" -ge 1 ]] || die "no ResourceSlice of gpu.nvidia.com from ${nv_nodes}"
 log "cluster and driver ready after $(( $(date +%s) - started_at )) s"
 
 # ---- tests -------------------------------------------------------------------------------------
 export E2E_CLUSTER=kind
 export E2E_DRIVER_NAMESPACE="${NAMESPACE}" E2E_RELEASE="${RELEASE}" E2E_IMAGE="${IMAGE}" E2E_KIND_CLUSTER="${CLUSTER_NAME}"
 export SIMULATED_PROFILE
+E2E_NVIDIA_PROFILE_NODES="$(tr ' ' ',' <<<"${nv_nodes}")"
+export E2E_NVIDIA_PROFILE_NODES E2E_NVIDIA_RELEASE="${NV_RELEASE}" E2E_NVIDIA_NAMESPACE="${NV_NAMESPACE}"
 log "pytest e2e/suites -m 'not testbed_only' (the shared suite)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 "${PYTHON}" -m pytest e2e/suites -v -m "not testbed_only" --ignore=e2e/suites/kind ${PYTEST_ARGS:-}

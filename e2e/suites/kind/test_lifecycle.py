@@ -253,5 +253,7 @@ def test_uninstall_leaves_no_slices_and_no_specs(install: Install, ns: str) -> N
         assert DRIVER not in sockets, f"registration socket left on {worker}: {sockets}"
     leftovers = json.loads(bed.kubectl("get", "clusterroles,clusterrolebindings,validatingadmissionpolicies",
                                        "-o", "json").stdout)["items"]
-    named = [o["metadata"]["name"] for o in leftovers if install.release in o["metadata"]["name"]]
+    # Every release of the chart has "dra-driver" in its names: the nvidia-profile release's stay.
+    named = [o["metadata"]["name"] for o in leftovers if install.release in o["metadata"]["name"]
+             and o["metadata"].get("labels", {}).get("app.kubernetes.io/instance", install.release) == install.release]
     assert not named, f"cluster-scoped objects left behind: {named}"
