@@ -26,7 +26,8 @@ not about, the consumable-shares nodes for the quickstart and the others for eac
 On kind (the shared suite) the tests not marked ``testbed_only`` run against the chart installed a
 second time with ``apiProfile: nvidia`` and ``simulatedProfile: nvidia-examples`` on the nodes
 ``E2E_NVIDIA_PROFILE_NODES`` names (run-e2e.sh's worker 3), and are skipped, saying so, where it is
-not set. At the end that release hands ``nvidia.com/gpu`` back to the first release's class. The MPS and
+not set. There the first release's class serves ``nvidia.com/gpu`` (Kubernetes serves a name through
+one class, and the shared scenarios use it), so the full-GPU extended-resource example is bed only. The MPS and
 time-slicing tests read the stand-ins' records on this machine, and the shares tests need a node per
 ``consumableShares`` mode: bed only.
 """
@@ -201,26 +202,7 @@ def on_kind(bed: Bed) -> Iterator[Profiled]:
     finally:
         bed.kubectl("delete", "namespace", *example_namespaces(), "--ignore-not-found", "--wait=false", check=False)
         bed.kubectl("delete", "deviceclass", "mig-1g-12gb.gpu.nvidia.com", "--ignore-not-found", check=False)
-        hand_back_nvidia_gpu(bed)
 
-
-def hand_back_nvidia_gpu(bed: Bed) -> None:
-    """Two classes serve ``nvidia.com/gpu`` on kind while this module runs: the second release's
-    ``gpu.nvidia.com`` (the newer, so the scheduler's pick, as extended-resource-gpu.yaml needs) and
-    the first release's ``nvidia-gpu.gpu.dra-driver.io``, which the shared scenarios use after this
-    module. Kubernetes serves a name through one class: the second release gives it up as a user
-    would, with ``helm upgrade`` (``E2E_NVIDIA_RELEASE`` in ``E2E_NVIDIA_NAMESPACE``, run-e2e.sh's)."""
-    release, namespace = os.environ.get("E2E_NVIDIA_RELEASE"), os.environ.get("E2E_NVIDIA_NAMESPACE")
-    if not release or not namespace:
-        return
-    proc = subprocess.run(
-        [os.environ.get("HELM") or "helm", "--kubeconfig", str(bed.kubeconfig), "upgrade", release,
-         str(REPO / "deploy" / "helm" / "dra-driver"), "-n", namespace, "--reuse-values",
-         "--set", "deviceClasses.extendedResourceName=", "--wait", "--timeout", "2m"],
-        capture_output=True, text=True, timeout=150, check=False)
-    assert proc.returncode == 0, f"helm upgrade {release}: {proc.stderr.strip()}"
-    wait_for("gpu.nvidia.com without nvidia.com/gpu", lambda: "extendedResourceName" not in bed.get(
-        "deviceclass", NVIDIA)["spec"], 30)
 
 
 # --------------------------------------------------------------------------- what a pod got
@@ -440,6 +422,7 @@ def test_gpu_test6_selector_on_index_is_explained(bed: Bed, profiled: Profiled) 
 # --------------------------------------------------------------------------- extended resources
 
 
+@pytest.mark.testbed_only
 def test_extended_resource_full_gpu(bed: Bed, profiled: Profiled) -> None:
     ns, _ = run(bed, "extended-resource-gpu.yaml")
     wait_running(bed, ns, "gpu-full-pod")

@@ -222,7 +222,9 @@ kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io
 # classes gpu.nvidia.com and mig.nvidia.com), on the nodes labelled for it only: worker 3. The
 # first release's nodeSelector keeps it off that node, so no node has two plugins of one driver.
 # Worker 3 carries no GPU label (test_defaults.py needs it CPU-only for the chart's defaults), so
-# gpuNodeLabels is emptied and the label alone places the plugin.
+# gpuNodeLabels is emptied and the label alone places the plugin. nvidia.com/gpu stays the first
+# release's: Kubernetes serves an extended resource through one class, and the shared scenarios
+# use that one.
 log "installing the chart a second time (apiProfile=nvidia, profile nvidia-examples) on the ${NV_LABEL}=nvidia nodes"
 "${HELM}" upgrade --install "${NV_RELEASE}" deploy/helm/dra-driver \
   --namespace "${NV_NAMESPACE}" --create-namespace \
@@ -232,6 +234,7 @@ log "installing the chart a second time (apiProfile=nvidia, profile nvidia-examp
   --set gpuBackend=simulated \
   --set apiProfile=nvidia \
   --set simulatedProfile=nvidia-examples \
+  --set deviceClasses.extendedResourceName= \
   --set logFormat=console \
   --set-json 'kubeletPlugin.gpuNodeLabels=[]' \
   --set-json "kubeletPlugin.nodeSelector={\"${NV_LABEL}\":\"nvidia\"}" \
