@@ -237,9 +237,10 @@ class Controller:
         self._beats = [clock()] * (WORKERS + 1)
         """When the main loop (0) and each worker last came round."""
         self._counted: tuple[Inventory, int, dict[DeviceKey, str], Counter[str]] | None = None
+        """The inventory and holdings version the device metric was last counted at, the models
+        of that inventory's devices, and the withheld devices by model."""
         self._withheld_unread = False
-        """The inventory and holdings version the device metric was last counted at, and the models
-        of that inventory's devices."""
+        """Whether the last list of the DeviceWithheld Events failed (said once, until one succeeds)."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
 
