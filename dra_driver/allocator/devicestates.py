@@ -17,7 +17,8 @@ A device's state, the first that holds:
 
 ``withheld`` (a device the node plugin left out of its slices) is not in the inventory: only the
 Node's ``DeviceWithheld`` Event names it, in words written and read here (:func:`withheld_note`,
-:func:`withheld_from`), by the node plugin, the fleet views and the controller's metric.
+:func:`withheld_from`), by the node plugin, the fleet views and the controller's metric, which
+count it while its node publishes and the device is not published there (:func:`still_withheld`).
 
 Admin-access results hold nothing (the scheduler lets others allocate the device).
 """
@@ -102,6 +103,21 @@ class Withheld:
     def of(self, driver: str) -> bool:
         """Whether it is a device of ``driver`` (one of unknown driver counts for any)."""
         return self.driver in (None, driver)
+
+
+def still_withheld(withheld: Iterable[Withheld], inventory: Inventory, driver: str) -> list[Withheld]:
+    """The devices of ``driver`` that the Events name and that are withheld still: on a node whose
+    plugin publishes its pool now (an empty pool is one empty slice), and not published there since.
+    An Event outlives what it tells of for the API server's event TTL (an hour by default): the node
+    deleted, or the device fixed and published."""
+    live: set[str] = set()
+    published: set[tuple[str, str]] = set()
+    for pool in inventory.pools:
+        if pool.driver != driver:
+            continue
+        live.update(str(n) for sl in pool.sources if (n := as_mapping(sl.get("spec")).get("nodeName")))
+        published.update((d.node_name, d.key[2]) for d in pool.devices if d.node_name)
+    return [w for w in withheld if w.of(driver) and w.node in live and (w.node, w.device) not in published]
 
 
 def withheld_note(device: str, driver: str, model: str, why: str) -> str:

@@ -46,7 +46,13 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from dra_driver import logs, memory
-from dra_driver.allocator.devicestates import WITHHELD_REASON, device_census, withheld_from
+from dra_driver.allocator.devicestates import (
+    WITHHELD_REASON,
+    Withheld,
+    device_census,
+    still_withheld,
+    withheld_from,
+)
 from dra_driver.allocator.inventory import DeviceKey, Inventory
 from dra_driver.allocator.resolve import Engine
 from dra_driver.controller.accounting import Accounting
@@ -240,6 +246,7 @@ class Controller:
         """The inventory and holdings version the device metric was last counted at, the models
         of that inventory's devices, and the withheld devices by model."""
         self._withheld_unread = False
+        self._told: list[Withheld] = []
         """Whether the last list of the DeviceWithheld Events failed (said once, until one succeeds)."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
@@ -386,10 +393,11 @@ class Controller:
         version for the evaluations too), and the devices the node plugins withhold (their
         ``DeviceWithheld`` Events), on the main loop at each resync: skipped while none of them
         changed. Every replica counts, leader or not: its informers see the cluster as the leader's do."""
-        withheld = self._withheld_models()
+        told = self._withheld_told()
         try:
             inventory = self.inputs.inventory()
             version, held = self.accounting.held()
+            withheld = Counter(w.model for w in still_withheld(told, inventory, self.driver))
             if self._counted is not None and self._counted[0] is inventory:
                 if self._counted[1] == version and self._counted[3] == withheld:
                     return
@@ -402,22 +410,23 @@ class Controller:
             self.metrics.error("device_count")
             self._log.warning("cannot count the devices for the metric", error=f"{type(exc).__name__}: {exc}")
 
-    def _withheld_models(self) -> Counter[str]:
-        """The driver's withheld devices by model, as its plugins' Node Events name them; the last
-        count while the Events cannot be read (said once, and again when they can)."""
+    def _withheld_told(self) -> list[Withheld]:
+        """The driver's devices its plugins' ``DeviceWithheld`` Node Events name; the last ones read
+        while the Events cannot be read (said once, and again when they can)."""
         try:
             events = node_events(self.api, WITHHELD_REASON)
         except ApiError as exc:
             self.metrics.error("withheld_events")
             if not self._withheld_unread:
-                self._log.warning("cannot read the DeviceWithheld Events: the device metric counts no withheld "
-                                  "device until it can", error=str(exc))
+                self._log.warning("cannot read the DeviceWithheld Events: the device metric counts the withheld "
+                                  "devices last read until it can", error=str(exc))
             self._withheld_unread = True
-            return self._counted[3] if self._counted is not None else Counter()
+            return self._told
         if self._withheld_unread:
             self._log.info("the DeviceWithheld Events can be read again")
             self._withheld_unread = False
-        return Counter(w.model for w in withheld_from(events) if w.of(self.driver))
+        self._told = [w for w in withheld_from(events) if w.of(self.driver)]
+        return self._told
 
     # -- processing
 

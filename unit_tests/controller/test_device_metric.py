@@ -80,6 +80,22 @@ def test_withheld_devices_are_counted_by_the_model_their_events_name_for_this_dr
     assert "NVIDIA L4" not in {m for m, _ in exported(ctrl)[0]}
 
 
+def test_an_event_outliving_its_node_or_its_fix_counts_nothing() -> None:
+    """Events stay for the API server's event TTL: a deleted node's, and one whose device its node
+    publishes since, name nothing withheld now; the fleet views agree."""
+    kube = fleet()
+    kube.add(EVENTS, withheld_event("w2", "node-gone", "gpu-1", "gpu.dra-driver.io", "NVIDIA L4"))
+    kube.add(EVENTS, withheld_event("w3", "node-b", "gpu-1", "gpu.dra-driver.io", A100))
+    devices, _ = exported(counted(kube))
+    assert "NVIDIA L4" not in {m for m, _ in devices}
+    assert devices[(A100, "withheld")] == 0 and devices[(A100, "free")] == 2
+    assert devices[("unknown", "withheld")] == 1, "node-b's gpu-7 is withheld still"
+    rc, out, _ = run(kube, "get", "gpus", "-o", "json")
+    assert rc == 0
+    assert [(d["node"], d["device"]) for d in json.loads(out)["devices"] if d["state"] == "withheld"] == [
+        ("node-b", "gpu-7")]
+
+
 def test_events_that_cannot_be_read_leave_the_last_withheld_count_and_are_said_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     kube = fleet()
@@ -104,7 +120,8 @@ def test_events_that_cannot_be_read_leave_the_last_withheld_count_and_are_said_o
         monkeypatch.setattr(kube, "list", real)
         ctrl.count_devices()
     said = [e["event"] for e in logs if "DeviceWithheld" in e["event"]]
-    assert said == ["cannot read the DeviceWithheld Events: the device metric counts no withheld device until it can",
+    assert said == [("cannot read the DeviceWithheld Events: the device metric counts the withheld devices last read "
+                     "until it can"),
                     "the DeviceWithheld Events can be read again"], said
 
 

@@ -34,6 +34,7 @@ from dra_driver.allocator.devicestates import (
     is_share,
     model_label,
     pool_states,
+    still_withheld,
 )
 from dra_driver.allocator.inventory import Device, Inventory, allocated_state, quantity_or_none
 from dra_driver.allocator.slicechecks import attribute_value
@@ -255,8 +256,8 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
         _partitions(pool_rows, made)
         rows += pool_rows
     published.update((r.node, r.device) for r in rows)
-    for w in fleet.withheld:
-        if w.of(driver) and (w.node, w.device) not in published:
+    for w in still_withheld(fleet.withheld, inventory, driver):
+        if (w.node, w.device) not in published:
             model = "" if w.model == "unknown" else w.model
             rows.append(DeviceRow(w.node, driver, "", w.device, "", model, None, None, None, "", [], WITHHELD, w.rule))
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
