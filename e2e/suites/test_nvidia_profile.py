@@ -23,13 +23,15 @@ No manifest can say which nodes it runs on, and the examples' classes match ever
 driver: DeviceTaintRules (``NoSchedule``, on whole pools) keep the examples off the nodes a test is
 not about, the consumable-shares nodes for the quickstart and the others for each shares example.
 
-On kind (the shared suite) the tests not marked ``testbed_only`` run against the chart installed a
-second time with ``apiProfile: nvidia`` and ``simulatedProfile: nvidia-examples`` on the nodes
-``E2E_NVIDIA_PROFILE_NODES`` names (run-e2e.sh's worker 3), and are skipped, saying so, where it is
-not set. There the first release's class serves ``nvidia.com/gpu`` (Kubernetes serves a name through
-one class, and the shared scenarios use it), so the full-GPU extended-resource example is bed only. The MPS and
-time-slicing tests read the stand-ins' records on this machine, and the shares tests need a node per
-``consumableShares`` mode: bed only.
+On kind (the shared suite) every test runs against the chart installed a second time with
+``apiProfile: nvidia``, ``simulatedProfile: nvidia-examples`` and ``simulated.driverRoot`` (the
+stand-ins, copied onto the node by run-e2e.sh; the tests copy their records back) on the nodes
+``E2E_NVIDIA_PROFILE_NODES`` names (worker 3), and is skipped, saying so, where it is not set. There
+the first release's class serves ``nvidia.com/gpu`` (Kubernetes serves a name through one class,
+and the shared scenarios use it): the full-GPU extended-resource example moves the name to this
+release with ``helm upgrade`` and back, as an admin switching drivers would. The node has one
+``consumableShares`` mode at a time: each shares example upgrades the release to its mode, and the
+module puts ``disabled`` back at its end.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +113,66 @@ class Profiled:
     quickstart: tuple[str, ...]
     """The nodes of the ``nvidia-examples`` profile."""
     standin_roots: dict[str, Path]
+    """Per node, the stand-ins' driver root: on this machine (the bed), or on the kind node."""
     fenced: set[str]
+    changed: set[str] = field(default_factory=set)
+    """On kind, the release values a test changed, to put back at the end of the module."""
+
+    @property
+    def on_kind(self) -> bool:
+        return self.bed.fleet is None
+
+    def standins(self, node: str) -> Path:
+        """A folder on this machine to read the node's stand-ins' records from, as they are now
+        (on kind, copied from the node)."""
+        root = self.standin_roots[node]
+        if not self.on_kind:
+            return root
+        here = Path(tempfile.mkdtemp(prefix="standins-"))
+        target = standins.state_dir(here)
+        target.parent.mkdir(parents=True)
+        copied = subprocess.run(["docker", "cp", f"{node}:{standins.state_dir(root)}", str(target)],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert copied.returncode == 0 or "Could not find" in copied.stderr, copied.stderr
+        return here
+
+    @contextlib.contextmanager
+    def shares_node(self, mode: str) -> Iterator[str]:
+        """A node whose plugin publishes its GPUs with ``--consumable-shares=mode``, the only one
+        open meanwhile: on the bed the module's node of that mode; on kind the nvidia-profile node,
+        its release upgraded to that mode (as an admin would; put back at the end of the module)."""
+        if not self.on_kind:
+            (node,) = [n for n, m in SHARES.items() if m == mode]
+            self.open_only({node})
+            try:
+                yield node
+            finally:
+                self.open_only(set(self.quickstart))
+            return
+        (node,) = self.quickstart
+        self.changed.add("consumableShares")
+        release_upgrade(NV_RELEASE_ENV, f"consumableShares={mode}")
+        wait_for(f"{node}'s GPUs published with --consumable-shares={mode}", lambda: all(
+            shares_published(d, mode) for (pool, _), d in nv_devices(self.bed).items()
+            if pool == node and attr(d, "type") == "gpu"), 120)
+        yield node
+
+    @contextlib.contextmanager
+    def serving_nvidia_gpu(self) -> Iterator[None]:
+        """``nvidia.com/gpu`` served by ``gpu.nvidia.com``: on the bed the module's classes do; on
+        kind the first release's class serves it (the shared scenarios use it), so it moves to this
+        release for the test, as an admin switching drivers moves it, and back."""
+        if not self.on_kind:
+            yield
+            return
+        release_upgrade(OWN_RELEASE_ENV, "deviceClasses.extendedResourceName=")
+        release_upgrade(NV_RELEASE_ENV, "deviceClasses.extendedResourceName=nvidia.com/gpu")
+        try:
+            time.sleep(1.0)  # the scheduler's informer sees the classes
+            yield
+        finally:
+            release_upgrade(NV_RELEASE_ENV, "deviceClasses.extendedResourceName=")
+            release_upgrade(OWN_RELEASE_ENV, "deviceClasses.extendedResourceName=nvidia.com/gpu")
 
     def open_only(self, nodes: set[str]) -> None:
         """Fence every node of the module but ``nodes``."""
@@ -121,6 +183,36 @@ class Profiled:
             self.bed.apply([fence(n) for n in sorted(wanted)])
         self.fenced = set(PUBLISHED) - nodes
         time.sleep(1.0)  # the scheduler's informer sees the rules
+
+
+OWN_RELEASE_ENV = ("E2E_RELEASE", "E2E_DRIVER_NAMESPACE")
+NV_RELEASE_ENV = ("E2E_NVIDIA_RELEASE", "E2E_NVIDIA_NAMESPACE")
+
+
+def release_upgrade(release_env: tuple[str, str], *values: str) -> None:
+    """``helm upgrade --reuse-values`` of a release run-e2e.sh installed (its name and namespace
+    in the environment variables ``release_env``), with ``values`` set, waited for."""
+    release, namespace = (os.environ[name] for name in release_env)
+    cmd = [os.environ.get("HELM") or "helm", "upgrade", release, str(REPO / "deploy" / "helm" / "dra-driver"),
+           "--namespace", namespace, "--reuse-values", *(a for v in values for a in ("--set", v)),
+           "--wait", "--timeout", "5m"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=330, check=False)
+    assert proc.returncode == 0, f"helm upgrade {release} {' '.join(values)}: {proc.stderr.strip()}"
+
+
+def shares_published(device: dict[str, Any], mode: str) -> bool:
+    """Whether a full GPU is published as ``--consumable-shares=mode`` publishes it."""
+    capacity = device.get("capacity") or {}
+    if mode == "disabled":
+        return not device.get("allowMultipleAllocations")
+    if not device.get("allowMultipleAllocations"):
+        return False
+    default = (capacity.get("memory") or {}).get("requestPolicy", {}).get("default")
+    if mode == "memory":
+        return "shares" not in capacity and default not in (None, "0")
+    if mode == "unlimited":
+        return "shares" not in capacity and default == "0"
+    return bool((capacity.get("shares") or {}).get("value") == mode)
 
 
 def nv_devices(bed: Bed) -> dict[tuple[str, str], dict[str, Any]]:
@@ -197,11 +289,15 @@ def on_kind(bed: Bed) -> Iterator[Profiled]:
                     "named in E2E_NVIDIA_PROFILE_NODES")
     wait_for("the nvidia-profile release's devices published",
              lambda: {pool for pool, _ in nv_devices(bed)} >= set(nodes), 90)
+    root = Path(os.environ.get("E2E_NVIDIA_STANDIN_ROOT") or "/nonexistent")
+    state = Profiled(bed, nodes, dict.fromkeys(nodes, root), set())
     try:
-        yield Profiled(bed, nodes, {}, set())
+        yield state
     finally:
         bed.kubectl("delete", "namespace", *example_namespaces(), "--ignore-not-found", "--wait=false", check=False)
         bed.kubectl("delete", "deviceclass", "mig-1g-12gb.gpu.nvidia.com", "--ignore-not-found", check=False)
+        if "consumableShares" in state.changed:
+            release_upgrade(NV_RELEASE_ENV, "consumableShares=disabled")
 
 
 
@@ -341,7 +437,6 @@ def policy_calls(root: Path, uuid: str) -> list[list[str]]:
     return [c for c in standins.calls(root) if uuid in c and "--query-gpu=compute_mode" not in c]
 
 
-@pytest.mark.testbed_only
 def test_gpu_test5_one_gpu_time_sliced_one_under_mps(bed: Bed, profiled: Profiled) -> None:
     ns, _ = run(bed, "gpu-test5.yaml")
     wait_running(bed, ns, "pod0")
@@ -362,10 +457,10 @@ def test_gpu_test5_one_gpu_time_sliced_one_under_mps(bed: Bed, profiled: Profile
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50", env
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{ordinal}=10240M", env
         assert env["CUDA_MPS_PIPE_DIRECTORY"], env
-    ts_root = profiled.standin_roots[by_request["ts-gpu"]["pool"]]
+    ts_root = profiled.standins(by_request["ts-gpu"]["pool"])
     assert policy_calls(ts_root, attr(ts, "uuid")) == [
         ["-i", attr(ts, "uuid"), "-c", "DEFAULT"], ["compute-policy", "-i", attr(ts, "uuid"), "--set-timeslice=3"]]
-    mps_root = profiled.standin_roots[by_request["mps-gpu"]["pool"]]
+    mps_root = profiled.standins(by_request["mps-gpu"]["pool"])
     check_mps_daemon(mps_root, attr(mps, "uuid"))
     bed.kubectl("delete", "namespace", ns, "--wait=false")
 
@@ -381,7 +476,6 @@ def check_mps_daemon(root: Path, uuid: str) -> None:
     assert standins.gpus(root)[uuid]["computeMode"] == "Exclusive_Process"
 
 
-@pytest.mark.testbed_only
 def test_gpu_test_mps_two_containers_are_clients_of_one_daemon(bed: Bed, profiled: Profiled) -> None:
     ns, _ = run(bed, "gpu-test-mps.yaml")
     wait_running(bed, ns, "test-pod")
@@ -391,7 +485,7 @@ def test_gpu_test_mps_two_containers_are_clients_of_one_daemon(bed: Bed, profile
     for ctr in ("mps-ctr0", "mps-ctr1"):
         env = env_of(bed, ns, "test-pod", ctr)
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
-    check_mps_daemon(profiled.standin_roots[result["pool"]], uuid)
+    check_mps_daemon(profiled.standins(result["pool"]), uuid)
     bed.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -422,10 +516,10 @@ def test_gpu_test6_selector_on_index_is_explained(bed: Bed, profiled: Profiled) 
 # --------------------------------------------------------------------------- extended resources
 
 
-@pytest.mark.testbed_only
 def test_extended_resource_full_gpu(bed: Bed, profiled: Profiled) -> None:
-    ns, _ = run(bed, "extended-resource-gpu.yaml")
-    wait_running(bed, ns, "gpu-full-pod")
+    with profiled.serving_nvidia_gpu():
+        ns, _ = run(bed, "extended-resource-gpu.yaml")
+        wait_running(bed, ns, "gpu-full-pod")
     status = bed.get("pod", "gpu-full-pod", ns)["status"]
     claim = bed.get("resourceclaim", status["extendedResourceClaimStatus"]["resourceClaimName"], ns)
     (result,) = results(claim)
@@ -517,41 +611,39 @@ def test_a_waiting_claim_is_explained_by_its_own_drivers_controller_alone(bed: B
 # --------------------------------------------------------------------------- consumable shares
 
 
-def shares_run(bed: Bed, profiled: Profiled, name: str, node: str, replicas: int) -> list[dict[str, Any]]:
-    """The example's replicas, all on ``node``'s one GPU (the only pool open meanwhile): their results."""
-    profiled.open_only({node})
-    try:
+def shares_run(bed: Bed, profiled: Profiled, name: str, mode: str, replicas: int) -> list[dict[str, Any]]:
+    """The example's replicas on a node of ``mode`` (:meth:`Profiled.shares_node`), all sharing one
+    full GPU, as NVIDIA's README has them: their results."""
+    with profiled.shares_node(mode) as node:
         ns, _ = run(bed, name)
         wait_for(f"{replicas} replicas of {name} running", lambda: len(running_pods(bed, ns)) == replicas, 90)
         found = []
         for pod in running_pods(bed, ns):
             (result,) = results(claim_of(bed, ns, pod["metadata"]["name"], "gpu"))
-            assert (result["pool"], result["device"]) == (node, "gpu-0"), result
-            assert result.get("shareID"), result
-            uuid = attr(device_of(bed, result), "uuid")
-            assert visible(bed, ns, pod["metadata"]["name"]) == {"ctr": [uuid]}
+            assert result["pool"] == node and result.get("shareID"), result
+            device = device_of(bed, result)
+            assert attr(device, "type") == "gpu" and full_gpu_name(device), device["name"]
+            assert visible(bed, ns, pod["metadata"]["name"]) == {"ctr": [attr(device, "uuid")]}
             found.append(result)
+        assert len({r["device"] for r in found}) == 1, found
         assert len({r["shareID"] for r in found}) == replicas
         bed.kubectl("delete", "namespace", ns, "--wait=false")
+        # Their claims go before the node's next mode: a share is not held across a change of mode.
+        wait_for(f"{ns}'s claims gone", lambda: not bed.get("resourceclaims", ns=ns)["items"], 90, 1)
         return found
-    finally:
-        profiled.open_only(set(profiled.quickstart))
 
 
-@pytest.mark.testbed_only
 def test_shares_integer_four_replicas_one_share_each(bed: Bed, profiled: Profiled) -> None:
-    found = shares_run(bed, profiled, "shares-integer.yaml", "nv-shares-4", 4)
+    found = shares_run(bed, profiled, "shares-integer.yaml", "4", 4)
     assert all(r["consumedCapacity"].get("shares") == "1" for r in found), found
 
 
-@pytest.mark.testbed_only
 def test_shares_memory_two_replicas_of_4gi(bed: Bed, profiled: Profiled) -> None:
-    found = shares_run(bed, profiled, "shares-memory.yaml", "nv-shares-memory", 2)
+    found = shares_run(bed, profiled, "shares-memory.yaml", "memory", 2)
     assert all(r["consumedCapacity"].get("memory") == "4Gi" for r in found), found
 
 
-@pytest.mark.testbed_only
 def test_shares_unlimited_two_replicas_take_nothing(bed: Bed, profiled: Profiled) -> None:
-    found = shares_run(bed, profiled, "shares-unlimited.yaml", "nv-shares-unlimited", 2)
+    found = shares_run(bed, profiled, "shares-unlimited.yaml", "unlimited", 2)
     assert all(r["consumedCapacity"].get("memory") in ("0", None) for r in found), found
     print(f"\nshares-unlimited: consumed {[r['consumedCapacity'] for r in found]}")

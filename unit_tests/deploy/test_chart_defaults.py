@@ -79,6 +79,23 @@ def test_the_plugin_goes_only_to_nodes_labelled_as_gpu_nodes() -> None:
     assert mixed["podAntiAffinity"] == anti["podAntiAffinity"] and "nodeAffinity" in mixed
 
 
+@pytest.mark.timeout(600)
+def test_simulated_gpus_get_a_driver_root_of_tools_only_when_one_is_given() -> None:
+    def parts(*values: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        pod = plugin_pod("gpuBackend=simulated", *values)
+        (ctr,) = [c for c in pod["containers"] if c["name"] == "plugin"]
+        return ({e["name"]: e.get("value") for e in ctr["env"]}, {m["name"]: m for m in ctr["volumeMounts"]},
+                {v["name"]: v for v in pod["volumes"]})
+
+    env, mounts, volumes = parts()
+    assert "NVIDIA_DRIVER_ROOT" not in env and "driver-root" not in mounts and "driver-root" not in volumes
+    env, mounts, volumes = parts("simulated.driverRoot=/opt/standins")
+    assert env["NVIDIA_DRIVER_ROOT"] == "/driver-root"
+    # The stand-ins record what they are asked there: read-write, unlike a real driver root.
+    assert mounts["driver-root"]["mountPath"] == "/driver-root" and not mounts["driver-root"].get("readOnly")
+    assert volumes["driver-root"]["hostPath"] == {"path": "/opt/standins", "type": "Directory"}
+
+
 def selects(tmp_path: Path, node: dict[str, Any], *values: str) -> bool:
     body = ('out: {{ include "dra-driver.pluginSelectsNode" (dict "ctx" $ "node" (`' + json.dumps(node)
             + '` | fromJson)) | quote }}\n')

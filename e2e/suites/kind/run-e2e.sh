@@ -40,6 +40,9 @@ RELEASE="dra-driver"
 NV_NAMESPACE="dra-driver-nvidia"
 NV_RELEASE="dra-driver-nvidia"
 NV_LABEL="e2e.dra-driver.io/api-profile"
+# On those nodes, the stand-in nvidia-smi and MPS control (e2e/testbed/standins) as the simulated
+# GPUs' driver root: the plugin programs time-slicing and runs MPS daemons through them.
+NV_STANDIN_ROOT="/opt/dra-driver-e2e/standin-driver-root"
 SIMULATED_PROFILE="${SIMULATED_PROFILE:-kind-mixed}"
 KIND_CONFIG="${ROOT}/e2e/suites/kind/kind-config.yaml"
 KUBECONFIG_FILE="${ROOT}/.run/kind-${CLUSTER_NAME}.kubeconfig"
@@ -225,6 +228,16 @@ kubectl get resourceslices --field-selector spec.driver=gpu.dra-driver.io
 # gpuNodeLabels is emptied and the label alone places the plugin. nvidia.com/gpu stays the first
 # release's: Kubernetes serves an extended resource through one class, and the shared scenarios
 # use that one.
+nv_nodes="$(kubectl get nodes -l "${NV_LABEL}=nvidia" -o jsonpath='{.items[*].metadata.name}')"
+[[ -n "${nv_nodes}" ]] || die "no node is labelled ${NV_LABEL}=nvidia (${KIND_CONFIG})"
+standins="$(mktemp -d)"
+"${PYTHON}" -m e2e.testbed.standins.install "${standins}/root" --python /opt/dra-driver/bin/python >/dev/null
+for node in ${nv_nodes}; do
+  # Fresh on every run: the tests count what the stand-ins were asked.
+  docker exec "${node}" sh -c "rm -rf '${NV_STANDIN_ROOT}' && mkdir -p '$(dirname "${NV_STANDIN_ROOT}")'"
+  docker cp "${standins}/root" "${node}:${NV_STANDIN_ROOT}"
+done
+rm -rf "${standins}"
 log "installing the chart a second time (apiProfile=nvidia, profile nvidia-examples) on the ${NV_LABEL}=nvidia nodes"
 "${HELM}" upgrade --install "${NV_RELEASE}" deploy/helm/dra-driver \
   --namespace "${NV_NAMESPACE}" --create-namespace \
@@ -234,6 +247,7 @@ log "installing the chart a second time (apiProfile=nvidia, profile nvidia-examp
   --set gpuBackend=simulated \
   --set apiProfile=nvidia \
   --set simulatedProfile=nvidia-examples \
+  --set simulated.driverRoot="${NV_STANDIN_ROOT}" \
   --set deviceClasses.extendedResourceName= \
   --set logFormat=console \
   --set-json 'kubeletPlugin.gpuNodeLabels=[]' \
@@ -244,8 +258,6 @@ if [[ "${created}" != "1" ]]; then
 fi
 kubectl -n "${NV_NAMESPACE}" rollout status "daemonset/${NV_RELEASE}-kubelet-plugin" --timeout=300s
 kubectl -n "${NV_NAMESPACE}" rollout status "deployment/${NV_RELEASE}-controller" --timeout=300s
-nv_nodes="$(kubectl get nodes -l "${NV_LABEL}=nvidia" -o jsonpath='{.items[*].metadata.name}')"
-[[ -n "${nv_nodes}" ]] || die "no node is labelled ${NV_LABEL}=nvidia (${KIND_CONFIG})"
 for node in ${nv_nodes}; do
   [[ -z "$(kubectl get resourceslices --field-selector "spec.nodeName=${node},spec.driver=gpu.dra-driver.io" --no-headers 2>/dev/null)" ]] \
     || die "${node} has ResourceSlices of gpu.dra-driver.io: the first release must not run on the nvidia-profile node"
@@ -265,7 +277,8 @@ export E2E_CLUSTER=kind
 export E2E_DRIVER_NAMESPACE="${NAMESPACE}" E2E_RELEASE="${RELEASE}" E2E_IMAGE="${IMAGE}" E2E_KIND_CLUSTER="${CLUSTER_NAME}"
 export SIMULATED_PROFILE
 E2E_NVIDIA_PROFILE_NODES="$(tr ' ' ',' <<<"${nv_nodes}")"
-export E2E_NVIDIA_PROFILE_NODES E2E_NVIDIA_RELEASE="${NV_RELEASE}" E2E_NVIDIA_NAMESPACE="${NV_NAMESPACE}"
+export E2E_NVIDIA_PROFILE_NODES E2E_NVIDIA_RELEASE="${NV_RELEASE}" E2E_NVIDIA_NAMESPACE="${NV_NAMESPACE}" \
+  E2E_NVIDIA_STANDIN_ROOT="${NV_STANDIN_ROOT}"
 log "pytest e2e/suites -m 'not testbed_only' (the shared suite)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
 "${PYTHON}" -m pytest e2e/suites -v -m "not testbed_only" --ignore=e2e/suites/kind ${PYTEST_ARGS:-}

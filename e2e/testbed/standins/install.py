@@ -1,7 +1,12 @@
-"""Place the stand-in tools in a driver root and read what they recorded."""
+"""Place the stand-in tools in a driver root and read what they recorded.
+
+``python -m e2e.testbed.standins.install ROOT --python /opt/dra-driver/bin/python`` makes a root for
+another machine (a kind node: run-e2e.sh copies it there for the plugin's image to run).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,13 +17,14 @@ TOOLS = {"nvidia-smi": HERE / "nvidia_smi.py", "nvidia-cuda-mps-control": HERE /
 BIN = "usr/bin"
 
 
-def install(driver_root: Path, names: tuple[str, ...] = tuple(TOOLS)) -> Path:
-    """``<driver_root>/usr/bin/<name>`` for each stand-in, run by this interpreter; returns the root."""
+def install(driver_root: Path, names: tuple[str, ...] = tuple(TOOLS), python: str = sys.executable) -> Path:
+    """``<driver_root>/usr/bin/<name>`` for each stand-in, run by ``python`` (this interpreter
+    unless told); returns the root."""
     bin_dir = driver_root / BIN
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         target = bin_dir / name
-        target.write_text(f"#!{sys.executable}\n" + TOOLS[name].read_text())
+        target.write_text(f"#!{python}\n" + TOOLS[name].read_text())
         target.chmod(0o755)
     return driver_root
 
@@ -58,3 +64,16 @@ def gpus(driver_root: Path) -> dict[str, dict[str, Any]]:
     path = state_dir(driver_root) / "state.json"
     found: dict[str, dict[str, Any]] = json.loads(path.read_text()).get("gpus", {}) if path.exists() else {}
     return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.testbed.standins.install", description=__doc__)
+    parser.add_argument("root", type=Path, help="the driver root to make")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs them there")
+    args = parser.parse_args(argv)
+    print(install(args.root, python=args.python))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
