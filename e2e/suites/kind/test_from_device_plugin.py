@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 import yaml
 
 from e2e.suites.kind.install import Install, nodes_labelled
-from e2e.testbed.clusterview import attr, observed, wait_for, wait_running
+from e2e.testbed.clusterview import attr, observed, wait_running
 
 DRIVER = "gpu.dra-driver.io"
 MANAGED = "app.kubernetes.io/managed-by=dra-driver-migrate"
@@ -31,19 +30,14 @@ PROFILES = ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb")  # the MIG devices of the
 
 
 @pytest.fixture()
-def ns(install: Install) -> Iterator[str]:
+def migrated(install: Install, ns: str) -> Iterator[str]:
+    """``ns``; at the end its pods go before it does (their claims unprepared while the classes that
+    served them are there), then the classes migrate made."""
+    yield ns
     bed = install.bed
-    name = f"e2e-from-dp-{secrets.token_hex(3)}"
-    bed.kubectl("create", "namespace", name)
-    wait_for(f"default ServiceAccount in {name}",
-             lambda: bed.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0)
-    try:
-        yield name
-    finally:
-        bed.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--wait=true", "--timeout=60s",
-                    check=False, timeout=90)
-        bed.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        bed.kubectl("delete", "deviceclass", "-l", MANAGED, "--ignore-not-found", check=False)
+    bed.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--wait=true", "--timeout=60s",
+                check=False, timeout=90)
+    bed.kubectl("delete", "deviceclass", "-l", MANAGED, "--ignore-not-found", check=False)
 
 
 def device_plugin_pod(name: str, resource: str) -> dict[str, Any]:
@@ -55,8 +49,8 @@ def device_plugin_pod(name: str, resource: str) -> dict[str, Any]:
                         "resources": {"limits": {resource: 1}}}]}}
 
 
-def test_a_mixed_config_serves_the_device_plugins_names(install: Install, ns: str, tmp_path: Path) -> None:
-    bed = install.bed
+def test_a_mixed_config_serves_the_device_plugins_names(install: Install, migrated: str, tmp_path: Path) -> None:
+    bed, ns = install.bed, migrated
     (worker,) = nodes_labelled(bed, "default")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"version": "v1", "flags": {"migStrategy": "mixed"}}))
