@@ -7,7 +7,14 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.allocator.devicestates import counters_fit, device_census, pool_states, remaining_counters
+from dra_driver.allocator.devicestates import (
+    Withheld,
+    counters_fit,
+    device_census,
+    pool_states,
+    remaining_counters,
+    still_withheld,
+)
 from dra_driver.allocator.inventory import _digest_consumes, allocated_state, build_inventory
 
 DRIVER = "gpu.dra-driver.io"
@@ -60,6 +67,21 @@ def test_the_census_counts_every_state_of_each_model_and_the_claims_sharing() ->
     withheld = device_census(inventory, allocated_state(claims), DRIVER, withheld={"H100": 2, "L4": 1}).devices
     assert (withheld[("H100", "withheld")], withheld[("H100", "free")], withheld[("L4", "withheld")]) == (2, 1, 1)
     assert {s for m, s in withheld if m == "L4"} == {"free", "allocated", "shared", "tainted", "blocked", "withheld"}
+
+
+def test_a_withheld_device_is_withheld_while_its_node_publishes_without_it() -> None:
+    empty = {**one_pool([]), "metadata": {"name": "e"}}
+    empty["spec"] = {**empty["spec"], "nodeName": "m", "pool": {"name": "m", "generation": 1, "resourceSliceCount": 1}}
+    other = {**one_pool([gpu("gpu-9")]), "metadata": {"name": "o"}}
+    other["spec"] = {**other["spec"], "driver": "other.example.com", "nodeName": "o",
+                     "pool": {"name": "o", "generation": 1, "resourceSliceCount": 1}}
+    inventory = build_inventory([one_pool([gpu("gpu-0")]), empty, other])
+    told = [Withheld("n", "gpu-0", "r"), Withheld("n", "gpu-1", "r"), Withheld("m", "gpu-0", "r"),
+            Withheld("gone", "gpu-0", "r"), Withheld("o", "gpu-1", "r"), Withheld("n", "gpu-2", "r", driver="x.io")]
+    kept = still_withheld(told, inventory, DRIVER)
+    # n's gpu-0 is published since; m publishes an empty pool (alive); gone publishes nothing; o's
+    # plugin is another driver's; the last is another driver's device.
+    assert [(w.node, w.device) for w in kept] == [("n", "gpu-1"), ("m", "gpu-0")]
 
 
 def _counters_fit_with_fractions(dev: Any, left: dict[str, dict[str, Fraction]]) -> bool:
