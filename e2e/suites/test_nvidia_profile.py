@@ -357,6 +357,13 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def waiting(bed: Bed, ns: str, count: int) -> list[dict[str, Any]] | None:
+    """The pods of ``ns`` the scheduler has said it cannot place, once ``count`` of them have (the
+    scheduler tells each pod in turn: fewer is not yet an answer)."""
+    found = [p for p in bed.get("pods", ns=ns)["items"] if unschedulable(p) is not None]
+    return found if len(found) >= count else None
+
+
 def pod_events(bed: Bed, ns: str, pod: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = bed.get("events", ns=ns)["items"]
     return [e for e in items if e.get("involvedObject", {}).get("name") == pod]
@@ -426,10 +433,9 @@ def test_gpu_test4_four_mig_devices_of_one_gpu_per_pod(bed: Bed, profiled: Profi
         for i, request in enumerate(("mig-1g-5gb-0", "mig-1g-5gb-1", "mig-2g-10gb", "mig-3g-20gb")):
             assert seen[f"ctr{i}"] == {attr(devices[request], "uuid")}, (request, seen)
     assert len(parents) == mig_gpus, parents
-    pending = wait_for("the other replicas unschedulable", lambda: [
-        m for p in bed.get("pods", ns=ns)["items"] if (m := unschedulable(p)) is not None] if len(
-        bed.get("pods", ns=ns)["items"]) == 4 else None, 30)
-    assert len(pending) == 4 - mig_gpus, pending
+    pending = wait_for("the other replicas unschedulable", lambda: waiting(bed, ns, 4 - mig_gpus), 30)
+    assert len(pending) == 4 - mig_gpus and len(bed.get("pods", ns=ns)["items"]) == 4, [
+        unschedulable(p) for p in pending]
     bed.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -498,9 +504,7 @@ def test_gpu_test6_selector_on_index_is_explained(bed: Bed, profiled: Profiled) 
     """NVIDIA's plugin stopped publishing ``index``; on an A100 the selector's second half is a CEL
     runtime error: no replica is allocated, and the explanation says why."""
     ns, _ = run(bed, "gpu-test6.yaml")
-    pods = wait_for("the four gpu-test6 replicas unschedulable", lambda: [
-        p for p in bed.get("pods", ns=ns)["items"] if unschedulable(p) is not None] if len(
-        bed.get("pods", ns=ns)["items"]) == 4 else None, 60)
+    pods = wait_for("the four gpu-test6 replicas unschedulable", lambda: waiting(bed, ns, 4), 60)
     assert len(pods) == 4 and not running_pods(bed, ns)
     print(f"\ngpu-test6: the scheduler says: {sorted({str(unschedulable(p)) for p in pods})}")
     explained = dra(bed, "explain", f"pod/{pods[0]['metadata']['name']}", "-n", ns, "--api-profile", "nvidia")
