@@ -246,8 +246,9 @@ class Controller:
         """The inventory and holdings version the device metric was last counted at, the models
         of that inventory's devices, and the withheld devices by model."""
         self._withheld_unread = False
-        self._told: list[Withheld] = []
         """Whether the last list of the DeviceWithheld Events failed (said once, until one succeeds)."""
+        self._told: list[Withheld] = []
+        """The driver's devices the DeviceWithheld Events named when last read."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
 

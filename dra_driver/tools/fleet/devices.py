@@ -232,7 +232,6 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
     strings = _Strings(_FACTS)
     whole: Whole = {}
     rows: list[DeviceRow] = []
-    published: set[tuple[str, str]] = set()
     for pool in inventory.pools:
         if pool.driver != driver:
             continue
@@ -247,7 +246,6 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
                 pool_rows.append(_row(state, fact, memories.of(state.device), fleet, pods, names_by_uuid))
                 continue
             # What _partitions reads of the row it does not build: kind mig, consuming counters.
-            published.add((_node_of(state.device), state.device.key[2]))
             parent_uuid = fact[3]
             if parent_uuid:
                 counts = made.setdefault(names_by_uuid.get(parent_uuid, parent_uuid), Counter())
@@ -255,11 +253,9 @@ def device_rows(fleet: FleetObjects, inventory: Inventory, *, driver: str, place
                     counts[fact[2]] += 1
         _partitions(pool_rows, made)
         rows += pool_rows
-    published.update((r.node, r.device) for r in rows)
     for w in still_withheld(fleet.withheld, inventory, driver):
-        if (w.node, w.device) not in published:
-            model = "" if w.model == "unknown" else w.model
-            rows.append(DeviceRow(w.node, driver, "", w.device, "", model, None, None, None, "", [], WITHHELD, w.rule))
+        model = "" if w.model == "unknown" else w.model
+        rows.append(DeviceRow(w.node, driver, "", w.device, "", model, None, None, None, "", [], WITHHELD, w.rule))
     return sorted(rows, key=lambda r: (r.node, natural(r.device), r.pool))
 
 
