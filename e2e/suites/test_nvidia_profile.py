@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,7 +129,8 @@ class Profiled:
         root = self.standin_roots[node]
         if not self.on_kind:
             return root
-        here = Path(tempfile.mkdtemp(prefix="standins-"))
+        here = Path(tempfile.gettempdir()) / f"e2e-standins-{node}"
+        shutil.rmtree(here, ignore_errors=True)
         target = standins.state_dir(here)
         target.parent.mkdir(parents=True)
         copied = subprocess.run(["docker", "cp", f"{node}:{standins.state_dir(root)}", str(target)],
@@ -151,11 +153,17 @@ class Profiled:
             return
         (node,) = self.quickstart
         self.changed.add("consumableShares")
+        self.set_shares(mode)
+        yield node
+
+    def set_shares(self, mode: str) -> None:
+        """On kind: the nvidia-profile release upgraded to ``consumableShares=mode``, waited for
+        until its node's GPUs are published so."""
+        (node,) = self.quickstart
         release_upgrade(NV_RELEASE_ENV, f"consumableShares={mode}")
         wait_for(f"{node}'s GPUs published with --consumable-shares={mode}", lambda: all(
             shares_published(d, mode) for (pool, _), d in nv_devices(self.bed).items()
             if pool == node and attr(d, "type") == "gpu"), 120)
-        yield node
 
     @contextlib.contextmanager
     def serving_nvidia_gpu(self) -> Iterator[None]:
@@ -297,7 +305,7 @@ def on_kind(bed: Bed) -> Iterator[Profiled]:
         bed.kubectl("delete", "namespace", *example_namespaces(), "--ignore-not-found", "--wait=false", check=False)
         bed.kubectl("delete", "deviceclass", "mig-1g-12gb.gpu.nvidia.com", "--ignore-not-found", check=False)
         if "consumableShares" in state.changed:
-            release_upgrade(NV_RELEASE_ENV, "consumableShares=disabled")
+            state.set_shares("disabled")
 
 
 
