@@ -248,7 +248,7 @@ class Controller:
         self._withheld_unread = False
         """Whether the last list of the DeviceWithheld Events failed (said once, until one succeeds)."""
         self._told: list[Withheld] = []
-        """The driver's devices the DeviceWithheld Events named when last read."""
+        """The devices the DeviceWithheld Events named when last read (any driver: still_withheld picks)."""
 
     # -- informer handlers (cheap: they only enqueue keys and keep the pod index)
 
@@ -412,7 +412,7 @@ class Controller:
             self._log.warning("cannot count the devices for the metric", error=f"{type(exc).__name__}: {exc}")
 
     def _withheld_told(self) -> list[Withheld]:
-        """The driver's devices its plugins' ``DeviceWithheld`` Node Events name; the last ones read
+        """The devices the plugins' ``DeviceWithheld`` Node Events name; the last ones read
         while the Events cannot be read (said once, and again when they can)."""
         try:
             events = node_events(self.api, WITHHELD_REASON)
@@ -426,7 +426,7 @@ class Controller:
         if self._withheld_unread:
             self._log.info("the DeviceWithheld Events can be read again")
             self._withheld_unread = False
-        self._told = [w for w in withheld_from(events) if w.of(self.driver)]
+        self._told = withheld_from(events)
         return self._told
 
     # -- processing
