@@ -372,7 +372,7 @@ NS_PROBE, NS_BACKLOG, NS_APF = "scale-probe", "scale-backlog", "scale-apf"
 class ScaleCluster:
     workdir: Path
     mig_per: int
-    """One dynamic-MIG node per this many GPU nodes."""
+    """One dynamic-MIG node per this many GPU nodes (0: none)."""
     log: Callable[[str], None] = print
     cluster: Cluster = field(init=False)
     kwok: kwok_mod.Kwok = field(init=False)
@@ -470,7 +470,7 @@ class ScaleCluster:
 
     def grow(self, gpu_nodes: int) -> dict[str, Any]:
         """Nodes and slices up to ``gpu_nodes`` GPU nodes (and their dynamic-MIG share), all Ready."""
-        mig = gpu_nodes // self.mig_per
+        mig = gpu_nodes // self.mig_per if self.mig_per else 0
         new_gpu, new_mig = gpu_nodes - self.gpu_nodes, mig - self.mig_nodes
         first = self.gpu_nodes + self.mig_nodes
         t0 = time.monotonic()

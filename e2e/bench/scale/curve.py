@@ -186,7 +186,7 @@ started, and the rows are extrapolated from the sizes that ran."""
 class Plan:
     sizes: tuple[int, ...] = SIZES
     mig_per: int = 10
-    """One dynamic-MIG node per this many GPU nodes."""
+    """One dynamic-MIG node per this many GPU nodes (0: none)."""
     claims_per_node: int = 4
     """Claims allocated per GPU node (20,000 at 5,000 nodes)."""
     scheduled_pods: int = 250
@@ -227,7 +227,7 @@ class Plan:
     pace (10,000 take about a minute); it returns as soon as the count stands still."""
 
     def mig_nodes(self, nodes: int) -> int:
-        return nodes // self.mig_per
+        return nodes // self.mig_per if self.mig_per else 0
 
     def backlog(self, nodes: int) -> int:
         return self.backlog_at_once if nodes == self.sizes[-1] else min(int(self.backlog_per_node * nodes),
@@ -1131,10 +1131,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument("--fleet-views-only", action="store_true",
                         help="only the fleet views' stage, at the largest size (written to scale-fleet.json)")
+    parser.add_argument("--mig-per", type=int,
+                        help="one dynamic-MIG node per this many GPU nodes (default 10; 0: none, the fleet views' "
+                             "cluster as issue 54 states it: 8 GPUs on every node and nothing else)")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     if args.sizes:
         plan = Plan(**{**asdict(plan), "sizes": args.sizes})
+    if args.mig_per is not None:
+        plan = Plan(**{**asdict(plan), "mig_per": args.mig_per})
     workdir = Path(tempfile.mkdtemp(prefix="dra-scale-"))
     if args.fleet_views_only:
         return _fleet_views_main(plan if plan.fleet_samples else FULL, workdir, args)

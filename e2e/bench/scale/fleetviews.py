@@ -24,6 +24,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -157,7 +158,8 @@ def measure(cluster: Cluster, name: str, argv: tuple[str, ...], samples: int, pr
         run_command(cluster, argv)
         prof.disable()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+        order, top = os.environ.get("FLEET_SORT", "tottime"), int(os.environ.get("FLEET_TOP", "15"))
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(top)
         doc["profile"] = text.getvalue()
     return doc
 
