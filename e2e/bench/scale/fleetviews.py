@@ -13,9 +13,9 @@ times the real process against the real API server.
 Each command runs in a fresh interpreter of its own, ``--samples`` times: the first run's wall
 and CPU seconds (cold caches, as in a person's run) and the best, and the peak RSS the command adds
 to a process that already holds the cluster (VmHWM, reset through ``/proc/self/clear_refs`` before
-each run, less VmRSS before). ``--profile`` adds cProfile's top functions by own time; ``--json PATH``
-writes every figure. A profiling script, not a test: ``unit_tests/tools/fleet`` holds the results
-to what the slower paths gave.
+each run, less VmRSS before). ``--profile`` adds cProfile's top functions by own time
+(``FLEET_SORT``, ``FLEET_TOP`` to change); ``--json PATH`` writes every figure. A profiling script,
+not a test: ``unit_tests/tools/fleet`` holds the results to what the slower paths gave.
 """
 
 from __future__ import annotations
