@@ -324,8 +324,8 @@ class _Reads:
     def rest(self) -> tuple[Future[Sequence[RawDeviceClass]], Future[list[RawBody]]]:
         """The classes and every claim's allocation, read now; their errors are raised by
         ``result()``, after the slices' (:attr:`slices`)."""
-        return _read_now(lambda: self.api.list(DEVICE_CLASSES, cached=True).items), \
-            _read_now(lambda: self.api.list_claim_allocations().items)
+        return read_now(lambda: self.api.list(DEVICE_CLASSES, cached=True).items), \
+            read_now(lambda: self.api.list_claim_allocations().items)
 
     def close(self) -> None:
         # After an error the slices read is not waited for; it ends with its request timeout.
@@ -335,7 +335,7 @@ class _Reads:
 _T = TypeVar("_T")
 
 
-def _read_now(read: Callable[[], _T]) -> Future[_T]:
+def read_now(read: Callable[[], _T]) -> Future[_T]:
     """``read()``, run here and now; its result, or its error, kept for when it is asked for."""
     done: Future[_T] = Future()
     try:

@@ -4,7 +4,9 @@
 ``list_claim_allocations``, ``get``) and the server's version, nothing else: ``get``, ``top`` and
 ``fit`` cannot write, whatever they call. :func:`read_fleet` makes every read the views need, in
 protobuf where the server speaks it (the slices as the controller's informer reads them, every
-claim's allocation, the pods' claim references), from the watch cache:
+claim's allocation, the pods' claim references), from the watch cache. The slices, the longest
+read, are read on a second connection (and, given an engine, built into its inventory there) while
+the rest is read on the first, as ``explain`` reads them:
 
 * the ResourceSlices with the DeviceTaintRules merged into the devices they select;
 * the DeviceClasses;
@@ -18,10 +20,13 @@ claim's allocation, the pods' claim references), from the watch cache:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from dra_driver.allocator.devicestates import WITHHELD_REASON, Withheld, withheld_from
+from dra_driver.allocator.inventory import Inventory
+from dra_driver.allocator.resolve import Engine
 from dra_driver.k8s.bodies import RawBody, RawDeviceClass, RawSlice
 from dra_driver.k8s.claims import pod_claim_names
 from dra_driver.k8s.client import (
@@ -36,7 +41,7 @@ from dra_driver.k8s.client import (
 from dra_driver.k8s.events import node_events
 from dra_driver.k8s.objects import Obj, key_of
 from dra_driver.k8s.wire import POD_CLAIM_REFS, Reduced
-from dra_driver.tools.explain.claim import tainted_slices
+from dra_driver.tools.explain.claim import read_now, tainted_slices
 
 
 class ReadApi(Protocol):
@@ -91,37 +96,58 @@ class FleetObjects:
     withheld: list[Withheld] = field(default_factory=list)
     withheld_hidden: str | None = None
     unreadable: list[str] = field(default_factory=list)
+    inventory: Inventory | None = None
+    """The engine's inventory of :attr:`slices`, where :func:`read_fleet` was given the engine."""
 
 
 def _forbidden(exc: ApiError, what: str) -> str:
     return f"you may not list {what} ({exc.reason or 'Forbidden'})"
 
 
-def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True) -> FleetObjects:
+def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True, engine: Engine | None = None) -> FleetObjects:
     """:class:`FleetObjects` of the cluster, with the pods of ``namespace`` (None: every namespace;
-    ``pods=False``: none). ApiError for what the views cannot do without (slices, classes, claims)."""
-    slices = tainted_slices(api)
-    classes = api.list(DEVICE_CLASSES, cached=True).items
-    claims = api.list_claim_allocations()
-    fleet = FleetObjects(slices, classes, claims.items, [], namespace)
-    fleet.unreadable = [f"{CLAIMS.kind} {bad.ref}: {bad.reason}" for bad in claims.undecodable]
-    if pods:
-        try:
-            listed = api.list(PODS, namespace=namespace, cached=True, reduced=POD_CLAIM_REFS)
-            fleet.pods = listed.items
-            fleet.unreadable += [f"{PODS.kind} {bad.ref}: {bad.reason}" for bad in listed.undecodable]
-        except ApiError as exc:
-            if not (exc.forbidden or exc.unauthorized):
-                raise
-            where = f"in namespace {namespace}" if namespace else "in every namespace"
-            fleet.pods_hidden = _forbidden(exc, f"pods {where}")
+    ``pods=False``: none) and, given ``engine``, its inventory of the slices. ApiError for what the
+    views cannot do without, raised in the order of the reads: the slices', the classes', the
+    claims'."""
+    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-slices")
     try:
-        fleet.withheld = withheld_from(node_events(api, WITHHELD_REASON))
+        slices = background.submit(tainted_slices, api)
+        built: Future[Inventory] | None = None
+        if engine is not None:
+            built = background.submit(lambda: engine.build_inventory(slices.result()))
+        classes = read_now(lambda: api.list(DEVICE_CLASSES, cached=True).items)
+        claims = read_now(api.list_claim_allocations)
+        listed = read_now(lambda: api.list(PODS, namespace=namespace, cached=True, reduced=POD_CLAIM_REFS)) \
+            if pods else None
+        told = read_now(lambda: withheld_from(node_events(api, WITHHELD_REASON)))
+        fleet = FleetObjects(slices.result(), classes.result(), claims.result().items, [], namespace)
+        fleet.unreadable = [f"{CLAIMS.kind} {bad.ref}: {bad.reason}" for bad in claims.result().undecodable]
+        if listed is not None:
+            _pods_into(fleet, listed)
+        try:
+            fleet.withheld = told.result()
+        except ApiError as exc:
+            if not (exc.forbidden or exc.unauthorized or exc.not_found):
+                raise
+            fleet.withheld_hidden = _forbidden(exc, "Events in namespace default")
+        fleet.inventory = built.result() if built is not None else None
+        return fleet
+    finally:
+        # After an error the slices' read is not waited for; it ends with its request timeout.
+        background.shutdown(wait=False, cancel_futures=True)
+
+
+def _pods_into(fleet: FleetObjects, listed: Future[ListResult]) -> None:
+    try:
+        result = listed.result()
     except ApiError as exc:
-        if not (exc.forbidden or exc.unauthorized or exc.not_found):
+        if not (exc.forbidden or exc.unauthorized):
             raise
-        fleet.withheld_hidden = _forbidden(exc, "Events in namespace default")
-    return fleet
+        where = f"in namespace {fleet.namespace}" if fleet.namespace else "in every namespace"
+        fleet.pods_hidden = _forbidden(exc, f"pods {where}")
+        return
+    fleet.pods = result.items
+    fleet.unreadable += [f"{PODS.kind} {bad.ref}: {bad.reason}" for bad in result.undecodable]
 
 
 def pods_by_claim(pods: list[RawBody]) -> dict[str, list[str]]:
