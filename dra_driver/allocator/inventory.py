@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from dra_driver.allocator.cel.compile import DeviceActivation, device_activation
@@ -512,7 +513,8 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
     if not name:
         problems.append(f"slice {sname}: device without a name ignored")
         return None
-    _, attributes_clean, local = checked_once(checked, raw.get("attributes"), check_attributes)
+    attributes = raw.get("attributes")
+    _, attributes_clean, local = checked_once(checked, attributes, partial(check_attributes, checked=checked))
     _, capacity_clean, capacity_problems = checked_once(checked, raw.get("capacity"), check_capacity)
     local += capacity_problems
     # Checked and digested now, each map once per build (_digest_consumes).

@@ -87,22 +87,38 @@ def checked_once(checked: dict[int, Checked], value: Any, check: Callable[[Any],
     return found
 
 
-def check_attributes(attributes: Any) -> tuple[bool, tuple[str, ...]]:
+def check_attributes(attributes: Any, checked: dict[int, Checked] | None = None) -> tuple[bool, tuple[str, ...]]:
+    """Every attribute of a map. ``checked`` (the build's, :func:`checked_once`) keeps each value
+    checked once: the decoded slices share equal values (a GPU's map is its own, by its UUID, but
+    of its 13 values only the UUID's is)."""
     problems: list[str] = []
     cel_clean = True
     for aname, aval in as_mapping(attributes).items():
-        # Checks only (the digested map is built when a device needs it), the usual shape first.
-        if type(aval) is dict and len(aval) == 1:
-            ((kind, value),) = aval.items()
-            if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or semver_ok(value)):
-                continue
-        checked = attribute_value(aval)
         if checked is None:
-            cel_clean = False
-            problems.append(f"attribute {aname}: exactly one value type must be set")
-        elif cel_clean and not _cel_attribute_ok(*checked):
-            cel_clean = False
+            clean, bad = _check_value(aval)
+        else:
+            found = checked.get(id(aval))
+            if found is None:
+                found = checked[id(aval)] = (aval, *_check_value(aval))  # the value kept: its id stays its own
+            _, clean, bad = found
+        if clean:
+            continue
+        cel_clean = False
+        problems.extend(f"attribute {aname}: {p}" for p in bad)
     return cel_clean, tuple(problems)
+
+
+def _check_value(aval: Any) -> tuple[bool, tuple[str, ...]]:
+    """One attribute's value: whether the CEL input converts it, and what is wrong with it."""
+    # The usual shape first.
+    if type(aval) is dict and len(aval) == 1:
+        ((kind, value),) = aval.items()
+        if type(value) is _ATTRIBUTE_TYPES.get(kind) and (kind != "version" or semver_ok(value)):
+            return True, ()
+    found = attribute_value(aval)
+    if found is None:
+        return False, ("exactly one value type must be set",)
+    return _cel_attribute_ok(*found), ()
 
 
 def check_quantities(what: str, entries: Any) -> tuple[bool, tuple[str, ...]]:

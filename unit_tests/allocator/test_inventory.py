@@ -147,6 +147,25 @@ def test_devices_sharing_a_broken_map_each_report_it() -> None:
     assert inv.by_key[(D, "node-a", "gpu-2")].cel_clean and not inv.by_key[(D, "node-a", "gpu-2")].problems
 
 
+def test_a_shared_value_is_judged_for_every_map_that_holds_it() -> None:
+    """Each value is checked once per build (the decoded maps share equal values, the GPU's own
+    UUID aside): a broken one still makes every device holding it report it under its own name,
+    and a version the CEL input cannot convert makes each of them unclean."""
+    broken, odd, fine = {"string": "A", "int": 1}, {"version": "not-a-version"}, {"string": "x"}
+    devices = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{i}"}, "model": broken, "ok": fine}}
+               for i in range(2)]
+    devices += [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{i}"}, "driver": odd, "ok": fine}}
+                for i in (2, 3)]
+    devices.append({"name": "gpu-4", "attributes": {"uuid": {"string": "GPU-4"}, "ok": fine}})
+    inv = build_inventory([slice_("node-a", devices)])
+    for i in range(4):
+        d = inv.by_key[(D, "node-a", f"gpu-{i}")]
+        assert not d.cel_clean
+        assert d.problems == (("attribute model: exactly one value type must be set",) if i < 2 else ())
+    assert inv.by_key[(D, "node-a", "gpu-4")].cel_clean
+    assert sorted(d.key[2] for d in inv.unclean) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
 def test_allocated_state_over_many_claims() -> None:
     claims = [{"metadata": {"uid": f"u{i}"}, "status": {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": D, "pool": f"node-{i // 8}", "device": f"gpu-{i % 8}"}]}}}} for i in range(800)]
