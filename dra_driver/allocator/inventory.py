@@ -513,8 +513,7 @@ def _build_device(pool: Pool, sname: str, raw: Mapping[str, Any], problems: list
     if not name:
         problems.append(f"slice {sname}: device without a name ignored")
         return None
-    attributes = raw.get("attributes")
-    _, attributes_clean, local = checked_once(checked, attributes, partial(check_attributes, checked=checked))
+    _, attributes_clean, local = checked_once(checked, raw.get("attributes"), partial(check_attributes, checked=checked))
     _, capacity_clean, capacity_problems = checked_once(checked, raw.get("capacity"), check_capacity)
     local += capacity_problems
     # Checked and digested now, each map once per build (_digest_consumes).

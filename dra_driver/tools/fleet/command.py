@@ -84,9 +84,8 @@ def report_for(args: argparse.Namespace, reader: ReadOnly, *, engine: Engine, de
         target = parse_fit_target(args.target, filename=args.filename, template=args.template, namespace=namespace)
         file_text = _file_text(target.name, stdin) if target.kind == "file" else None
     wants_pods = args.command == "get" and args.resource in GPU_WORDS
-    objects = read_fleet(reader, None if getattr(args, "all_namespaces", False) else namespace, pods=wants_pods,
-                         engine=engine)
-    inventory = objects.inventory if objects.inventory is not None else engine.build_inventory(objects.slices)
+    objects, inventory = read_fleet(reader, None if getattr(args, "all_namespaces", False) else namespace,
+                                    engine=engine, pods=wants_pods)
     report: dict[str, Any]
     render: Callable[[Mapping[str, Any]], str]
     if target is not None:

@@ -350,12 +350,11 @@ def workload_fitter(api: KubeApi, *, driver: str, server_version: Callable[[], s
     @functools.cache
     def fleet_now() -> FitFn:
         try:
-            objects = read_fleet(reader, None, pods=False, engine=resolver)
+            objects, inventory = read_fleet(reader, None, engine=resolver, pods=False)
         except ApiError as exc:
             why = f"not computed: {api_error_line(exc)}"
             return lambda _ask: why
         rules, _ = rules_for(scheduler_rules, reader.server_version)
-        inventory = objects.inventory if objects.inventory is not None else resolver.build_inventory(objects.slices)
         return lambda ask: workload_fit(ask, inventory=inventory, classes=objects.classes, claims=objects.claims,
                                         engine=resolver, rules=rules, driver=driver)
 

@@ -5,7 +5,7 @@
 ``fit`` cannot write, whatever they call. :func:`read_fleet` makes every read the views need, in
 protobuf where the server speaks it (the slices as the controller's informer reads them, every
 claim's allocation, the pods' claim references), from the watch cache. The slices, the longest
-read, are read on a second connection (and, given an engine, built into its inventory there) while
+read, are read on a second connection (and built into the engine's inventory there) while
 the rest is read on the first, as ``explain`` reads them:
 
 * the ResourceSlices with the DeviceTaintRules merged into the devices they select;
@@ -96,25 +96,21 @@ class FleetObjects:
     withheld: list[Withheld] = field(default_factory=list)
     withheld_hidden: str | None = None
     unreadable: list[str] = field(default_factory=list)
-    inventory: Inventory | None = None
-    """The engine's inventory of :attr:`slices`, where :func:`read_fleet` was given the engine."""
 
 
 def _forbidden(exc: ApiError, what: str) -> str:
     return f"you may not list {what} ({exc.reason or 'Forbidden'})"
 
 
-def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True, engine: Engine | None = None) -> FleetObjects:
+def read_fleet(api: ReadApi, namespace: str | None, *, engine: Engine,
+               pods: bool = True) -> tuple[FleetObjects, Inventory]:
     """:class:`FleetObjects` of the cluster, with the pods of ``namespace`` (None: every namespace;
-    ``pods=False``: none) and, given ``engine``, its inventory of the slices. ApiError for what the
-    views cannot do without, raised in the order of the reads: the slices', the classes', the
-    claims'."""
+    ``pods=False``: none), and ``engine``'s inventory of its slices. ApiError for what the views
+    cannot do without, raised in the order of the reads: the slices', the classes', the claims'."""
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-slices")
     try:
         slices = background.submit(tainted_slices, api)
-        built: Future[Inventory] | None = None
-        if engine is not None:
-            built = background.submit(lambda: engine.build_inventory(slices.result()))
+        built = background.submit(lambda: engine.build_inventory(slices.result()))
         classes = read_now(lambda: api.list(DEVICE_CLASSES, cached=True).items)
         claims = read_now(api.list_claim_allocations)
         listed = read_now(lambda: api.list(PODS, namespace=namespace, cached=True, reduced=POD_CLAIM_REFS)) \
@@ -130,8 +126,7 @@ def read_fleet(api: ReadApi, namespace: str | None, *, pods: bool = True, engine
             if not (exc.forbidden or exc.unauthorized or exc.not_found):
                 raise
             fleet.withheld_hidden = _forbidden(exc, "Events in namespace default")
-        fleet.inventory = built.result() if built is not None else None
-        return fleet
+        return fleet, built.result()
     finally:
         # After an error the slices' read is not waited for; it ends with its request timeout.
         background.shutdown(wait=False, cancel_futures=True)
